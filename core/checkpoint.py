@@ -1,0 +1,87 @@
+"""Checkpoints: written atomically, loaded safely.
+
+A checkpoint is a plain dict of tensors and Python primitives (model and optimizer state, scheduler,
+step, RNG states, the data sampler's generator state, the resolved config, the Hydra overrides that made
+it and the W&B run id), so it loads with ``torch.load(weights_only=True)``: a file from elsewhere cannot run
+code. Saving goes to a temporary file in the same directory, fsync, then ``os.replace``: a crash mid-save
+leaves the previous ``last.pt`` intact.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.errors import PosGPTError
+
+CHECKPOINT_DIR = "checkpoints"
+LAST = "last.pt"
+FORMAT_VERSION = 1
+_STEP_FILE = re.compile(r"step_(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def last_checkpoint_path(run_dir: str | Path) -> Path:
+    return checkpoint_dir(run_dir) / LAST
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int) -> Path:
+    """Write ``last.pt`` and ``step_<N>.pt`` (hard link, no extra space), keeping the newest ``keep`` of the latter."""
+    directory = checkpoint_dir(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {**state, "format_version": FORMAT_VERSION}
+    last = directory / LAST
+    _atomic_save(state, last)
+    if keep > 0:
+        step_file = directory / f"step_{state['step']:08d}.pt"
+        step_file.unlink(missing_ok=True)
+        try:
+            os.link(last, step_file)
+        except OSError:  # file systems without hard links
+            _atomic_save(state, step_file)
+        old = sorted(p for p in directory.iterdir() if _STEP_FILE.search(p.name))[:-keep]
+        for path in old:
+            path.unlink(missing_ok=True)
+    return last
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a posgpt checkpoint, turning every way it can be broken into one clear PosGPTError."""
+    path = Path(path)
+    if path.suffix != ".pt":  # a run directory
+        if not path.is_dir():
+            raise PosGPTError(f"run directory {path} does not exist")
+        path = last_checkpoint_path(path)
+    if not path.is_file():
+        raise PosGPTError(f"no checkpoint at {path}: this run has not saved one (train with hydra.run.dir=...)")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as error:
+        raise PosGPTError(f"checkpoint {path} is truncated or not a posgpt checkpoint ({type(error).__name__})") from None
+    required = {"model", "step", "config", "format_version"}
+    if not isinstance(state, dict) or not required <= state.keys():
+        raise PosGPTError(f"{path} is not a posgpt checkpoint (missing {sorted(required - set(state or {}))})")
+    if state["format_version"] > FORMAT_VERSION:
+        raise PosGPTError(f"{path} was written by a newer posgpt (format {state['format_version']})")
+    return state

@@ -1,0 +1,144 @@
+"""The typed config schema (Hydra structured configs) and its validation.
+
+YAML files under configs/ only set values; the dataclasses here (plus ModelConfig in model/gpt.py,
+DataConfig in data/config.py and each positional scheme's own dataclass in model/pe/) define which keys
+exist and their types, so a misspelt key or a wrong type fails at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from core.errors import PosGPTError
+from data.config import DataConfig
+from model.gpt import ModelConfig, validate_model_config
+from model.pe import register_configs as register_pe_configs
+from model.pe.rope_scaling import parse_scaling
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 64  # training context length: the "1x" of every extrapolation result
+    batch_size: int = 16  # sequences per optimizer step, over all processes and accumulation steps
+    grad_accum_steps: int = 1
+    max_steps: int = 1500
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+    log_every: int = 10
+    val_every: int = 250
+    val_batches: int = 20
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2  # step checkpoints kept besides last.pt
+    resume: bool = False
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    compile: str = "auto"  # auto (on for CUDA) | true | false
+    num_threads: int = 0  # CPU threads for torch; 0 keeps torch's default
+    skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
+    distributed: str = "ddp"  # ddp | fsdp (only used under torchrun)
+    eval_after: bool = True  # run the extrapolation eval when training ends
+
+
+@dataclass
+class EvalConfig:
+    lengths: list[int] | None = None  # absolute lengths; None: length_multipliers x train.seq_len
+    length_multipliers: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    protocols: list[str] = field(default_factory=lambda: ["nonoverlapping", "sliding"])
+    stride: int | None = None  # sliding-window stride; None: half the window
+    max_tokens: int = 32768  # scored tokens per (length, protocol): the same token range for all
+    batch_tokens: int = 16384  # tokens per forward pass (windows are batched up to this)
+    # RoPE only: evaluate several context extensions in one go, e.g. [none,yarn:8,ntk:8] (TYPE or TYPE:FACTOR);
+    # None: just the run's pe.scaling.
+    scalings: list[str] | None = None
+    per_position_plot_lengths: list[int] | None = None  # lengths drawn in per_position.png; None: the longest
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "posgpt"
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggingConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    progress: bool = True  # tqdm progress bars
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pe: Any = MISSING  # one of the dataclasses in model/pe/, chosen by the `pe` group
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def register_configs() -> None:
+    store = ConfigStore.instance()
+    store.store(name="posgpt_schema", node=Config)
+    register_pe_configs(store)
+
+
+def eval_lengths(cfg: DictConfig) -> list[int]:
+    """The evaluation lengths: eval.lengths if given, else the multipliers times the training length."""
+    if cfg.eval.lengths:
+        return list(cfg.eval.lengths)
+    return [m * cfg.train.seq_len for m in cfg.eval.length_multipliers]
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks that types alone cannot express; raises PosGPTError saying what to change."""
+    validate_model_config(OmegaConf.to_object(cfg.model))
+    t = cfg.train
+    for key in ("seq_len", "batch_size", "grad_accum_steps", "max_steps", "log_every", "val_every",
+                "val_batches", "checkpoint_every"):
+        if t[key] <= 0:
+            raise PosGPTError(f"train.{key} must be positive (got {t[key]})")
+    for key in ("warmup_steps", "keep_checkpoints", "num_threads", "weight_decay", "grad_clip"):
+        if t[key] < 0:
+            raise PosGPTError(f"train.{key} must be >= 0 (got {t[key]})")
+    if t.lr <= 0:
+        raise PosGPTError(f"train.lr must be positive (got {t.lr})")
+    if t.dtype not in ("auto", "float32", "bfloat16"):
+        raise PosGPTError(f"train.dtype must be auto, float32 or bfloat16 (got {t.dtype!r})")
+    if t.compile not in ("auto", "true", "false"):
+        raise PosGPTError(f"train.compile must be auto, true or false (got {t.compile!r})")
+    if t.distributed not in ("ddp", "fsdp"):
+        raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
+    lengths = eval_lengths(cfg)
+    if not lengths or min(lengths) <= 0:
+        raise PosGPTError(f"evaluation lengths must be positive (got {lengths})")
+    unknown = set(cfg.eval.protocols) - {"nonoverlapping", "sliding"}
+    if unknown or not cfg.eval.protocols:
+        raise PosGPTError(f"eval.protocols must be a non-empty subset of [nonoverlapping, sliding] (got {list(cfg.eval.protocols)})")
+    if cfg.eval.stride is not None and cfg.eval.stride <= 0:
+        raise PosGPTError(f"eval.stride must be positive (got {cfg.eval.stride})")
+    if cfg.eval.max_tokens <= 0 or cfg.eval.batch_tokens <= 0:
+        raise PosGPTError("eval.max_tokens and eval.batch_tokens must be positive")
+    if cfg.eval.scalings:
+        if "scaling" not in cfg.pe:
+            raise PosGPTError(f"eval.scalings are RoPE context extensions; this run has pe={cfg.pe.name}")
+        if cfg.pe.scaling.type != "none":
+            raise PosGPTError("set either pe.scaling.type (one scaling) or eval.scalings (several), not both")
+        for spec in cfg.eval.scalings:
+            parse_scaling(spec)
+    if any(length <= 0 for length in cfg.eval.per_position_plot_lengths or []):
+        raise PosGPTError(f"eval.per_position_plot_lengths must be positive (got {cfg.eval.per_position_plot_lengths})")
+    if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
+        raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")

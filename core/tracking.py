@@ -1,0 +1,72 @@
+"""Where a run's numbers go: ``metrics.jsonl`` in the run directory and a Weights & Biases run.
+
+W&B is offline by default (``logging.wandb.mode=offline``): the run is written under ``<run_dir>/wandb/``
+and uploaded later with ``wandb sync <run_dir>/wandb/offline-run-*``. ``online`` logs live, ``disabled``
+turns W&B off. The W&B run id is stored in checkpoints so that a resumed training run and a later
+``eval.py`` write into the same W&B run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf
+    return value
+
+
+class MetricsFile:
+    """Appends one JSON object per logged step to ``<run_dir>/metrics.jsonl``."""
+
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        if resume_step is not None and self.path.exists():
+            # Drop what a killed run logged after its last checkpoint: the resumed run logs it again.
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        elif resume_step is None:
+            self.path.unlink(missing_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def init_wandb(cfg: DictConfig, run_dir: str | Path, run_id: str | None, job_type: str = "train"):
+    """Start (or resume, when run_id is given) the W&B run; returns None when W&B is disabled."""
+    wb = cfg.logging.wandb
+    if wb.mode == "disabled":
+        return None
+    import wandb
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(
+        mode=wb.mode,
+        project=wb.project,
+        entity=wb.entity,
+        group=wb.group,
+        name=wb.name,
+        tags=sorted({*wb.tags, f"pe={cfg.pe.name}"}),
+        job_type=job_type,
+        config=OmegaConf.to_container(cfg, resolve=True),
+        dir=str(run_dir),
+        id=run_id,
+        resume="allow" if run_id else None,
+        settings=wandb.Settings(console="off", silent=True),
+    )

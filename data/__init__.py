@@ -1,0 +1,24 @@
+"""Text in, token batches out: corpus sources, the GPT-2 tokenizer, the token cache and batch sampling.
+
+cfg = DataConfig(source="text", files=["book.txt"])
+splits = load_splits(cfg)                  # tokenized once, cached under $POSGPT_CACHE_DIR
+x, y = sample_batch(splits["train"], 8, 256, torch.Generator().manual_seed(0))
+"""
+
+from data.batches import sample_batch
+from data.cache import load_split, load_splits
+from data.config import DataConfig, resolve_cache_dir, validate
+from data.tokenizer import EOT_TOKEN, gpt2_encoding
+from data.tokens import TokenArray
+
+__all__ = [
+    "EOT_TOKEN",
+    "DataConfig",
+    "TokenArray",
+    "gpt2_encoding",
+    "load_split",
+    "load_splits",
+    "resolve_cache_dir",
+    "sample_batch",
+    "validate",
+]

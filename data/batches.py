@@ -1,0 +1,25 @@
+"""Random training windows, nanoGPT style."""
+
+import numpy as np
+import torch
+
+from core.errors import PosGPTError
+from data.tokens import TokenArray
+
+
+def sample_batch(
+    tokens: TokenArray, batch_size: int, seq_len: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_size windows at random starts: inputs x and next-token targets y, int64 of shape (batch_size, seq_len).
+
+    The starts come from `generator` alone, so saving and restoring its state resumes the exact sequence
+    of batches.
+    """
+    if len(tokens) < seq_len + 2:  # torch.randint's upper bound below must stay positive
+        raise PosGPTError(
+            f"the {tokens.name} split has {len(tokens):,} tokens, fewer than seq_len+2={seq_len + 2}; "
+            "lower train.seq_len or add data"
+        )
+    starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator)
+    windows = torch.from_numpy(np.stack([tokens.read(int(start), seq_len + 1) for start in starts]).astype(np.int64))
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

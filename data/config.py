@@ -1,0 +1,102 @@
+"""The typed schema of the `data` config group, and the checks that run before any data is read."""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.errors import PosGPTError
+
+SOURCES = ("python_stdlib", "text", "hub")
+
+# datasets' packaged loader for each kind of local or remote file.
+LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass
+class DataConfig:
+    """Where the training text comes from and how it is split; configs/data/*.yaml set these values.
+
+    The defaults describe the corpus every machine has without a download: the .py files of the
+    running Python's standard library.
+    """
+
+    name: str = "python_stdlib"  # names the token cache folder; not part of the cache key
+    source: str = "python_stdlib"  # python_stdlib | text | hub
+
+    # source=text: local paths or http(s) URLs; one .txt file is one document, .jsonl/.json/.parquet hold one per row
+    files: list[str] = field(default_factory=list)
+    text_field: str = "text"  # column holding the text in json/parquet files and hub datasets
+
+    # source=hub: a dataset on the Hugging Face Hub
+    hub_path: str | None = None
+    hub_name: str | None = None
+    hub_split: str = "train"
+    hub_val_split: str | None = None  # the dataset's own validation split; None: split by document hash
+    streaming: bool = False  # read the hub dataset as a stream instead of downloading it whole first
+    max_documents: int | None = None  # read at most this many documents of each hub split
+
+    # False for datasets whose rows are lines of one running text (wikitext): rows are then joined
+    # instead of each being ended by <|endoftext|>. Give such data a hub_val_split, or its lines get split.
+    rows_are_documents: bool = True
+
+    # Share of documents (picked by a stable hash) that go to the validation split; when a local corpus
+    # is too small for that to fill both splits (one book), the share of its tokens taken from the end.
+    val_fraction: float = 0.01
+    cache_dir: str | None = None  # None: $POSGPT_CACHE_DIR, else ~/.cache/posgpt
+    num_proc: int = 2  # processes that tokenize in parallel
+    shard_chars: int = 8_000_000  # characters of text per token shard (~2M tokens, 4 MB)
+
+
+def resolve_cache_dir(cfg: DataConfig) -> Path:
+    """The folder holding token caches: cfg.cache_dir, else $POSGPT_CACHE_DIR, else ~/.cache/posgpt."""
+    chosen = cfg.cache_dir or os.environ.get("POSGPT_CACHE_DIR") or "~/.cache/posgpt"
+    return Path(chosen).expanduser()
+
+
+def is_url(path: str) -> bool:
+    return path.startswith(("http://", "https://"))
+
+
+def loader_for(path: str) -> str:
+    """The datasets packaged loader ("text", "json" or "parquet") for a file, from its extension."""
+    suffix = Path(path.split("?")[0]).suffix.lower()
+    if suffix not in LOADERS:
+        raise PosGPTError(f"data.files: cannot read {path!r}: use one of the extensions {', '.join(sorted(LOADERS))}")
+    return LOADERS[suffix]
+
+
+def _check_local_file(path: str) -> None:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise PosGPTError(f"data.files: {path} does not exist or is not a file; fix the path in data.files")
+    try:
+        with file.open("rb") as f:
+            empty = not f.read(1)
+    except OSError as e:
+        raise PosGPTError(f"data.files: cannot read {path} ({e.strerror}); fix its permissions or drop it") from None
+    if empty:
+        raise PosGPTError(f"data.files: {path} is empty; drop it from data.files")
+
+
+def validate(cfg: DataConfig) -> None:
+    """Raise PosGPTError, naming the setting to change, if cfg cannot describe a corpus."""
+    if cfg.source not in SOURCES:
+        raise PosGPTError(f"data.source={cfg.source!r} is unknown: use one of {', '.join(SOURCES)}")
+    if not 0.0 < cfg.val_fraction < 1.0:
+        raise PosGPTError(f"data.val_fraction={cfg.val_fraction} must lie strictly between 0 and 1")
+    if cfg.num_proc < 1:
+        raise PosGPTError(f"data.num_proc={cfg.num_proc} must be at least 1")
+    if cfg.shard_chars < 1:
+        raise PosGPTError(f"data.shard_chars={cfg.shard_chars} must be at least 1")
+    if cfg.source == "text":
+        if not cfg.files:
+            raise PosGPTError("data.source=text needs files: set data.files=[path/to/a.txt,...]")
+        for path in cfg.files:
+            loader_for(path)
+            if not is_url(path):
+                _check_local_file(path)
+    if cfg.source == "hub":
+        if not cfg.hub_path:
+            raise PosGPTError("data.source=hub needs data.hub_path, e.g. data.hub_path=roneneldan/TinyStories")
+        if cfg.max_documents is not None and cfg.max_documents < 1:
+            raise PosGPTError(f"data.max_documents={cfg.max_documents} must be at least 1 (or null for all)")

@@ -1,0 +1,192 @@
+"""Turn a DataConfig into documents, each labelled with the split it belongs to.
+
+- python_stdlib: every .py file of the running Python's standard library, one document per file: about
+  31 MB of text that every machine has without a download.
+- text: local files or http(s) URLs read by datasets' packaged loaders; a .txt file is one document,
+  .jsonl/.json/.parquet files hold one document per row.
+- hub: a dataset on the Hugging Face Hub, downloaded or streamed.
+
+Documents go to train or val by a stable hash (of the file's path for the stdlib, of the text otherwise),
+so adding a document never moves another one across splits, and a repeated text never lands in both.
+When that leaves a local corpus with an empty split (a single book), its documents are labelled "all"
+instead and the cache splits the token stream: the last val_fraction of the tokens become validation.
+"""
+
+import hashlib
+import json
+import os
+import sysconfig
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import chain, islice
+from pathlib import Path
+
+import datasets
+import huggingface_hub
+
+from core.errors import PosGPTError
+from data.config import DataConfig, is_url, loader_for, resolve_cache_dir
+
+ALL = "all"  # label of documents whose token stream is split, instead of the documents themselves
+
+Documents = Iterator[tuple[str, str]]  # (label: "train" | "val" | ALL, text)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The documents of a data config, ready to be tokenized."""
+
+    fingerprint: str  # changes whenever the documents or their labels may have changed
+    documents: Callable[[], Documents]  # a fresh pass over the documents, in a fixed order
+    n_documents: int | None  # None for hub datasets, whose count is only known after reading them
+    end_with_eot: bool  # end each document with <|endoftext|> (False when rows are lines of one text)
+
+
+def hash_split(key: str, val_fraction: float) -> str:
+    """ "val" for a stable val_fraction share of keys, else "train" (sha1, unlike hash(), agrees across runs)."""
+    unit = int.from_bytes(hashlib.sha1(key.encode("utf-8", "surrogatepass")).digest()[:8], "big") / 2**64
+    return "val" if unit < val_fraction else "train"
+
+
+def open_corpus(cfg: DataConfig) -> Corpus:
+    """The documents cfg describes; cfg must have passed config.validate."""
+    opener = {"python_stdlib": _stdlib_corpus, "text": _text_corpus, "hub": _hub_corpus}[cfg.source]
+    return opener(cfg)
+
+
+def stdlib_files() -> tuple[Path, list[str]]:
+    """The standard library's folder and its non-empty .py files, as sorted posix paths relative to it."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        # Installed packages live inside the stdlib folder but differ per machine: keep them out.
+        subfolders[:] = [name for name in subfolders if name not in ("site-packages", "dist-packages")]
+        for name in names:
+            path = Path(folder, name)
+            if name.endswith(".py") and path.stat().st_size > 0:
+                files.append(path.relative_to(root).as_posix())
+    return root, sorted(files)
+
+
+def _stdlib_corpus(cfg: DataConfig) -> Corpus:
+    root, files = stdlib_files()
+
+    def texts() -> Iterator[str]:
+        # A few test files are deliberately not UTF-8; a replacement character is harmless there.
+        return ((root / file).read_text(encoding="utf-8", errors="replace") for file in files)
+
+    return _local_corpus([hash_split(file, cfg.val_fraction) for file in files], texts, cfg)
+
+
+def _text_corpus(cfg: DataConfig) -> Corpus:
+    tables = _load_files(cfg)
+
+    def texts() -> Iterator[str]:
+        return chain.from_iterable(_texts(table, field) for table, field in tables)
+
+    return _local_corpus([hash_split(text, cfg.val_fraction) for text in texts()], texts, cfg)
+
+
+def _local_corpus(labels: list[str], texts: Callable[[], Iterator[str]], cfg: DataConfig) -> Corpus:
+    """A corpus read from this machine: cheap to read twice, so its fingerprint hashes the content itself."""
+    if not {"train", "val"} <= set(labels):
+        labels = [ALL] * len(labels)
+
+    def documents() -> Documents:
+        return zip(labels, texts(), strict=True)
+
+    digest = hashlib.sha256()
+    for label, text in documents():
+        digest.update(f"{label}\0{len(text)}\0".encode())
+        digest.update(text.encode("utf-8", "surrogatepass"))
+    return Corpus(digest.hexdigest(), documents, len(labels), cfg.rows_are_documents)
+
+
+def _load_files(cfg: DataConfig) -> list[tuple[datasets.Dataset, str]]:
+    """cfg.files read by datasets' loaders: one table per kind of file, with the name of its text column."""
+    by_loader: dict[str, list[str]] = {}
+    for path in cfg.files:
+        by_loader.setdefault(loader_for(path), []).append(path if is_url(path) else str(Path(path).expanduser()))
+    tables = []
+    for loader, files in by_loader.items():
+        # sample_by="document": a whole .txt file is one document, not one per line.
+        options = {"sample_by": "document"} if loader == "text" else {}
+        try:
+            table = datasets.load_dataset(
+                loader, data_files=files, split="train", cache_dir=str(resolve_cache_dir(cfg) / "datasets"), **options
+            )
+        except ImportError as e:  # datasets reads URLs through fsspec's HTTP filesystem, without installing it
+            raise PosGPTError(
+                f"data.files: reading URLs needs aiohttp ({e}): pip install aiohttp, or download the file "
+                "and list its local path"
+            ) from e
+        except (OSError, datasets.exceptions.DatasetsError) as e:
+            raise PosGPTError(f"data.files: could not read {', '.join(files)} ({e}); fix or drop these files") from e
+        field = "text" if loader == "text" else cfg.text_field
+        _check_field(table, field, ", ".join(files))
+        tables.append((table, field))
+    return tables
+
+
+def _hub_corpus(cfg: DataConfig) -> Corpus:
+    where = cfg.hub_path + (f" ({cfg.hub_name})" if cfg.hub_name else "")
+    # Offline, datasets retries every request for about 25 s before it gives up; one quick probe answers
+    # at once. With HF_DATASETS_OFFLINE=1 datasets reads its own cache and never touches the network.
+    if not datasets.config.HF_HUB_OFFLINE and not _hub_reachable():
+        raise PosGPTError(
+            f"could not download {where} from the Hugging Face Hub (no network?). Use data=text "
+            "data.files=[...] with local files, or set HF_DATASETS_OFFLINE=1 if it is already cached"
+        )
+    train = _load_hub(cfg, cfg.hub_split, where)
+    val = _load_hub(cfg, cfg.hub_val_split, where) if cfg.hub_val_split else None
+
+    def documents() -> Documents:
+        train_texts = _texts(train, cfg.text_field, cfg.max_documents)
+        if val is None:
+            return ((hash_split(text, cfg.val_fraction), text) for text in train_texts)
+        val_texts = _texts(val, cfg.text_field, cfg.max_documents)
+        return chain((("train", text) for text in train_texts), (("val", text) for text in val_texts))
+
+    # A stream cannot be hashed without reading it all, so the key is what names the data, plus the
+    # fingerprint datasets gives a downloaded table (it follows the files' revision); a stream has none.
+    identity = {
+        name: getattr(cfg, name)
+        for name in ("hub_path", "hub_name", "hub_split", "hub_val_split", "text_field", "max_documents")
+    }
+    identity["val_fraction"] = None if val is not None else cfg.val_fraction
+    identity["revision"] = [getattr(table, "_fingerprint", None) for table in (train, val) if table is not None]
+    fingerprint = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return Corpus(fingerprint, documents, None, cfg.rows_are_documents)
+
+
+def _hub_reachable(timeout_s: float = 5.0) -> bool:
+    try:
+        huggingface_hub.get_session().head(huggingface_hub.constants.ENDPOINT, timeout=timeout_s)
+    except Exception:  # whatever stops the request (DNS, refused, timeout, proxy) means: out of reach
+        return False
+    return True
+
+
+def _load_hub(cfg: DataConfig, split: str, where: str) -> datasets.Dataset | datasets.IterableDataset:
+    try:
+        table = datasets.load_dataset(cfg.hub_path, cfg.hub_name, split=split, streaming=cfg.streaming)
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
+        raise PosGPTError(
+            f"could not load split {split!r} of {where} from the Hugging Face Hub ({e}); "
+            "check data.hub_path, data.hub_name, data.hub_split and data.hub_val_split"
+        ) from e
+    _check_field(table, cfg.text_field, where)
+    return table
+
+
+def _check_field(table: datasets.Dataset | datasets.IterableDataset, field: str, where: str) -> None:
+    columns = table.column_names
+    if columns is not None and field not in columns:  # a stream may not know its columns before reading
+        raise PosGPTError(f"{where} has no column {field!r}: set data.text_field to one of {columns}")
+
+
+def _texts(table: datasets.Dataset | datasets.IterableDataset, field: str, limit: int | None = None) -> Iterator[str]:
+    """The texts of the first `limit` rows, skipping empty ones: they hold nothing to learn."""
+    batches = table.select_columns([field]).iter(batch_size=1024)
+    rows = chain.from_iterable(batch[field] for batch in batches)
+    return (text for text in islice(rows, limit) if text)

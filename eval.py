@@ -1,0 +1,82 @@
+"""Evaluate a trained run at many context lengths (the length-extrapolation curve).
+
+    python eval.py run_dir=outputs/2026-11-22/10-00-00-rope
+    python eval.py run_dir=... eval.lengths=[64,256,1024] eval.protocols=[sliding] eval.stride=16
+    python eval.py run_dir=... pe.scaling.type=yarn pe.scaling.factor=8     # RoPE context extension
+    python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
+
+The run's config is recomposed from the overrides it was trained with, then the ones given here are
+applied on top, so every config group (data, eval, logging, pe.scaling) works exactly as in train.py.
+Results land in <run_dir>/eval/ and in the training run's W&B run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from core.builders import build_model
+from core.checkpoint import load_checkpoint
+from core.cli import exit_on_user_error
+from core.config import register_configs, validate
+from core.errors import PosGPTError
+from core.runtime import configure_backends, select_device, select_dtype
+from core.tracking import init_wandb
+from data import load_split
+from evaluation.run import run_extrapolation_eval
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+# What a checkpoint's weights depend on: eval overrides may not change these.
+ARCHITECTURE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size", "model.bias",
+                     "pe.name", "train.seq_len")
+
+USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
+
+
+def compose_eval_config(checkpoint: dict, overrides: list[str]) -> DictConfig:
+    """The training run's config, recomposed from its own overrides, with ``overrides`` applied last."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("config", overrides=list(checkpoint.get("overrides", [])) + overrides)
+    trained = OmegaConf.create(checkpoint["config"])
+    for key in ARCHITECTURE_KEYS:
+        if OmegaConf.select(cfg, key) != OmegaConf.select(trained, key):
+            raise PosGPTError(f"{key} is {OmegaConf.select(trained, key)} in the checkpoint; eval cannot change it")
+    return cfg
+
+
+def parse_args(argv: list[str]) -> tuple[Path, list[str]]:
+    run_dirs = [a for a in argv if a.startswith("run_dir=")]
+    if len(run_dirs) != 1 or any(a in ("-h", "--help") for a in argv):
+        raise PosGPTError(USAGE)
+    return Path(run_dirs[0].split("=", 1)[1]), [a for a in argv if not a.startswith("run_dir=")]
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+    run_dir, overrides = parse_args(argv)
+    checkpoint = load_checkpoint(run_dir)
+    cfg = compose_eval_config(checkpoint, overrides)
+    validate(cfg)
+    device = select_device(cfg.train.device)
+    dtype = select_dtype(cfg.train.dtype, device)
+    configure_backends(device, cfg.train.num_threads)
+    model = build_model(cfg)
+    model.load_state_dict(checkpoint["model"])
+    model.to(device)
+    val_tokens = load_split(cfg.data, "val")
+    wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"), job_type="eval")
+    print(f"eval: {run_dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
+          flush=True)
+    run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype, wandb_run)
+    if wandb_run is not None:
+        wandb_run.finish()
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main(sys.argv[1:])

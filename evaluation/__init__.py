@@ -1,0 +1,1 @@
+"""Length-extrapolation evaluation: perplexity per context length and protocol, and its reports."""

@@ -1,0 +1,160 @@
+"""Perplexity at many context lengths: the length-extrapolation curve.
+
+Every length and protocol scores the same targets: tokens [F, F + N) of the evaluation split, where F is
+the longest evaluated length and N the largest multiple of it not above ``eval.max_tokens`` (and what the
+split holds). So numbers are comparable across lengths, protocols, and runs evaluated on the same data.
+Perplexity over a set of scored targets T is
+
+    ppl = exp( -(1/|T|) sum_{t in T} log p(x_t | x_{c(t)} .. x_{t-1}) )
+
+and the protocols differ only in how much context c(t) each target gets:
+
+- ``nonoverlapping`` (Press et al. 2022's default): the range is cut into windows of L targets, each scored
+  on its own; the target at window position p (0-based) sees p tokens of context. When L does not divide N
+  the last window is shorter.
+- ``sliding``: windows of L tokens move by the stride S (``eval.stride``, default L/2; capped at L) and each
+  scores only its last S targets, so every scored target sees at least L - S tokens of context (F >= L
+  leaves room for it before the first one; the final window may score fewer than S, with more context).
+  S = L is ``nonoverlapping`` whenever L divides N; S = 1 gives every target exactly L - 1 tokens of context.
+
+For each (length, protocol) the mean loss at each position within the window is kept too: where it rises
+past the training length is where a scheme breaks. Each row also records the peak memory of its forward
+passes (see evaluation/memory.py) and its wall time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from core.runtime import autocast
+from evaluation.memory import PeakMemory
+
+PROTOCOLS = ("nonoverlapping", "sliding")
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int  # index of the first input token; targets are tokens start + 1 .. start + length
+    length: int  # input tokens
+    first_scored: int  # targets before this window position were scored by another window
+
+
+def scored_range(n_tokens: int, lengths: list[int], max_tokens: int) -> tuple[int, int] | None:
+    """(F, N): the targets [F, F + N) every length is scored on, or None when no length fits.
+
+    A length fits when the split holds it twice (context before F plus one window of targets) and
+    ``max_tokens`` holds it once. F is the longest fitting length, N a multiple of it.
+    """
+    fitting = [length for length in lengths if 2 * length <= n_tokens and length <= max_tokens]
+    if not fitting:
+        return None
+    longest = max(fitting)
+    return longest, min(max_tokens, n_tokens - longest) // longest * longest
+
+
+def effective_stride(length: int, stride: int | None) -> int:
+    """The sliding stride used at this length: eval.stride (default L/2), at most L so no target is skipped."""
+    return min(length, stride or max(1, length // 2))
+
+
+def window_plan(first: int, n_targets: int, length: int, protocol: str, stride: int | None = None) -> list[Window]:
+    """The windows that score targets [first, first + n_targets) exactly once, in order."""
+    step = length if protocol == "nonoverlapping" else effective_stride(length, stride)
+    plan = []
+    for block_start in range(first, first + n_targets, step):
+        block_stop = min(block_start + step, first + n_targets)
+        if protocol == "nonoverlapping":  # the window is the block itself: no context before it
+            plan.append(Window(block_start - 1, block_stop - block_start, 0))
+        else:  # L tokens ending at the block's last target; earlier targets are context only
+            plan.append(Window(block_stop - 1 - length, length, length - (block_stop - block_start)))
+    return plan
+
+
+def _batches(plan: list[Window], per_batch: int) -> list[list[Window]]:
+    """Consecutive windows of equal length, at most per_batch to a batch."""
+    batches: list[list[Window]] = []
+    for window in plan:
+        if batches and len(batches[-1]) < per_batch and batches[-1][0].length == window.length:
+            batches[-1].append(window)
+        else:
+            batches.append([window])
+    return batches
+
+
+def _device_batch(tokens, windows: list[Window], rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of the windows (targets -100 where not scored), padded to ``rows`` rows."""
+    length = windows[0].length
+    data = np.stack([tokens.read(w.start, length + 1).astype(np.int64) for w in windows])
+    x, y = torch.from_numpy(data[:, :-1]), torch.from_numpy(data[:, 1:]).clone()
+    for row, window in enumerate(windows):
+        y[row, : window.first_scored] = -100
+    if rows > len(windows):  # repeat the last window, scoring nothing, to keep one shape per length
+        pad = rows - len(windows)
+        x = torch.cat((x, x[-1:].expand(pad, -1)))
+        y = torch.cat((y, torch.full((pad, length), -100, dtype=y.dtype)))
+    return x.to(device), y.to(device)
+
+
+@torch.inference_mode()
+def score_windows(model: torch.nn.Module, tokens, plan: list[Window], batch_tokens: int, device: torch.device,
+                  dtype: torch.dtype, progress: bool = False, description: str = "") -> dict[str, Any]:
+    """Scored-token count, mean loss, perplexity and per-position mean loss over the windows of ``plan``."""
+    length = max(w.length for w in plan)
+    per_batch = max(1, batch_tokens // length)
+    loss_sum = torch.zeros(length, dtype=torch.float64, device=device)
+    counts = torch.zeros(length, dtype=torch.float64, device=device)
+    for batch in tqdm(_batches(plan, per_batch), desc=description, disable=not progress, leave=False,
+                      unit="batch"):
+        # On CUDA, compiled kernels (FlexAttention) specialise on shapes: a short last batch would recompile.
+        rows = per_batch if device.type == "cuda" and batch[0].length == length else len(batch)
+        x, y = _device_batch(tokens, batch, rows, device)
+        with autocast(device, dtype):
+            losses = model(x, y, reduction="none").double()  # 0 where the target is -100
+        scored = y != -100
+        loss_sum[: x.shape[1]] += losses.sum(0)
+        counts[: x.shape[1]] += scored.sum(0)
+    loss, n = float(loss_sum.sum()) / float(counts.sum()), int(counts.sum())
+    # JSON has no NaN or inf: positions never scored, or a model whose loss is not finite, give null.
+    per_position = [s / c if c > 0 and math.isfinite(s) else None for s, c in zip(loss_sum.tolist(), counts.tolist())]
+    if not math.isfinite(loss):
+        return {"tokens": n, "loss": None, "ppl": None, "per_position_loss": per_position,
+                "reason": "the loss is not finite"}
+    return {"tokens": n, "loss": loss, "ppl": math.exp(loss), "per_position_loss": per_position}
+
+
+def evaluate_extrapolation(model: torch.nn.Module, tokens, lengths: list[int], protocols: list[str],
+                           stride: int | None, max_tokens: int, batch_tokens: int, device: torch.device,
+                           dtype: torch.dtype, progress: bool = True, description: str = "") -> list[dict[str, Any]]:
+    """One row per (length, protocol). Lengths that cannot be scored get loss and ppl None and a reason."""
+    model.eval()
+    limit = model.pe.max_positions()
+    span = scored_range(len(tokens), lengths, max_tokens)
+    rows = []
+    jobs = [(length, protocol) for length in lengths for protocol in protocols]
+    for length, protocol in tqdm(jobs, desc=f"eval {description}".strip(), disable=not progress, unit="length"):
+        row: dict[str, Any] = {"length": length, "protocol": protocol,
+                               "stride": effective_stride(length, stride) if protocol == "sliding" else None}
+        if limit is not None and length > limit:
+            row.update(tokens=0, loss=None, ppl=None, reason=f"pe={model.pe.name} encodes at most {limit} positions")
+        elif span is None or length > span[1]:
+            row.update(tokens=0, loss=None, ppl=None,
+                       reason=f"needs 2x{length} tokens in the split ({len(tokens)}) and "
+                              f"eval.max_tokens ({max_tokens}) >= {length}")
+        else:
+            first, n_targets = span
+            plan = window_plan(first, n_targets, length, protocol, stride)
+            started = time.perf_counter()
+            with PeakMemory(device) as memory:
+                row.update(score_windows(model, tokens, plan, batch_tokens, device, dtype, progress,
+                                         f"L={length} {protocol}"))
+            row.update(target_range=[first, first + n_targets], peak_memory_mb=memory.peak_mb,
+                       memory_metric=memory.metric, seconds=round(time.perf_counter() - started, 3))
+        rows.append(row)
+    return rows

@@ -1,0 +1,206 @@
+"""A GPT-2-style decoder with a pluggable positional scheme.
+
+    tokens -> token embedding (+ pe.embed) -> n_layer x [x += attn(LN(x)); x += mlp(LN(x))] -> LN -> head
+
+Pre-LayerNorm blocks, causal multi-head self-attention (q/k may be rotated by pe.rotate, scores may get
+pe.score_bias), GELU MLP, output head tied to the token embedding, vocabulary padded to a multiple of 64
+(GPT-2's 50257 -> 50304) so the head's matmul has friendly shapes. Initialisation follows GPT-2: N(0, 0.02),
+residual projections scaled by 1/sqrt(2 n_layer).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.errors import PosGPTError
+from model.attention import BACKENDS, attend
+from model.loss import lm_head_cross_entropy
+from model.pe import ModelDims, PEConfig, PositionalEncoding, build_positional_encoding
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+    vocab_size: int = 50257  # GPT-2 BPE; padded up to a multiple of 64 inside the model
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
+    init_std: float = 0.02
+    attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/attention.py)
+
+
+def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+def validate_model_config(cfg: ModelConfig) -> None:
+    for key in ("n_layer", "n_head", "n_embd", "vocab_size"):
+        if getattr(cfg, key) <= 0:
+            raise PosGPTError(f"model.{key} must be positive (got {getattr(cfg, key)})")
+    if cfg.n_embd % cfg.n_head:
+        raise PosGPTError(
+            f"model.n_embd={cfg.n_embd} is not divisible by model.n_head={cfg.n_head}; "
+            "each head gets n_embd/n_head dimensions"
+        )
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise PosGPTError(f"model.dropout must be in [0, 1) (got {cfg.dropout})")
+    if cfg.attn_backend not in BACKENDS:
+        raise PosGPTError(f"unknown model.attn_backend={cfg.attn_backend!r}; choose one of {list(BACKENDS)}")
+
+
+@dataclass
+class KVCache:
+    """Keys (already rotated) and values of every layer for the tokens generated so far."""
+
+    keys: list[torch.Tensor | None] = field(default_factory=list)
+    values: list[torch.Tensor | None] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[-2]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, pe: PositionalEncoding) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.backend = cfg.attn_backend
+        # Shared, not owned: every layer uses the model's one scheme (a plain attribute would register it
+        # once per layer in state_dict).
+        self._pe = [pe]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, layer: int) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        past = cache.keys[layer] if cache is not None else None
+        q_offset = 0 if past is None else past.shape[-2]
+        pe = self._pe[0]
+        q, k = pe.rotate(q, k, positions, q_offset + T)
+        if cache is not None:
+            if past is not None:
+                k = torch.cat((past, k), dim=2)
+                v = torch.cat((cache.values[layer], v), dim=2)
+            cache.keys[layer], cache.values[layer] = k, v
+        y = attend(q, k, v, pe, self.backend, q_offset=q_offset)
+        return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, pe: PositionalEncoding) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg, pe)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, cache, layer):
+        x = x + self.attn(self.ln_1(x), positions, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, pe_cfg: PEConfig, train_seq_len: int) -> None:
+        super().__init__()
+        validate_model_config(cfg)
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+        dims = ModelDims(cfg.n_embd, cfg.n_head, cfg.n_embd // cfg.n_head, train_seq_len, cfg.init_std)
+        self.pe = build_positional_encoding(pe_cfg, dims)
+        self.token_embedding = nn.Embedding(padded_vocab_size(cfg.vocab_size), cfg.n_embd)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, self.pe) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if name.startswith("pe."):
+                continue  # the scheme initialises its own parameters
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif "ln_" in name:
+                nn.init.ones_(p)
+            elif name.endswith("proj.weight"):  # residual projections: GPT-2's 1/sqrt(2 n_layer)
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layer))
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.token_embedding.weight  # tied
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, C) final hidden states (after the last LayerNorm)."""
+        T = idx.shape[1]
+        start = cache.length if cache is not None else 0
+        limit = self.pe.max_positions()
+        if limit is not None and start + T > limit:
+            raise PosGPTError(
+                f"pe={self.pe.name} encodes at most {limit} positions (its table size), "
+                f"but a sequence of {start + T} tokens was given"
+            )
+        if cache is not None and not cache.keys:
+            cache.keys, cache.values = [None] * len(self.blocks), [None] * len(self.blocks)
+        positions = torch.arange(start, start + T, device=idx.device)
+        x = self.token_embedding(idx)
+        position_vectors = self.pe.embed(positions)
+        if position_vectors is not None:
+            x = x + position_vectors.to(x.dtype)
+        x = self.dropout(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, positions, cache, layer)
+        return self.ln_f(x)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        reduction: str = "mean",
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Without targets: logits (B, T, vocab_size). With targets: the cross-entropy (see model/loss.py)."""
+        hidden = self.hidden_states(idx, cache)
+        if targets is None:
+            return (hidden @ self.head_weight.t())[..., : self.vocab_size]
+        return lm_head_cross_entropy(hidden, self.head_weight, targets, reduction)
+
+    @torch.inference_mode()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample continuations with a KV cache (each step feeds only the newest token)."""
+        cache = KVCache()
+        logits = self(idx, cache=cache)[:, -1]
+        out = [idx]
+        for _ in range(max_new_tokens):
+            logits = logits / max(temperature, 1e-8)
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            next_token = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+            out.append(next_token)
+            logits = self(next_token, cache=cache)[:, -1]
+        return torch.cat(out, dim=1)

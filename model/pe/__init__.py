@@ -1,0 +1,42 @@
+"""Registry of positional schemes: every module in this package that defines a PositionalEncoding subclass
+with a ``name`` is discovered here, so adding a scheme never touches this file.
+
+Each scheme's config dataclass is registered with Hydra's ConfigStore as ``schema/pe/<name>``; the YAML file
+``configs/pe/<name>.yaml`` lists it in its defaults, so misspelt or mistyped keys fail at start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from hydra.core.config_store import ConfigStore
+
+from core.errors import PosGPTError
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+
+SCHEMES: dict[str, type[PositionalEncoding]] = {}
+
+
+def _discover() -> None:
+    for module_info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, PositionalEncoding) and obj.name:
+                SCHEMES[obj.name] = obj
+
+
+def register_configs(store: ConfigStore) -> None:
+    for name, scheme in SCHEMES.items():
+        store.store(group="schema/pe", name=name, node=scheme.config_class)
+
+
+def build_positional_encoding(cfg: PEConfig, dims: ModelDims) -> PositionalEncoding:
+    if cfg.name not in SCHEMES:
+        raise PosGPTError(f"unknown positional scheme pe={cfg.name!r}; choose one of {sorted(SCHEMES)}")
+    return SCHEMES[cfg.name](cfg, dims)
+
+
+_discover()
+
+__all__ = ["SCHEMES", "ModelDims", "PEConfig", "PositionalEncoding", "build_positional_encoding", "register_configs"]

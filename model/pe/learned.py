@@ -1,0 +1,40 @@
+"""A trainable table of position vectors added to the token embeddings (GPT-2; Radford et al. 2019).
+
+    x_t = W_tok[token_t] + W_pos[t],   W_pos in R^(max_positions x d), init N(0, 0.02^2)
+
+The table has rows only for positions seen in training, so it cannot encode position >= max_positions:
+the model raises a clear error naming the table size (evaluation reports such lengths as not evaluable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+
+
+@dataclass
+class LearnedConfig(PEConfig):
+    name: str = "learned"
+    max_positions: int | None = None  # None: the training sequence length
+
+
+class LearnedPositionalEncoding(PositionalEncoding):
+    name = "learned"
+    config_class = LearnedConfig
+
+    def __init__(self, cfg: LearnedConfig, dims: ModelDims) -> None:
+        super().__init__(cfg, dims)
+        n_positions = cfg.max_positions or dims.train_seq_len
+        self.table = nn.Embedding(n_positions, dims.n_embd)
+        nn.init.normal_(self.table.weight, mean=0.0, std=dims.init_std)
+
+    def max_positions(self) -> int:
+        return self.table.num_embeddings
+
+    def embed(self, positions: torch.Tensor) -> torch.Tensor:
+        # The model checks lengths against max_positions() before calling (on the host, without a sync).
+        return self.table(positions)

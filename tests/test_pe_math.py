@@ -1,0 +1,122 @@
+"""Each positional scheme's equation, checked directly."""
+
+import math
+
+import pytest
+import torch
+
+from core.errors import PosGPTError
+from model.pe import SCHEMES, ModelDims
+from model.pe.alibi import ALiBiConfig, alibi_slopes
+from model.pe.learned import LearnedConfig
+from model.pe.rope import RoPEConfig
+from model.pe.sinusoidal import SinusoidalConfig, sinusoid_table
+
+DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02)
+
+
+def build(name, cfg, dims=DIMS):
+    return SCHEMES[name](cfg, dims)
+
+
+def test_registry_discovers_the_five_schemes():
+    assert {"none", "sinusoidal", "learned", "rope", "alibi"} <= set(SCHEMES)
+
+
+def test_sinusoid_equals_vaswani_formula():
+    d = 16
+    table = sinusoid_table(torch.arange(50), d)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            assert table[pos, 2 * i] == pytest.approx(math.sin(pos / 10000 ** (2 * i / d)), abs=1e-12)
+            assert table[pos, 2 * i + 1] == pytest.approx(math.cos(pos / 10000 ** (2 * i / d)), abs=1e-12)
+
+
+def test_sinusoidal_default_scale_matches_token_embedding_rms():
+    pe = build("sinusoidal", SinusoidalConfig())
+    vectors = pe.embed(torch.arange(4096))
+    rms = vectors.pow(2).mean().sqrt().item()
+    assert rms == pytest.approx(DIMS.init_std, rel=0.02)
+    unscaled = build("sinusoidal", SinusoidalConfig(scale=1.0)).embed(torch.arange(4096))
+    assert unscaled.abs().max().item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_sinusoidal_is_defined_far_beyond_training_length():
+    pe = build("sinusoidal", SinusoidalConfig())
+    assert pe.max_positions() is None
+    assert torch.isfinite(pe.embed(torch.arange(100_000, 100_010))).all()
+
+
+def random_qk(T=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, DIMS.n_head, T, DIMS.head_dim, generator=g), torch.randn(2, DIMS.n_head, T, DIMS.head_dim, generator=g)
+
+
+def test_rope_preserves_norms_and_leaves_position_zero_unchanged():
+    pe = build("rope", RoPEConfig())
+    q, k = random_qk()
+    rq, rk = pe.rotate(q, k, torch.arange(q.shape[2]), q.shape[2])
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    torch.testing.assert_close(rk.norm(dim=-1), k.norm(dim=-1))
+    torch.testing.assert_close(rq[:, :, 0], q[:, :, 0])
+
+
+def test_rope_dot_product_depends_only_on_offset():
+    pe = build("rope", RoPEConfig())
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 1, 1, DIMS.head_dim, generator=g)
+    k = torch.randn(1, 1, 1, DIMS.head_dim, generator=g)
+
+    def score(m, n):
+        rq, _ = pe.rotate(q, q, torch.tensor([m]), 1)
+        rk, _ = pe.rotate(k, k, torch.tensor([n]), 1)
+        return (rq * rk).sum().item()
+
+    for m, n in [(5, 2), (9, 9), (3, 11)]:
+        for shift in (1, 17, 1000):
+            assert score(m + shift, n + shift) == pytest.approx(score(m, n), abs=1e-4)
+    assert score(5, 2) != pytest.approx(score(6, 2), abs=1e-4)  # and it does depend on the offset
+
+
+def test_rope_rotation_matches_su_et_al_pairwise_rotation():
+    """Coordinates (i, i + d/2) are rotated by angle m * base^(-2i/d)."""
+    pe = build("rope", RoPEConfig(base=100.0))
+    d, m = DIMS.head_dim, 7
+    x = torch.randn(1, 1, 1, d, dtype=torch.float64).float()
+    rx, _ = pe.rotate(x, x, torch.tensor([m]), 1)
+    for i in range(d // 2):
+        angle = m * 100.0 ** (-2 * i / d)
+        a, b = x[0, 0, 0, i].item(), x[0, 0, 0, i + d // 2].item()
+        assert rx[0, 0, 0, i].item() == pytest.approx(a * math.cos(angle) - b * math.sin(angle), abs=1e-5)
+        assert rx[0, 0, 0, i + d // 2].item() == pytest.approx(a * math.sin(angle) + b * math.cos(angle), abs=1e-5)
+
+
+def test_rope_rejects_odd_head_dimension():
+    with pytest.raises(PosGPTError, match="even"):
+        build("rope", RoPEConfig(), ModelDims(n_embd=15, n_head=5, head_dim=3, train_seq_len=8, init_std=0.02))
+
+
+def test_alibi_slopes_match_the_paper():
+    assert alibi_slopes(8) == pytest.approx([1 / 2 ** i for i in range(1, 9)])
+    # 12 heads: the 8 slopes of n=8, then every other slope of n=16 (2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5).
+    expected_12 = [2 ** -i for i in range(1, 9)] + [2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5]
+    assert alibi_slopes(12) == pytest.approx(expected_12)
+    assert alibi_slopes(16)[0] == pytest.approx(2 ** -0.5)
+
+
+def test_alibi_bias_is_linear_in_distance_per_head():
+    pe = build("alibi", ALiBiConfig())
+    q_pos, k_pos = torch.arange(10)[:, None], torch.arange(10)[None, :]
+    heads = torch.arange(DIMS.n_head)[:, None, None]
+    bias = pe.score_bias(q_pos, k_pos, heads)
+    slopes = torch.tensor(alibi_slopes(DIMS.n_head))
+    distance = (q_pos - k_pos).float()
+    torch.testing.assert_close(bias, -slopes[:, None, None] * distance)
+    # depends on distance only, not on absolute position
+    torch.testing.assert_close(pe.score_bias(q_pos + 100, k_pos + 100, heads), bias)
+
+
+def test_learned_table_size_is_training_length_by_default():
+    pe = build("learned", LearnedConfig())
+    assert pe.max_positions() == DIMS.train_seq_len
+    assert pe.table.weight.std().item() == pytest.approx(0.02, rel=0.2)

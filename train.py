@@ -1,0 +1,32 @@
+"""Train a GPT with the positional scheme of your choice, then measure how it extrapolates.
+
+    python train.py                                   # tiny model, embedded corpus, RoPE, CPU-friendly
+    python train.py pe=alibi train.max_steps=3000     # another scheme, longer
+    python train.py -m pe=sinusoidal,learned,rope,alibi,none   # every scheme, identical settings
+    torchrun --standalone --nproc_per_node=2 train.py # DDP (train.distributed=fsdp for FSDP2)
+
+Everything lands in the Hydra run directory (hydra.run.dir=...): see README.md.
+"""
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from core.cli import exit_on_user_error
+from core.config import register_configs
+from training.loop import train
+
+register_configs()
+
+
+@hydra.main(version_base=None, config_path="configs", config_name="config")
+@exit_on_user_error
+def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+
+
+if __name__ == "__main__":
+    main()

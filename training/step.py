@@ -1,0 +1,43 @@
+"""One optimizer step: gradient accumulation, clipping, AdamW, schedule. No host-device sync inside."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from core.distributed import no_grad_sync
+from core.runtime import autocast
+
+
+class TrainStep:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, grad_accum_steps: int,
+                 grad_clip: float, device: torch.device, dtype: torch.dtype) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.grad_accum_steps, self.grad_clip = grad_accum_steps, grad_clip
+        self.device, self.dtype = device, dtype
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Train on this rank's rows (split into micro-batches); returns (mean loss, grad norm) as device tensors.
+
+        With ``skip_nonfinite`` a NaN/inf loss or gradient discards the step (gradients zeroed, no update); this needs
+        one host sync per step, so it is off by default.
+        """
+        total = torch.zeros((), device=self.device)
+        micro_x, micro_y = x.chunk(self.grad_accum_steps), y.chunk(self.grad_accum_steps)
+        for i, (mx, my) in enumerate(zip(micro_x, micro_y)):
+            with no_grad_sync(self.model, sync=i == self.grad_accum_steps - 1):
+                with autocast(self.device, self.dtype):
+                    loss = self.model(mx, my) / self.grad_accum_steps
+                loss.backward()
+            total += loss.detach()
+        # The norm is computed from the all-reduced gradients, so under DDP every rank takes the same decision.
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if skip_nonfinite and not torch.isfinite(grad_norm).item():
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+            return total, grad_norm
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total, grad_norm
