@@ -3,11 +3,17 @@
     python eval.py run_dir=outputs/2026-11-22/10-00-00-rope
     python eval.py run_dir=... eval.lengths=[64,256,1024] eval.protocols=[sliding] eval.stride=16
     python eval.py run_dir=... pe.scaling.type=yarn pe.scaling.factor=8     # RoPE context extension
+    python eval.py run_dir=... eval.scalings=[none,yarn:8,ntk:8,linear:8]   # several in one go
     python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
 
 The run's config is recomposed from the overrides it was trained with, then the ones given here are
 applied on top, so every config group (data, eval, logging, pe.scaling) works exactly as in train.py.
-Results land in <run_dir>/eval/ and in the training run's W&B run.
+Results land in <run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
+evaluation/report.py) and in the training run's W&B run.
+
+Another corpus is scored on its validation split, in rows labelled with data.name ("text" for data=text
+unless set: name each corpus). For a single text file the validation split is its last data.val_fraction of
+tokens: raise it (e.g. data.val_fraction=0.5) to score more of a file the model never saw.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from core.builders import build_model
 from core.checkpoint import load_checkpoint
@@ -41,7 +49,11 @@ def compose_eval_config(checkpoint: dict, overrides: list[str]) -> DictConfig:
     """The training run's config, recomposed from its own overrides, with ``overrides`` applied last."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose("config", overrides=list(checkpoint.get("overrides", [])) + overrides)
+        try:
+            cfg = compose("config", overrides=list(checkpoint.get("overrides", [])) + overrides)
+        except (HydraException, OmegaConfBaseException) as error:
+            # e.g. pe.scaling.* on a run whose scheme has no scaling: Hydra's message names the key.
+            raise PosGPTError(f"cannot apply the overrides {overrides}: {error}") from None
     trained = OmegaConf.create(checkpoint["config"])
     for key in ARCHITECTURE_KEYS:
         if OmegaConf.select(cfg, key) != OmegaConf.select(trained, key):
@@ -72,7 +84,7 @@ def main(argv: list[str]) -> None:
     wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"), job_type="eval")
     print(f"eval: {run_dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
           flush=True)
-    run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype, wandb_run)
+    run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype, wandb_run, step=checkpoint["step"])
     if wandb_run is not None:
         wandb_run.finish()
 

@@ -3,11 +3,15 @@
     python train.py                                   # tiny model, embedded corpus, RoPE, CPU-friendly
     python train.py pe=alibi train.max_steps=3000     # another scheme, longer
     python train.py -m pe=sinusoidal,learned,rope,alibi,none   # every scheme, identical settings
+    python train.py hydra.run.dir=outputs/run1 train.resume=true      # continue a stopped run
     torchrun --standalone --nproc_per_node=2 train.py # DDP (train.distributed=fsdp for FSDP2)
+    python train.py -m hydra/launcher=slurm pe=rope,alibi hydra.launcher.partition=gpu   # one SLURM job each
 
-Everything lands in the Hydra run directory (hydra.run.dir=...): see README.md.
+Everything lands in the Hydra run directory (hydra.run.dir=...): see README.md. SIGTERM or Ctrl-C save a
+checkpoint and exit with 128 + the signal's number.
 """
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -25,7 +29,10 @@ register_configs()
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
-    train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+    stopped_by = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+    if stopped_by is not None:
+        # The exit status of a process killed by that signal: `train.py && eval.py` and sweeps stop here too.
+        sys.exit(128 + stopped_by)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 A checkpoint is a plain dict of tensors and Python primitives (model and optimizer state, scheduler,
 step, RNG states, the data sampler's generator state, the resolved config, the Hydra overrides that made
 it and the W&B run id), so it loads with ``torch.load(weights_only=True)``: a file from elsewhere cannot run
-code. Saving goes to a temporary file in the same directory, fsync, then ``os.replace``: a crash mid-save
-leaves the previous ``last.pt`` intact.
+code. Saving goes to a temporary file in the same directory, fsync, then ``os.replace``: a crash or kill -9
+mid-save leaves the previous ``last.pt`` intact (and a temporary file, which the next save removes).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ CHECKPOINT_DIR = "checkpoints"
 LAST = "last.pt"
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"step_(\d+)\.pt$")
+_TMP_PREFIX = ".tmp-"
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -35,7 +36,9 @@ def last_checkpoint_path(run_dir: str | Path) -> Path:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """torch.save to a temporary file, fsync, rename over ``path``, fsync the directory: ``path`` is always
+    either the old file or the new one, whole, even after a crash or kill -9 mid-save."""
+    tmp = path.with_name(f"{_TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -44,6 +47,11 @@ def _atomic_save(obj: Any, path: Path) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # makes the rename itself durable
+    finally:
+        os.close(directory)
 
 
 def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int) -> Path:
@@ -51,6 +59,8 @@ def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int) -> Pa
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     state = {**state, "format_version": FORMAT_VERSION}
+    for stale in directory.glob(f"{_TMP_PREFIX}*"):  # left by a save that was killed (only rank 0 saves)
+        stale.unlink(missing_ok=True)
     last = directory / LAST
     _atomic_save(state, last)
     if keep > 0:
@@ -78,10 +88,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as error:
-        raise PosGPTError(f"checkpoint {path} is truncated or not a posgpt checkpoint ({type(error).__name__})") from None
+        raise PosGPTError(
+            f"checkpoint {path} is truncated or not a posgpt checkpoint ({type(error).__name__})"
+        ) from None
     required = {"model", "step", "config", "format_version"}
     if not isinstance(state, dict) or not required <= state.keys():
-        raise PosGPTError(f"{path} is not a posgpt checkpoint (missing {sorted(required - set(state or {}))})")
+        found = set(state) if isinstance(state, dict) else set()
+        raise PosGPTError(f"{path} is not a posgpt checkpoint (missing {sorted(required - found)})")
     if state["format_version"] > FORMAT_VERSION:
         raise PosGPTError(f"{path} was written by a newer posgpt (format {state['format_version']})")
     return state

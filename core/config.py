@@ -23,9 +23,9 @@ from model.pe.rope_scaling import parse_scaling
 @dataclass
 class TrainConfig:
     seq_len: int = 64  # training context length: the "1x" of every extrapolation result
-    batch_size: int = 16  # sequences per optimizer step, over all processes and accumulation steps
+    batch_size: int = 8  # sequences per optimizer step, over all processes and accumulation steps
     grad_accum_steps: int = 1
-    max_steps: int = 1500
+    max_steps: int = 1200
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 100
@@ -34,9 +34,9 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
     log_every: int = 10
-    val_every: int = 250
+    val_every: int = 200
     val_batches: int = 20
-    checkpoint_every: int = 500
+    checkpoint_every: int = 400
     keep_checkpoints: int = 2  # step checkpoints kept besides last.pt
     resume: bool = False
     seed: int = 1337

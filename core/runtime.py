@@ -7,10 +7,13 @@ import random
 
 import numpy as np
 import torch
+from torch import nn
 
 from core.errors import PosGPTError
 
-# Dense bf16 peak FLOP/s per GPU (no sparsity), for MFU. Matched against torch.cuda.get_device_name().
+# Dense bf16 peak FLOP/s per GPU (no sparsity, fp32 accumulation), for MFU. Matched against
+# torch.cuda.get_device_name(); the longest key contained in the name wins ("L40S" before "L4").
+# GPUs without bf16 tensor cores (V100, T4) have no entry: their MFU is reported as null.
 PEAK_BF16_FLOPS = {
     "H200": 989e12,
     "H100 SXM": 989e12,
@@ -23,10 +26,11 @@ PEAK_BF16_FLOPS = {
     "A100": 312e12,
     "A10G": 125e12,
     "L40S": 362e12,
+    "L40": 181e12,
     "L4": 121e12,
+    "A40": 150e12,
     "RTX 4090": 165e12,
     "RTX 3090": 71e12,
-    "V100": 125e12,
 }
 
 
@@ -40,8 +44,10 @@ def select_device(name: str) -> torch.device:
 
 
 def select_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 autocast on GPUs that have bf16 tensor cores, fp32 elsewhere (CPUs, V100, T4)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+        return torch.bfloat16 if bf16 else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
@@ -71,16 +77,23 @@ def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS.items():
-        if key in name:
-            return flops
-    return None
+    matches = [key for key in PEAK_BF16_FLOPS if key in name]
+    return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None
 
 
 def flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> float:
     """Training FLOPs per token, PaLM appendix B: 6N + 12 * n_layer * n_embd * seq_len.
 
-    N counts every weight matmul including the (tied) output head; the second term is attention's
-    q.k and attention.v products (forward + backward).
+    N should count the weights used in matmuls, the (tied) output head included, but not lookup-only
+    tables such as a learned position table (:func:`model_flops_per_token` does this for a posgpt GPT);
+    biases and norms are counted too, as in PaLM and nanoGPT (under 0.1% at GPT-2 size). The second term is
+    attention's q.k and attention.v products (forward + backward) over the full T x T square, the usual
+    convention even though causal kernels skip half of it.
     """
     return 6 * n_params + 12 * n_layer * n_embd * seq_len
+
+
+def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """:func:`flops_per_token` of a posgpt GPT trained at ``seq_len``: N leaves out the scheme's lookup tables."""
+    lookups = sum(m.weight.numel() for m in model.pe.modules() if isinstance(m, nn.Embedding))
+    return flops_per_token(model.num_params() - lookups, model.cfg.n_layer, model.cfg.n_embd, seq_len)

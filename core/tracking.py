@@ -25,16 +25,28 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics file; a last line torn by a kill -9 mid-write is dropped."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
 class MetricsFile:
     """Appends one JSON object per logged step to ``<run_dir>/metrics.jsonl``."""
 
     def __init__(self, run_dir: str | Path, resume_step: int | None = None) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         if resume_step is not None and self.path.exists():
-            # Drop what a killed run logged after its last checkpoint: the resumed run logs it again.
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            # Drop what a stopped run logged after its last checkpoint: the resumed run logs it again.
+            kept = [record for record in _records(self.path) if record["step"] <= resume_step]
+            temporary = self.path.with_name(f".{METRICS_FILE}.tmp")
+            temporary.write_text("".join(json.dumps(record) + "\n" for record in kept))
+            os.replace(temporary, self.path)
         elif resume_step is None:
             self.path.unlink(missing_ok=True)
 
@@ -45,7 +57,7 @@ class MetricsFile:
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return _records(path) if path.exists() else []
 
 
 def init_wandb(cfg: DictConfig, run_dir: str | Path, run_id: str | None, job_type: str = "train"):

@@ -120,7 +120,7 @@ def _load_files(cfg: DataConfig) -> list[tuple[datasets.Dataset, str]]:
                 f"data.files: reading URLs needs aiohttp ({e}): pip install aiohttp, or download the file "
                 "and list its local path"
             ) from e
-        except (OSError, datasets.exceptions.DatasetsError) as e:
+        except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:  # ValueError: pyarrow's ArrowInvalid
             raise PosGPTError(f"data.files: could not read {', '.join(files)} ({e}); fix or drop these files") from e
         field = "text" if loader == "text" else cfg.text_field
         _check_field(table, field, ", ".join(files))
@@ -183,6 +183,9 @@ def _check_field(table: datasets.Dataset | datasets.IterableDataset, field: str,
     columns = table.column_names
     if columns is not None and field not in columns:  # a stream may not know its columns before reading
         raise PosGPTError(f"{where} has no column {field!r}: set data.text_field to one of {columns}")
+    feature = (table.features or {}).get(field)
+    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise PosGPTError(f"{where}: column {field!r} holds {feature}, not text; set data.text_field to a text column")
 
 
 def _texts(table: datasets.Dataset | datasets.IterableDataset, field: str, limit: int | None = None) -> Iterator[str]:

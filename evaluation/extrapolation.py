@@ -2,20 +2,21 @@
 
 Every length and protocol scores the same targets: tokens [F, F + N) of the evaluation split, where F is
 the longest evaluated length and N the largest multiple of it not above ``eval.max_tokens`` (and what the
-split holds). So numbers are comparable across lengths, protocols, and runs evaluated on the same data.
-Perplexity over a set of scored targets T is
+split holds). So numbers are comparable across lengths, protocols, and runs evaluated on the same data
+with the same ``eval.lengths`` and ``eval.max_tokens`` (each row records its ``target_range``; another
+choice of either scores other tokens, which scripts/compare.py flags). Perplexity over scored targets T is
 
     ppl = exp( -(1/|T|) sum_{t in T} log p(x_t | x_{c(t)} .. x_{t-1}) )
 
 and the protocols differ only in how much context c(t) each target gets:
 
 - ``nonoverlapping`` (Press et al. 2022's default): the range is cut into windows of L targets, each scored
-  on its own; the target at window position p (0-based) sees p tokens of context. When L does not divide N
-  the last window is shorter.
+  on its own; the target at window position p (0-based) is predicted from the p + 1 tokens before it. When
+  L does not divide N the last window is shorter.
 - ``sliding``: windows of L tokens move by the stride S (``eval.stride``, default L/2; capped at L) and each
-  scores only its last S targets, so every scored target sees at least L - S tokens of context (F >= L
-  leaves room for it before the first one; the final window may score fewer than S, with more context).
-  S = L is ``nonoverlapping`` whenever L divides N; S = 1 gives every target exactly L - 1 tokens of context.
+  scores only its last S targets, so every scored target is predicted from at least L - S + 1 tokens (F >= L
+  leaves room for them before the first target; the final window may score fewer than S, with more context).
+  S = L is ``nonoverlapping`` whenever L divides N; S = 1 predicts every target from a full window of L.
 
 For each (length, protocol) the mean loss at each position within the window is kept too: where it rises
 past the training length is where a scheme breaks. Each row also records the peak memory of its forward
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from tqdm.auto import tqdm
 
 from core.runtime import autocast
 from evaluation.memory import PeakMemory
+
+if TYPE_CHECKING:  # importing the data package pulls in `datasets` (~1 s): annotations only
+    from data import TokenArray
 
 PROTOCOLS = ("nonoverlapping", "sliding")
 
@@ -88,7 +92,8 @@ def _batches(plan: list[Window], per_batch: int) -> list[list[Window]]:
     return batches
 
 
-def _device_batch(tokens, windows: list[Window], rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _device_batch(tokens: TokenArray, windows: list[Window], rows: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of the windows (targets -100 where not scored), padded to ``rows`` rows."""
     length = windows[0].length
     data = np.stack([tokens.read(w.start, length + 1).astype(np.int64) for w in windows])
@@ -103,8 +108,9 @@ def _device_batch(tokens, windows: list[Window], rows: int, device: torch.device
 
 
 @torch.inference_mode()
-def score_windows(model: torch.nn.Module, tokens, plan: list[Window], batch_tokens: int, device: torch.device,
-                  dtype: torch.dtype, progress: bool = False, description: str = "") -> dict[str, Any]:
+def score_windows(model: torch.nn.Module, tokens: TokenArray, plan: list[Window], batch_tokens: int,
+                  device: torch.device, dtype: torch.dtype, progress: bool = False,
+                  description: str = "") -> dict[str, Any]:
     """Scored-token count, mean loss, perplexity and per-position mean loss over the windows of ``plan``."""
     length = max(w.length for w in plan)
     per_batch = max(1, batch_tokens // length)
@@ -113,7 +119,8 @@ def score_windows(model: torch.nn.Module, tokens, plan: list[Window], batch_toke
     for batch in tqdm(_batches(plan, per_batch), desc=description, disable=not progress, leave=False,
                       unit="batch"):
         # On CUDA, compiled kernels (FlexAttention) specialise on shapes: a short last batch would recompile.
-        rows = per_batch if device.type == "cuda" and batch[0].length == length else len(batch)
+        full = min(per_batch, len(plan))
+        rows = full if device.type == "cuda" and batch[0].length == length else len(batch)
         x, y = _device_batch(tokens, batch, rows, device)
         with autocast(device, dtype):
             losses = model(x, y, reduction="none").double()  # 0 where the target is -100
@@ -122,14 +129,15 @@ def score_windows(model: torch.nn.Module, tokens, plan: list[Window], batch_toke
         counts[: x.shape[1]] += scored.sum(0)
     loss, n = float(loss_sum.sum()) / float(counts.sum()), int(counts.sum())
     # JSON has no NaN or inf: positions never scored, or a model whose loss is not finite, give null.
-    per_position = [s / c if c > 0 and math.isfinite(s) else None for s, c in zip(loss_sum.tolist(), counts.tolist())]
+    per_position = [s / c if c > 0 and math.isfinite(s) else None
+                    for s, c in zip(loss_sum.tolist(), counts.tolist())]
     if not math.isfinite(loss):
         return {"tokens": n, "loss": None, "ppl": None, "per_position_loss": per_position,
                 "reason": "the loss is not finite"}
     return {"tokens": n, "loss": loss, "ppl": math.exp(loss), "per_position_loss": per_position}
 
 
-def evaluate_extrapolation(model: torch.nn.Module, tokens, lengths: list[int], protocols: list[str],
+def evaluate_extrapolation(model: torch.nn.Module, tokens: TokenArray, lengths: list[int], protocols: list[str],
                            stride: int | None, max_tokens: int, batch_tokens: int, device: torch.device,
                            dtype: torch.dtype, progress: bool = True, description: str = "") -> list[dict[str, Any]]:
     """One row per (length, protocol). Lengths that cannot be scored get loss and ppl None and a reason."""
@@ -137,13 +145,13 @@ def evaluate_extrapolation(model: torch.nn.Module, tokens, lengths: list[int], p
     limit = model.pe.max_positions()
     span = scored_range(len(tokens), lengths, max_tokens)
     rows = []
-    jobs = [(length, protocol) for length in lengths for protocol in protocols]
+    jobs = [(length, protocol) for length in dict.fromkeys(lengths) for protocol in dict.fromkeys(protocols)]
     for length, protocol in tqdm(jobs, desc=f"eval {description}".strip(), disable=not progress, unit="length"):
         row: dict[str, Any] = {"length": length, "protocol": protocol,
                                "stride": effective_stride(length, stride) if protocol == "sliding" else None}
         if limit is not None and length > limit:
             row.update(tokens=0, loss=None, ppl=None, reason=f"pe={model.pe.name} encodes at most {limit} positions")
-        elif span is None or length > span[1]:
+        elif span is None or length > span[0]:  # span[0] is the longest length that fits
             row.update(tokens=0, loss=None, ppl=None,
                        reason=f"needs 2x{length} tokens in the split ({len(tokens)}) and "
                               f"eval.max_tokens ({max_tokens}) >= {length}")

@@ -8,8 +8,9 @@ The JSON document describes one checkpoint:
                   "target_range": [512, 33280], "per_position_loss": [...], "peak_memory_mb": 812.5,
                   "memory_metric": "cpu_peak_rss", "seconds": 4.2}, ...]}
 
-A row that could not be scored (learned beyond its table, too little data) has ``"loss"`` and ``"ppl"``
-null and a ``"reason"``. Accumulation: each evaluation of the same checkpoint replaces the rows with the
+The top-level "data" is the latest evaluation's; each row names its own. A row that could not be scored
+(learned beyond its table, too little data) has ``"loss"`` and ``"ppl"`` null and a ``"reason"``.
+Accumulation: each evaluation of the same checkpoint replaces the rows with the
 same (data, length, protocol, stride, scaling) and keeps the others, so ``eval.py`` runs with different
 scalings, strides or data add up; an evaluation of another checkpoint (another training step) starts the
 file afresh, since the old rows describe another model.
@@ -22,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from evaluation.extrapolation import effective_stride
 from model.pe.rope_scaling import scaling_label
 
 JSON_FILE = "extrapolation.json"
@@ -41,7 +43,8 @@ def row_key(row: dict[str, Any]) -> tuple:
 
 
 def _sort_key(row: dict[str, Any]) -> tuple:
-    return (str(row.get("data")), scaling_label(row.get("scaling")), row["protocol"], row["length"],
+    scaling = scaling_label(row.get("scaling"))
+    return (str(row.get("data")), scaling not in ("", "none"), scaling, row["protocol"], row["length"],
             row["stride"] or 0)
 
 
@@ -73,24 +76,30 @@ def write_results(document: dict[str, Any], eval_dir: str | Path) -> Path:
     eval_dir = Path(eval_dir)
     eval_dir.mkdir(parents=True, exist_ok=True)
     path = eval_dir / JSON_FILE
+    # One result per line (per-position losses make rows long): a file a person can scan, and still JSON.
+    head = json.dumps({key: value for key, value in document.items() if key != "results"})[:-1]
+    rows = ",\n".join(" " + json.dumps(row) for row in document["results"])
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n")
+    tmp.write_text(f'{head}, "results": [\n{rows}\n]}}\n')
     tmp.replace(path)
     return path
 
 
+def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows as flat records with CSV_COLUMNS (no per-position losses; scaling as a label)."""
+    return [{
+        **{column: row.get(column) for column in CSV_COLUMNS},
+        "multiple": round(row["length"] / document["train_seq_len"], 4),
+        "scaling": scaling_label(row.get("scaling")),
+    } for row in document["results"]]
+
+
 def write_csv(document: dict[str, Any], path: str | Path) -> Path:
-    """One line per row of the document, without the per-position losses."""
     path = Path(path)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         writer.writeheader()
-        for row in document["results"]:
-            writer.writerow({
-                **{column: row.get(column) for column in CSV_COLUMNS},
-                "multiple": round(row["length"] / document["train_seq_len"], 4),
-                "scaling": scaling_label(row.get("scaling")),
-            })
+        writer.writerows(csv_rows(document))
     return path
 
 
@@ -98,7 +107,7 @@ def setting_label(row: dict[str, Any], with_data: bool = False) -> str:
     """``sliding yarn:8``: what distinguishes a row at a given length. A sliding stride is shown when it is
     not the default L/2, so default-stride rows of all lengths share a label."""
     label = row["protocol"]
-    if row["stride"] and row["stride"] != max(1, row["length"] // 2):
+    if row["stride"] and row["stride"] != effective_stride(row["length"], None):
         label += f" (S={row['stride']})"
     if scaling_label(row.get("scaling")) not in ("", "none"):
         label += " " + scaling_label(row["scaling"])
@@ -108,7 +117,7 @@ def setting_label(row: dict[str, Any], with_data: bool = False) -> str:
 def format_ppl(ppl: float | None) -> str:
     if ppl is None:
         return "n/a"
-    return f"{ppl:.2f}" if ppl < 1e4 else f"{ppl:.3g}"
+    return f"{ppl:.2f}" if ppl < 1e4 else f"{ppl:,.0f}"
 
 
 def format_table(document: dict[str, Any]) -> str:
@@ -127,5 +136,9 @@ def format_table(document: dict[str, Any]) -> str:
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in lines)
-    tokens = sorted({row["tokens"] for row in rows if row["ppl"] is not None})
-    return text + (f"\n(scored tokens per cell: {', '.join(map(str, tokens))})" if tokens else "")
+    spans = sorted({(str(row.get("data")), *row["target_range"]) for row in rows if row["ppl"] is not None})
+    if len(spans) == len({data for data, _, _ in spans}):  # one token range per corpus
+        return text + "\n(each cell scores the same targets: " + "; ".join(
+            (f"{data} " if with_data else "") + f"[{start}, {stop})" for data, start, stop in spans) + ")"
+    return text + ("\n(cells come from evaluations of different token ranges: compare rows with the same "
+                   "target_range in extrapolation.json)")

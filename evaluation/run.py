@@ -1,50 +1,132 @@
-"""Run the extrapolation evaluation for a model and write/log its reports (used by train.py and eval.py)."""
+"""Run the extrapolation evaluation of a model and write its reports (called by train.py's loop and eval.py).
+
+Outputs, in ``<run_dir>/eval/``:
+    extrapolation.json   every result row, accumulated over evaluations of this checkpoint (see report.py)
+    extrapolation.csv    the same rows, flat
+    ppl_vs_length.png    perplexity vs evaluation length, one line per setting (protocol, stride, scaling)
+    per_position.png     loss vs position within the window (nonoverlapping, the longest length by default)
+and the same table and plots in the run's W&B run.
+
+RoPE runs are evaluated with ``pe.scaling`` (one context extension), or with each of ``eval.scalings``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from core.config import eval_lengths
+from data import TokenArray
 from evaluation.extrapolation import evaluate_extrapolation
-from evaluation.report import format_table, results_document, write_results
+from evaluation.plots import plot_per_position, plot_ppl_vs_length
+from evaluation.report import (CSV_COLUMNS, CSV_FILE, csv_rows, format_table, merge_documents, read_results,
+                               results_document, setting_label, write_csv, write_results)
+from model.pe.rope_scaling import RoPEScalingConfig, parse_scaling, scaling_label
 
 EVAL_DIR = "eval"
+PPL_PLOT = "ppl_vs_length.png"
+PER_POSITION_PLOT = "per_position.png"
 
 
-def scaling_of(cfg: DictConfig) -> dict[str, Any] | None:
-    """The RoPE scaling in force (recorded in every row), or None for schemes without one."""
-    scaling = cfg.pe.get("scaling")
-    return OmegaConf.to_container(scaling, resolve=True) if scaling is not None else None
+def scalings_to_evaluate(cfg: DictConfig, model: torch.nn.Module) -> list[RoPEScalingConfig | None]:
+    """[None] for schemes without a scaling; else eval.scalings, or the run's one pe.scaling."""
+    current = getattr(model.pe.cfg, "scaling", None)
+    if current is None:
+        return [None]
+    if cfg.eval.scalings:
+        scalings = [parse_scaling(spec, defaults=current) for spec in cfg.eval.scalings]
+        return list({scaling_label(scaling): scaling for scaling in scalings}.values())  # each once
+    return [current]
 
 
-def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens, run_dir: str | Path,
-                           device: torch.device, dtype: torch.dtype, wandb_run=None) -> dict[str, Any]:
-    rows = evaluate_extrapolation(
-        model, val_tokens, eval_lengths(cfg), list(cfg.eval.protocols), cfg.eval.stride, cfg.eval.max_tokens,
-        cfg.eval.batch_tokens, device, dtype, progress=cfg.logging.progress,
-    )
-    scaling = scaling_of(cfg)
-    for row in rows:
-        row["scaling"] = scaling
-    document = results_document(cfg.pe.name, cfg.train.seq_len, rows, data=cfg.data.name)
-    path = write_results(document, Path(run_dir) / EVAL_DIR)
+@contextlib.contextmanager
+def _rope_scaling(model: torch.nn.Module, scaling: RoPEScalingConfig | None) -> Iterator[None]:
+    if scaling is None:
+        yield
+        return
+    original = model.pe.cfg.scaling
+    model.pe.set_scaling(scaling)
+    try:
+        yield
+    finally:
+        model.pe.set_scaling(original)
+
+
+def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: TokenArray, run_dir: str | Path,
+                           device: torch.device, dtype: torch.dtype, wandb_run=None,
+                           step: int | None = None) -> dict[str, Any]:
+    """Evaluate, merge into ``<run_dir>/eval/extrapolation.json``, write the CSV and plots, log to W&B.
+
+    ``step`` is the checkpoint's training step (None: training just ended, at ``train.max_steps``).
+    """
+    rows = []
+    for scaling in scalings_to_evaluate(cfg, model):
+        with _rope_scaling(model, scaling):
+            new_rows = evaluate_extrapolation(
+                model, val_tokens, eval_lengths(cfg), list(cfg.eval.protocols), cfg.eval.stride,
+                cfg.eval.max_tokens, cfg.eval.batch_tokens, device, dtype, progress=cfg.logging.progress,
+                description=scaling_label(scaling),
+            )
+        setting = {"scaling": dataclasses.asdict(scaling) if scaling is not None else None, "data": cfg.data.name}
+        rows += [{"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r}
+                 for r in new_rows]
+    step = cfg.train.max_steps if step is None else step
+    document = results_document(cfg.pe.name, cfg.train.seq_len, rows, step=step, data=cfg.data.name)
+    eval_dir = Path(run_dir) / EVAL_DIR
+    document = merge_documents(read_results(eval_dir), document)
+    path = write_results(document, eval_dir)
+    write_csv(document, eval_dir / CSV_FILE)
+    plots = write_plots(document, eval_dir, cfg.eval.per_position_plot_lengths)
     print(format_table(document), flush=True)
-    print(f"eval: wrote {path}", flush=True)
+    print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
     if wandb_run is not None:
-        _log_to_wandb(wandb_run, document)
+        _log_to_wandb(wandb_run, document, plots)
     return document
 
 
-def _log_to_wandb(wandb_run, document: dict[str, Any]) -> None:
+def per_position_rows(document: dict[str, Any], lengths: list[int] | None = None) -> list[dict[str, Any]]:
+    """The rows per_position.png draws: nonoverlapping (where evaluated), at ``lengths`` or the longest scored."""
+    scored = [row for row in document["results"] if row["ppl"] is not None]
+    protocol = "nonoverlapping" if any(r["protocol"] == "nonoverlapping" for r in scored) else "sliding"
+    scored = [row for row in scored if row["protocol"] == protocol]
+    lengths = lengths or ([max(row["length"] for row in scored)] if scored else [])
+    return [row for row in scored if row["length"] in lengths]
+
+
+def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: list[int] | None) -> dict[str, Path]:
+    pe, train_len = document["pe"], document["train_seq_len"]
+    with_data = len({row.get("data") for row in document["results"]}) > 1
+    curves: dict[str, list[tuple[int, float | None]]] = {}
+    for row in document["results"]:
+        curves.setdefault(setting_label(row, with_data), []).append((row["length"], row["ppl"]))
+    plots = {"ppl_vs_length": plot_ppl_vs_length(
+        list(curves.items()), {train_len}, eval_dir / PPL_PLOT,
+        f"pe={pe}, trained at length {train_len} (step {document['step']})")}
+    position_rows = per_position_rows(document, per_position_lengths)
+    several_lengths = len({row["length"] for row in position_rows}) > 1
+    position_curves = [
+        (setting_label(row, with_data) + (f" L={row['length']}" if several_lengths else ""), row["per_position_loss"])
+        for row in position_rows
+    ]
+    plots["per_position"] = plot_per_position(position_curves, {train_len}, eval_dir / PER_POSITION_PLOT,
+                                              f"pe={pe}: loss by position, trained at length {train_len}")
+    return plots
+
+
+def _log_to_wandb(wandb_run, document: dict[str, Any], plots: dict[str, Path]) -> None:
+    """The whole table (every accumulated row), both plots, and ppl per setting and length in the summary."""
     import wandb
 
-    columns = ["length", "protocol", "stride", "tokens", "loss", "ppl"]
-    table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in document["results"]])
-    wandb_run.log({"extrapolation/table": table})
+    table = wandb.Table(columns=CSV_COLUMNS, data=[[r[c] for c in CSV_COLUMNS] for r in csv_rows(document)])
+    wandb_run.log({"extrapolation/table": table,
+                   **{f"extrapolation/{name}": wandb.Image(str(path)) for name, path in plots.items()}})
+    with_data = len({row.get("data") for row in document["results"]}) > 1
     for row in document["results"]:
         if row["ppl"] is not None:
-            wandb_run.summary[f"extrapolation/{row['protocol']}/ppl@{row['length']}"] = row["ppl"]
+            wandb_run.summary[f"extrapolation/{setting_label(row, with_data)}/ppl@{row['length']}"] = row["ppl"]

@@ -4,14 +4,16 @@
 
 Backends (``model.attn_backend``):
 - ``sdpa``: PyTorch's scaled_dot_product_attention. Without a score bias and without a KV cache it runs with
-  ``is_causal=True`` and no mask, so the flash kernel is used on GPU. With a bias (ALiBi, ...) it is given
-  the bias as a float mask, materialised one block of queries at a time so memory stays at
-  O(block x T) per head instead of O(T^2): this is the CPU path for bias schemes (FlexAttention has no
-  backward on CPU).
+  ``is_causal=True`` and no mask, so the flash kernel is used on GPU (and the fused flash kernel on CPU).
+  With a bias (ALiBi, ...) it is given the bias as a float mask, materialised one block of queries at a
+  time so memory stays at O(block x T) per head instead of O(T^2): this is the CPU path for bias schemes.
 - ``flex``: FlexAttention with the scheme's bias as a ``score_mod`` and a causal block mask; nothing is
-  materialised (CUDA).
+  materialised (CUDA, compiled). On CPU, torch 2.13 runs FlexAttention forward only (eager and unfused,
+  for checking), so training there with ``flex`` is refused with a clear error.
 - ``math``: the plain formula, written out; the reference the tests compare every backend against.
 - ``auto``: flex for bias schemes on CUDA, sdpa otherwise.
+
+With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ def attend(
     if backend == "math":
         return _math_attention(q, k, v, pe, q_offset)
     if backend == "flex" and q_offset == 0 and q.shape[-2] == k.shape[-2]:
+        if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise PosGPTError(
+                "model.attn_backend=flex cannot train on CPU: FlexAttention has no CPU backward in this "
+                "PyTorch. Use model.attn_backend=auto (or sdpa) on CPU."
+            )
         return _flex_attention(q, k, v, pe)
     if not pe.has_score_bias and q_offset == 0 and q.shape[-2] == k.shape[-2]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -242,6 +242,14 @@ def test_text_field_and_bad_json_are_reported(tmp_path):
     broken.write_text('{"text": "unterminated\n')
     with pytest.raises(PosGPTError, match="broken.jsonl"):
         load_splits(DataConfig(source="text", files=[str(broken)]))
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text('{"text": 5}\n{"text": 7}\n')
+    with pytest.raises(PosGPTError, match="not text"):
+        load_splits(DataConfig(source="text", files=[str(numbers)]))
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"not a parquet file")
+    with pytest.raises(PosGPTError, match="corrupt.parquet"):
+        load_splits(DataConfig(source="text", files=[str(corrupt)]))
 
 
 def test_hub_fails_fast_offline():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.distributed import no_grad_sync
+from core.distributed import local_tensor, no_grad_sync
 from core.runtime import autocast
 
 
@@ -16,11 +16,14 @@ class TrainStep:
         self.grad_accum_steps, self.grad_clip = grad_accum_steps, grad_clip
         self.device, self.dtype = device, dtype
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Train on this rank's rows (split into micro-batches); returns (mean loss, grad norm) as device tensors.
+    def __call__(self, x: torch.Tensor, y: torch.Tensor,
+                 skip_nonfinite: bool = False) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Train on this rank's rows (split into micro-batches).
 
-        With ``skip_nonfinite`` a NaN/inf loss or gradient discards the step (gradients zeroed, no update); this needs
-        one host sync per step, so it is off by default.
+        Returns (mean loss, grad norm) as device tensors, and whether the step was skipped: with
+        ``skip_nonfinite`` a NaN/inf gradient discards the step (no update; the schedule still advances so
+        that step and learning rate stay in line). That check needs one host sync per step, so it is off by
+        default.
         """
         total = torch.zeros((), device=self.device)
         micro_x, micro_y = x.chunk(self.grad_accum_steps), y.chunk(self.grad_accum_steps)
@@ -30,14 +33,13 @@ class TrainStep:
                     loss = self.model(mx, my) / self.grad_accum_steps
                 loss.backward()
             total += loss.detach()
-        # The norm is computed from the all-reduced gradients, so under DDP every rank takes the same decision.
+        # The norm is computed from the all-reduced gradients, so under DDP/FSDP every rank takes the same
+        # decision (FSDP returns it as a replicated DTensor).
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if skip_nonfinite and not torch.isfinite(grad_norm).item():
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-            return total, grad_norm
-        self.optimizer.step()
+        grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        skipped = skip_nonfinite and not torch.isfinite(grad_norm).item()
+        if not skipped:
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total, grad_norm
+        return total, grad_norm, skipped

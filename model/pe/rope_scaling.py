@@ -23,13 +23,16 @@ a that multiplies cos and sin, so that every attention logit q.k is multiplied b
 
   The ramp: the paper's eq. 18 writes gamma linear in r. Its reference implementation (which produced the
   paper's results) and Hugging Face's ``modeling_rope_utils`` ramp linearly over the pair index instead,
-  between i_fast = floor(i(beta_fast)) and i_slow = ceil(i(beta_slow)), where
-  i(r) = d ln(L / (2 pi r)) / (2 ln base) is the (fractional) pair that turns r times over L, clamped to
-  [0, d - 1]. The two agree outside the ramp and differ inside it; posgpt follows the reference
-  implementation, so "yarn" here is YaRN as models ship with it.
+  from i_fast = max(floor(i(beta_fast)), 0) (kept) to i_slow = min(ceil(i(beta_slow)), d - 1) (interpolated),
+  where i(r) = d ln(L / (2 pi r)) / (2 ln base) is the fractional pair that turns r times over L. Both keep
+  the pairs up to i_fast and interpolate those from i_slow on; in between they differ, and on small models,
+  where even pair 0 turns fewer than beta_fast times (head_dim 16, L = 64: r_0 = 10), the clamp keeps pair 0
+  where eq. 18 would partly interpolate it. posgpt follows the reference implementation: "yarn" here is
+  YaRN as models ship with it.
 
-Every method with s = 1 is the identity. To add one, write a function with the signature of ``_none``, add
-it to ``ROPE_SCALINGS``, and test its equation in tests/test_rope_scaling.py.
+With s = 1 every method but ``dynamic_ntk`` is the identity (``dynamic_ntk`` then uses s' = L' / L). To add
+a method, write a function with the signature of ``_none``, add it to ``ROPE_SCALINGS``, and test its
+equation in tests/test_rope_scaling.py.
 """
 
 from __future__ import annotations

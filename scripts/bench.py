@@ -1,0 +1,247 @@
+"""Training throughput of posgpt, one JSON line per positional scheme (and optionally long-context evaluation).
+
+    python scripts/bench.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 train.batch_size=8
+    python scripts/bench.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,learned,sinusoidal,none,alibi
+    python scripts/bench.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,alibi --eval-length 16384
+
+Takes the same Hydra overrides as train.py; ``pe=a,b,c`` benchmarks each scheme in turn. Each is timed with the
+real training pieces (core.builders.build_model, training.optim, training.step.TrainStep with its autocast,
+torch.compile where train.compile asks for it) on random tokens, so no data is read. Warm-up steps (compilation,
+allocator) are not timed; the measured steps are timed as one window with a device sync only at its ends,
+as the training loop runs them. Printed per scheme:
+
+    {"pe", "device", "tokens_per_s", "mfu", "peak_mem_bytes", "step_ms", "config": {...}, "eval": {...}}
+
+Peak memory is the growth over what was in use when measuring began (before the model was built; for
+evaluation, with the trained weights in place): torch.cuda.max_memory_allocated on GPU, the process's peak
+resident set size (VmHWM, reset through /proc/self/clear_refs) on CPU; "peak_mem_method" says which.
+MFU uses core.runtime's PaLM-style FLOPs per token and peak table; it is null on CPU and unknown GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+import model.loss  # noqa: E402
+from core.builders import build_model  # noqa: E402
+from core.cli import exit_on_user_error  # noqa: E402
+from core.config import register_configs, validate  # noqa: E402
+from core.errors import PosGPTError  # noqa: E402
+from core.runtime import (autocast, configure_backends, model_flops_per_token, peak_flops, select_device,  # noqa: E402
+                          select_dtype, seed_everything)
+from model.attention import resolve_backend  # noqa: E402
+from training.loop import _should_compile as should_compile  # noqa: E402
+from training.optim import build_optimizer, build_scheduler  # noqa: E402
+from training.step import TrainStep  # noqa: E402
+
+CONFIG_DIR = REPO / "configs"
+
+
+def add_timing_args(parser: argparse.ArgumentParser) -> None:
+    """The options shared with scripts/bench_nanogpt.py, so both time the same way."""
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds_per_step(step: Callable[[], object], warmup: int, steps: int, device: torch.device) -> float:
+    """Mean wall time of ``steps`` calls after ``warmup`` untimed ones, synced only at the window's ends."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return (time.perf_counter() - start) / steps
+
+
+def _proc_status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # reported in kB
+    raise KeyError(field)
+
+
+class PeakMemory:
+    """Peak memory of a block of work, over what was in use when it began (``.bytes``, ``.method`` after).
+
+    CUDA: torch.cuda.max_memory_allocated. CPU (Linux): the kernel's peak-RSS mark, reset at the start through
+    /proc/self/clear_refs. Elsewhere: the growth of getrusage's ru_maxrss, a lifetime high-water mark, so it
+    reads 0 unless the block raised the process's peak.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.bytes: int | None = None
+        self.method: str | None = None
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.method, self._start = "cuda.max_memory_allocated", torch.cuda.memory_allocated(self.device)
+            return self
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.method, self._start = "rss_hwm(/proc/self/status VmHWM)", _proc_status_bytes("VmRSS")
+        except OSError:
+            self.method, self._start = "getrusage.ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.method == "cuda.max_memory_allocated":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        elif self.method.startswith("rss_hwm"):
+            peak = _proc_status_bytes("VmHWM")
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.bytes = peak - self._start
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
+    return f"{cpu}, {torch.get_num_threads()} threads"
+
+
+def print_record(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def split_schemes(overrides: list[str]) -> tuple[list[str | None], list[str]]:
+    """``pe=a,b`` -> ([a, b], the other overrides); without a pe override, the config's default scheme."""
+    schemes: list[str | None] = [None]
+    rest = []
+    for override in overrides:
+        if override.startswith("pe="):
+            schemes = [name.strip() for name in override.split("=", 1)[1].split(",") if name.strip()]
+        else:
+            rest.append(override)
+    return schemes, rest
+
+
+def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
+    t = cfg.train
+    device = select_device(t.device)
+    dtype = select_dtype(t.dtype, device)
+    configure_backends(device, t.num_threads)
+    seed_everything(t.seed)
+    compiled = should_compile(t.compile, device)
+    vocab = cfg.model.vocab_size
+    x = torch.randint(0, vocab, (t.batch_size, t.seq_len), device=device)
+    y = torch.randint(0, vocab, (t.batch_size, t.seq_len), device=device)
+
+    with PeakMemory(device) as train_memory:
+        raw_model = build_model(cfg).to(device)
+        optimizer = build_optimizer(raw_model, t, device)
+        train_step = TrainStep(torch.compile(raw_model) if compiled else raw_model, optimizer,
+                               build_scheduler(optimizer, t), t.grad_accum_steps, t.grad_clip, device, dtype)
+        step_s = seconds_per_step(lambda: train_step(x, y), args.warmup, args.steps, device)
+    tokens_per_s = t.batch_size * t.seq_len / step_s
+    peak = peak_flops(device)
+    record = {
+        "pe": cfg.pe.name,
+        "device": device_name(device),
+        "tokens_per_s": round(tokens_per_s, 1),
+        "mfu": round(model_flops_per_token(raw_model, t.seq_len) * tokens_per_s / peak, 4) if peak else None,
+        "peak_mem_bytes": train_memory.bytes,
+        "peak_mem_method": train_memory.method,
+        "step_ms": round(step_s * 1e3, 2),
+        "config": {
+            "n_layer": cfg.model.n_layer, "n_head": cfg.model.n_head, "n_embd": cfg.model.n_embd,
+            "vocab_size": vocab, "n_params": raw_model.num_params(), "seq_len": t.seq_len,
+            "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps, "dtype": str(dtype).split(".")[-1],
+            "compile": compiled, "attn_backend": resolve_backend(cfg.model.attn_backend, raw_model.pe, device),
+            "fused_ce": model.loss.use_fused(device), "threads": torch.get_num_threads(),
+            "warmup": args.warmup, "steps": args.steps, "torch": torch.__version__,
+        },
+    }
+    del train_step, optimizer
+    raw_model.zero_grad(set_to_none=True)
+    if args.eval_length:
+        record["eval"] = bench_eval(raw_model, cfg, args, device, dtype)
+    return record
+
+
+def bench_eval(raw_model: torch.nn.Module, cfg: DictConfig, args: argparse.Namespace, device: torch.device,
+               dtype: torch.dtype) -> dict:
+    """Scoring at ``--eval-length`` as evaluation/extrapolation.py does it (per-token losses, no grad)."""
+    length = args.eval_length
+    rows = max(1, cfg.eval.batch_tokens // length)
+    x = torch.randint(0, cfg.model.vocab_size, (rows, length), device=device)
+    raw_model.eval()
+
+    @torch.inference_mode()
+    def score():
+        with autocast(device, dtype):
+            return raw_model(x, x, reduction="none")
+
+    result = {"length": length, "batch": rows}
+    try:
+        with PeakMemory(device) as memory:
+            step_s = seconds_per_step(score, 1, args.eval_steps, device)
+    except PosGPTError as error:  # e.g. a learned position table shorter than the length
+        return result | {"error": str(error)}
+    return result | {"tokens_per_s": round(rows * length / step_s, 1), "peak_mem_bytes": memory.bytes,
+                     "step_ms": round(step_s * 1e3, 2)}
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=rope,alibi]")
+    add_timing_args(parser)
+    parser.add_argument("--eval-length", type=int, default=None,
+                        help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len")
+    parser.add_argument("--eval-steps", type=int, default=3, help="timed evaluation batches")
+    parser.add_argument("--fused-ce", choices=("auto", "always", "never"), default=model.loss.FUSED,
+                        help="the fused chunked cross-entropy (model/loss.py FUSED); auto: on CPU only")
+    args, overrides = parser.parse_known_args(argv)
+    unknown = [o for o in overrides if o.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.warmup < 0 or args.steps < 1 or args.eval_steps < 1 or (args.eval_length or 1) < 1:
+        parser.error("--warmup must be >= 0; --steps, --eval-steps and --eval-length >= 1")
+    return args, overrides
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+    args, overrides = parse_args(argv)
+    model.loss.FUSED = args.fused_ce
+    schemes, rest = split_schemes(overrides)
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        configs = [compose("config", overrides=rest + ([f"pe={name}"] if name else [])) for name in schemes]
+    for cfg in configs:
+        validate(cfg)
+    for cfg in configs:
+        print_record(bench_scheme(cfg, args))
+        torch._dynamo.reset()  # each scheme compiles its own model
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

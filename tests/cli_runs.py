@@ -1,0 +1,103 @@
+"""Run posgpt's command lines (train.py, eval.py, torchrun) as a user would, on a tiny model and corpus.
+
+Shared by test_resume, test_distributed, test_errors and test_slurm_config. Every run is a real subprocess;
+a step takes a few milliseconds, so most of a run's time is Python importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from core.tracking import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+# One CPU thread, one layer, 16-dim embeddings. A warmup longer than any run here keeps the learning rate a
+# function of the step alone, so runs that end at different max_steps train identically up to their end.
+# pe=learned: the reference run then also serves the test of evaluating beyond the learned table.
+TINY = [
+    "pe=learned", "data=text", "model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+    "train.seq_len=16", "train.batch_size=4", "train.num_threads=1", "train.log_every=1", "train.warmup_steps=1000",
+    "train.val_batches=2", "train.eval_after=false", "logging.wandb.mode=disabled", "logging.progress=false",
+]
+STEPS = 40  # the reference run's length
+TIMEOUT_S = 300  # generous: the 2 CPU cores are shared
+
+
+class Runner:
+    """Subprocess runs inside one pytest session's temporary directory, sharing its token cache."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.corpus = base / "corpus.txt"
+        if not self.corpus.exists():  # ~25k tokens of Python: enough for seq_len 16 and a val split
+            self.corpus.write_text((Path(sysconfig.get_paths()["stdlib"]) / "argparse.py").read_text()[:60_000])
+        self.env = {**os.environ, "POSGPT_CACHE_DIR": str(base / "posgpt-cache"), "OMP_NUM_THREADS": "1"}
+
+    def overrides(self, run_dir: Path, *extra: str) -> list[str]:
+        return [*TINY, f"data.files=[{self.corpus}]", f"hydra.run.dir={run_dir}", *extra]
+
+    def run(self, command: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+        return subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def train(self, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+        return self.run([sys.executable, "train.py", *self.overrides(run_dir, *extra)])
+
+    def torchrun(self, run_dir: Path, *extra: str, nproc: int = 2) -> subprocess.CompletedProcess:
+        return self.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                         "train.py", *self.overrides(run_dir, *extra)])
+
+    def eval(self, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+        return self.run([sys.executable, "eval.py", f"run_dir={run_dir}", *extra])
+
+    def start_train(self, run_dir: Path, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "train.py", *self.overrides(run_dir, *extra)], cwd=REPO,
+                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+_REFERENCES: dict[Path, Path] = {}
+
+
+def reference_run(runner: Runner) -> Path:
+    """An uninterrupted single-process run of STEPS steps, made once per session (a read-only fixture)."""
+    if runner.base not in _REFERENCES:
+        run_dir = runner.base / "reference"
+        done = runner.train(run_dir, f"train.max_steps={STEPS}")
+        assert done.returncode == 0, done.stderr
+        _REFERENCES[runner.base] = run_dir
+    return _REFERENCES[runner.base]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory) -> Runner:
+    return Runner(tmp_path_factory.getbasetemp())
+
+
+def train_losses(run_dir: Path) -> dict[int, float | None]:
+    """step -> logged training loss (None where it was not finite)."""
+    return {record["step"]: record["train_loss"] for record in read_metrics(run_dir) if "train_loss" in record}
+
+
+def wait_for_step(process: subprocess.Popen, run_dir: Path, step: int) -> None:
+    """Block until the run has logged ``step`` (it logs every step)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while max(train_losses(run_dir), default=0) < step:
+        assert process.poll() is None, f"the run ended before step {step}:\n{process.stdout.read()}"
+        assert time.monotonic() < deadline, f"no step {step} after {TIMEOUT_S} s"
+        time.sleep(0.02)
+
+
+def assert_user_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    """A clear, short error: non-zero exit, the fragments in stderr, and no traceback."""
+    assert done.returncode != 0, done.stdout
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output, output
+    for fragment in fragments:
+        assert fragment in done.stderr, done.stderr

@@ -1,0 +1,149 @@
+"""Every attention backend agrees with the `math` reference for every scheme, wherever the backend runs, and
+the fast training path (auto backend + fused cross-entropy) takes the same first steps as the reference one."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+import model.attention as attention
+import model.loss as loss_module
+from core.config import TrainConfig
+from core.errors import PosGPTError
+from model import GPT, ModelConfig
+from model.attention import attend, resolve_backend
+from model.pe import SCHEMES, ModelDims, build_positional_encoding
+from training.optim import build_optimizer, build_scheduler
+from training.step import TrainStep
+
+ALL = sorted(SCHEMES)
+BIAS = [name for name in ALL if SCHEMES[name].has_score_bias]
+B, H, T, D = 2, 4, 40, 16
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def scheme(name, device="cpu"):
+    dims = ModelDims(n_embd=H * D, n_head=H, head_dim=D, train_seq_len=T, init_std=0.02)
+    return build_positional_encoding(SCHEMES[name].config_class(), dims).to(device)
+
+
+def qkv(tq=T, tk=T, device="cpu", dtype=torch.float32, requires_grad=True, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(B, H, tq, D), (B, H, tk, D), (B, H, tk, D)]
+    return [torch.randn(s, generator=generator).to(device, dtype).requires_grad_(requires_grad) for s in shapes]
+
+
+def output_and_grads(backend, pe, q, k, v, q_offset=0):
+    for t in (q, k, v):
+        t.grad = None
+    out = attend(q, k, v, pe, backend, q_offset=q_offset)
+    out.square().sum().backward()
+    return [out.detach()] + [t.grad.clone() for t in (q, k, v)]
+
+
+def assert_all_close(got, want, **tolerances):
+    for g, w, name in zip(got, want, ("output", "grad q", "grad k", "grad v")):
+        torch.testing.assert_close(g.float(), w.float(), msg=lambda m, name=name: f"{name}: {m}", **tolerances)
+
+
+def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
+    for name in ALL:
+        pe = scheme(name)
+        assert resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
+        assert resolve_backend("auto", pe, torch.device("cuda")) == ("flex" if name in BIAS else "sdpa")
+        for forced in ("sdpa", "flex", "math"):
+            assert resolve_backend(forced, pe, torch.device("cuda")) == forced
+    with pytest.raises(PosGPTError, match="attn_backend"):
+        resolve_backend("fast", scheme("rope"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("blocks", [1, 3], ids=["one-block", "three-blocks"])
+@pytest.mark.parametrize("name", ALL)
+def test_sdpa_matches_math_forward_and_backward(name, blocks, monkeypatch):
+    monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", B * H * T * (T // blocks + 1))
+    pe, (q, k, v) = scheme(name), qkv()
+    assert_all_close(output_and_grads("sdpa", pe, q, k, v), output_and_grads("math", pe, q, k, v),
+                     rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_sdpa_matches_math_with_a_kv_cache(name):
+    """Queries at positions 35..39 over 40 cached keys: the decoding case."""
+    pe, (q, k, v) = scheme(name), qkv(tq=5)
+    assert_all_close(output_and_grads("sdpa", pe, q, k, v, q_offset=T - 5),
+                     output_and_grads("math", pe, q, k, v, q_offset=T - 5), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS])
+def test_sdpa_without_bias_is_causal_sdpa_with_no_mask(name, monkeypatch):
+    """The flash-eligible call: is_causal=True and no materialised mask."""
+    calls, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    attend(*qkv(), scheme(name), "auto")
+    assert calls == [{"is_causal": True}]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", ALL)
+def test_flex_forward_runs_on_cpu_and_matches_math(name):
+    """torch 2.13 runs FlexAttention forward on CPU (eager, unfused); there is no CPU backward."""
+    pe, (q, k, v) = scheme(name), qkv(requires_grad=False)
+    with torch.no_grad():
+        torch.testing.assert_close(attend(q, k, v, pe, "flex"), attend(q, k, v, pe, "math"), rtol=1e-4, atol=1e-5)
+
+
+def test_flex_training_on_cpu_is_a_clear_error():
+    with pytest.raises(PosGPTError, match="attn_backend=auto"):
+        attend(*qkv(), scheme("alibi"), "flex")
+
+
+@CUDA
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ALL)
+def test_cuda_backends_match_math_forward_and_backward(name, dtype, backend):
+    pe = scheme(name, "cuda")
+    q, k, v = qkv(tq=256, tk=256, device="cuda", dtype=dtype)
+    want = output_and_grads("math", pe, *(t.detach().float().requires_grad_() for t in (q, k, v)))
+    tolerance = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 5e-2}
+    assert_all_close(output_and_grads(backend, pe, q, k, v), want, **tolerance)
+
+
+SEQ_LEN, VOCAB = 16, 300
+
+
+def tiny(name, backend):
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, attn_backend=backend)
+    return GPT(cfg, SCHEMES[name].config_class(), train_seq_len=SEQ_LEN)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fast_path_first_steps_match_the_reference(name, monkeypatch):
+    """auto attention + fused chunked cross-entropy vs math attention + F.cross_entropy: same grads, same losses."""
+    monkeypatch.setattr(loss_module, "FUSED_CHUNK", 7 * 320)  # 7-row chunks of the padded vocabulary
+    train_cfg = OmegaConf.structured(TrainConfig(lr=1e-3, warmup_steps=1, max_steps=10))
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, VOCAB, (4, SEQ_LEN + 1), generator=generator) for _ in range(3)]
+    results = []
+    for backend, fused in (("auto", "always"), ("math", "never")):
+        monkeypatch.setattr(loss_module, "FUSED", fused)
+        model = tiny(name, backend)
+        first = batches[0]
+        model(first[:, :-1], first[:, 1:]).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        optimizer = build_optimizer(model, train_cfg, torch.device("cpu"))
+        step = TrainStep(model, optimizer, build_scheduler(optimizer, train_cfg), 1, train_cfg.grad_clip,
+                         torch.device("cpu"), torch.float32)
+        losses = torch.stack([step(b[:, :-1], b[:, 1:])[0] for b in batches])
+        results.append((grads, losses))
+    (fast_grads, fast_losses), (ref_grads, ref_losses) = results
+    for n in ref_grads:
+        torch.testing.assert_close(fast_grads[n], ref_grads[n], rtol=1e-4, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+    torch.testing.assert_close(fast_losses, ref_losses, rtol=1e-5, atol=1e-6)

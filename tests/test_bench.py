@@ -1,0 +1,79 @@
+"""scripts/bench.py and scripts/bench_nanogpt.py end to end on tiny configs: one parseable JSON line per scheme."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIELDS = {"pe", "device", "tokens_per_s", "mfu", "peak_mem_bytes", "step_ms", "config"}
+
+
+def run_script(*args: str) -> list[dict]:
+    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def test_bench_prints_one_json_line_per_scheme_with_eval():
+    records = run_script(
+        "scripts/bench.py", "pe=rope,alibi,learned", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
+        "model.vocab_size=512", "train.seq_len=32", "train.batch_size=2", "--warmup", "1", "--steps", "2",
+        "--eval-length", "128",
+    )
+    assert [r["pe"] for r in records] == ["rope", "alibi", "learned"]
+    for record in records:
+        assert FIELDS <= record.keys()
+        assert record["tokens_per_s"] > 0 and record["step_ms"] > 0 and record["peak_mem_bytes"] >= 0
+        assert record["mfu"] is None  # CPU: no peak FLOP/s to compare with
+        assert record["config"]["seq_len"] == 32 and record["config"]["fused_ce"] is True
+        assert record["config"]["attn_backend"] == "sdpa"
+        assert record["eval"]["length"] == 128
+    assert records[0]["eval"]["tokens_per_s"] > 0
+    assert "at most 32 positions" in records[2]["eval"]["error"]  # a learned table cannot go beyond training
+
+
+def test_bench_rejects_unknown_flags():
+    result = subprocess.run([sys.executable, "scripts/bench.py", "--stepz", "2"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "--stepz" in result.stderr
+
+
+FAKE_NANOGPT = '''
+from dataclasses import dataclass
+import torch
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+
+class GPT(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wte = torch.nn.Embedding(config.vocab_size, config.n_embd)
+
+    def get_num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, targets):
+        logits = self.wte(idx) @ self.wte.weight.t()
+        return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+'''
+
+
+def test_bench_nanogpt_prints_the_same_fields(tmp_path):
+    """A stand-in with nanoGPT's interface (the real model.py is not part of posgpt)."""
+    model_py = tmp_path / "model.py"
+    model_py.write_text(FAKE_NANOGPT)
+    (record,) = run_script("scripts/bench_nanogpt.py", "--model-py", str(model_py), "--n-embd", "8",
+                           "--seq-len", "8", "--batch-size", "2", "--warmup", "1", "--steps", "2")
+    assert FIELDS <= record.keys() and record["impl"] == "nanoGPT" and record["tokens_per_s"] > 0

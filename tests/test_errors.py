@@ -1,0 +1,110 @@
+"""Bad input gets one clear line and a non-zero exit, never a traceback, and nothing of an existing run is
+overwritten; a diverging run stops (or skips the step) and keeps its last good checkpoint.
+Every case is a real train.py or eval.py run."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from cli_runs import STEPS, assert_user_error, cli, reference_run  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def existing_run(cli, tmp_path_factory):
+    """A finished run's directory; every bad command below is aimed at it and must leave it as it was."""
+    run_dir = tmp_path_factory.mktemp("errors") / "existing"
+    shutil.copytree(reference_run(cli), run_dir)
+    files = [run_dir / "metrics.jsonl", *sorted((run_dir / "checkpoints").iterdir())]
+    before = {path: path.read_bytes() for path in files}
+    yield run_dir
+    assert sorted((run_dir / "checkpoints").iterdir()) == files[1:]
+    assert all(path.read_bytes() == content for path, content in before.items())
+
+
+def test_unknown_scheme_lists_the_options(cli, existing_run):
+    done = cli.train(existing_run, "pe=fourier")
+    assert_user_error(done, "Could not find 'pe/fourier'", "Available options", "alibi", "sinusoidal")
+    assert len(done.stderr.splitlines()) < 20
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.n_embd=33"], "model.n_embd=33 is not divisible by model.n_head=2"),
+    (["pe=rope", "model.n_embd=18"], "head dimension must be even"),  # 18 / 2 heads = 9
+    (["train.max_steps=0"], "train.max_steps must be positive"),
+    (["train.seq_len=-16"], "train.seq_len must be positive"),
+])
+def test_bad_config(cli, existing_run, overrides, message):
+    assert_user_error(cli.train(existing_run, *overrides), message)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("missing.txt", None, "does not exist"),
+    ("empty.txt", b"", "is empty"),
+    ("binary.txt", b"\xff\xfe\x00\x81 not UTF-8 text", "could not read"),
+])
+def test_bad_data_file(cli, tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    assert_user_error(cli.train(tmp_path / "run", f"data.files=[{path}]"), message)
+
+
+def test_fresh_run_refuses_an_existing_run_directory(cli, existing_run):
+    assert_user_error(cli.train(existing_run, "train.max_steps=5"), "already holds a checkpoint", "train.resume=true")
+
+
+def test_resume_with_another_architecture_is_refused(cli, existing_run):
+    done = cli.train(existing_run, f"train.max_steps={STEPS}", "train.resume=true", "model.n_embd=32")
+    assert_user_error(done, "cannot resume", "model.n_embd=16 (now 32)")
+
+
+def test_truncated_checkpoint(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run(cli), run_dir)
+    last = run_dir / "checkpoints" / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    done = cli.train(run_dir, f"train.max_steps={STEPS + 5}", "train.resume=true")
+    assert_user_error(done, "is truncated or not a posgpt checkpoint")
+
+
+def test_foreign_checkpoint(cli, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"state_dict": {"weight": torch.zeros(3)}}, tmp_path / "checkpoints" / "last.pt")
+    assert_user_error(cli.eval(tmp_path), "is not a posgpt checkpoint")
+
+
+def test_eval_of_a_run_directory_without_checkpoint(cli, tmp_path):
+    assert_user_error(cli.eval(tmp_path), "no checkpoint at")
+
+
+def test_eval_beyond_a_learned_table_reports_null_ppl(cli, existing_run):
+    done = cli.eval(existing_run, "eval.lengths=[16,32]", "eval.protocols=[nonoverlapping]")
+    assert done.returncode == 0, done.stderr
+    results = json.loads((existing_run / "eval" / "extrapolation.json").read_text())["results"]
+    rows = {row["length"]: row for row in results}
+    assert rows[16]["ppl"] is not None  # the training length
+    assert rows[32]["ppl"] is None and "at most 16 positions" in rows[32]["reason"]
+
+
+def assert_finite_weights(checkpoint):
+    assert all(torch.isfinite(value).all() for value in checkpoint["model"].values() if value.is_floating_point())
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(cli, tmp_path):
+    # lr=1e6 makes the second step's gradients NaN, which turns the weights NaN; a save after every step
+    # would write them if anything let it.
+    done = cli.train(tmp_path, "train.max_steps=20", "train.lr=1e6", "train.checkpoint_every=1")
+    assert_user_error(done, "non-finite", "still holds the last good checkpoint", "Lower train.lr")
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert checkpoint["step"] < 20
+    assert_finite_weights(checkpoint)
+
+
+def test_skip_nonfinite_skips_the_step(cli, tmp_path):
+    done = cli.train(tmp_path, "train.max_steps=5", "train.lr=1e6", "train.skip_nonfinite=true")
+    assert done.returncode == 0, done.stderr
+    assert "step 2: non-finite loss or gradients, step skipped" in done.stdout
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert checkpoint["step"] == 5
+    assert_finite_weights(checkpoint)

@@ -1,0 +1,145 @@
+"""What an evaluation leaves behind: extrapolation.json (schema, accumulation), the CSV, the plots, W&B."""
+
+import csv
+import json
+import sysconfig
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from core.builders import build_model
+from core.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
+from data import DataConfig, load_splits
+from evaluation.report import CSV_COLUMNS
+from evaluation.run import EVAL_DIR, per_position_rows, run_extrapolation_eval
+from model import ModelConfig
+from model.pe.learned import LearnedConfig
+from model.pe.rope import RoPEConfig
+
+CPU = torch.device("cpu")
+ROW_KEYS = {"length", "protocol", "stride", "scaling", "data", "tokens", "loss", "ppl", "per_position_loss",
+            "target_range", "peak_memory_mb", "memory_metric", "seconds"}
+
+
+@pytest.fixture(scope="module")
+def val_tokens(tmp_path_factory):
+    """The validation half of a corpus made of a few standard-library modules."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    corpus.write_text("\n".join((stdlib / name).read_text() for name in ("textwrap.py", "string.py", "bisect.py")))
+    data = DataConfig(name="tiny", source="text", files=[str(corpus)], val_fraction=0.5, num_proc=1,
+                      cache_dir=str(tmp_path_factory.mktemp("cache")))
+    return load_splits(data)["val"]
+
+
+def config(pe=None, **eval_keys):
+    return OmegaConf.structured(Config(
+        model=ModelConfig(n_layer=1, n_head=2, n_embd=32),
+        pe=pe or RoPEConfig(),
+        data=DataConfig(name="tiny"),
+        train=TrainConfig(seq_len=8, max_steps=5),
+        eval=EvalConfig(**{"length_multipliers": [1, 2, 4], "max_tokens": 64, "batch_tokens": 256, **eval_keys}),
+        logging=LoggingConfig(progress=False, wandb=WandbConfig(mode="disabled")),
+    ))
+
+
+def evaluate(cfg, tokens, run_dir, **kwargs):
+    torch.manual_seed(0)
+    return run_extrapolation_eval(cfg, build_model(cfg).eval(), tokens, run_dir, CPU, torch.float32, **kwargs)
+
+
+def read_document(run_dir):
+    return json.loads((run_dir / EVAL_DIR / "extrapolation.json").read_text())
+
+
+def assert_png(path):
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_outputs_exist_and_follow_the_schema(val_tokens, tmp_path):
+    document = evaluate(config(), val_tokens, tmp_path)
+    assert read_document(tmp_path) == document
+    assert {k: document[k] for k in ("pe", "train_seq_len", "step", "data")} == \
+        {"pe": "rope", "train_seq_len": 8, "step": 5, "data": "tiny"}
+    rows = document["results"]
+    assert len(rows) == 3 * 2  # lengths x protocols
+    for row in rows:
+        assert ROW_KEYS <= row.keys()
+        assert row["scaling"] == {"type": "none", "factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
+        assert row["tokens"] == 64 and row["ppl"] == pytest.approx(torch.tensor(row["loss"]).exp().item())
+        assert len(row["per_position_loss"]) == row["length"]
+    with open(tmp_path / EVAL_DIR / "extrapolation.csv") as f:
+        lines = list(csv.DictReader(f))
+    assert list(lines[0]) == CSV_COLUMNS and len(lines) == len(rows)
+    assert {line["multiple"] for line in lines} == {"1.0", "2.0", "4.0"}
+    for name in ("ppl_vs_length.png", "per_position.png"):
+        assert_png(tmp_path / EVAL_DIR / name)
+
+
+def test_repeated_evaluations_accumulate_and_replace_matching_rows(val_tokens, tmp_path):
+    evaluate(config(), val_tokens, tmp_path)
+    evaluate(config(scalings=["yarn:4", "ntk:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
+    rows = read_document(tmp_path)["results"]
+    assert len(rows) == 6 + 3 + 3
+    assert {(r["scaling"]["type"], r["scaling"]["factor"]) for r in rows} == {("none", 1), ("yarn", 4), ("ntk", 4)}
+
+    # a later evaluation replaces only the rows it measures again (here: yarn:4, nonoverlapping)
+    document = read_document(tmp_path)
+    for row in document["results"]:
+        row["ppl"] = -1.0
+    (tmp_path / EVAL_DIR / "extrapolation.json").write_text(json.dumps(document))
+    evaluate(config(scalings=["yarn:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
+    rows = read_document(tmp_path)["results"]
+    assert len(rows) == 12
+    assert all((r["ppl"] > 0) == (r["scaling"]["type"] == "yarn") for r in rows)
+
+    # another checkpoint (training step): the old rows describe another model and go
+    evaluate(config(protocols=["sliding"]), val_tokens, tmp_path, step=10)
+    document = read_document(tmp_path)
+    assert document["step"] == 10 and len(document["results"]) == 3
+
+
+def test_learned_beyond_its_table_stays_in_the_results_with_null_ppl(val_tokens, tmp_path):
+    document = evaluate(config(LearnedConfig()), val_tokens, tmp_path)
+    beyond = [row for row in document["results"] if row["length"] > 8]
+    assert len(beyond) == 4
+    for row in beyond:
+        assert row["ppl"] is None and row["loss"] is None and "at most 8 positions" in row["reason"]
+        assert row["scaling"] is None
+    with open(tmp_path / EVAL_DIR / "extrapolation.csv") as f:
+        assert {line["ppl"] for line in csv.DictReader(f) if line["length"] == "16"} == {""}
+    assert_png(tmp_path / EVAL_DIR / "ppl_vs_length.png")
+
+
+def test_per_position_plot_draws_the_longest_length_unless_told(val_tokens, tmp_path):
+    document = evaluate(config(), val_tokens, tmp_path)
+    assert [(r["length"], r["protocol"]) for r in per_position_rows(document)] == [(32, "nonoverlapping")]
+    assert [r["length"] for r in per_position_rows(document, [8, 16])] == [8, 16]
+
+
+class FakeRun:
+    def __init__(self):
+        self.logged, self.summary = {}, {}
+
+    def log(self, data):
+        self.logged.update(data)
+
+
+def test_the_table_and_plots_go_to_wandb(val_tokens, tmp_path):
+    import wandb
+
+    run = FakeRun()
+    document = evaluate(config(scalings=["none", "yarn:4"]), val_tokens, tmp_path, wandb_run=run)
+    table = run.logged["extrapolation/table"]
+    assert isinstance(table, wandb.Table) and table.columns == CSV_COLUMNS
+    assert len(table.data) == len(document["results"]) == 12
+    assert isinstance(run.logged["extrapolation/ppl_vs_length"], wandb.Image)
+    assert isinstance(run.logged["extrapolation/per_position"], wandb.Image)
+    assert run.summary["extrapolation/sliding yarn:4/ppl@32"] == next(
+        r["ppl"] for r in document["results"]
+        if r["length"] == 32 and r["protocol"] == "sliding" and r["scaling"]["type"] == "yarn")

@@ -1,0 +1,162 @@
+"""The evaluation protocols, checked against brute force: full forwards of every window, by hand."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from evaluation.extrapolation import (_device_batch, effective_stride, evaluate_extrapolation, score_windows,
+                                      scored_range, window_plan)
+from model import GPT, ModelConfig
+from model.pe import SCHEMES
+
+VOCAB = 300
+TRAIN_LEN = 8
+CPU = torch.device("cpu")
+
+
+class Tokens:
+    """The TokenArray interface (len, read) over an in-memory array."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.data = np.random.default_rng(seed).integers(0, VOCAB, n).astype(np.uint16)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        assert 0 <= start and start + length <= len(self.data)
+        return self.data[start : start + length].copy()
+
+
+def tiny(name: str = "rope") -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=VOCAB, attn_backend="sdpa")
+    return GPT(cfg, SCHEMES[name].config_class(), train_seq_len=TRAIN_LEN).eval()
+
+
+def targets_scored(plan, n_tokens):
+    """Every (target index, window position) the plan scores; checks windows stay inside the split."""
+    scored = []
+    for w in plan:
+        assert 0 <= w.start and w.start + w.length + 1 <= n_tokens
+        scored += [(w.start + 1 + p, p) for p in range(w.first_scored, w.length)]
+    return scored
+
+
+@pytest.mark.parametrize("length", [4, 6, 8, 16])
+@pytest.mark.parametrize("protocol, stride", [("nonoverlapping", None), ("sliding", None), ("sliding", 1),
+                                              ("sliding", 3), ("sliding", 100)])
+def test_every_target_is_scored_exactly_once_with_the_promised_context(length, protocol, stride):
+    first, n = scored_range(1000, [4, 6, 8, 16], max_tokens=200)
+    assert (first, n) == (16, 192)  # the longest length, and N the largest multiple of it within 200
+    scored = targets_scored(window_plan(first, n, length, protocol, stride), 1000)
+    assert sorted(t for t, _ in scored) == list(range(first, first + n))
+    if protocol == "sliding":  # at window position >= L - S: predicted from at least L - S + 1 tokens
+        assert min(position for _, position in scored) == length - effective_stride(length, stride)
+    else:  # every window position; with L not dividing N the last window is shorter
+        assert sorted({position for _, position in scored}) == list(range(length))
+
+
+def test_scored_range_leaves_out_lengths_that_do_not_fit():
+    assert scored_range(100, [16, 64], max_tokens=1000) == (16, 80)  # 64 needs 128 tokens in the split
+    assert scored_range(1000, [16, 64], max_tokens=40) == (16, 32)  # and max_tokens >= 64
+    assert scored_range(20, [16], max_tokens=1000) is None
+
+
+def brute_force(model, tokens, pairs):
+    """Loss of predicting each target t from the n tokens [t - n, t), one full forward per (t, n).
+
+    The softmax runs over the padded vocabulary, as the model's own loss does (model/loss.py).
+    """
+    losses = []
+    for t, n in pairs:
+        x = torch.from_numpy(tokens.read(t - n, n).astype(np.int64))[None]
+        logits = model.hidden_states(x)[0, -1] @ model.head_weight.t()
+        losses.append(F.cross_entropy(logits[None], torch.tensor([int(tokens.data[t])])).item())
+    return losses
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi"])
+def test_stride_one_equals_brute_force(name):
+    """Stride 1: every target is predicted from the L tokens before it, computed here one target at a time."""
+    model, tokens, L = tiny(name), Tokens(200), 8
+    first, n = scored_range(len(tokens), [L], max_tokens=24)
+    result = score_windows(model, tokens, window_plan(first, n, L, "sliding", 1), 64, CPU, torch.float32)
+    expected = brute_force(model, tokens, [(t, L) for t in range(first, first + n)])
+    assert result["tokens"] == n == 24
+    assert result["loss"] == pytest.approx(np.mean(expected), rel=1e-5)
+    assert result["ppl"] == pytest.approx(math.exp(np.mean(expected)), rel=1e-5)
+    # only the last position of each window is scored
+    assert result["per_position_loss"][:-1] == [None] * (L - 1)
+    assert result["per_position_loss"][-1] == pytest.approx(np.mean(expected), rel=1e-5)
+
+
+def test_nonoverlapping_and_per_position_equal_brute_force():
+    model, tokens, L = tiny(), Tokens(200), 8
+    first, n = scored_range(len(tokens), [L], max_tokens=32)
+    result = score_windows(model, tokens, window_plan(first, n, L, "nonoverlapping"), 16, CPU, torch.float32)
+    windows = [(first + w * L, first + (w + 1) * L) for w in range(n // L)]
+    by_position = [brute_force(model, tokens, [(start + p, p + 1) for start, _ in windows]) for p in range(L)]
+    assert result["tokens"] == n
+    assert result["loss"] == pytest.approx(np.mean(by_position), rel=1e-5)
+    assert result["per_position_loss"] == pytest.approx([np.mean(v) for v in by_position], rel=1e-5)
+
+
+def test_sliding_with_stride_length_equals_nonoverlapping():
+    model, tokens, L = tiny(), Tokens(400), 8
+    first, n = scored_range(len(tokens), [L], max_tokens=64)
+    a = score_windows(model, tokens, window_plan(first, n, L, "nonoverlapping"), 64, CPU, torch.float32)
+    b = score_windows(model, tokens, window_plan(first, n, L, "sliding", L), 64, CPU, torch.float32)
+    assert a["tokens"] == b["tokens"]
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-9)
+    assert a["per_position_loss"] == pytest.approx(b["per_position_loss"], rel=1e-9)
+
+
+def test_batching_does_not_change_results():
+    model, tokens, L = tiny("alibi"), Tokens(400), 8
+    plan = window_plan(*scored_range(len(tokens), [L], 64), L, "sliding", 3)
+    one_per_batch = score_windows(model, tokens, plan, L, CPU, torch.float32)
+    all_in_one = score_windows(model, tokens, plan, 10_000, CPU, torch.float32)
+    assert one_per_batch["loss"] == pytest.approx(all_in_one["loss"], rel=1e-6)
+
+
+def test_all_lengths_and_protocols_score_the_same_tokens():
+    rows = evaluate_extrapolation(tiny("alibi"), Tokens(500), [8, 12, 16, 32], ["nonoverlapping", "sliding"],
+                                  stride=None, max_tokens=100, batch_tokens=64, device=CPU, dtype=torch.float32,
+                                  progress=False)
+    assert len(rows) == 8
+    assert {row["tokens"] for row in rows} == {96}  # 3 windows of the longest length, 32
+    assert {tuple(row["target_range"]) for row in rows} == {(32, 128)}
+    for row in rows:
+        assert len(row["per_position_loss"]) == row["length"]
+        assert row["stride"] == (row["length"] // 2 if row["protocol"] == "sliding" else None)
+        assert row["peak_memory_mb"] > 0 and row["memory_metric"].startswith("cpu")
+
+
+def test_learned_beyond_its_table_is_reported_not_evaluated():
+    rows = evaluate_extrapolation(tiny("learned"), Tokens(300), [8, 16], ["nonoverlapping"], None, 64, 64, CPU,
+                                  torch.float32, progress=False)
+    assert rows[0]["ppl"] is not None and "reason" not in rows[0]
+    assert rows[1]["ppl"] is None and rows[1]["loss"] is None and "at most 8 positions" in rows[1]["reason"]
+
+
+def test_lengths_the_data_cannot_hold_are_reported():
+    rows = evaluate_extrapolation(tiny(), Tokens(40), [8, 32], ["sliding"], None, 64, 64, CPU, torch.float32,
+                                  progress=False)
+    assert rows[0]["ppl"] is not None
+    assert rows[1]["ppl"] is None and "tokens in the split" in rows[1]["reason"]
+
+
+def test_padded_rows_score_nothing():
+    """On CUDA a short last batch is padded to the full batch shape; the padding must not count."""
+    model, tokens, L = tiny(), Tokens(200), 8
+    plan = window_plan(*scored_range(len(tokens), [L], 32), L, "sliding", 2)[:3]
+    x, y = _device_batch(tokens, plan, 5, CPU)
+    assert x.shape == y.shape == (5, L) and (y[3:] == -100).all()
+    padded = model(x, y, reduction="none")
+    unpadded = model(*_device_batch(tokens, plan, 3, CPU), reduction="none")
+    torch.testing.assert_close(padded[:3], unpadded)
+    assert (padded[3:] == 0).all()

@@ -1,0 +1,85 @@
+"""Checkpoints you can trust, through real train.py runs: a resumed run is bit-identical to an uninterrupted
+one, SIGTERM saves and exits cleanly, and kill -9 loses at most train.checkpoint_every steps."""
+
+import signal
+
+import torch
+from cli_runs import STEPS, TIMEOUT_S, assert_user_error, cli, reference_run, train_losses, wait_for_step  # noqa: F401
+
+
+def load_last(run_dir):
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+
+
+def test_resume_continues_bit_identically(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    first = cli.train(run_dir, f"train.max_steps={STEPS // 2}", "train.checkpoint_every=7",
+                      "logging.wandb.mode=offline")
+    assert first.returncode == 0, first.stderr
+    checkpoint = load_last(run_dir)
+    assert checkpoint["step"] == STEPS // 2
+    assert {"optimizer", "scheduler", "rng", "sampler_state", "wandb_run_id"} <= checkpoint.keys()
+    run_id = checkpoint["wandb_run_id"]
+    assert run_id
+
+    resumed = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true", "train.checkpoint_every=7",
+                        "logging.wandb.mode=offline")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {run_dir} from step {STEPS // 2}" in resumed.stdout
+    assert f"train.max_steps is now {STEPS} (was {STEPS // 2})" in resumed.stdout
+    # Exact float equality: the same batches, weights, moments and learning rates as one uninterrupted run.
+    assert train_losses(run_dir) == train_losses(reference_run(cli))
+    assert load_last(run_dir)["wandb_run_id"] == run_id  # logs into the same W&B run
+    assert len(list((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
+    # keep_checkpoints=2 step files besides last.pt
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "last.pt", "step_00000035.pt", f"step_{STEPS:08d}.pt"]
+
+
+def test_sigterm_saves_a_checkpoint_and_exits(cli, tmp_path):
+    run_dir = tmp_path / "run"
+    # No periodic checkpoint before the end: the one found afterwards was written on SIGTERM.
+    process = cli.start_train(run_dir, f"train.max_steps={STEPS}", "train.checkpoint_every=1000")
+    wait_for_step(process, run_dir, 5)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 128 + signal.SIGTERM, output
+    assert "Traceback" not in output
+    step = load_last(run_dir)["step"]
+    assert 5 <= step < STEPS
+    assert f"stopped by SIGTERM at step {step}; checkpoint saved" in output
+    assert max(train_losses(run_dir)) == step
+
+    resumed = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    assert resumed.returncode == 0, resumed.stderr
+    assert train_losses(run_dir) == train_losses(reference_run(cli))
+
+
+def test_kill_9_loses_at_most_checkpoint_every_steps(cli, tmp_path):
+    run_dir, every = tmp_path / "run", 3
+    process = cli.start_train(run_dir, f"train.max_steps={STEPS}", f"train.checkpoint_every={every}")
+    wait_for_step(process, run_dir, 10)
+    process.kill()  # SIGKILL: no handler runs, possibly in the middle of writing a checkpoint
+    process.communicate(timeout=TIMEOUT_S)
+    logged = max(train_losses(run_dir))
+    assert logged - every <= load_last(run_dir)["step"] <= logged  # last.pt is whole and recent
+
+    resumed = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    assert resumed.returncode == 0, resumed.stderr
+    assert train_losses(run_dir) == train_losses(reference_run(cli))  # metrics.jsonl was cut back, then redone
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # a killed save's temporary file is gone
+
+
+def test_resuming_a_finished_run_does_nothing(cli):
+    run_dir = reference_run(cli)
+    metrics, checkpoint = (run_dir / "metrics.jsonl").read_bytes(), (run_dir / "checkpoints" / "last.pt").read_bytes()
+    done = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    assert done.returncode == 0, done.stderr
+    assert f"has already trained {STEPS} steps" in done.stdout
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    assert (run_dir / "checkpoints" / "last.pt").read_bytes() == checkpoint
+
+
+def test_resume_without_a_checkpoint_is_an_error(cli, tmp_path):
+    done = cli.train(tmp_path / "never-trained", "train.resume=true")
+    assert_user_error(done, "train.resume=true but", "holds no checkpoint")
