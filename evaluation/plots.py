@@ -55,13 +55,7 @@ def plot_ppl_vs_length(curves: list[Curve], train_lens: set[int], path: str | Pa
     ax.set_xticks(lengths, [str(length) for length in lengths])
     ax.xaxis.set_minor_formatter(NullFormatter())
     _label_log_axis(ax.yaxis, *ax.get_ylim())
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
-    return Path(path)
+    return _label_and_save(fig, ax, "evaluation length (tokens)", "perplexity", title, path)
 
 
 def binned_positions(values: list[float | None], n_bins: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -88,8 +82,13 @@ def plot_per_position(curves: list[tuple[str, list[float | None]]], train_lens: 
     _mark_training_length(ax, train_lens)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.set_xlabel("position in the window (1 = first token; log scale)")
-    ax.set_ylabel("mean loss (nats)")
+    return _label_and_save(fig, ax, "position in the window (1 = first token; log scale)", "mean loss (nats)", title,
+                           path)
+
+
+def _label_and_save(fig: Figure, ax, xlabel: str, ylabel: str, title: str, path: str | Path) -> Path:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")

@@ -114,14 +114,25 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
-@functools.lru_cache(maxsize=32)
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
 def _causal_block_mask(seq_len: int, device: str):
+    """The causal BlockMask: cached in eager mode; under torch.compile its (cheap) construction is traced
+    into the graph instead, as dynamo would ignore the cache anyway (with a warning)."""
+    if torch.compiler.is_compiling():
+        return _make_causal_block_mask(seq_len, device)
+    return _cached_causal_block_mask(seq_len, device)
+
+
+def _make_causal_block_mask(seq_len: int, device: str):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def causal(b, h, q_idx, kv_idx):
-        return q_idx >= kv_idx
+    return create_block_mask(_causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
 
-    return create_block_mask(causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
+
+_cached_causal_block_mask = functools.lru_cache(maxsize=32)(_make_causal_block_mask)
 
 
 def _flex_attention(q, k, v, pe):
@@ -130,11 +141,14 @@ def _flex_attention(q, k, v, pe):
 
     score_mod = score_mod if pe.has_score_bias else None
     block_mask = _causal_block_mask(q.shape[-2], str(q.device))
-    flex = _compiled_flex_attention() if q.device.type == "cuda" else _eager_flex_attention()
-    return flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
 
-def _eager_flex_attention():
+def _flex_kernel(device: torch.device):
+    """Compiled flex_attention on CUDA (the fused kernel). Inside an enclosing torch.compile (the training
+    model) the plain function, which the outer compilation fuses; on CPU too (forward only, unfused)."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    if device.type == "cuda" and not torch.compiler.is_compiling():
+        return _compiled_flex_attention()
     return flex_attention

@@ -10,24 +10,27 @@ torch.compile where train.compile asks for it) on random tokens, so no data is r
 allocator) are not timed; the measured steps are timed as one window with a device sync only at its ends,
 as the training loop runs them. Printed per scheme:
 
-    {"pe", "device", "tokens_per_s", "mfu", "peak_mem_bytes", "step_ms", "config": {...}, "eval": {...}}
+    {"pe", "device", "tokens_per_s", "mfu", "peak_mem_bytes", "peak_mem_method", "step_ms", "cpu_share",
+     "config": {...}, "eval": {...}}
 
 Peak memory is the growth over what was in use when measuring began (before the model was built; for
 evaluation, with the trained weights in place): torch.cuda.max_memory_allocated on GPU, the process's peak
 resident set size (VmHWM, reset through /proc/self/clear_refs) on CPU; "peak_mem_method" says which.
 MFU uses core.runtime's PaLM-style FLOPs per token and peak table; it is null on CPU and unknown GPUs.
+``--record FILE`` appends the run to a results file (bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import datetime
 import gc
 import json
 import resource
+import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,7 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import model.loss  # noqa: E402
 from core.builders import build_model  # noqa: E402
@@ -53,10 +58,26 @@ from training.step import TrainStep  # noqa: E402
 CONFIG_DIR = REPO / "configs"
 
 
-def add_timing_args(parser: argparse.ArgumentParser) -> None:
-    """The options shared with scripts/bench_nanogpt.py, so both time the same way."""
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """The options shared with scripts/bench_nanogpt.py, so both time and record the same way."""
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="also append this run (command line, date, JSON lines) to a results file, "
+                             "e.g. bench/results/<date>-<device>.json")
+
+
+def print_record(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def save_run(path: Path, script: str, argv: list[str], records: list[dict]) -> None:
+    """Append a run (date, exact command line, its JSON lines) to a results file (``--record``)."""
+    results = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    results["runs"].append({"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                            "command": shlex.join(["python", script, *argv]), "output": records})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def sync(device: torch.device) -> None:
@@ -64,31 +85,49 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def seconds_per_step(step: Callable[[], object], warmup: int, steps: int, device: torch.device) -> float:
-    """Mean wall time of ``steps`` calls after ``warmup`` untimed ones, synced only at the window's ends."""
+def seconds_per_step(step: Callable[[], object], warmup: int, steps: int, device: torch.device) -> tuple[float, float]:
+    """Mean wall time of ``steps`` calls after ``warmup`` untimed ones, synced only at the window's ends.
+
+    Also returns the CPU share the process got: its CPU time / (wall time x torch threads). Near 1 on an
+    otherwise idle CPU; lower means other processes took cores and the timing is pessimistic. (On GPU it only
+    says how busy the host was.)
+    """
     for _ in range(warmup):
         step()
     sync(device)
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
     sync(device)
-    return (time.perf_counter() - start) / steps
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return wall / steps, cpu / (wall * torch.get_num_threads())
 
 
 def _proc_status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024  # reported in kB
-    raise KeyError(field)
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def _max_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+
+
+# method -> (memory in use now, peak since the reset)
+_MEMORY_PROBES = {
+    "cuda.max_memory_allocated": (torch.cuda.memory_allocated, torch.cuda.max_memory_allocated),
+    "VmHWM": (lambda: _proc_status_bytes("VmRSS"), lambda: _proc_status_bytes("VmHWM")),
+    "getrusage.ru_maxrss": (_max_rss_bytes, _max_rss_bytes),
+}
 
 
 class PeakMemory:
-    """Peak memory of a block of work, over what was in use when it began (``.bytes``, ``.method`` after).
+    """Peak memory of a block of work over what was in use when it began (``.bytes`` and ``.method`` after).
 
-    CUDA: torch.cuda.max_memory_allocated. CPU (Linux): the kernel's peak-RSS mark, reset at the start through
-    /proc/self/clear_refs. Elsewhere: the growth of getrusage's ru_maxrss, a lifetime high-water mark, so it
-    reads 0 unless the block raised the process's peak.
+    CUDA: torch.cuda.max_memory_allocated. CPU on Linux: the process's peak resident set size (VmHWM), reset
+    at the start through /proc/self/clear_refs. Elsewhere: the growth of getrusage's ru_maxrss, a lifetime
+    high-water mark, so it reads 0 unless the block raised the process's peak.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -101,35 +140,27 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.method, self._start = "cuda.max_memory_allocated", torch.cuda.memory_allocated(self.device)
-            return self
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-            self.method, self._start = "rss_hwm(/proc/self/status VmHWM)", _proc_status_bytes("VmRSS")
-        except OSError:
-            self.method, self._start = "getrusage.ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            self.method = "cuda.max_memory_allocated"
+        else:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS to the current RSS
+                self.method = "VmHWM"
+            except OSError:
+                self.method = "getrusage.ru_maxrss"
+        self._start = _MEMORY_PROBES[self.method][0]()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.method == "cuda.max_memory_allocated":
-            peak = torch.cuda.max_memory_allocated(self.device)
-        elif self.method.startswith("rss_hwm"):
-            peak = _proc_status_bytes("VmHWM")
-        else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        self.bytes = peak - self._start
+        self.bytes = _MEMORY_PROBES[self.method][1]() - self._start
 
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
-    return f"{cpu}, {torch.get_num_threads()} threads"
-
-
-def print_record(record: dict) -> None:
-    print(json.dumps(record), flush=True)
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    return f"{names[0] if names else 'CPU'}, {torch.get_num_threads()} threads"
 
 
 def split_schemes(overrides: list[str]) -> tuple[list[str | None], list[str]]:
@@ -160,7 +191,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
         optimizer = build_optimizer(raw_model, t, device)
         train_step = TrainStep(torch.compile(raw_model) if compiled else raw_model, optimizer,
                                build_scheduler(optimizer, t), t.grad_accum_steps, t.grad_clip, device, dtype)
-        step_s = seconds_per_step(lambda: train_step(x, y), args.warmup, args.steps, device)
+        step_s, cpu_share = seconds_per_step(lambda: train_step(x, y), args.warmup, args.steps, device)
     tokens_per_s = t.batch_size * t.seq_len / step_s
     peak = peak_flops(device)
     record = {
@@ -171,6 +202,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
         "peak_mem_bytes": train_memory.bytes,
         "peak_mem_method": train_memory.method,
         "step_ms": round(step_s * 1e3, 2),
+        "cpu_share": round(cpu_share, 3),
         "config": {
             "n_layer": cfg.model.n_layer, "n_head": cfg.model.n_head, "n_embd": cfg.model.n_embd,
             "vocab_size": vocab, "n_params": raw_model.num_params(), "seq_len": t.seq_len,
@@ -203,7 +235,7 @@ def bench_eval(raw_model: torch.nn.Module, cfg: DictConfig, args: argparse.Names
     result = {"length": length, "batch": rows}
     try:
         with PeakMemory(device) as memory:
-            step_s = seconds_per_step(score, 1, args.eval_steps, device)
+            step_s, _ = seconds_per_step(score, 1, args.eval_steps, device)
     except PosGPTError as error:  # e.g. a learned position table shorter than the length
         return result | {"error": str(error)}
     return result | {"tokens_per_s": round(rows * length / step_s, 1), "peak_mem_bytes": memory.bytes,
@@ -213,34 +245,43 @@ def bench_eval(raw_model: torch.nn.Module, cfg: DictConfig, args: argparse.Names
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=rope,alibi]")
-    add_timing_args(parser)
+    add_common_args(parser)
     parser.add_argument("--eval-length", type=int, default=None,
                         help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len")
     parser.add_argument("--eval-steps", type=int, default=3, help="timed evaluation batches")
     parser.add_argument("--fused-ce", choices=("auto", "always", "never"), default=model.loss.FUSED,
                         help="the fused chunked cross-entropy (model/loss.py FUSED); auto: on CPU only")
+    parser.add_argument("--ce-chunk", type=int, default=model.loss.FUSED_CHUNK,
+                        help="logits per chunk of the fused cross-entropy, in elements (model/loss.py FUSED_CHUNK)")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.warmup < 0 or args.steps < 1 or args.eval_steps < 1 or (args.eval_length or 1) < 1:
-        parser.error("--warmup must be >= 0; --steps, --eval-steps and --eval-length >= 1")
+    if args.warmup < 0 or min(args.steps, args.eval_steps, args.ce_chunk, args.eval_length or 1) < 1:
+        parser.error("--warmup must be >= 0; --steps, --eval-steps, --eval-length and --ce-chunk >= 1")
     return args, overrides
 
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args, overrides = parse_args(argv)
-    model.loss.FUSED = args.fused_ce
+    model.loss.FUSED, model.loss.FUSED_CHUNK = args.fused_ce, args.ce_chunk
     schemes, rest = split_schemes(overrides)
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        configs = [compose("config", overrides=rest + ([f"pe={name}"] if name else [])) for name in schemes]
+        try:
+            configs = [compose("config", overrides=rest + ([f"pe={name}"] if name else [])) for name in schemes]
+        except (HydraException, OmegaConfBaseException) as error:  # a misspelt key or group, a wrong type
+            raise PosGPTError(f"bad override: {error}") from None
     for cfg in configs:
         validate(cfg)
+    records = []
     for cfg in configs:
-        print_record(bench_scheme(cfg, args))
+        records.append(bench_scheme(cfg, args))
+        print_record(records[-1])
         torch._dynamo.reset()  # each scheme compiles its own model
+    if args.record:
+        save_run(args.record, "scripts/bench.py", argv, records)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from bench import PeakMemory, add_timing_args, device_name, print_record, seconds_per_step
+# importing bench also puts the repository root on sys.path, for core.runtime
+from bench import PeakMemory, add_common_args, device_name, print_record, save_run, seconds_per_step
 from core.runtime import flops_per_token, peak_flops
 
 VOCAB_SIZE = 50304  # nanoGPT's default: GPT-2's 50257 padded to a multiple of 64, as posgpt pads it
@@ -42,7 +43,7 @@ def load_nanogpt(path: Path):
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-py", type=Path, required=True, help="path to nanoGPT's model.py")
-    add_timing_args(parser)
+    add_common_args(parser)
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=256)
@@ -83,11 +84,11 @@ def main(argv: list[str]) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        step_s = seconds_per_step(step, args.warmup, args.steps, device)
+        step_s, cpu_share = seconds_per_step(step, args.warmup, args.steps, device)
     tokens_per_s = args.batch_size * args.seq_len / step_s
     peak = peak_flops(device)
     flops = flops_per_token(model.get_num_params(), args.n_layer, args.n_embd, args.seq_len)
-    print_record({
+    record = {
         "pe": "learned",
         "impl": "nanoGPT",
         "device": device_name(device),
@@ -96,6 +97,7 @@ def main(argv: list[str]) -> None:
         "peak_mem_bytes": memory.bytes,
         "peak_mem_method": memory.method,
         "step_ms": round(step_s * 1e3, 2),
+        "cpu_share": round(cpu_share, 3),
         "config": {
             "n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "vocab_size": VOCAB_SIZE,
             "n_params": sum(p.numel() for p in model.parameters()), "seq_len": args.seq_len,
@@ -104,7 +106,10 @@ def main(argv: list[str]) -> None:
             "steps": args.steps, "torch": torch.__version__,
             "model_py_sha256": hashlib.sha256(args.model_py.read_bytes()).hexdigest(),
         },
-    })
+    }
+    print_record(record)
+    if args.record:
+        save_run(args.record, "scripts/bench_nanogpt.py", argv, [record])
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@
 # below, and eval.py reuses them (it recomposes each run's config from its training overrides).
 # Environment: SCHEMES (default sinusoidal,learned,rope,alibi,none), ROPE_SCALINGS (default [yarn:16,ntk:16]).
 #
-# Settings: the tiny model at context 64, batch 16, lr 1e-3, 1500 steps — long enough for the tiny model to
-# use position (it starts to after ~1000 steps) — evaluated on 32K validation tokens at 64 .. 1024 tokens.
+# Settings: train.py's defaults (the tiny model at context 64, batch 8, lr 1e-3, 1200 steps: long enough for
+# the tiny model to use position, which it starts to after ~1000 steps), evaluated on the same 32K validation
+# tokens at 64 .. 1024 tokens.
 # Output, in the study directory:
 #   <n>-<scheme>/                  each training run (checkpoints, metrics.jsonl, eval/ with its own reports)
 #   comparison.md, comparison.png  nonoverlapping protocol: perplexity by length, one row/line per setting
@@ -30,8 +31,7 @@ schemes="${SCHEMES:-sinusoidal,learned,rope,alibi,none}"
 rope_scalings="${ROPE_SCALINGS:-[yarn:16,ntk:16]}"
 
 python train.py -m "pe=$schemes" "hydra.sweep.dir=$study_dir" \
-    model=tiny train.seq_len=64 train.batch_size=16 train.lr=1e-3 train.max_steps=1500 \
-    "eval.length_multipliers=[1,2,4,8,16]" eval.max_tokens=32768 \
+    "eval.length_multipliers=[1,2,4,8,16]" \
     "logging.wandb.group=$(basename "$study_dir")" \
     "$@"
 

@@ -2,37 +2,69 @@
 
 import json
 import math
+import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
-from clihelpers import read_jsonl, run_cli, small_corpus, tiny_overrides
+from cli_runs import Runner
+from core.tracking import read_metrics
 from model.pe import SCHEMES
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return small_corpus(tmp_path_factory.mktemp("corpus"))
+def corpus(tmp_path_factory) -> list[str]:
+    """A few standard-library modules as plain-text documents: real code and prose, present everywhere."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    directory = tmp_path_factory.mktemp("corpus")
+    paths = []
+    for name in ["argparse", "textwrap", "string", "fractions", "calendar", "difflib"]:
+        target = directory / f"{name}.txt"
+        target.write_text((stdlib / f"{name}.py").read_text())
+        paths.append(str(target))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory) -> Runner:
+    return Runner(tmp_path_factory.getbasetemp())
+
+
+def small_run(files: list[str], run_dir: Path, *extra: str) -> list[str]:
+    """train.py arguments for a model and run small enough for a few seconds of CPU."""
+    return [
+        sys.executable, "train.py", "data=text", f"data.files=[{','.join(files)}]", "data.val_fraction=0.2",
+        "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.seq_len=16", "train.batch_size=16",
+        "train.max_steps=12", "train.warmup_steps=0", "train.lr=1e-2", "train.log_every=1", "train.val_every=4",
+        "train.val_batches=2", "train.checkpoint_every=4", "eval.max_tokens=256", "logging.progress=false",
+        f"hydra.run.dir={run_dir}", *extra,
+    ]
+
+
+def ok(done):
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    return done
 
 
 @pytest.mark.parametrize("pe", sorted(SCHEMES))
-def test_train_then_eval_every_scheme(pe, corpus, tmp_path):
+def test_train_then_eval_every_scheme(pe, corpus, cli, tmp_path):
     run_dir = tmp_path / "run"
-    run_cli("train.py", [f"pe={pe}", "train.eval_after=false", *tiny_overrides(corpus, run_dir)])
+    ok(cli.run(small_run(corpus, run_dir, f"pe={pe}", "train.eval_after=false")))
 
     assert (run_dir / "checkpoints" / "last.pt").is_file()
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_metrics(run_dir)
     train_losses = [m["train_loss"] for m in metrics if "train_loss" in m]
     val_losses = [m["val_loss"] for m in metrics if "val_loss" in m]
     assert [m["step"] for m in metrics if "train_loss" in m] == list(range(1, 13))
     assert all(math.isfinite(loss) for loss in train_losses + val_losses)
     assert sum(train_losses[-3:]) / 3 < train_losses[0] - 0.5, train_losses
     assert len(val_losses) == 3 and val_losses[-1] < val_losses[0], val_losses
-    assert {m.get("tokens_per_s") is not None for m in metrics if "train_loss" in m} == {True}
+    assert all(m["tokens_per_s"] > 0 for m in metrics if "train_loss" in m)
     offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert offline_runs and any(offline_runs[0].glob("run-*.wandb"))
 
-    result = run_cli("eval.py", [f"run_dir={run_dir}", "eval.length_multipliers=[1,4]", "eval.max_tokens=256",
-                                 "logging.progress=false"])
+    result = ok(cli.eval(run_dir, "eval.length_multipliers=[1,4]", "eval.max_tokens=256", "logging.progress=false"))
     assert "1x" in result.stdout and "4x" in result.stdout  # the table is printed
     document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
     assert document["pe"] == pe and document["train_seq_len"] == 16
@@ -47,10 +79,10 @@ def test_train_then_eval_every_scheme(pe, corpus, tmp_path):
         assert math.isfinite(four_x["ppl"]) and four_x["ppl"] > 1
 
 
-def test_main_job_shape_trains_and_evaluates_in_one_command(corpus, tmp_path):
+def test_main_job_shape_trains_and_evaluates_in_one_command(corpus, cli, tmp_path):
     """python train.py ends by evaluating (train.eval_after defaults to true) and prints the table."""
     run_dir = tmp_path / "run"
-    result = run_cli("train.py", ["pe=alibi", "logging.wandb.mode=disabled", *tiny_overrides(corpus, run_dir)])
-    assert "pe=alibi ppl" in result.stdout
+    result = ok(cli.run(small_run(corpus, run_dir, "pe=alibi", "logging.wandb.mode=disabled")))
+    assert "pe=alibi" in result.stdout and "4x" in result.stdout
     assert (run_dir / "eval" / "extrapolation.json").is_file()
     assert not (run_dir / "wandb").exists()
