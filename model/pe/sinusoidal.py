@@ -13,7 +13,9 @@ embeddings by sqrt(d), but that assumes unit-variance embeddings; with std 0.02 
 still dominate 4x. posgpt instead multiplies the sinusoid by ``scale``; by default (``scale: null``) the
 scale that gives it the same RMS as the token embedding at initialisation (``init_std * sqrt(2)``), i.e.
 the same starting magnitude as the learned table it is compared with. Set ``pe.scale=1.0`` for the paper's
-unscaled vectors.
+unscaled vectors. Measured trade-off (README, Results): scaled, the tiny model trains as well as NoPE and
+extrapolates like it (ppl 25.9 at 1x, 27.1 at 16x); unscaled, ppl 70 at 1x and the literature's failure
+past the training length (307 at 8x).
 """
 
 from __future__ import annotations
