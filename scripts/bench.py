@@ -248,7 +248,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     add_common_args(parser)
     parser.add_argument("--eval-length", type=int, default=None,
                         help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len")
-    parser.add_argument("--eval-steps", type=int, default=3, help="timed evaluation batches")
+    parser.add_argument("--eval-steps", type=int, default=2, help="timed evaluation batches (after one untimed)")
     parser.add_argument("--fused-ce", choices=("auto", "always", "never"), default=model.loss.FUSED,
                         help="the fused chunked cross-entropy (model/loss.py FUSED); auto: on CPU only")
     parser.add_argument("--ce-chunk", type=int, default=model.loss.FUSED_CHUNK,
