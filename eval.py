@@ -6,9 +6,11 @@
     python eval.py run_dir=... eval.scalings=[none,yarn:8,ntk:8,linear:8]   # several in one go
     python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
 
-The run's config is recomposed from the overrides it was trained with, then the ones given here are
-applied on top, so every config group (data, eval, logging, pe.scaling) works exactly as in train.py.
-Results land in <run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
+The model is built from the config stored in the checkpoint, never from today's configs/ YAML. Overrides
+may change only what does not change what the trained weights compute (experiment/settings.py: data.*,
+eval.*, logging.*, device, dtype, threads, compile, the attention backend, and the scheme's declared
+evaluation-time settings such as RoPE's pe.scaling); any other key is refused, named. Results land in
+<run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
 evaluation/report.py) and in the training run's W&B run.
 
 Another corpus is scored on its validation split, in rows labelled with data.name ("text" for data=text
@@ -22,61 +24,40 @@ import sys
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from core.builders import build_model
-from core.checkpoint import load_checkpoint
+from core.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from core.cli import exit_on_user_error
-from core.config import register_configs, validate
 from core.errors import PosGPTError
-from core.runtime import configure_backends, select_device, select_dtype
+from core.runtime import set_up_runtime
 from core.tracking import init_wandb
 from data import load_split
 from evaluation.run import run_extrapolation_eval
-
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-# What a checkpoint's weights depend on: eval overrides may not change these.
-ARCHITECTURE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size", "model.bias",
-                     "pe.name", "train.seq_len")
+from experiment.build import build_model
+from experiment.config import validate
+from experiment.settings import config_for_evaluation
 
 USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
-
-
-def compose_eval_config(checkpoint: dict, overrides: list[str]) -> DictConfig:
-    """The training run's config, recomposed from its own overrides, with ``overrides`` applied last."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        try:
-            cfg = compose("config", overrides=list(checkpoint.get("overrides", [])) + overrides)
-        except (HydraException, OmegaConfBaseException) as error:
-            # e.g. pe.scaling.* on a run whose scheme has no scaling: Hydra's message names the key.
-            raise PosGPTError(f"cannot apply the overrides {overrides}: {error}") from None
-    trained = OmegaConf.create(checkpoint["config"])
-    for key in ARCHITECTURE_KEYS:
-        if OmegaConf.select(cfg, key) != OmegaConf.select(trained, key):
-            raise PosGPTError(f"{key} is {OmegaConf.select(trained, key)} in the checkpoint; eval cannot change it")
-    return cfg
 
 
 def parse_args(argv: list[str]) -> tuple[Path, list[str]]:
     run_dirs = [a for a in argv if a.startswith("run_dir=")]
     if len(run_dirs) != 1 or any(a in ("-h", "--help") for a in argv):
         raise PosGPTError(USAGE)
-    return Path(run_dirs[0].split("=", 1)[1]), [a for a in argv if not a.startswith("run_dir=")]
+    run_dir = Path(run_dirs[0].split("=", 1)[1])
+    if run_dir.is_file():  # results are written next to the checkpoints, so the directory is needed
+        hint = f"run_dir={run_dir.parent.parent}" if run_dir.parent.name == CHECKPOINT_DIR else "its run directory"
+        raise PosGPTError(f"run_dir={run_dir} is a file; pass the training run's directory ({hint}), which holds "
+                          f"{CHECKPOINT_DIR}/last.pt")
+    return run_dir, [a for a in argv if not a.startswith("run_dir=")]
 
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     run_dir, overrides = parse_args(argv)
     checkpoint = load_checkpoint(run_dir)
-    cfg = compose_eval_config(checkpoint, overrides)
+    cfg = config_for_evaluation(checkpoint, overrides)
     validate(cfg)
-    device = select_device(cfg.train.device)
-    dtype = select_dtype(cfg.train.dtype, device)
-    configure_backends(device, cfg.train.num_threads)
+    device, dtype = set_up_runtime(cfg.train)
     model = build_model(cfg)
     model.load_state_dict(checkpoint["model"])
     model.to(device)

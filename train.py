@@ -8,7 +8,8 @@
     python train.py -m hydra/launcher=slurm pe=rope,alibi hydra.launcher.partition=gpu   # one SLURM job each
 
 Everything lands in the Hydra run directory (hydra.run.dir=...): see README.md. SIGTERM or Ctrl-C save a
-checkpoint and exit with 128 + the signal's number.
+checkpoint and exit with 128 + the signal's number. Any mistake in the command (a misspelt key, a wrong type,
+an unknown option) is one line, ``error: ...``, exit code 2, and leaves the run directory as it was.
 """
 
 import sys
@@ -19,7 +20,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from core.cli import exit_on_user_error
-from core.config import register_configs
+from experiment.compose import hydra_errors_as_user_errors
+from experiment.config import register_configs
 from training.loop import train
 
 register_configs()
@@ -35,5 +37,11 @@ def main(cfg: DictConfig) -> None:
         sys.exit(128 + stopped_by)
 
 
+@exit_on_user_error
+def cli() -> None:
+    with hydra_errors_as_user_errors():
+        main()
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -6,7 +6,8 @@ import functools
 import signal
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import TextIO, TypeVar
 
 from core.errors import PosGPTError
 
@@ -34,3 +35,29 @@ def exit_on_user_error(fn: F) -> F:
             sys.exit(128 + signal.SIGINT)
 
     return wrapper  # type: ignore[return-value]
+
+
+class _Tee:
+    """A text stream that also appends its complete lines to a log file (progress-bar redraws left out)."""
+
+    def __init__(self, stream: TextIO, log: TextIO) -> None:
+        self._stream, self._log, self._pending = stream, log, ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            if "\r" not in line:  # tqdm redraws its bar after a \r: the log keeps printed lines only
+                self._log.write(line + "\n")
+        self._pending = self._pending.rpartition("\r")[2]
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def tee_console(path: Path) -> None:
+    """From now on, append what this process prints (stdout and stderr, the final ``error:`` line included)
+    to ``path`` as well: a run's console log."""
+    log = open(path, "a", buffering=1)  # noqa: SIM115 (open until the process exits)
+    sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)

@@ -1,14 +1,17 @@
-"""Device, precision and throughput accounting shared by training, evaluation and benchmarks."""
+"""Device, precision and throughput accounting shared by training, evaluation and benchmarks.
+
+:func:`set_up_runtime` is the one place a command turns ``train.device/dtype/num_threads/seed`` into a
+device, an autocast dtype and torch's global settings; train.py's loop, eval.py and scripts/bench.py call it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import random
+from typing import Protocol
 
 import numpy as np
 import torch
-from torch import nn
-
 from core.errors import PosGPTError
 
 # Dense bf16 peak FLOP/s per GPU (no sparsity, fp32 accumulation), for MFU. Matched against
@@ -72,6 +75,27 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class RuntimeSettings(Protocol):
+    """What :func:`set_up_runtime` reads: the ``train`` section of a posgpt config."""
+
+    device: str
+    dtype: str
+    num_threads: int
+    seed: int
+
+
+def set_up_runtime(settings: RuntimeSettings, local_rank: int | None = None) -> tuple[torch.device, torch.dtype]:
+    """The device and the autocast dtype (float32: none); sets threads and TF32 and seeds every RNG.
+
+    Under torchrun, ``local_rank`` is this process's GPU on its node."""
+    device = select_device(settings.device)
+    if device.type == "cuda" and local_rank is not None:
+        device = torch.device("cuda", local_rank)
+    configure_backends(device, settings.num_threads)
+    seed_everything(settings.seed)
+    return device, select_dtype(settings.dtype, device)
+
+
 def peak_flops(device: torch.device) -> float | None:
     """Peak dense bf16 FLOP/s of this GPU, or None (CPU, unknown GPU): MFU is then reported as null."""
     if device.type != "cuda":
@@ -85,15 +109,11 @@ def flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> f
     """Training FLOPs per token, PaLM appendix B: 6N + 12 * n_layer * n_embd * seq_len.
 
     N should count the weights used in matmuls, the (tied) output head included, but not lookup-only
-    tables such as a learned position table (:func:`model_flops_per_token` does this for a posgpt GPT);
+    tables such as a learned position table;
     biases and norms are counted too, as in PaLM and nanoGPT (under 0.1% at GPT-2 size). The second term is
     attention's q.k and attention.v products (forward + backward) over the full T x T square, the usual
-    convention even though causal kernels skip half of it.
+    convention even though causal kernels skip half of it. :func:`experiment.build.model_flops_per_token` applies
+    it to a posgpt GPT; the training loop and scripts/bench.py both report MFU with that one count.
     """
     return 6 * n_params + 12 * n_layer * n_embd * seq_len
 
-
-def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """:func:`flops_per_token` of a posgpt GPT trained at ``seq_len``: N leaves out the scheme's lookup tables."""
-    lookups = sum(m.weight.numel() for m in model.pe.modules() if isinstance(m, nn.Embedding))
-    return flops_per_token(model.num_params() - lookups, model.cfg.n_layer, model.cfg.n_embd, seq_len)

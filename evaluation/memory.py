@@ -1,4 +1,8 @@
-"""Peak memory of a block of evaluation work, per device; what is measured is named in ``metric``:
+"""Peak memory of a block of work: the one measurement used by evaluation rows and scripts/bench.py.
+
+``with PeakMemory(device) as m: ...`` then ``m.peak_mb``: the most memory in use at any moment during the
+block, in MiB (2**20 bytes), what was already in use when it began included (the model's weights, say).
+What is measured is named in ``m.metric``:
 
 - ``cuda_max_allocated``: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` — the peak
   of tensors allocated on the GPU during the block, model weights included (the caching allocator's reserve
@@ -12,6 +16,7 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import sys
 from pathlib import Path
@@ -45,7 +50,7 @@ def _max_rss_bytes() -> int:
 
 
 class PeakMemory:
-    """``with PeakMemory(device) as m: ...`` then ``m.peak_mb`` and ``m.metric``."""
+    """``with PeakMemory(device) as m: ...`` then ``m.peak_mb`` (MiB) and ``m.metric`` (see the module's docstring)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -53,6 +58,7 @@ class PeakMemory:
         self.peak_mb: float | None = None
 
     def __enter__(self) -> PeakMemory:
+        gc.collect()  # what earlier work left for the collector should not count
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from core.config import eval_lengths
 from data import TokenArray
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import plot_per_position, plot_ppl_vs_length
 from evaluation.report import (CSV_COLUMNS, CSV_FILE, csv_rows, format_table, merge_documents, read_results,
                                results_document, setting_label, write_csv, write_results)
+from experiment.config import eval_lengths
 from model.pe.rope_scaling import RoPEScalingConfig, parse_scaling, scaling_label
 
 EVAL_DIR = "eval"

@@ -5,18 +5,19 @@
     python scripts/bench.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,alibi --eval-length 16384
 
 Takes the same Hydra overrides as train.py; ``pe=a,b,c`` benchmarks each scheme in turn. Each is timed with the
-real training pieces (core.builders.build_model, training.optim, training.step.TrainStep with its autocast,
-torch.compile where train.compile asks for it) on random tokens, so no data is read. Warm-up steps (compilation,
+real training pieces (core.runtime.set_up_runtime, experiment.build.build_model, training.optim,
+training.step.TrainStep with its autocast, torch.compile where train.compile asks for it) on random tokens, so
+no data is read. The fused cross-entropy is the config key ``model.fused_ce=auto|always|never``. Warm-up steps (compilation,
 allocator) are not timed; the measured steps are timed as one window with a device sync only at its ends,
 as the training loop runs them. Printed per scheme:
 
-    {"pe", "device", "tokens_per_s", "mfu", "peak_mem_bytes", "peak_mem_method", "step_ms", "cpu_share",
+    {"pe", "device", "tokens_per_s", "mfu", "peak_memory_mb", "memory_metric", "step_ms", "cpu_share",
      "config": {...}, "eval": {...}}
 
-Peak memory is the growth over what was in use when measuring began (before the model was built; for
-evaluation, with the trained weights in place): torch.cuda.max_memory_allocated on GPU, the process's peak
-resident set size (VmHWM, reset through /proc/self/clear_refs) on CPU; "peak_mem_method" says which.
-MFU uses core.runtime's PaLM-style FLOPs per token and peak table; it is null on CPU and unknown GPUs.
+Peak memory is evaluation/memory.py's PeakMemory, as in the evaluation's result rows: the most memory in use
+during the measured block (from before the model is built; for evaluation, with the trained weights in
+place), in MiB; "memory_metric" says what was read. MFU uses experiment.build.model_flops_per_token (the count
+the training loop logs) and core.runtime's peak table; it is null on CPU and unknown GPUs.
 ``--record FILE`` appends the run to a results file (bench/README.md).
 """
 
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
-import resource
 import shlex
 import sys
 import time
@@ -38,24 +37,19 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-import model.loss  # noqa: E402
-from core.builders import build_model  # noqa: E402
 from core.cli import exit_on_user_error  # noqa: E402
-from core.config import register_configs, validate  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
-from core.runtime import (autocast, configure_backends, model_flops_per_token, peak_flops, select_device,  # noqa: E402
-                          select_dtype, seed_everything)
+from core.runtime import autocast, peak_flops, set_up_runtime  # noqa: E402
+from evaluation.memory import PeakMemory  # noqa: E402
+from experiment.build import build_model, model_flops_per_token  # noqa: E402
+from experiment.compose import compose_config  # noqa: E402
+from experiment.config import compile_enabled, validate  # noqa: E402
 from model.attention import resolve_backend  # noqa: E402
-from training.loop import _should_compile as should_compile  # noqa: E402
+from model.loss import use_fused  # noqa: E402
 from training.optim import build_optimizer, build_scheduler  # noqa: E402
 from training.step import TrainStep  # noqa: E402
-
-CONFIG_DIR = REPO / "configs"
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -103,57 +97,6 @@ def seconds_per_step(step: Callable[[], object], warmup: int, steps: int, device
     return wall / steps, cpu / (wall * torch.get_num_threads())
 
 
-def _proc_status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024  # reported in kB
-    raise OSError(f"no {field} in /proc/self/status")
-
-
-def _max_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
-
-
-# method -> (memory in use now, peak since the reset)
-_MEMORY_PROBES = {
-    "cuda.max_memory_allocated": (torch.cuda.memory_allocated, torch.cuda.max_memory_allocated),
-    "VmHWM": (lambda: _proc_status_bytes("VmRSS"), lambda: _proc_status_bytes("VmHWM")),
-    "getrusage.ru_maxrss": (_max_rss_bytes, _max_rss_bytes),
-}
-
-
-class PeakMemory:
-    """Peak memory of a block of work over what was in use when it began (``.bytes`` and ``.method`` after).
-
-    CUDA: torch.cuda.max_memory_allocated. CPU on Linux: the process's peak resident set size (VmHWM), reset
-    at the start through /proc/self/clear_refs. Elsewhere: the growth of getrusage's ru_maxrss, a lifetime
-    high-water mark, so it reads 0 unless the block raised the process's peak.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.bytes: int | None = None
-        self.method: str | None = None
-
-    def __enter__(self) -> PeakMemory:
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.method = "cuda.max_memory_allocated"
-        else:
-            try:
-                Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS to the current RSS
-                self.method = "VmHWM"
-            except OSError:
-                self.method = "getrusage.ru_maxrss"
-        self._start = _MEMORY_PROBES[self.method][0]()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.bytes = _MEMORY_PROBES[self.method][1]() - self._start
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -175,13 +118,19 @@ def split_schemes(overrides: list[str]) -> tuple[list[str | None], list[str]]:
     return schemes, rest
 
 
+def fused_ce_runs(cfg: DictConfig, device: torch.device) -> bool:
+    """Whether training takes the fused chunked cross-entropy (``model.fused_ce``)."""
+    # TEMPORARY shim until engineer "numbers"' model.fused_ce (ModelConfig) and use_fused(fused, device) are
+    # merged: keep only the first return then.
+    if "fused_ce" in cfg.model:
+        return use_fused(cfg.model.fused_ce, device)
+    return use_fused(device)
+
+
 def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     t = cfg.train
-    device = select_device(t.device)
-    dtype = select_dtype(t.dtype, device)
-    configure_backends(device, t.num_threads)
-    seed_everything(t.seed)
-    compiled = should_compile(t.compile, device)
+    device, dtype = set_up_runtime(t)
+    compiled = compile_enabled(t.compile, device.type)
     vocab = cfg.model.vocab_size
     x = torch.randint(0, vocab, (t.batch_size, t.seq_len), device=device)
     y = torch.randint(0, vocab, (t.batch_size, t.seq_len), device=device)
@@ -199,8 +148,8 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
         "device": device_name(device),
         "tokens_per_s": round(tokens_per_s, 1),
         "mfu": round(model_flops_per_token(raw_model, t.seq_len) * tokens_per_s / peak, 4) if peak else None,
-        "peak_mem_bytes": train_memory.bytes,
-        "peak_mem_method": train_memory.method,
+        "peak_memory_mb": train_memory.peak_mb,
+        "memory_metric": train_memory.metric,
         "step_ms": round(step_s * 1e3, 2),
         "cpu_share": round(cpu_share, 3),
         "config": {
@@ -208,7 +157,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "vocab_size": vocab, "n_params": raw_model.num_params(), "seq_len": t.seq_len,
             "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps, "dtype": str(dtype).split(".")[-1],
             "compile": compiled, "attn_backend": resolve_backend(cfg.model.attn_backend, raw_model.pe, device),
-            "fused_ce": model.loss.use_fused(device), "threads": torch.get_num_threads(),
+            "fused_ce": fused_ce_runs(cfg, device), "threads": torch.get_num_threads(),
             "warmup": args.warmup, "steps": args.steps, "torch": torch.__version__,
         },
     }
@@ -238,7 +187,7 @@ def bench_eval(raw_model: torch.nn.Module, cfg: DictConfig, args: argparse.Names
             step_s, _ = seconds_per_step(score, 1, args.eval_steps, device)
     except PosGPTError as error:  # e.g. a learned position table shorter than the length
         return result | {"error": str(error)}
-    return result | {"tokens_per_s": round(rows * length / step_s, 1), "peak_mem_bytes": memory.bytes,
+    return result | {"tokens_per_s": round(rows * length / step_s, 1), "peak_memory_mb": memory.peak_mb,
                      "step_ms": round(step_s * 1e3, 2)}
 
 
@@ -249,30 +198,20 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--eval-length", type=int, default=None,
                         help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len")
     parser.add_argument("--eval-steps", type=int, default=2, help="timed evaluation batches (after one untimed)")
-    parser.add_argument("--fused-ce", choices=("auto", "always", "never"), default=model.loss.FUSED,
-                        help="the fused chunked cross-entropy (model/loss.py FUSED); auto: on CPU only")
-    parser.add_argument("--ce-chunk", type=int, default=model.loss.FUSED_CHUNK,
-                        help="logits per chunk of the fused cross-entropy, in elements (model/loss.py FUSED_CHUNK)")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.warmup < 0 or min(args.steps, args.eval_steps, args.ce_chunk, args.eval_length or 1) < 1:
-        parser.error("--warmup must be >= 0; --steps, --eval-steps, --eval-length and --ce-chunk >= 1")
+    if args.warmup < 0 or min(args.steps, args.eval_steps, args.eval_length or 1) < 1:
+        parser.error("--warmup must be >= 0; --steps, --eval-steps and --eval-length >= 1")
     return args, overrides
 
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args, overrides = parse_args(argv)
-    model.loss.FUSED, model.loss.FUSED_CHUNK = args.fused_ce, args.ce_chunk
     schemes, rest = split_schemes(overrides)
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        try:
-            configs = [compose("config", overrides=rest + ([f"pe={name}"] if name else [])) for name in schemes]
-        except (HydraException, OmegaConfBaseException) as error:  # a misspelt key or group, a wrong type
-            raise PosGPTError(f"bad override: {error}") from None
+    configs = [compose_config(rest + ([f"pe={name}"] if name else [])) for name in schemes]
     for cfg in configs:
         validate(cfg)
     records = []

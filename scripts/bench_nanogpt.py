@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-# importing bench also puts the repository root on sys.path, for core.runtime
-from bench import PeakMemory, add_common_args, device_name, print_record, save_run, seconds_per_step
+# importing bench also puts the repository root on sys.path, for core.runtime and evaluation.memory
+from bench import add_common_args, device_name, print_record, save_run, seconds_per_step
 from core.runtime import flops_per_token, peak_flops
+from evaluation.memory import PeakMemory
 
 VOCAB_SIZE = 50304  # nanoGPT's default: GPT-2's 50257 padded to a multiple of 64, as posgpt pads it
 
@@ -94,8 +95,8 @@ def main(argv: list[str]) -> None:
         "device": device_name(device),
         "tokens_per_s": round(tokens_per_s, 1),
         "mfu": round(flops * tokens_per_s / peak, 4) if peak else None,
-        "peak_mem_bytes": memory.bytes,
-        "peak_mem_method": memory.method,
+        "peak_memory_mb": memory.peak_mb,
+        "memory_metric": memory.metric,
         "step_ms": round(step_s * 1e3, 2),
         "cpu_share": round(cpu_share, 3),
         "config": {

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 import model.attention as attention
 import model.loss as loss_module
-from core.config import TrainConfig
+from experiment.config import TrainConfig
 from core.errors import PosGPTError
 from model import GPT, ModelConfig
 from model.attention import attend, resolve_backend

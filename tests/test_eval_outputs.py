@@ -10,8 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from core.builders import build_model
-from core.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
+from experiment.build import build_model
+from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from data import DataConfig, load_splits
 from evaluation.report import CSV_COLUMNS
 from evaluation.run import EVAL_DIR, per_position_rows, run_extrapolation_eval

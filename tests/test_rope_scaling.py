@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from core.config import Config, EvalConfig, validate
+from experiment.config import Config, EvalConfig, validate
 from core.errors import PosGPTError
 from model.pe import ModelDims
 from model.pe.alibi import ALiBiConfig

@@ -17,8 +17,8 @@ from hydra.core.utils import setup_globals
 from hydra.utils import instantiate
 
 from cli_runs import REPO, TIMEOUT_S, cli  # noqa: F401
-from core.config import register_configs
-from core.distributed import _export_submitit_ranks
+from experiment.config import register_configs
+from training.distributed import _export_submitit_ranks
 
 SCHEMES = ["sinusoidal", "learned", "rope", "alibi", "none"]
 

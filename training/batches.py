@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from core.distributed import DistInfo
+from training.distributed import DistInfo
 from data import TokenArray, sample_batch
 
 

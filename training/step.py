@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.distributed import local_tensor, no_grad_sync
+from training.distributed import local_tensor, no_grad_sync
 from core.runtime import autocast
 
 

@@ -1,16 +1,15 @@
 """Registry of positional schemes: every module in this package that defines a PositionalEncoding subclass
 with a ``name`` is discovered here, so adding a scheme never touches this file.
 
-Each scheme's config dataclass is registered with Hydra's ConfigStore as ``schema/pe/<name>``; the YAML file
-``configs/pe/<name>.yaml`` lists it in its defaults, so misspelt or mistyped keys fail at start-up.
+Each scheme's config dataclass (``config_class``) is registered with Hydra's ConfigStore as ``schema/pe/<name>``
+by experiment/config.py (model/ itself runs without Hydra); the YAML file ``configs/pe/<name>.yaml`` lists it
+in its defaults, so misspelt or mistyped keys fail at start-up.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-
-from hydra.core.config_store import ConfigStore
 
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
@@ -26,11 +25,6 @@ def _discover() -> None:
                 SCHEMES[obj.name] = obj
 
 
-def register_configs(store: ConfigStore) -> None:
-    for name, scheme in SCHEMES.items():
-        store.store(group="schema/pe", name=name, node=scheme.config_class)
-
-
 def build_positional_encoding(cfg: PEConfig, dims: ModelDims) -> PositionalEncoding:
     if cfg.name not in SCHEMES:
         raise PosGPTError(f"unknown positional scheme pe={cfg.name!r}; choose one of {sorted(SCHEMES)}")
@@ -39,4 +33,4 @@ def build_positional_encoding(cfg: PEConfig, dims: ModelDims) -> PositionalEncod
 
 _discover()
 
-__all__ = ["SCHEMES", "ModelDims", "PEConfig", "PositionalEncoding", "build_positional_encoding", "register_configs"]
+__all__ = ["SCHEMES", "ModelDims", "PEConfig", "PositionalEncoding", "build_positional_encoding"]

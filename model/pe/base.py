@@ -51,6 +51,8 @@ class PositionalEncoding(nn.Module):
     config_class: ClassVar[type[PEConfig]] = PEConfig
     # True when score_bias is overridden: attention must then use a path that can add a bias.
     has_score_bias: ClassVar[bool] = False
+    # Own config fields that evaluation may change without changing what the trained weights compute.
+    eval_time_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:
         super().__init__()

@@ -38,6 +38,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class RotaryPositionalEncoding(PositionalEncoding):
     name = "rope"
     config_class = RoPEConfig
+    eval_time_settings = ("scaling",)  # context extension (rope_scaling.py) is applied at evaluation time
 
     def __init__(self, cfg: RoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)

@@ -1,8 +1,9 @@
-"""The typed config schema (Hydra structured configs) and its validation.
+"""The typed config schema (Hydra structured configs), its registration with Hydra, and its validation.
 
 YAML files under configs/ only set values; the dataclasses here (plus ModelConfig in model/gpt.py,
 DataConfig in data/config.py and each positional scheme's own dataclass in model/pe/) define which keys
-exist and their types, so a misspelt key or a wrong type fails at start-up.
+exist and their types, so a misspelt key or a wrong type fails at start-up, and a key added with Hydra's
+``+`` (which the schema cannot stop) is refused by :func:`validate`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from core.errors import PosGPTError
 from data.config import DataConfig
 from model.gpt import ModelConfig, validate_model_config
-from model.pe import register_configs as register_pe_configs
+from model.pe import SCHEMES
 from model.pe.rope_scaling import parse_scaling
 
 
@@ -42,7 +43,7 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
-    compile: str = "auto"  # auto (on for CUDA) | true | false
+    compile: str = "auto"  # auto (on for CUDA) | true | false (typed true/false, Hydra passes "True"/"False")
     num_threads: int = 0  # CPU threads for torch; 0 keeps torch's default
     skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
     distributed: str = "ddp"  # ddp | fsdp (only used under torchrun)
@@ -89,10 +90,42 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
+COMPILE_SETTINGS = ("auto", "true", "false")
+
+
 def register_configs() -> None:
+    """Register the schema (``posgpt_schema``) and each scheme's dataclass (``schema/pe/<name>``) with Hydra."""
     store = ConfigStore.instance()
     store.store(name="posgpt_schema", node=Config)
-    register_pe_configs(store)
+    for name, scheme in SCHEMES.items():
+        store.store(group="schema/pe", name=name, node=scheme.config_class)
+
+
+def schema(pe_name: str) -> DictConfig:
+    """The typed, empty-of-choices config of a run with scheme ``pe_name``: what every key and type must match."""
+    if pe_name not in SCHEMES:
+        raise PosGPTError(f"unknown positional scheme pe={pe_name!r}; choose one of {sorted(SCHEMES)}")
+    cfg = OmegaConf.structured(Config)
+    cfg.pe = OmegaConf.structured(SCHEMES[pe_name].config_class)
+    return cfg
+
+
+def unknown_keys(cfg: DictConfig, reference: DictConfig, prefix: str = "") -> list[str]:
+    """Keys of ``cfg`` that ``reference`` (the schema) does not have, e.g. ones added with Hydra's ``+``."""
+    unknown = []
+    for key in cfg:
+        if key not in reference:
+            unknown.append(f"{prefix}{key}")
+        elif OmegaConf.is_dict(cfg[key]) and OmegaConf.is_dict(reference[key]):
+            unknown += unknown_keys(cfg[key], reference[key], f"{prefix}{key}.")
+    return unknown
+
+
+def compile_enabled(setting: str, device_type: str) -> bool:
+    """train.compile: ``true``/``false`` (as typed, or the ``True``/``False`` Hydra makes of them), or ``auto``
+    (on for CUDA only)."""
+    setting = str(setting).lower()
+    return setting == "true" or (setting == "auto" and device_type == "cuda")
 
 
 def eval_lengths(cfg: DictConfig) -> list[int]:
@@ -104,6 +137,10 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
 
 def validate(cfg: DictConfig) -> None:
     """Checks that types alone cannot express; raises PosGPTError saying what to change."""
+    unknown = unknown_keys(cfg, schema(cfg.pe.name))
+    if unknown:
+        raise PosGPTError(f"unknown config key {unknown[0]}: it is not in the schema (experiment/config.py, "
+                          "model/pe/); check its spelling with `python train.py --cfg job`")
     validate_model_config(OmegaConf.to_object(cfg.model))
     t = cfg.train
     for key in ("seq_len", "batch_size", "grad_accum_steps", "max_steps", "log_every", "val_every",
@@ -117,7 +154,7 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(f"train.lr must be positive (got {t.lr})")
     if t.dtype not in ("auto", "float32", "bfloat16"):
         raise PosGPTError(f"train.dtype must be auto, float32 or bfloat16 (got {t.dtype!r})")
-    if t.compile not in ("auto", "true", "false"):
+    if str(t.compile).lower() not in COMPILE_SETTINGS:
         raise PosGPTError(f"train.compile must be auto, true or false (got {t.compile!r})")
     if t.distributed not in ("ddp", "fsdp"):
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")

@@ -1,0 +1,72 @@
+"""Config composition, and Hydra's errors turned into posgpt's one-line user errors.
+
+train.py composes through ``@hydra.main`` (multirun, launchers, ``hydra.run.dir``) inside
+:func:`hydra_errors_as_user_errors`; eval.py, scripts/bench.py and sample.py call :func:`compose_config`.
+Either way a misspelt key, a wrong type or an unknown group option ends as ``error: <one line>`` and exit
+code 2, the valid choices listed on that line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from core.errors import PosGPTError
+from experiment.config import register_configs
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+# Lines of Hydra's and OmegaConf's messages that help a developer, not a user (or, like Hydra's "To append to
+# your config use +key=...", suggest what experiment.config.validate then refuses).
+_NOISE = re.compile(r"^\s*(full_key:|object_type=|reference_type=|To append to your config use|Set the environment "
+                    r"variable HYDRA_FULL_ERROR)")
+
+
+def one_line(error: BaseException) -> str:
+    """Hydra's multi-line message (and its OmegaConf cause) as one line; option lists become ``a, b, c``."""
+    lines = str(error).splitlines()
+    cause = error.__cause__
+    if isinstance(cause, OmegaConfBaseException) and str(cause) not in str(error):
+        lines += str(cause).splitlines()
+    parts: list[str] = []
+    for line in lines:
+        if line.startswith("Config search path"):  # where Hydra looked: the rest of the message
+            break
+        if not line.strip() or _NOISE.match(line):
+            continue
+        if line.startswith("\t") and parts and parts[-1].endswith(":"):  # the first listed option
+            parts[-1] += " " + line.strip()
+        elif line.startswith("\t") and parts:
+            parts[-1] += ", " + line.strip()
+        else:
+            parts.append(line.strip().rstrip("."))
+    return "; ".join(parts)
+
+
+@contextlib.contextmanager
+def hydra_errors_as_user_errors() -> Iterator[None]:
+    """Turn Hydra's and OmegaConf's exceptions raised inside into PosGPTError (one line).
+
+    Hydra prints its own multi-line errors unless HYDRA_FULL_ERROR is set, so it is set here (when the user has
+    not set it) to let them reach this function.
+    """
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException) as error:
+        raise PosGPTError(one_line(error)) from None
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """configs/config.yaml with ``overrides`` applied, as train.py would compose it (without the hydra node)."""
+    register_configs()
+    with hydra_errors_as_user_errors(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose("config", overrides=list(overrides))

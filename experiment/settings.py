@@ -1,0 +1,114 @@
+"""The settings a resumed run or an evaluation may change, declared once: the checkpoint is the one source of truth.
+
+A checkpoint holds the config it was trained with. Anything that decides what the trained weights compute
+(any ``model.*`` but the speed switches, ``train.seq_len``, the scheme and its parameters) or, on resume,
+which model training produces (the data, the optimizer, the seed, ...) comes from there. Overrides may only
+touch the settings below; anything else is refused with one line that names the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from core.errors import PosGPTError
+from experiment.compose import compose_config, one_line
+from experiment.config import schema
+from model.pe import SCHEMES
+
+# Where and how fast a run computes, and what it reports: never what the weights compute.
+RUNTIME_SETTINGS = (
+    "train.device", "train.dtype", "train.compile", "train.num_threads", "model.attn_backend", "model.fused_ce",
+    "data.cache_dir", "data.num_proc", "logging.",
+)
+# An evaluation may also score another corpus, at other lengths, with the scheme's declared variations
+# (pe.<field> for field in the scheme's eval_time_settings, e.g. RoPE's pe.scaling).
+EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.")
+# A resumed run may train longer and log, validate, save and evaluate differently; its data and optimizer stay.
+RESUME_SETTINGS = (
+    *RUNTIME_SETTINGS, "eval.", "train.max_steps", "train.resume", "train.log_every", "train.val_every",
+    "train.val_batches", "train.checkpoint_every", "train.keep_checkpoints", "train.grad_accum_steps",
+    "train.skip_nonfinite", "train.distributed", "train.eval_after",
+)
+
+
+def eval_settings(pe_name: str) -> tuple[str, ...]:
+    """EVAL_SETTINGS plus the scheme's own evaluation-time variations."""
+    scheme = SCHEMES.get(pe_name)
+    return (*EVAL_SETTINGS, *(f"pe.{field}" for field in (scheme.eval_time_settings if scheme else ())))
+
+
+def may_change(key: str, allowed: tuple[str, ...]) -> bool:
+    """Whether dotted ``key`` (or a whole group such as ``data``) is, or lies under, one of ``allowed``."""
+    return any(key == name.rstrip(".") or key.startswith(name if name.endswith(".") else name + ".")
+               for name in allowed)
+
+
+def flatten_config(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested plain-dict config as {dotted key: value}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_settings(saved: dict, now: dict, allowed: tuple[str, ...]) -> list[str]:
+    """The keys whose value differs between two resolved configs (plain dicts), less those in ``allowed``."""
+    saved, now = flatten_config(saved), flatten_config(now)
+    return [key for key in sorted(saved.keys() | now.keys())
+            if saved.get(key) != now.get(key) and not may_change(key, allowed)]
+
+
+def overridden_keys(overrides: list[str]) -> list[str]:
+    """The dotted key or group each Hydra override sets (``data=text`` -> data, ``+eval.x=1`` -> eval.x)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as error:
+        raise PosGPTError(one_line(error)) from None
+    return [override.key_or_group for override in parsed]
+
+
+def trained_config(checkpoint: dict) -> DictConfig:
+    """The checkpoint's config, typed by today's schema (so that it builds the model it was trained as)."""
+    saved = checkpoint["config"]
+    cfg = schema(saved["pe"]["name"])
+    try:
+        return OmegaConf.merge(cfg, saved)
+    except OmegaConfBaseException as error:
+        raise PosGPTError(f"the checkpoint's config does not fit this posgpt's schema: {one_line(error)}") from None
+
+
+def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
+    """The config a checkpoint was trained with, plus ``overrides`` of the settings an evaluation may change.
+
+    Group overrides (``data=text data.files=[...]``) are composed by Hydra as in train.py; only the keys the
+    overrides name are taken from that composition, everything else from the checkpoint.
+    """
+    cfg = trained_config(checkpoint)
+    allowed = eval_settings(cfg.pe.name)
+    keys = overridden_keys(overrides)
+    for key in keys:
+        if not may_change(key, allowed):
+            current = OmegaConf.select(cfg, key, default=None)
+            was = f" (the checkpoint has {key}={current})" if current is not None and not OmegaConf.is_config(
+                current) else ""
+            raise PosGPTError(
+                f"{key} cannot be changed for an evaluation: it would change what the trained weights compute{was}. "
+                f"An evaluation may change {', '.join(name.rstrip('.') + ('*' if name.endswith('.') else '') for name in allowed)}"
+            )
+    if not keys:
+        return cfg
+    composed = compose_config([f"pe={cfg.pe.name}", *overrides])
+    try:
+        for key in keys:
+            OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
+    except OmegaConfBaseException as error:
+        raise PosGPTError(one_line(error)) from None
+    return cfg

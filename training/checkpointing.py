@@ -1,0 +1,122 @@
+"""Checkpoint and resume: which checkpoint a run continues from, restoring it, and saving only good weights.
+
+A fresh run refuses a directory that already holds a checkpoint; ``train.resume=true`` refuses a checkpoint
+trained with other settings than the ones experiment/settings.py declares changeable on resume. Only once
+those checks pass does the run write anything into its directory (:meth:`Checkpointer.record_run`), so a
+refused command leaves the run as it was.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from core.checkpoint import last_checkpoint_path, load_checkpoint, save_checkpoint
+from core.errors import PosGPTError
+from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config
+from training import distributed
+from training.optim import lr_multiplier
+
+RUN_RECORD_DIR = ".hydra"  # where Hydra would write it; configs/config.yaml stops Hydra writing there itself
+
+
+def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
+    """The checkpoint to continue from (train.resume=true), or None for a fresh run in an unused directory."""
+    path = last_checkpoint_path(run_dir)
+    if not cfg.train.resume:
+        if path.exists():
+            raise PosGPTError(
+                f"{run_dir} already holds a checkpoint; pass train.resume=true to continue it, "
+                "or choose another hydra.run.dir (nothing was overwritten)"
+            )
+        return None
+    if not path.exists():
+        raise PosGPTError(
+            f"train.resume=true but {run_dir} holds no checkpoint ({path} is missing); set hydra.run.dir "
+            "to the directory of the run to continue, or drop train.resume to start a new one"
+        )
+    checkpoint = load_checkpoint(path)
+    saved, now = checkpoint["config"], OmegaConf.to_container(cfg, resolve=True)
+    changed = changed_settings(saved, now, RESUME_SETTINGS)
+    if changed:
+        saved, now = flatten_config(saved), flatten_config(now)
+        shown = ", ".join(f"{key}={saved.get(key)} (now {now.get(key)})" for key in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise PosGPTError(
+            f"cannot resume {run_dir}: it was trained with {shown}{more}. Resume with the run's own settings, "
+            "or start a new run in another hydra.run.dir"
+        )
+    return checkpoint
+
+
+class Checkpointer:
+    """Saves the training state of one run (only weights that are finite on every rank), and restores it."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, overrides: list[str], checkpoint: dict | None,
+                 dist: distributed.DistInfo, device: torch.device) -> None:
+        self.cfg, self.run_dir, self.overrides, self.dist, self.device = cfg, run_dir, overrides, dist, device
+        self.last_saved: int | None = checkpoint["step"] if checkpoint else None
+        self.wandb_run_id: str | None = checkpoint.get("wandb_run_id") if checkpoint else None
+
+    def record_run(self) -> None:
+        """``.hydra/config.yaml`` and ``overrides.yaml``: the config and command line of the latest (accepted)
+        start of this run."""
+        if not self.dist.is_main:
+            return
+        record = self.run_dir / RUN_RECORD_DIR
+        record.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.cfg, record / "config.yaml", resolve=True)
+        (record / "overrides.yaml").write_text(yaml.safe_dump(list(self.overrides)))
+
+    def kept(self) -> str:
+        """What is left to resume from, for error messages."""
+        if self.last_saved is None:
+            return "no checkpoint had been saved yet"
+        return f"{last_checkpoint_path(self.run_dir)} still holds the last good checkpoint (step {self.last_saved})"
+
+    def restore(self, checkpoint: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> int:
+        """Load a checkpoint's training state into model, optimizer, schedule and RNG; returns its step."""
+        distributed.load_full_state_dicts(model, optimizer, checkpoint["model"], checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        step = checkpoint["step"]
+        # The learning rate of the next step follows this run's schedule: train.max_steps may have changed.
+        for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = base_lr * lr_multiplier(step, self.cfg.train)
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if self.device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], self.device)
+        if self.dist.is_main:
+            print(f"train: resuming {self.run_dir} from step {step}", flush=True)
+            planned = checkpoint["config"]["train"]["max_steps"]
+            if planned != self.cfg.train.max_steps:
+                print(f"train: train.max_steps is now {self.cfg.train.max_steps} (was {planned}): the learning-rate "
+                      "schedule follows the new value from here on", flush=True)
+        return step
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+             sampler_state: torch.Tensor) -> None:
+        """Write last.pt (collective under torchrun); refuses weights that are not finite."""
+        if not _weights_finite(model, self.dist, self.device):
+            raise PosGPTError(f"the weights became non-finite by step {step} and were not saved; {self.kept()}. "
+                              f"Lower train.lr (now {self.cfg.train.lr})")
+        model_state, optim_state = distributed.full_state_dicts(model, optimizer)
+        if self.dist.is_main:
+            state: dict[str, Any] = {
+                "model": model_state, "optimizer": optim_state, "scheduler": scheduler.state_dict(), "step": step,
+                "config": OmegaConf.to_container(self.cfg, resolve=True), "overrides": list(self.overrides),
+                "rng": {"torch": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
+                "sampler_state": sampler_state, "wandb_run_id": self.wandb_run_id,
+            }
+            save_checkpoint(state, self.run_dir, keep=self.cfg.train.keep_checkpoints)
+        self.last_saved = step
+
+
+def _weights_finite(model: torch.nn.Module, dist: distributed.DistInfo, device: torch.device) -> bool:
+    """Whether every parameter is finite on every rank (collective under torchrun)."""
+    bad = any(not torch.isfinite(distributed.local_tensor(p)).all() for p in model.parameters())
+    return not distributed.any_rank(bad, dist, device)

@@ -1,0 +1,69 @@
+"""The metrics and logging window: what happened since the last log line, written to metrics.jsonl, W&B and
+the progress bar (rank 0), with the MFU of one FLOP count (experiment.build.model_flops_per_token)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from core.runtime import peak_flops
+from core.tracking import MetricsFile
+from training import distributed
+
+
+class MetricsWindow:
+    def __init__(self, cfg: DictConfig, run_dir: Path, start_step: int, resumed: bool, flops_per_token: float,
+                 dist: distributed.DistInfo, device: torch.device, wandb_run) -> None:
+        t = cfg.train
+        self.dist, self.device, self.wandb_run = dist, device, wandb_run
+        self.tokens_per_step, self.flops_per_token, self.peak = t.batch_size * t.seq_len, flops_per_token, peak_flops(device)
+        self.metrics = MetricsFile(run_dir, resume_step=start_step if resumed else None) if dist.is_main else None
+        self.progress = tqdm(total=t.max_steps, initial=start_step, desc=f"train pe={cfg.pe.name}", unit="step",
+                             disable=not (dist.is_main and cfg.logging.progress), dynamic_ncols=True)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss, self.counted, self.steps = torch.zeros((), device=self.device), 0, 0
+        self.started = time.perf_counter()
+
+    def add(self, step: int, loss: torch.Tensor, skipped: bool) -> None:
+        """One optimizer step (no host sync: the loss stays on the device until the window is logged)."""
+        self.steps += 1
+        self.progress.update(1)
+        if skipped:
+            if self.dist.is_main:
+                print(f"train: step {step}: non-finite loss or gradients, step skipped", flush=True)
+        else:
+            self.loss += loss
+            self.counted += 1
+
+    def close_window(self, step: int, lr: float, grad_norm: torch.Tensor) -> dict:
+        """The window's record (mean loss over ranks; collective), and a new window."""
+        # 0/0 is NaN: a window whose steps were all skipped logs a null loss
+        train_loss = float(distributed.all_reduce_mean(self.loss / self.counted, self.dist))
+        tokens_per_s = self.steps * self.tokens_per_step / (time.perf_counter() - self.started)
+        record = {"step": step, "train_loss": train_loss, "lr": lr, "grad_norm": float(grad_norm),
+                  "tokens_per_s": tokens_per_s,
+                  "mfu": self.flops_per_token * tokens_per_s / self.peak if self.peak else None}
+        self.progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+        self._reset()
+        return record
+
+    def write(self, record: dict) -> None:
+        if record and self.dist.is_main:
+            self.metrics.write(record)
+            if self.wandb_run is not None:
+                self.wandb_run.log({f"train/{k}": v for k, v in record.items() if k != "step" and v is not None},
+                                   step=record["step"])
+
+    def close(self) -> None:
+        self.progress.close()
+
+
+def finite(record: dict) -> bool:
+    return math.isfinite(record.get("train_loss", 0.0))
