@@ -1,4 +1,5 @@
 """Text in, token batches out: corpus sources, the GPT-2 tokenizer, the token cache and batch sampling.
+Imports only core (never model, experiment, evaluation or training).
 
 cfg = DataConfig(source="text", files=["book.txt"])
 splits = load_splits(cfg)                  # tokenized once, cached under $POSGPT_CACHE_DIR

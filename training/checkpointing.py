@@ -60,7 +60,7 @@ class Checkpointer:
                  dist: distributed.DistInfo, device: torch.device) -> None:
         self.cfg, self.run_dir, self.overrides, self.dist, self.device = cfg, run_dir, overrides, dist, device
         self.last_saved: int | None = checkpoint["step"] if checkpoint else None
-        self.wandb_run_id: str | None = checkpoint.get("wandb_run_id") if checkpoint else None
+        self.wandb_run_id: str | None = None  # set once the W&B run has started (training.metrics)
 
     def record_run(self) -> None:
         """``.hydra/config.yaml`` and ``overrides.yaml``: the config and command line of the latest (accepted)

@@ -29,7 +29,7 @@ from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
 from data import load_splits, sample_batch
 from data import validate as validate_data
-from experiment.build import build_model, model_flops_per_token
+from experiment.build import build_model
 from experiment.config import compile_enabled, validate
 from training import distributed
 from training.batches import BatchStream, rank_rows
@@ -110,13 +110,17 @@ def _load_data(cfg: DictConfig, dist: distributed.DistInfo) -> dict:
     return splits
 
 
-def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distributed.DistInfo) -> int | None:
-    t = cfg.train
+def _check_batch(t: DictConfig, dist: distributed.DistInfo) -> None:
     if t.batch_size % (dist.world_size * t.grad_accum_steps):
         raise PosGPTError(
             f"train.batch_size={t.batch_size} (the global batch) must be divisible by the number of processes "
             f"({dist.world_size}) x train.grad_accum_steps ({t.grad_accum_steps})"
         )
+
+
+def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distributed.DistInfo) -> int | None:
+    t = cfg.train
+    _check_batch(t, dist)
     run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
     device, dtype = set_up_runtime(t, local_rank=dist.local_rank if dist.enabled else None)
     raw_model = build_model(cfg).to(device)  # first: a model config error shows up before anything else
@@ -139,13 +143,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     batches = BatchStream(splits["train"], t.batch_size, t.seq_len, t.seed, dist, device,
                           state=checkpoint["sampler_state"] if checkpoint else None)
     step_fn = TrainStep(model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype)
-    wandb_run = init_wandb(cfg, run_dir, checkpointer.wandb_run_id) if dist.is_main else None
-    checkpointer.wandb_run_id = wandb_run.id if wandb_run is not None else None
-    window = MetricsWindow(cfg, run_dir, start_step, checkpoint is not None,
-                           model_flops_per_token(raw_model, t.seq_len), dist, device, wandb_run)
-    if dist.is_main:
-        print(f"train: pe={cfg.pe.name} params={raw_model.num_params() / 1e6:.2f}M device={device} dtype={dtype} "
-              f"world={dist.world_size} run_dir={run_dir}", flush=True)
+    window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
+    checkpointer.wandb_run_id = window.wandb_run_id
 
     model.train()
     step, stopped_by = start_step, None
@@ -175,9 +174,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
         print(f"train: stopped by {signal.Signals(stopped_by).name} at step {step}; checkpoint saved. "
               "Continue with train.resume=true", flush=True)
     elif stopped_by is None and t.eval_after:
-        _evaluate(cfg, raw_model, optimizer, splits["val"], run_dir, device, dtype, dist, wandb_run)
-    if wandb_run is not None:
-        wandb_run.finish()
+        _evaluate(cfg, raw_model, optimizer, splits["val"], run_dir, device, dtype, dist, window.wandb_run)
+    window.finish()
     return stopped_by
 
 

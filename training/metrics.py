@@ -1,5 +1,5 @@
-"""The metrics and logging window: what happened since the last log line, written to metrics.jsonl, W&B and
-the progress bar (rank 0), with the MFU of one FLOP count (experiment.build.model_flops_per_token)."""
+"""Metrics and logging: the W&B run, metrics.jsonl, the progress bar and the window of steps since the last log
+line (rank 0 writes), with the MFU of one FLOP count (experiment.build.model_flops_per_token)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,35 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from core.runtime import peak_flops
-from core.tracking import MetricsFile
+from core.tracking import MetricsFile, init_wandb
+from experiment.build import model_flops_per_token
+from model import GPT
 from training import distributed
 
 
 class MetricsWindow:
-    def __init__(self, cfg: DictConfig, run_dir: Path, start_step: int, resumed: bool, flops_per_token: float,
-                 dist: distributed.DistInfo, device: torch.device, wandb_run) -> None:
+    """Opened once the run's state is ready: starts (or, resuming, continues) the W&B run and metrics.jsonl
+    and prints the run's first console line."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, start_step: int, checkpoint: dict | None, model: GPT,
+                 dist: distributed.DistInfo, device: torch.device, dtype: torch.dtype) -> None:
         t = cfg.train
-        self.dist, self.device, self.wandb_run = dist, device, wandb_run
-        self.tokens_per_step, self.flops_per_token, self.peak = t.batch_size * t.seq_len, flops_per_token, peak_flops(device)
-        self.metrics = MetricsFile(run_dir, resume_step=start_step if resumed else None) if dist.is_main else None
+        self.dist, self.device = dist, device
+        self.tokens_per_step, self.peak = t.batch_size * t.seq_len, peak_flops(device)
+        self.flops_per_token = model_flops_per_token(model, t.seq_len)
+        self.wandb_run, self.metrics = None, None
+        if dist.is_main:
+            self.wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)
+            self.metrics = MetricsFile(run_dir, resume_step=start_step if checkpoint else None)
+            print(f"train: pe={cfg.pe.name} params={model.num_params() / 1e6:.2f}M device={device} dtype={dtype} "
+                  f"world={dist.world_size} run_dir={run_dir}", flush=True)
         self.progress = tqdm(total=t.max_steps, initial=start_step, desc=f"train pe={cfg.pe.name}", unit="step",
                              disable=not (dist.is_main and cfg.logging.progress), dynamic_ncols=True)
         self._reset()
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
 
     def _reset(self) -> None:
         self.loss, self.counted, self.steps = torch.zeros((), device=self.device), 0, 0
@@ -63,6 +78,10 @@ class MetricsWindow:
 
     def close(self) -> None:
         self.progress.close()
+
+    def finish(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
 
 
 def finite(record: dict) -> bool:
