@@ -101,3 +101,11 @@ def assert_user_error(done: subprocess.CompletedProcess, *fragments: str) -> Non
     assert "Traceback" not in output, output
     for fragment in fragments:
         assert fragment in done.stderr, done.stderr
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    """posgpt's user-error form: exit code 2 and a single ``error: ...`` line on stderr holding the fragments."""
+    assert_user_error(done, *fragments)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr

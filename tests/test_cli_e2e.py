@@ -2,13 +2,15 @@
 
 import json
 import math
+import shutil
 import sys
 import sysconfig
 from pathlib import Path
 
+
 import pytest
 
-from cli_runs import Runner
+from cli_runs import REPO, Runner, assert_user_error
 from core.tracking import read_metrics
 from model.pe import SCHEMES
 
@@ -47,10 +49,18 @@ def ok(done):
     return done
 
 
+def repository_copy(destination: Path) -> Path:
+    """The code and configs/ of this checkout, to edit a YAML file without touching the real one."""
+    shutil.copytree(REPO, destination, ignore=shutil.ignore_patterns(".git", "tests", "outputs", "multirun",
+                                                                     "docs", "bench", "__pycache__"))
+    return destination
+
+
 @pytest.mark.parametrize("pe", sorted(SCHEMES))
 def test_train_then_eval_every_scheme(pe, corpus, cli, tmp_path):
     run_dir = tmp_path / "run"
-    ok(cli.run(small_run(corpus, run_dir, f"pe={pe}", "train.eval_after=false")))
+    # train.compile=false exactly as the README documents it (Hydra makes it a boolean)
+    ok(cli.run(small_run(corpus, run_dir, f"pe={pe}", "train.eval_after=false", "train.compile=false")))
 
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     metrics = read_metrics(run_dir)
@@ -77,6 +87,28 @@ def test_train_then_eval_every_scheme(pe, corpus, cli, tmp_path):
         assert four_x["ppl"] is None and "16 positions" in four_x["reason"]
     else:
         assert math.isfinite(four_x["ppl"]) and four_x["ppl"] > 1
+    if pe == "rope":
+        assert_evaluation_follows_the_checkpoint(cli, run_dir, tmp_path, rows)
+    if pe == "learned":  # a key of the scheme that is not an evaluation-time setting: refused, no traceback
+        assert_user_error(cli.eval(run_dir, "pe.max_positions=64"), "pe.max_positions cannot be changed")
+
+
+def assert_evaluation_follows_the_checkpoint(cli, run_dir, tmp_path, rows):
+    """The model comes from the checkpoint's config: another pe.base is refused, naming it; a configs/ YAML
+    edited after training changes nothing; an evaluation-time setting (RoPE's pe.scaling) is allowed."""
+    assert_user_error(cli.eval(run_dir, "pe.base=500000"), "pe.base cannot be changed", "pe.base=10000")
+    copy = repository_copy(tmp_path / "repo")
+    rope_yaml = copy / "configs" / "pe" / "rope.yaml"
+    rope_yaml.write_text(rope_yaml.read_text().replace("base: 10000.0", "base: 500000.0"))
+    assert "base: 500000.0" in rope_yaml.read_text()
+    again = ok(cli.run([sys.executable, str(copy / "eval.py"), f"run_dir={run_dir}", "eval.length_multipliers=[1,4]",
+                        "eval.max_tokens=256", "logging.progress=false", "pe.scaling.type=linear",
+                        "pe.scaling.factor=1.0"]))
+    assert "pe=rope" in again.stdout
+    document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
+    linear = {(r["length"], r["protocol"]): r["ppl"] for r in document["results"] if r["scaling"]["type"] == "linear"}
+    # linear scaling by 1.0 is the identity: the same model as trained, scored again
+    assert linear == pytest.approx({key: row["ppl"] for key, row in rows.items()}, rel=1e-5)
 
 
 def test_main_job_shape_trains_and_evaluates_in_one_command(corpus, cli, tmp_path):

@@ -1,13 +1,13 @@
 """Bad input gets one clear line and a non-zero exit, never a traceback, and nothing of an existing run is
-overwritten; a diverging run stops (or skips the step) and keeps its last good checkpoint.
-Every case is a real train.py or eval.py run."""
+overwritten (not even its record of how it was made, .hydra/, nor its console log); a diverging run stops (or
+skips the step) and keeps its last good checkpoint. Every case is a real train.py or eval.py run."""
 
 import json
 import shutil
 
 import pytest
 import torch
-from cli_runs import STEPS, assert_user_error, cli, reference_run  # noqa: F401
+from cli_runs import STEPS, assert_one_line_error, assert_user_error, cli, reference_run  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -15,17 +15,34 @@ def existing_run(cli, tmp_path_factory):
     """A finished run's directory; every bad command below is aimed at it and must leave it as it was."""
     run_dir = tmp_path_factory.mktemp("errors") / "existing"
     shutil.copytree(reference_run(cli), run_dir)
-    files = [run_dir / "metrics.jsonl", *sorted((run_dir / "checkpoints").iterdir())]
+    record = [run_dir / ".hydra" / "config.yaml", run_dir / ".hydra" / "overrides.yaml", run_dir / "train.log"]
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    files = [*checkpoints, run_dir / "metrics.jsonl", *record]
     before = {path: path.read_bytes() for path in files}
+    assert "train: pe=learned" in before[run_dir / "train.log"].decode()  # the console log
     yield run_dir
-    assert sorted((run_dir / "checkpoints").iterdir()) == files[1:]
+    assert sorted((run_dir / "checkpoints").iterdir()) == checkpoints
     assert all(path.read_bytes() == content for path, content in before.items())
 
 
 def test_unknown_scheme_lists_the_options(cli, existing_run):
     done = cli.train(existing_run, "pe=fourier")
-    assert_user_error(done, "Could not find 'pe/fourier'", "Available options", "alibi", "sinusoidal")
-    assert len(done.stderr.splitlines()) < 20
+    assert_one_line_error(done, "Could not find 'pe/fourier'", "Available options in 'pe': alibi, learned, none")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+train.lerning_rate=3e-4", "unknown config key train.lerning_rate"),  # the `+` Hydra's own message suggests
+    ("train.lerning_rate=3e-4", "Key 'lerning_rate' not in 'TrainConfig'"),
+    ("train.max_steps=abc", "could not be converted to Integer"),
+])
+def test_config_typos_never_train(cli, existing_run, override, message):
+    assert_one_line_error(cli.train(existing_run, override), message)
+
+
+def test_eval_of_a_checkpoint_file_says_to_pass_the_run_directory(cli, existing_run):
+    done = cli.eval(existing_run / "checkpoints" / "last.pt")
+    assert_one_line_error(done, "is a file", f"run_dir={existing_run}")
+    assert "eval:" not in done.stdout  # refused before any work
 
 
 @pytest.mark.parametrize("overrides, message", [

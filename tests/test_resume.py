@@ -1,7 +1,9 @@
 """Checkpoints you can trust, through real train.py runs: a resumed run is bit-identical to an uninterrupted
 one, SIGTERM saves and exits cleanly, and kill -9 loses at most train.checkpoint_every steps."""
 
+import json
 import signal
+import time
 
 import torch
 from cli_runs import STEPS, TIMEOUT_S, assert_user_error, cli, reference_run, train_losses, wait_for_step  # noqa: F401
@@ -83,3 +85,29 @@ def test_resuming_a_finished_run_does_nothing(cli):
 def test_resume_without_a_checkpoint_is_an_error(cli, tmp_path):
     done = cli.train(tmp_path / "never-trained", "train.resume=true")
     assert_user_error(done, "train.resume=true but", "holds no checkpoint")
+
+
+def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):
+    """Stopped while it evaluates after training (made to last seconds: a sliding window at stride 1), the
+    resumed run runs the evaluation it missed, instead of reporting nothing to do."""
+    run_dir, steps = tmp_path / "run", 3
+    heavy_eval = ["train.eval_after=true", "eval.protocols=[sliding]", "eval.stride=1", "eval.lengths=[16]"]
+    process = cli.start_train(run_dir, f"train.max_steps={steps}", *heavy_eval)
+    last = run_dir / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + TIMEOUT_S
+    while not last.exists():  # saved once, at the end of training, just before the evaluation starts
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == -signal.SIGTERM, output  # outside the loop a signal acts as usual
+    assert not (run_dir / "eval" / "extrapolation.json").exists()
+
+    resumed = cli.train(run_dir, f"train.max_steps={steps}", "train.resume=true", *heavy_eval)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "end-of-training evaluation did not finish: running it" in resumed.stdout
+    document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
+    assert document["step"] == steps and [row["length"] for row in document["results"]] == [16]
+    log = (run_dir / "train.log").read_text()  # the console log of both starts
+    assert "train: pe=learned" in log and "did not finish: running it" in log
