@@ -49,7 +49,8 @@ class _Tee:
         for line in lines:
             if "\r" not in line:  # tqdm redraws its bar after a \r: the log keeps printed lines only
                 self._log.write(line + "\n")
-        self._pending = self._pending.rpartition("\r")[2]
+        _, bar, last = self._pending.rpartition("\r")
+        self._pending = bar + last  # only the latest redraw of a bar is kept, still marked as one
         return self._stream.write(text)
 
     def __getattr__(self, name: str):
@@ -58,6 +59,12 @@ class _Tee:
 
 def tee_console(path: Path) -> None:
     """From now on, append what this process prints (stdout and stderr, the final ``error:`` line included)
-    to ``path`` as well: a run's console log."""
-    log = open(path, "a", buffering=1)  # noqa: SIM115 (open until the process exits)
+    to ``path`` as well: a run's console log. A second call (the next job of a multirun, in the same process)
+    moves the copy to the new file."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, _Tee):
+            stream._log.close()
+            setattr(sys, name, stream._stream)
+    log = open(path, "a", buffering=1)  # noqa: SIM115 (open until the process exits or the next job starts)
     sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)

@@ -97,12 +97,9 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
     for key in keys:
         if not may_change(key, allowed):
             current = OmegaConf.select(cfg, key, default=None)
-            was = f" (the checkpoint has {key}={current})" if current is not None and not OmegaConf.is_config(
-                current) else ""
-            raise PosGPTError(
-                f"{key} cannot be changed for an evaluation: it would change what the trained weights compute{was}. "
-                f"An evaluation may change {', '.join(name.rstrip('.') + ('*' if name.endswith('.') else '') for name in allowed)}"
-            )
+            was = f" (it has {key}={current})" if current is not None and not OmegaConf.is_config(current) else ""
+            raise PosGPTError(f"{key} cannot be changed for an evaluation: the model is the one the checkpoint's "
+                              f"config describes{was}. An evaluation may change {_describe(allowed)}")
     if not keys:
         return cfg
     composed = compose_config([f"pe={cfg.pe.name}", *overrides])
@@ -110,5 +107,12 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
         for key in keys:
             OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
     except OmegaConfBaseException as error:
-        raise PosGPTError(one_line(error)) from None
+        raise PosGPTError(f"cannot apply {' '.join(overrides)}: {one_line(error)}") from None
     return cfg
+
+
+def _describe(allowed: tuple[str, ...]) -> str:
+    """``data.*, eval.*, train.device, ...``: each setting once (data.cache_dir lies under data.*)."""
+    shown = [name for name in allowed if not any(other != name and other.endswith(".") and name.startswith(other)
+                                                  for other in allowed)]
+    return ", ".join(name + "*" if name.endswith(".") else name for name in dict.fromkeys(shown))
