@@ -8,6 +8,7 @@ exist and their types, so a misspelt key or a wrong type fails at start-up, and 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +117,8 @@ def unknown_keys(cfg: DictConfig, reference: DictConfig, prefix: str = "") -> li
     for key in cfg:
         if key not in reference:
             unknown.append(f"{prefix}{key}")
-        elif OmegaConf.is_dict(cfg[key]) and OmegaConf.is_dict(reference[key]):
+        elif OmegaConf.is_dict(cfg[key]) and dataclasses.is_dataclass(OmegaConf.get_type(reference, key)):
+            # a typed section: its keys are fixed (a plain dict field may hold any key)
             unknown += unknown_keys(cfg[key], reference[key], f"{prefix}{key}.")
     return unknown
 

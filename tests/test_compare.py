@@ -12,7 +12,7 @@ import pytest
 
 from core.checkpoint import load_checkpoint
 from core.errors import PosGPTError
-from eval import compose_eval_config
+from experiment.settings import config_for_evaluation
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["data=text", "data.val_fraction=0.2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
@@ -88,4 +88,4 @@ def test_eval_py_rejects_a_scaling_for_a_scheme_without_one(runs):
     _, _, learned = runs
     checkpoint = load_checkpoint(learned)
     with pytest.raises(PosGPTError, match="pe.scaling.type"):
-        compose_eval_config(checkpoint, ["pe.scaling.type=yarn"])
+        config_for_evaluation(checkpoint, ["pe.scaling.type=yarn"])
