@@ -29,7 +29,8 @@ def imported_modules(path: Path) -> set[str]:
 
 def sources() -> list[tuple[Path, int]]:
     found = [(path, LAYERS[package]) for package in LAYERS for path in sorted((REPO / package).rglob("*.py"))]
-    return found + [(path, TOP) for path in [REPO / "train.py", REPO / "eval.py", *sorted((REPO / "scripts").glob("*.py"))]]
+    commands = [REPO / "train.py", REPO / "eval.py", *sorted((REPO / "scripts").glob("*.py"))]
+    return found + [(path, TOP) for path in commands]
 
 
 def layer_violations(path: Path, layer: int, root: Path = REPO) -> list[str]:

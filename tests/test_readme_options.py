@@ -29,7 +29,7 @@ def documented_values() -> list[tuple[str, str]]:
         if heading:
             section = heading.group(1)
             continue
-        if not line.startswith("|") or set(line) <= set("|- ") or line.startswith("| key") or line.startswith("| scheme"):
+        if not line.startswith("|") or set(line) <= set("|- ") or line.startswith(("| key", "| scheme")):
             continue
         cells = _cells(line.replace("\\|", "\x00"))
         scheme = cells.pop(0) if section == "pe" else None
