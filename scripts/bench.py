@@ -7,8 +7,8 @@
 Takes the same Hydra overrides as train.py; ``pe=a,b,c`` benchmarks each scheme in turn. Each is timed with the
 real training pieces (core.runtime.set_up_runtime, experiment.build.build_model, training.optim,
 training.step.TrainStep with its autocast, torch.compile where train.compile asks for it) on random tokens, so
-no data is read. The fused cross-entropy is the config key ``model.fused_ce=auto|always|never``. Warm-up steps (compilation,
-allocator) are not timed; the measured steps are timed as one window with a device sync only at its ends,
+no data is read. The fused cross-entropy is the config key ``model.fused_ce=auto|always|never``. Warm-up steps
+(compilation, allocator) are not timed; the measured steps are timed as one window with a device sync only at its ends,
 as the training loop runs them. Printed per scheme:
 
     {"pe", "device", "tokens_per_s", "mfu", "peak_memory_mb", "memory_metric", "step_ms", "cpu_share",
