@@ -40,7 +40,7 @@ from evaluation.run import run_extrapolation_eval
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # What a checkpoint's weights depend on: eval overrides may not change these.
 ARCHITECTURE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size", "model.bias",
-                     "pe.name", "train.seq_len")
+                     "model.embedding", "pe.name", "train.seq_len")
 
 USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
 

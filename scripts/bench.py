@@ -208,7 +208,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "vocab_size": vocab, "n_params": raw_model.num_params(), "seq_len": t.seq_len,
             "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps, "dtype": str(dtype).split(".")[-1],
             "compile": compiled, "attn_backend": resolve_backend(cfg.model.attn_backend, raw_model.pe, device),
-            "fused_ce": model.loss.use_fused(device), "threads": torch.get_num_threads(),
+            "fused_ce": model.loss.use_fused(cfg.model.fused_ce, device), "threads": torch.get_num_threads(),
             "warmup": args.warmup, "steps": args.steps, "torch": torch.__version__,
         },
     }
@@ -249,8 +249,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--eval-length", type=int, default=None,
                         help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len")
     parser.add_argument("--eval-steps", type=int, default=2, help="timed evaluation batches (after one untimed)")
-    parser.add_argument("--fused-ce", choices=("auto", "always", "never"), default=model.loss.FUSED,
-                        help="the fused chunked cross-entropy (model/loss.py FUSED); auto: on CPU only")
+    parser.add_argument("--fused-ce", choices=model.loss.FUSED_MODES, default=None,
+                        help="the fused chunked cross-entropy (sets model.fused_ce); auto: on CPU only")
     parser.add_argument("--ce-chunk", type=int, default=model.loss.FUSED_CHUNK,
                         help="logits per chunk of the fused cross-entropy, in elements (model/loss.py FUSED_CHUNK)")
     args, overrides = parser.parse_known_args(argv)
@@ -265,8 +265,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args, overrides = parse_args(argv)
-    model.loss.FUSED, model.loss.FUSED_CHUNK = args.fused_ce, args.ce_chunk
+    model.loss.FUSED_CHUNK = args.ce_chunk
     schemes, rest = split_schemes(overrides)
+    if args.fused_ce is not None:
+        rest.append(f"model.fused_ce={args.fused_ce}")
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         try:

@@ -46,7 +46,7 @@ RESUMABLE_SETTINGS = (
     "train.max_steps", "train.resume", "train.log_every", "train.val_every", "train.val_batches",
     "train.checkpoint_every", "train.keep_checkpoints", "train.grad_accum_steps", "train.device", "train.dtype",
     "train.compile", "train.num_threads", "train.skip_nonfinite", "train.distributed", "train.eval_after",
-    "model.attn_backend", "data.cache_dir", "data.num_proc", "eval.", "logging.",
+    "model.attn_backend", "model.fused_ce", "data.cache_dir", "data.num_proc", "eval.", "logging.",
 )
 
 

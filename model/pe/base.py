@@ -41,7 +41,21 @@ class ModelDims:
     n_head: int
     head_dim: int
     train_seq_len: int  # the context length the model is (or was) trained at
-    init_std: float  # std of the token embedding at initialisation
+    init_std: float  # std of weight matrices at initialisation (model.init_std)
+    # The token embedding under model.embedding (model/gpt.py): the std of its table at initialisation (None:
+    # init_std) and its multiplier in the forward pass.
+    token_init_std: float | None = None
+    token_scale: float = 1.0
+
+    @property
+    def embedding_std(self) -> float:
+        """Std of the token embedding table at initialisation."""
+        return self.init_std if self.token_init_std is None else self.token_init_std
+
+    @property
+    def token_rms(self) -> float:
+        """RMS of the token signal entering the first block at initialisation: the table's std x multiplier."""
+        return self.embedding_std * self.token_scale
 
 
 class PositionalEncoding(nn.Module):
