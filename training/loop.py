@@ -37,6 +37,7 @@ from core.tracking import MetricsFile, init_wandb
 from data import load_splits, sample_batch
 from data import validate as validate_data
 from training.batches import BatchStream, rank_rows
+from training.init_from import load_parent
 from training.optim import build_optimizer, build_scheduler, lr_multiplier
 from training.step import TrainStep
 
@@ -197,8 +198,12 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     configure_backends(device, t.num_threads)
     seed_everything(t.seed)
 
+    parent = load_parent(cfg)  # init_from hook (engineer "numbers"): may fill pe.scaling.original_seq_len
+    overrides = overrides + (parent.overrides if parent else [])  # init_from hook
     raw_model = build_model(cfg).to(device)  # first: a model config error shows up before anything else
     checkpoint = _resume_checkpoint(cfg, run_dir)
+    if parent is not None and checkpoint is None:  # init_from hook: a new run starts from the parent's weights
+        parent.load_into(raw_model)
     if checkpoint is not None and checkpoint["step"] >= t.max_steps:
         if dist.is_main:
             print(f"train: {run_dir} has already trained {checkpoint['step']} steps (train.max_steps="
@@ -228,6 +233,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     if dist.is_main:
         wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)
         metrics = MetricsFile(run_dir, resume_step=start_step if checkpoint else None)
+        if parent is not None and checkpoint is None:  # init_from hook: the run records its parent
+            metrics.write(parent.record())
         print(f"train: pe={cfg.pe.name} params={raw_model.num_params() / 1e6:.2f}M device={device} dtype={dtype} "
               f"world={dist.world_size} run_dir={run_dir}", flush=True)
     flops_token = flops_per_token(raw_model.num_params(), cfg.model.n_layer, cfg.model.n_embd, t.seq_len)

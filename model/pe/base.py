@@ -65,6 +65,9 @@ class PositionalEncoding(nn.Module):
     config_class: ClassVar[type[PEConfig]] = PEConfig
     # True when score_bias is overridden: attention must then use a path that can add a bias.
     has_score_bias: ClassVar[bool] = False
+    # Names of the scheme's own config fields that may change at evaluation time, or when a run starts from
+    # another's weights (train.init_from), without changing what the trained weights compute (RoPE: scaling).
+    eval_time_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:
         super().__init__()
