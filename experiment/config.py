@@ -41,6 +41,7 @@ class TrainConfig:
     checkpoint_every: int = 400
     keep_checkpoints: int = 2  # step checkpoints kept besides last.pt
     resume: bool = False
+    init_from: str | None = None  # a run directory (or .pt) whose weights start this run: training/init_from.py
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16

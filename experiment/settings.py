@@ -75,9 +75,18 @@ def overridden_keys(overrides: list[str]) -> list[str]:
     return [override.key_or_group for override in parsed]
 
 
+# Settings added to the schema after checkpoints were first written, whose default today is not what those
+# checkpoints were trained with: a checkpoint that lacks the key gets this value, never today's default.
+# (Every other key added since defaults to the earlier behaviour.)
+LEGACY_VALUES = {"model.embedding": "gpt2"}
+
+
 def trained_config(checkpoint: dict) -> DictConfig:
     """The checkpoint's config, typed by today's schema (so that it builds the model it was trained as)."""
-    saved = checkpoint["config"]
+    saved = OmegaConf.create(checkpoint["config"])
+    for key, value in LEGACY_VALUES.items():
+        if OmegaConf.select(saved, key, default=None) is None:
+            OmegaConf.update(saved, key, value, force_add=True)
     cfg = schema(saved["pe"]["name"])
     try:
         return OmegaConf.merge(cfg, saved)

@@ -4,8 +4,18 @@
 
 Pre-LayerNorm blocks, causal multi-head self-attention (q/k may be rotated by pe.rotate, scores may get
 pe.score_bias), GELU MLP, output head tied to the token embedding, vocabulary padded to a multiple of 64
-(GPT-2's 50257 -> 50304) so the head's matmul has friendly shapes. Initialisation follows GPT-2: N(0, 0.02),
-residual projections scaled by 1/sqrt(2 n_layer).
+(GPT-2's 50257 -> 50304) so the head's matmul has friendly shapes; the padding rows never receive probability
+(model/loss.py). Initialisation follows GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),
+except the token embedding, which follows ``model.embedding``:
+
+- ``fairseq``: the convention of Vaswani et al. 2017 (sec. 3.4, "we multiply those weights by sqrt(d_model)") as
+  fairseq's transformer LM implements it, which Press et al. 2022 used for every scheme they compared:
+  ``Embedding()`` in fairseq/models/transformer/transformer_base.py initialises the table N(0, d^-1/2), and
+  ``TransformerDecoderBase`` multiplies the looked-up vectors by ``embed_scale = sqrt(embed_dim)``; the tied
+  output projection uses the table as is (``share_decoder_input_output_embed``). So the token signal starts
+  with unit RMS, the size of a sinusoid added unscaled, and a learned position table starts N(0, d^-1/2)
+  (fairseq/modules/positional_embedding.py).
+- ``gpt2``: GPT-2's (Radford et al. 2019): N(0, model.init_std), no multiplier; a learned position table the same.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from torch import nn
 
 from core.errors import PosGPTError
 from model.attention import BACKENDS, attend
-from model.loss import lm_head_cross_entropy
+from model.loss import FUSED_MODES, lm_head_cross_entropy
 from model.pe import ModelDims, PEConfig, PositionalEncoding, build_positional_encoding
 
 
@@ -33,6 +43,18 @@ class ModelConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
     init_std: float = 0.02
     attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/attention.py)
+    embedding: str = "fairseq"  # token-embedding convention, shared by every scheme: fairseq | gpt2 (see above)
+    fused_ce: str = "auto"  # the fused chunked loss: auto (on CPU) | always | never (see model/loss.py)
+
+
+EMBEDDINGS = ("fairseq", "gpt2")
+
+
+def token_embedding_convention(cfg: ModelConfig) -> tuple[float, float]:
+    """(std of the token embedding table at initialisation, its multiplier in the forward pass)."""
+    if cfg.embedding == "fairseq":
+        return cfg.n_embd ** -0.5, math.sqrt(cfg.n_embd)
+    return cfg.init_std, 1.0
 
 
 def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:
@@ -52,6 +74,10 @@ def validate_model_config(cfg: ModelConfig) -> None:
         raise PosGPTError(f"model.dropout must be in [0, 1) (got {cfg.dropout})")
     if cfg.attn_backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={cfg.attn_backend!r}; choose one of {list(BACKENDS)}")
+    if cfg.embedding not in EMBEDDINGS:
+        raise PosGPTError(f"unknown model.embedding={cfg.embedding!r}; choose one of {list(EMBEDDINGS)}")
+    if cfg.fused_ce not in FUSED_MODES:
+        raise PosGPTError(f"model.fused_ce must be one of {list(FUSED_MODES)} (got {cfg.fused_ce!r})")
 
 
 @dataclass
@@ -124,7 +150,9 @@ class GPT(nn.Module):
         validate_model_config(cfg)
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
-        dims = ModelDims(cfg.n_embd, cfg.n_head, cfg.n_embd // cfg.n_head, train_seq_len, cfg.init_std)
+        self.token_init_std, self.token_scale = token_embedding_convention(cfg)
+        dims = ModelDims(cfg.n_embd, cfg.n_head, cfg.n_embd // cfg.n_head, train_seq_len, cfg.init_std,
+                         token_init_std=self.token_init_std, token_scale=self.token_scale)
         self.pe = build_positional_encoding(pe_cfg, dims)
         self.token_embedding = nn.Embedding(padded_vocab_size(cfg.vocab_size), cfg.n_embd)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -137,7 +165,9 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.startswith("pe."):
                 continue  # the scheme initialises its own parameters
-            if name.endswith("bias"):
+            if name == "token_embedding.weight":
+                nn.init.normal_(p, 0.0, self.token_init_std)
+            elif name.endswith("bias"):
                 nn.init.zeros_(p)
             elif "ln_" in name:
                 nn.init.ones_(p)
@@ -166,7 +196,7 @@ class GPT(nn.Module):
         if cache is not None and not cache.keys:
             cache.keys, cache.values = [None] * len(self.blocks), [None] * len(self.blocks)
         positions = torch.arange(start, start + T, device=idx.device)
-        x = self.token_embedding(idx)
+        x = self.token_embedding(idx) * self.token_scale
         position_vectors = self.pe.embed(positions)
         if position_vectors is not None:
             x = x + position_vectors.to(x.dtype)
@@ -186,7 +216,8 @@ class GPT(nn.Module):
         hidden = self.hidden_states(idx, cache)
         if targets is None:
             return (hidden @ self.head_weight.t())[..., : self.vocab_size]
-        return lm_head_cross_entropy(hidden, self.head_weight, targets, reduction)
+        return lm_head_cross_entropy(hidden, self.head_weight, targets, reduction, vocab_size=self.vocab_size,
+                                     fused=self.cfg.fused_ce)
 
     @torch.inference_mode()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

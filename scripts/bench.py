@@ -118,15 +118,6 @@ def split_schemes(overrides: list[str]) -> tuple[list[str | None], list[str]]:
     return schemes, rest
 
 
-def fused_ce_runs(cfg: DictConfig, device: torch.device) -> bool:
-    """Whether training takes the fused chunked cross-entropy (``model.fused_ce``)."""
-    # TEMPORARY shim until engineer "numbers"' model.fused_ce (ModelConfig) and use_fused(fused, device) are
-    # merged: keep only the first return then.
-    if "fused_ce" in cfg.model:
-        return use_fused(cfg.model.fused_ce, device)
-    return use_fused(device)
-
-
 def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     t = cfg.train
     device, dtype = set_up_runtime(t)
@@ -157,7 +148,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "vocab_size": vocab, "n_params": raw_model.num_params(), "seq_len": t.seq_len,
             "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps, "dtype": str(dtype).split(".")[-1],
             "compile": compiled, "attn_backend": resolve_backend(cfg.model.attn_backend, raw_model.pe, device),
-            "fused_ce": fused_ce_runs(cfg, device), "threads": torch.get_num_threads(),
+            "fused_ce": use_fused(cfg.model.fused_ce, device), "threads": torch.get_num_threads(),
             "warmup": args.warmup, "steps": args.steps, "torch": torch.__version__,
         },
     }

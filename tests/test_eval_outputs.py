@@ -70,7 +70,8 @@ def test_outputs_exist_and_follow_the_schema(val_tokens, tmp_path):
     assert len(rows) == 3 * 2  # lengths x protocols
     for row in rows:
         assert ROW_KEYS <= row.keys()
-        assert row["scaling"] == {"type": "none", "factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
+        assert row["scaling"] == {"type": "none", "factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                  "original_seq_len": None}
         assert row["tokens"] == 64 and row["ppl"] == pytest.approx(torch.tensor(row["loss"]).exp().item())
         assert len(row["per_position_loss"]) == row["length"]
     with open(tmp_path / EVAL_DIR / "extrapolation.csv") as f:

@@ -1,7 +1,10 @@
 """The GPT: causality for every scheme and backend, backends agree, cached decoding equals a full forward."""
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from core.errors import PosGPTError
 from model import GPT, KVCache, ModelConfig
@@ -111,3 +114,87 @@ def test_bad_shapes_are_user_errors():
         GPT(ModelConfig(n_embd=30, n_head=4), pe_config("none"), SEQ_LEN)
     with pytest.raises(PosGPTError, match="attn_backend"):
         GPT(ModelConfig(attn_backend="fast"), pe_config("none"), SEQ_LEN)
+
+
+# --- The real vocabulary: no path gives probability to the 20 padding rows (300 -> 320) ---------------------
+
+VOCAB = 300
+
+
+def with_loud_padding(model):
+    """Long padding rows: a path that let them into a softmax would put most probability there."""
+    with torch.no_grad():
+        model.token_embedding.weight[VOCAB:] = 10 * torch.randn_like(model.token_embedding.weight[VOCAB:])
+    return model
+
+
+@pytest.mark.parametrize("fused_ce", ["always", "never"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_forward_loss_is_cross_entropy_over_the_real_vocabulary(reduction, fused_ce):
+    model = with_loud_padding(tiny("rope", fused_ce=fused_ce)).double().train()
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN))
+    targets = torch.randint(0, VOCAB, (2, SEQ_LEN))
+    targets[0, :3] = -100
+    logits = model(idx)
+    assert logits.shape[-1] == VOCAB
+    want = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction=reduction)
+    for grad in (True, False):  # the training paths, then the no-grad chunked path of evaluation
+        with torch.set_grad_enabled(grad):
+            got = model(idx, targets, reduction=reduction)
+        torch.testing.assert_close(got, want.view_as(got).detach() if reduction == "none" else want.detach(),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_generate_never_samples_padding():
+    model = with_loud_padding(tiny("rope"))
+    out = model.generate(torch.randint(0, VOCAB, (4, 2)), max_new_tokens=SEQ_LEN - 2,
+                         generator=torch.Generator().manual_seed(0))
+    assert out.max() < VOCAB
+
+
+# --- The token-embedding convention (model.embedding), shared by every scheme ------------------------------
+
+def first_block_input(model, idx):
+    seen = []
+    handle = model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    model(idx)
+    handle.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("embedding, std, multiplier", [("fairseq", 32 ** -0.5, 32 ** 0.5), ("gpt2", 0.02, 1.0)])
+def test_token_embedding_convention(embedding, std, multiplier):
+    """fairseq: table N(0, d^-1/2), looked-up rows times sqrt(d); gpt2: N(0, 0.02), as is. The tied head uses the
+    table as is under both. 320 x 32 samples: the sample std is within 2% of the true one (5 standard errors)."""
+    model = tiny("none", embedding=embedding)
+    table = model.token_embedding.weight
+    assert table.std().item() == pytest.approx(std, rel=0.02)
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN))
+    torch.testing.assert_close(first_block_input(model, idx), table[idx] * multiplier)
+    torch.testing.assert_close(model(idx), model.hidden_states(idx) @ table[:VOCAB].t())
+
+
+def test_fairseq_convention_gives_tokens_and_unscaled_sinusoid_comparable_size():
+    """The point of the convention (Vaswani et al.; fairseq): token signal RMS ~1, the sinusoid's 1/sqrt(2)."""
+    model = tiny("sinusoidal", embedding="fairseq")
+    tokens = model.token_embedding.weight[:VOCAB] * math.sqrt(32)
+    positions = model.pe.embed(torch.arange(SEQ_LEN))
+    assert tokens.pow(2).mean().sqrt().item() == pytest.approx(1.0, rel=0.05)
+    assert positions.pow(2).mean().sqrt().item() == pytest.approx(2 ** -0.5, rel=0.05)
+
+
+@pytest.mark.parametrize("embedding", ["fairseq", "gpt2"])
+@pytest.mark.parametrize("name", ALL)
+def test_every_scheme_trains_under_both_conventions(name, embedding):
+    model = tiny(name, "sdpa", embedding=embedding).train()
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN))
+    loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_unknown_convention_and_fused_mode_are_user_errors():
+    with pytest.raises(PosGPTError, match="model.embedding"):
+        GPT(ModelConfig(embedding="bert"), pe_config("none"), SEQ_LEN)
+    with pytest.raises(PosGPTError, match="model.fused_ce"):
+        GPT(ModelConfig(fused_ce="sometimes"), pe_config("none"), SEQ_LEN)

@@ -34,6 +34,7 @@ from experiment.config import compile_enabled, validate
 from training import distributed
 from training.batches import BatchStream, rank_rows
 from training.checkpointing import Checkpointer, resume_checkpoint
+from training.init_from import load_parent
 from training.metrics import MetricsWindow, finite
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
@@ -123,8 +124,11 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     _check_batch(t, dist)
     run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
     device, dtype = set_up_runtime(t, local_rank=dist.local_rank if dist.enabled else None)
+    parent = load_parent(cfg)  # train.init_from; may fill in pe.scaling.original_seq_len
     raw_model = build_model(cfg).to(device)  # first: a model config error shows up before anything else
     checkpoint = resume_checkpoint(cfg, run_dir)
+    if parent is not None and checkpoint is None:  # a new run starts from the parent's weights
+        parent.load_into(raw_model)
     # Every check has passed: only now does this command write into the run directory.
     checkpointer = Checkpointer(cfg, run_dir, overrides, checkpoint, dist, device)
     checkpointer.record_run()
@@ -145,6 +149,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     step_fn = TrainStep(model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype)
     window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
     checkpointer.wandb_run_id = window.wandb_run_id
+    if parent is not None and checkpoint is None:
+        window.write(parent.record())  # the run records its parent
 
     model.train()
     step, stopped_by = start_step, None

@@ -41,7 +41,21 @@ class ModelDims:
     n_head: int
     head_dim: int
     train_seq_len: int  # the context length the model is (or was) trained at
-    init_std: float  # std of the token embedding at initialisation
+    init_std: float  # std of weight matrices at initialisation (model.init_std)
+    # The token embedding under model.embedding (model/gpt.py): the std of its table at initialisation (None:
+    # init_std) and its multiplier in the forward pass.
+    token_init_std: float | None = None
+    token_scale: float = 1.0
+
+    @property
+    def embedding_std(self) -> float:
+        """Std of the token embedding table at initialisation."""
+        return self.init_std if self.token_init_std is None else self.token_init_std
+
+    @property
+    def token_rms(self) -> float:
+        """RMS of the token signal entering the first block at initialisation: the table's std x multiplier."""
+        return self.embedding_std * self.token_scale
 
 
 class PositionalEncoding(nn.Module):
@@ -51,7 +65,8 @@ class PositionalEncoding(nn.Module):
     config_class: ClassVar[type[PEConfig]] = PEConfig
     # True when score_bias is overridden: attention must then use a path that can add a bias.
     has_score_bias: ClassVar[bool] = False
-    # Own config fields that evaluation may change without changing what the trained weights compute.
+    # Names of the scheme's own config fields that may change at evaluation time, or when a run starts from
+    # another's weights (train.init_from), without changing what the trained weights compute (RoPE: scaling).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:

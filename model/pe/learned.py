@@ -1,6 +1,11 @@
 """A trainable table of position vectors added to the token embeddings (GPT-2; Radford et al. 2019).
 
-    x_t = W_tok[token_t] + W_pos[t],   W_pos in R^(max_positions x d), init N(0, 0.02^2)
+    x_t = s_tok W_tok[token_t] + W_pos[t],   W_pos in R^(max_positions x d)
+
+s_tok and the initialisation follow ``model.embedding`` (model/gpt.py): under ``fairseq`` s_tok = sqrt(d) and
+the table starts N(0, d^-1/2), as fairseq's ``PositionalEmbedding(learned=True)`` initialises it
+(fairseq/modules/positional_embedding.py); under ``gpt2`` s_tok = 1 and the table starts N(0, model.init_std),
+like GPT-2's token table.
 
 The table has rows only for positions seen in training, so it cannot encode position >= max_positions:
 the model raises a clear error naming the table size (evaluation reports such lengths as not evaluable).
@@ -30,7 +35,7 @@ class LearnedPositionalEncoding(PositionalEncoding):
         super().__init__(cfg, dims)
         n_positions = cfg.max_positions or dims.train_seq_len
         self.table = nn.Embedding(n_positions, dims.n_embd)
-        nn.init.normal_(self.table.weight, mean=0.0, std=dims.init_std)
+        nn.init.normal_(self.table.weight, mean=0.0, std=dims.embedding_std)
 
     def max_positions(self) -> int:
         return self.table.num_embeddings

@@ -58,8 +58,9 @@ class RotaryPositionalEncoding(PositionalEncoding):
     def cos_sin(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T,) positions -> cos, sin of shape (T, head_dim) for a sequence of seq_len keys."""
         scale = ROPE_SCALINGS[self.cfg.scaling.type]
+        original_len = self.cfg.scaling.original_seq_len or self.dims.train_seq_len  # L (see rope_scaling.py)
         inv_freq, attention_factor = scale(
-            self.inv_freq, self.cfg.scaling, self.cfg.base, self.dims.head_dim, self.dims.train_seq_len, seq_len
+            self.inv_freq, self.cfg.scaling, self.cfg.base, self.dims.head_dim, original_len, seq_len
         )
         # Angles in float64: m * theta_i loses ~1e-3 rad in float32 at m ~ 16K.
         angles = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device)[None, :]

@@ -30,6 +30,10 @@ a that multiplies cos and sin, so that every attention logit q.k is multiplied b
   where eq. 18 would partly interpolate it. posgpt follows the reference implementation: "yarn" here is
   YaRN as models ship with it.
 
+L is the training length, or ``original_seq_len`` when set: a model trained at 64 and then fine-tuned at 256
+with a factor-4 scaling (Chen et al. and Peng et al. fine-tune so; ``train.init_from``) keeps L = 64, the length
+whose angles its weights learned, so its frequencies are those its parent gets from the same scaling.
+
 With s = 1 every method but ``dynamic_ntk`` is the identity (``dynamic_ntk`` then uses s' = L' / L). To add
 a method, write a function with the signature of ``_none``, add it to ``ROPE_SCALINGS``, and test its
 equation in tests/test_rope_scaling.py.
@@ -53,6 +57,9 @@ class RoPEScalingConfig:
     factor: float = 1.0  # s: how many times longer than the training length to reach
     beta_fast: float = 32.0  # yarn only: pairs turning more than this many times over L are kept
     beta_slow: float = 1.0  # yarn only: pairs turning fewer times are interpolated
+    # L: the length the frequencies were learned at; null: train.seq_len. A run extended by fine-tuning
+    # (train.init_from, training/init_from.py) keeps its parent's L: yarn and dynamic_ntk depend on it.
+    original_seq_len: int | None = None
 
 
 # (inv_freq, cfg, base, head_dim, train_len, seq_len) -> (inv_freq, attention_factor)
@@ -120,6 +127,8 @@ def check_scaling(cfg: RoPEScalingConfig, where: str = "pe.scaling") -> None:
         raise PosGPTError(f"{where}: the scaling factor must be >= 1 (got {cfg.factor})")
     if cfg.type == "none" and cfg.factor != 1.0:
         raise PosGPTError(f"{where}: type none takes no factor (got {cfg.factor}); pick a type, e.g. yarn")
+    if cfg.original_seq_len is not None and cfg.original_seq_len <= 0:
+        raise PosGPTError(f"{where}: original_seq_len must be positive or null (got {cfg.original_seq_len})")
     if cfg.type == "yarn" and not 0 < cfg.beta_slow < cfg.beta_fast:
         raise PosGPTError(f"{where}: yarn needs 0 < beta_slow < beta_fast (got {cfg.beta_slow}, {cfg.beta_fast})")
 

@@ -1,21 +1,25 @@
-"""Fixed sinusoidal position vectors added to the token embeddings (Vaswani et al. 2017, §3.5).
+"""Fixed sinusoidal position vectors added to the token embeddings (Vaswani et al. 2017, sec. 3.5).
 
     PE(pos, 2i)   = sin(pos / 10000^(2i/d))
     PE(pos, 2i+1) = cos(pos / 10000^(2i/d))
+    x_t = s_tok W_tok[token_t] + scale PE(t)      (s_tok: the token multiplier of model.embedding, model/gpt.py)
 
 Defined for every position, so evaluation at any length runs (whether the model *uses* it well is the
 question posgpt measures).
 
-Scale. The raw vectors have entries in [-1, 1] (RMS 1/sqrt(2)), while GPT-2 initialises token embeddings
-with std 0.02: added as-is, position swamps the token signal by ~35x and training stalls (measured: ppl
-~825 vs ~330 for the other schemes after 300 steps of the tiny model). Vaswani et al. multiply token
-embeddings by sqrt(d), but that assumes unit-variance embeddings; with std 0.02 and d=64 position would
-still dominate 4x. posgpt instead multiplies the sinusoid by ``scale``; by default (``scale: null``) the
-scale that gives it the same RMS as the token embedding at initialisation (``init_std * sqrt(2)``), i.e.
-the same starting magnitude as the learned table it is compared with. Set ``pe.scale=1.0`` for the paper's
-unscaled vectors. Measured trade-off (README, Results): scaled, the tiny model trains as well as NoPE and
-extrapolates like it (ppl 25.9 at 1x, 27.1 at 16x); unscaled, ppl 70 at 1x and the literature's failure
-past the training length (307 at 8x).
+Scale. By default (``scale: 1.0``) the vectors are added unscaled, as in the paper and in fairseq's
+``SinusoidalPositionalEmbedding`` (fairseq/modules/sinusoidal_positional_embedding.py), the scheme Press et
+al. 2022 compared against. That is balanced under the token-embedding convention the paper and fairseq use
+(``model.embedding=fairseq``, model/gpt.py): tokens start N(0, d^-1/2) and are multiplied by sqrt(d), so both
+signals start at RMS ~1 (the sinusoid's is 1/sqrt(2)). fairseq's table is the tensor2tensor variant ([sin | cos]
+halves, frequencies 10000^(-i/(d/2 - 1))); posgpt keeps the paper's interleaved formula above.
+
+Under GPT-2's convention (``model.embedding=gpt2``: tokens N(0, 0.02), no multiplier) the unscaled sinusoid
+swamps the tokens ~35x. ``scale: null`` is posgpt's remedy for that case, not a scheme from the literature:
+the sinusoid is scaled to the token signal's RMS at initialisation (``token_rms * sqrt(2)``), the starting
+magnitude a learned table has. Measured (README, Results): under GPT-2's convention the remedy trains like
+NoPE and extrapolates like NoPE; the literature's pattern (close to RoPE at 1x, worse past it) needs the
+unscaled sinusoid under fairseq's convention.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 class SinusoidalConfig(PEConfig):
     name: str = "sinusoidal"
     base: float = 10000.0
-    scale: float | None = None  # None: match the token embedding's init RMS (see module docstring)
+    scale: float | None = 1.0  # 1.0: the paper's vectors; null: match the token signal's init RMS (see above)
 
 
 def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -51,7 +55,8 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
 
     def __init__(self, cfg: SinusoidalConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
-        self.scale = cfg.scale if cfg.scale is not None else dims.init_std * math.sqrt(2.0)
+        # The table's entries have RMS 1/sqrt(2): sqrt(2) * token_rms gives it the token signal's RMS.
+        self.scale = cfg.scale if cfg.scale is not None else dims.token_rms * math.sqrt(2.0)
 
     def embed(self, positions: torch.Tensor) -> torch.Tensor:
         # Computed in float64 on the fly (T x d values: cheap next to attention): accurate at any position,

@@ -1,0 +1,115 @@
+"""Start a run from another run's weights: context extension by fine-tuning (``train.init_from``).
+
+    python train.py train.init_from=<parent run dir> train.seq_len=256 pe.scaling.type=yarn pe.scaling.factor=4
+
+The new run takes the parent's model weights (``checkpoints/last.pt``, or the ``.pt`` file given) and nothing
+else: optimizer moments, learning-rate schedule, step, data position and RNG start afresh, as in the
+fine-tuning of Chen et al. 2023 (position interpolation, sec. 3) and Peng et al. 2023 (YaRN, sec. 4). It
+may train at a longer ``train.seq_len`` and, for RoPE, with a ``pe.scaling``.
+
+What may differ from the parent: the training itself (``train.*``, ``data``, ``eval``, ``logging``), the
+model settings that do not change what the weights compute (``CHANGEABLE_MODEL_KEYS``) and the scheme's
+declared evaluation-time settings (``PositionalEncoding.eval_time_settings``: RoPE's ``scaling``).
+Everything else of ``model.*`` and ``pe.*`` must match, or the run is refused with the key named. So is a
+parameter whose shape changes with ``train.seq_len``: a learned position table has no rows for positions it
+never trained, so it cannot be extended by fine-tuning.
+
+The original length. RoPE's scalings take the length L its frequencies were learned at (YaRN's ramp,
+dynamic NTK's threshold; model/pe/rope_scaling.py). A model trained at 64 and extended to 256 with factor 4
+keeps L = 64, not 256: so when the new run uses a scaling and leaves ``pe.scaling.original_seq_len`` null,
+it is set to the parent's L (its own ``original_seq_len``, else its ``train.seq_len``), and so recorded in
+the new run's checkpoint config, from which eval.py builds the model.
+
+The run records its parent: ``train.init_from`` (made absolute) in its config and checkpoint, and a first
+``metrics.jsonl`` record ``{"step": 0, "init_from", "parent_step", "parent_seq_len"}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from core.checkpoint import load_checkpoint
+from core.errors import PosGPTError
+from experiment.settings import RUNTIME_SETTINGS, changed_settings, flatten_config
+from model.pe import SCHEMES
+
+# Model settings a child may change: how fast the same function is computed, or only training (dropout).
+CHANGEABLE_MODEL_KEYS = ("model.dropout", *(key for key in RUNTIME_SETTINGS if key.startswith("model.")))
+
+
+@dataclass
+class Parent:
+    """The run a new run starts from: its weights and what the new run records about it."""
+
+    path: str
+    step: int
+    seq_len: int
+    state: dict[str, torch.Tensor] = field(repr=False)
+
+    def record(self) -> dict[str, Any]:
+        """The first metrics.jsonl record of the new run."""
+        return {"step": 0, "init_from": self.path, "parent_step": self.step, "parent_seq_len": self.seq_len}
+
+    def load_into(self, model: torch.nn.Module) -> None:
+        """Copy the parent's weights into ``model``; PosGPTError if a parameter does not fit."""
+        ours = model.state_dict()
+        for name, tensor in self.state.items():
+            if name in ours and ours[name].shape != tensor.shape:
+                raise PosGPTError(
+                    f"train.init_from: {name} has shape {list(tensor.shape)} in {self.path} but "
+                    f"{list(ours[name].shape)} here: its size follows train.seq_len (parent {self.seq_len}), and "
+                    f"positions the parent never trained have no weights, so this scheme cannot be extended by "
+                    f"fine-tuning; keep train.seq_len={self.seq_len}"
+                )
+        missing, unexpected = set(ours) - set(self.state), set(self.state) - set(ours)
+        if missing or unexpected:
+            raise PosGPTError(f"train.init_from: {self.path} does not hold this model's weights "
+                              f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        model.load_state_dict(self.state)
+        self.state = {}  # not kept for the rest of the run
+
+
+def load_parent(cfg: DictConfig) -> Parent | None:
+    """The parent run of ``train.init_from`` (None when unset), checked against ``cfg``.
+
+    Fills ``pe.scaling.original_seq_len`` in ``cfg`` from the parent when the run uses a RoPE scaling and
+    leaves it null, and makes ``train.init_from`` absolute.
+    """
+    if cfg.train.init_from is None:
+        return None
+    path = Path(cfg.train.init_from).expanduser().resolve()
+    try:
+        checkpoint = load_checkpoint(path)
+    except PosGPTError as error:
+        raise PosGPTError(f"train.init_from: {error}") from None
+    parent_cfg = checkpoint["config"]
+    cfg.train.init_from = str(path)
+    check_same_architecture(OmegaConf.to_container(cfg, resolve=True), parent_cfg, str(path))
+    parent = Parent(str(path), checkpoint["step"], parent_cfg["train"]["seq_len"], checkpoint["model"])
+    scaling = cfg.pe.get("scaling")
+    if scaling is not None and scaling.type != "none" and scaling.original_seq_len is None:
+        original = parent_cfg["pe"]["scaling"].get("original_seq_len") or parent.seq_len
+        cfg.pe.scaling.original_seq_len = original
+    return parent
+
+
+def check_same_architecture(now: dict, parent: dict, where: str) -> None:
+    """PosGPTError naming the first ``model.*`` or ``pe.*`` key that differs, except those a child may change."""
+    if now["pe"]["name"] != parent["pe"]["name"]:
+        raise PosGPTError(f"train.init_from: {where} was trained with pe={parent['pe']['name']}, this run has "
+                          f"pe={now['pe']['name']}; a run can only start from weights of its own scheme")
+    changeable = (*CHANGEABLE_MODEL_KEYS, *(f"pe.{name}" for name in SCHEMES[now["pe"]["name"]].eval_time_settings))
+    architecture = ("model", "pe")
+    changed = changed_settings({k: parent[k] for k in architecture}, {k: now[k] for k in architecture}, changeable)
+    if changed:
+        key = changed[0]
+        theirs, ours = flatten_config(parent).get(key), flatten_config(now).get(key)
+        raise PosGPTError(
+            f"train.init_from: {key}={theirs} in {where} but {ours} here; the parent's architecture must be "
+            f"kept (only train.*, data, eval, logging, {', '.join(sorted(changeable))} may differ)"
+        )
