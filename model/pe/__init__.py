@@ -13,7 +13,7 @@ import pkgutil
 from hydra.core.config_store import ConfigStore
 
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, PositionState
 
 SCHEMES: dict[str, type[PositionalEncoding]] = {}
 
@@ -39,4 +39,5 @@ def build_positional_encoding(cfg: PEConfig, dims: ModelDims) -> PositionalEncod
 
 _discover()
 
-__all__ = ["SCHEMES", "ModelDims", "PEConfig", "PositionalEncoding", "build_positional_encoding", "register_configs"]
+__all__ = ["SCHEMES", "ModelDims", "PEConfig", "PositionalEncoding", "PositionState", "build_positional_encoding",
+           "register_configs"]
