@@ -108,15 +108,58 @@ def test_alibi_bias_is_linear_in_distance_per_head():
     pe = build("alibi", ALiBiConfig())
     q_pos, k_pos = torch.arange(10)[:, None], torch.arange(10)[None, :]
     heads = torch.arange(DIMS.n_head)[:, None, None]
-    bias = pe.score_bias(q_pos, k_pos, heads)
+    bias = pe.score_bias(q_pos, k_pos, heads, 0)
     slopes = torch.tensor(alibi_slopes(DIMS.n_head))
     distance = (q_pos - k_pos).float()
     torch.testing.assert_close(bias, -slopes[:, None, None] * distance)
     # depends on distance only, not on absolute position
-    torch.testing.assert_close(pe.score_bias(q_pos + 100, k_pos + 100, heads), bias)
+    torch.testing.assert_close(pe.score_bias(q_pos + 100, k_pos + 100, heads, 0), bias)
 
 
 def test_learned_table_size_is_training_length_by_default():
     pe = build("learned", LearnedConfig())
     assert pe.max_positions() == DIMS.train_seq_len
     assert pe.table.weight.std().item() == pytest.approx(0.02, rel=0.2)
+
+
+def test_registry_discovers_the_new_schemes():
+    assert {"t5", "kerple", "fire", "xpos", "cope"} <= set(SCHEMES)
+
+
+def test_partial_rotary_rotates_only_the_first_fraction_with_its_own_frequencies():
+    """rotary_fraction 0.5 of head_dim 8: coordinates 0..3 rotated as a 4-dim RoPE (pairs (0, 2), (1, 3)),
+    coordinates 4..7 unchanged (GPT-NeoX rotary_pct)."""
+    pe = build("rope", RoPEConfig(base=100.0, rotary_fraction=0.5))
+    x = torch.randn(1, 1, 1, DIMS.head_dim)
+    m, r = 5, 4
+    rx, _ = pe.rotate(x, x, torch.tensor([m]), 1)
+    torch.testing.assert_close(rx[..., r:], x[..., r:])
+    for i in range(r // 2):
+        angle = m * 100.0 ** (-2 * i / r)
+        a, b = x[0, 0, 0, i].item(), x[0, 0, 0, i + r // 2].item()
+        assert rx[0, 0, 0, i].item() == pytest.approx(a * math.cos(angle) - b * math.sin(angle), abs=1e-5)
+        assert rx[0, 0, 0, i + r // 2].item() == pytest.approx(a * math.sin(angle) + b * math.cos(angle), abs=1e-5)
+
+
+def test_partial_rotary_keeps_the_scalings_working():
+    from model.pe.rope_scaling import RoPEScalingConfig
+
+    x = torch.randn(1, 1, 6, DIMS.head_dim)
+    plain = build("rope", RoPEConfig(rotary_fraction=0.5))
+    linear = build("rope", RoPEConfig(rotary_fraction=0.5, scaling=RoPEScalingConfig(type="linear", factor=4.0)))
+    # linear scaling at position 4m is the plain rotation at m, on the rotated part; the rest untouched
+    torch.testing.assert_close(linear.rotate(x, x, 4 * torch.arange(6), 24)[0], plain.rotate(x, x, torch.arange(6), 6)[0])
+    yarn = build("rope", RoPEConfig(rotary_fraction=0.5, scaling=RoPEScalingConfig(type="yarn", factor=4.0)))
+    out = yarn.rotate(x, x, torch.arange(6), 6)[0]
+    assert torch.isfinite(out).all() and not torch.allclose(out[..., :4], plain.rotate(x, x, torch.arange(6), 6)[0][..., :4])
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5, 0.125, 0.375])
+def test_partial_rotary_refuses_fractions_without_whole_pairs(fraction):
+    with pytest.raises(PosGPTError, match="rotary_fraction"):
+        build("rope", RoPEConfig(rotary_fraction=fraction))
+
+
+def test_rope_declares_scaling_as_its_evaluation_time_setting():
+    assert SCHEMES["rope"].eval_time_settings == ("scaling",)
+    assert all(SCHEMES[name].eval_time_settings == () for name in SCHEMES if name != "rope")
