@@ -111,3 +111,43 @@ def test_bad_shapes_are_user_errors():
         GPT(ModelConfig(n_embd=30, n_head=4), pe_config("none"), SEQ_LEN)
     with pytest.raises(PosGPTError, match="attn_backend"):
         GPT(ModelConfig(attn_backend="fast"), pe_config("none"), SEQ_LEN)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_capture_attention_records_every_layer_without_changing_the_output(name):
+    from model.attention import capture_attention
+
+    model = tiny(name, "sdpa")
+    idx = torch.randint(0, 300, (2, SEQ_LEN))
+    plain = model(idx)
+    with capture_attention() as probs:
+        captured = model(idx)
+    torch.testing.assert_close(captured, plain, rtol=1e-4, atol=1e-5)
+    assert len(probs) == 2 and all(p.shape == (2, 4, SEQ_LEN, SEQ_LEN) and p.dtype == torch.float32 for p in probs)
+    for p in probs:
+        torch.testing.assert_close(p.sum(-1), torch.ones(2, 4, SEQ_LEN))
+        assert (p.triu(diagonal=1) == 0).all()
+
+
+def test_position_state_is_prepared_once_per_forward(monkeypatch):
+    """RoPE's cos/sin: one computation per forward pass, not one per layer."""
+    model = tiny("rope")
+    calls = []
+    original = type(model.pe).cos_sin
+    monkeypatch.setattr(type(model.pe), "cos_sin", lambda self, *a: calls.append(1) or original(self, *a))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert len(calls) == 1
+
+
+def test_weight_decay_follows_the_scheme_declaration():
+    from omegaconf import OmegaConf
+
+    from core.config import TrainConfig
+    from training.optim import build_optimizer
+
+    model = tiny("t5")
+    optimizer = build_optimizer(model, OmegaConf.structured(TrainConfig()), torch.device("cpu"))
+    decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert id(model.pe.table) not in decayed
+    assert id(model.token_embedding.weight) in decayed
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))

@@ -45,4 +45,4 @@ def test_content_bias_matches_the_equations():
 
 def test_no_positions_and_a_table_without_weight_decay():
     pe = SCHEMES["cope"](CoPEConfig(), DIMS)
-    assert not pe.uses_positions and [p is pe.pos_emb for p in pe.no_weight_decay()] == [True]
+    assert not pe.uses_positions() and [p is pe.pos_emb for p in pe.no_weight_decay()] == [True]

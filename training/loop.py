@@ -198,6 +198,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     seed_everything(t.seed)
 
     raw_model = build_model(cfg).to(device)  # first: a model config error shows up before anything else
+    if t.random_positions:  # [schemes] randomized positions hook
+        raw_model.pe.check_random_positions(t.random_positions)
     checkpoint = _resume_checkpoint(cfg, run_dir)
     if checkpoint is not None and checkpoint["step"] >= t.max_steps:
         if dist.is_main:
@@ -221,7 +223,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
         model = torch.compile(model)
 
     batches = BatchStream(splits["train"], t.batch_size, t.seq_len, t.seed, dist, device,
-                          state=checkpoint["sampler_state"] if checkpoint else None)
+                          state=checkpoint["sampler_state"] if checkpoint else None,
+                          random_positions=t.random_positions)  # [schemes] randomized positions hook
     step_fn = TrainStep(model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype)
 
     wandb_run, metrics = None, None
@@ -266,8 +269,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     step, stopped_by = start_step, None
     with StopRequested() as stop:
         while step < t.max_steps:
-            x, y = batches.next()
-            loss, grad_norm, skipped = step_fn(x, y, skip_nonfinite=t.skip_nonfinite)
+            x, y, positions = batches.next()  # [schemes] positions: randomized positions hook
+            loss, grad_norm, skipped = step_fn(x, y, skip_nonfinite=t.skip_nonfinite, positions=positions)
             step += 1
             window_steps += 1
             progress.update(1)

@@ -89,8 +89,6 @@ class PositionalEncoding(nn.Module):
     bias_depends_on_layer: ClassVar[bool] = False
     # True when content_bias is overridden: attention always runs the written-out path.
     has_content_bias: ClassVar[bool] = False
-    # False for schemes that ignore positions (NoPE, CoPE): randomizing positions is then refused.
-    uses_positions: ClassVar[bool] = True
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
@@ -100,13 +98,18 @@ class PositionalEncoding(nn.Module):
         self.cfg = cfg
         self.dims = dims
 
+    @classmethod
+    def uses_positions(cls) -> bool:
+        """Whether the scheme overrides a hook that takes token positions (NoPE and CoPE do not)."""
+        return any(getattr(cls, hook) is not getattr(PositionalEncoding, hook) for hook in ("embed", "rotate", "score_bias"))
+
     def max_positions(self) -> int | None:
         """The longest sequence this scheme can encode, or None when it is defined for any length."""
         return None
 
     def check_random_positions(self, n_positions: int) -> None:
         """PosGPTError unless training with positions drawn from [0, n_positions) makes sense for this scheme."""
-        if not self.uses_positions:
+        if not self.uses_positions():
             raise PosGPTError(f"train.random_positions: pe={self.name} does not use token positions, so there is "
                               "nothing to randomize; drop train.random_positions")
         limit = self.max_positions()

@@ -40,7 +40,6 @@ class CoPEPositionalEncoding(PositionalEncoding):
     name = "cope"
     config_class = CoPEConfig
     has_content_bias = True
-    uses_positions = False
 
     def __init__(self, cfg: CoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
