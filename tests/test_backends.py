@@ -12,7 +12,8 @@ from core.config import TrainConfig
 from core.errors import PosGPTError
 from model import GPT, ModelConfig
 from model.attention import attend, resolve_backend
-from model.pe import SCHEMES, ModelDims, build_positional_encoding
+from model.pe import SCHEMES, ModelDims, PositionState, build_positional_encoding
+from training.batches import random_positions
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
@@ -40,12 +41,20 @@ def qkv(tq=T, tk=T, device="cpu", dtype=torch.float32, requires_grad=True, seed=
     return [torch.randn(s, generator=generator).to(device, dtype).requires_grad_(requires_grad) for s in shapes]
 
 
-def output_and_grads(backend, pe, q, k, v, layer=0):
-    """The output and the gradients of q, k, v and of every parameter of the scheme."""
+def attend_at(backend, pe, q, k, v, layer=0, positions=None):
+    state = None
+    if positions is not None:
+        state = PositionState(positions, positions, 0, pe.prepare(positions, positions.shape[-1], {}), explicit=True)
+    return attend(q, k, v, pe, backend, state=state, layer=layer)
+
+
+def output_and_grads(backend, pe, q, k, v, layer=0, positions=None):
+    """The output and the gradients of q, k, v and of every parameter of the scheme (per-row positions: a
+    (B, T) tensor, or None for 0..T-1)."""
     tensors = [q, k, v, *pe.parameters()]
     for t in tensors:
         t.grad = None
-    out = attend(q, k, v, pe, backend, layer=layer)
+    out = attend_at(backend, pe, q, k, v, layer, positions)
     out.square().sum().backward()
     # A parameter of another layer gets no gradient at all: count it as zero.
     return [out.detach()] + [t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in tensors]
@@ -132,6 +141,37 @@ def test_cuda_backends_match_math_forward_and_backward(name, dtype, backend):
     want = output_and_grads("math", pe, *(t.detach().float().requires_grad_() for t in (q, k, v)))
     tolerance = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 5e-2}
     assert_all_close(output_and_grads(backend, pe, q, k, v), want, **tolerance)
+
+
+@pytest.mark.parametrize("name", BIAS)
+def test_sdpa_matches_math_with_per_row_positions(name, monkeypatch):
+    monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", B * H * T * (T // 3 + 1))
+    pe, (q, k, v) = scheme(name), qkv()
+    positions = random_positions(B, T, 4 * T, torch.Generator().manual_seed(3))
+    assert_all_close(output_and_grads("sdpa", pe, q, k, v, 1, positions), output_and_grads("math", pe, q, k, v, 1, positions),
+                     rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", BIAS)
+def test_flex_forward_with_per_row_positions_matches_math_on_cpu(name):
+    pe, (q, k, v) = scheme(name), qkv(requires_grad=False)
+    positions = random_positions(B, T, 4 * T, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(attend_at("flex", pe, q, k, v, 1, positions), attend_at("math", pe, q, k, v, 1, positions),
+                                   rtol=1e-4, atol=1e-5)
+
+
+@CUDA
+@pytest.mark.parametrize("name", BIAS)
+def test_cuda_flex_gradients_of_bias_parameters_with_per_row_positions(name):
+    """FlexAttention's score_mod reads the scheme's parameters and the positions through its closure: the
+    gradients that reach them must equal the written-out path's."""
+    pe = scheme(name, "cuda")
+    q, k, v = qkv(tq=256, tk=256, device="cuda")
+    positions = random_positions(B, 256, 4096, torch.Generator().manual_seed(3)).cuda()
+    assert_all_close(output_and_grads("flex", pe, q, k, v, 1, positions), output_and_grads("math", pe, q, k, v, 1, positions),
+                     rtol=1e-3, atol=1e-3)
 
 
 SEQ_LEN, VOCAB = 16, 300
