@@ -163,3 +163,26 @@ def test_partial_rotary_refuses_fractions_without_whole_pairs(fraction):
 def test_rope_declares_scaling_as_its_evaluation_time_setting():
     assert SCHEMES["rope"].eval_time_settings == ("scaling",)
     assert all(SCHEMES[name].eval_time_settings == () for name in SCHEMES if name != "rope")
+
+
+def test_eval_variations_are_declared_by_the_scheme():
+    """What evaluation/run.py needs, without naming a scheme: the variants and a way to apply them."""
+    from model.pe.rope_scaling import RoPEScalingConfig
+
+    pe = build("rope", RoPEConfig())
+    variations = pe.eval_variations(["none", "yarn:8", "yarn:8.0", "ntk:4"])
+    assert [label for label, _ in variations] == ["none", "yarn:8", "ntk:4"]
+    q = torch.randn(1, 1, 4, DIMS.head_dim)
+    before = pe.rotate(q, q, torch.arange(4), 4)[0]
+    with pe.evaluated_with(variations[1][1]):
+        assert pe.cfg.scaling == RoPEScalingConfig(type="yarn", factor=8.0)
+        assert not torch.allclose(pe.rotate(q, q, torch.arange(4), 4)[0], before)
+    assert pe.cfg.scaling.type == "none"
+    assert pe.eval_variations([]) == [("none", {"scaling": RoPEScalingConfig()})]
+    alibi = build("alibi", ALiBiConfig())
+    assert alibi.eval_variations([]) == [("", {})]
+    with pytest.raises(PosGPTError, match="no evaluation-time variations"):
+        alibi.eval_variations(["yarn:8"])
+    with pytest.raises(PosGPTError, match="cannot change at evaluation time"):
+        with pe.evaluated_with({"base": 500.0}):
+            pass

@@ -29,6 +29,8 @@ scheme is one module plus one ``configs/pe/<name>.yaml``.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -116,6 +118,34 @@ class PositionalEncoding(nn.Module):
         if limit is not None and n_positions > limit:
             raise PosGPTError(f"train.random_positions={n_positions}: pe={self.name} encodes at most {limit} "
                               "positions (its table size); enlarge the table or lower train.random_positions")
+
+    def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        """Evaluation-time variants asked for on the command line (``eval.scalings`` for RoPE) -> a list of
+        (label, settings), settings mapping fields of ``eval_time_settings`` to values. Without specs: the
+        run as configured, one entry."""
+        if specs:
+            raise PosGPTError(f"pe={self.name} has no evaluation-time variations (got {list(specs)})")
+        return [("", {})]
+
+    @contextlib.contextmanager
+    def evaluated_with(self, settings: dict[str, Any]) -> Iterator[None]:
+        """Apply eval-time settings (from ``eval_variations``) inside the block; the previous ones after it."""
+        unknown = set(settings) - set(self.eval_time_settings)
+        if unknown:
+            raise PosGPTError(f"pe={self.name}: {sorted(unknown)} cannot change at evaluation time "
+                              f"(allowed: {list(self.eval_time_settings)})")
+        previous = {name: getattr(self.cfg, name) for name in settings}
+        for name, value in settings.items():
+            self.apply_eval_setting(name, value)
+        try:
+            yield
+        finally:
+            for name, value in previous.items():
+                self.apply_eval_setting(name, value)
+
+    def apply_eval_setting(self, name: str, value: Any) -> None:
+        """Change one field of ``eval_time_settings`` on the built scheme."""
+        raise NotImplementedError(f"positional scheme {self.name!r} has no evaluation-time setting {name!r}")
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         """Parameters AdamW must not decay even though they are matrices (tables of biases, positions)."""

@@ -20,13 +20,16 @@ cos and sin depend on the positions only, not on the layer: ``prepare`` computes
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
-from model.pe.rope_scaling import ROPE_SCALINGS, RoPEScalingConfig, check_scaling, rope_inv_freq
+from model.pe.rope_scaling import (ROPE_SCALINGS, RoPEScalingConfig, check_scaling, parse_scaling, rope_inv_freq,
+                                   scaling_label)
 
 
 @dataclass
@@ -88,6 +91,16 @@ class RotaryPositionalEncoding(PositionalEncoding):
         """Extend the context with another method from now on (evaluation compares several on one model)."""
         check_scaling(scaling)
         self.cfg = dataclasses.replace(self.cfg, scaling=scaling)
+
+    def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        """``eval.scalings`` entries (``yarn:8``; the yarn betas from the run's ``pe.scaling``), each once; without
+        specs, the run's own scaling."""
+        scalings = [parse_scaling(spec, defaults=self.cfg.scaling) for spec in specs] or [self.cfg.scaling]
+        unique = {scaling_label(scaling): scaling for scaling in scalings}
+        return [(label, {"scaling": scaling}) for label, scaling in unique.items()]
+
+    def apply_eval_setting(self, name: str, value: Any) -> None:
+        self.set_scaling(value)
 
     def cos_sin(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T,) or (B, T) positions -> cos, sin of shape (T, r) or (B, 1, T, r), r the rotated dimensions, for a
