@@ -108,13 +108,16 @@ def attend(
 
 
 def _bias_and_mask(pe: PositionalEncoding, state: PositionState, start: int, stop: int, k_stop: int, layer: int,
-                   dtype: torch.dtype) -> torch.Tensor:
+                   dtype: torch.dtype, whole: bool) -> torch.Tensor:
     """Additive mask for queries start..stop-1 over keys 0..k_stop-1: the scheme's bias where key <= query,
     -inf elsewhere; (H, Tq, Tk), (B, H, Tq, Tk) with per-row positions, or (1, Tq, Tk) without a bias.
 
-    A bias that does not depend on the layer is built once per forward pass and reused by every layer."""
-    key = (layer if pe.bias_depends_on_layer else None, start, stop, k_stop, dtype)
-    if key in state.bias_blocks:
+    A bias that does not depend on the layer is built once per forward pass and reused by every layer, when
+    it is ``whole`` (one block for all queries): keeping every block of a long sequence would hold the full
+    T x T matrix that the blocks exist to avoid."""
+    cached = whole and not pe.bias_depends_on_layer
+    key = (start, stop, k_stop, dtype)
+    if cached and key in state.bias_blocks:
         return state.bias_blocks[key]
     device = state.positions.device
     query_index = torch.arange(state.q_offset + start, state.q_offset + stop, device=device)
@@ -124,7 +127,8 @@ def _bias_and_mask(pe: PositionalEncoding, state: PositionState, start: int, sto
     else:
         bias = torch.zeros((1,) + causal.shape, dtype=dtype, device=device)
     mask = bias.masked_fill(~causal, float("-inf"))
-    state.bias_blocks[key] = mask
+    if cached:
+        state.bias_blocks[key] = mask
     return mask
 
 
@@ -132,7 +136,7 @@ def _math_attention(q, k, v, pe, state, layer, keep_probs=False):
     """softmax(q k^T / sqrt(d) + bias + mask) v, written out; returns (output, probabilities or None)."""
     D = q.shape[-1]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
-    scores = scores + _bias_and_mask(pe, state, 0, q.shape[-2], k.shape[-2], layer, scores.dtype)
+    scores = scores + _bias_and_mask(pe, state, 0, q.shape[-2], k.shape[-2], layer, scores.dtype, whole=True)
     if pe.has_content_bias:
         scores = scores + pe.content_bias(q, scores, layer)
     probs = torch.softmax(scores.float(), dim=-1)
@@ -148,7 +152,7 @@ def _blockwise_sdpa(q, k, v, pe, state, layer):
         stop = min(Tq, start + block)
         # Keys after the last query of the block are masked anyway: slice them off to save work.
         k_stop = min(Tk, state.q_offset + stop)
-        mask = _bias_and_mask(pe, state, start, stop, k_stop, layer, q.dtype)
+        mask = _bias_and_mask(pe, state, start, stop, k_stop, layer, q.dtype, whole=block == Tq)
         outputs.append(
             F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask)
         )

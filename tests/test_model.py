@@ -151,3 +151,13 @@ def test_weight_decay_follows_the_scheme_declaration():
     assert id(model.pe.table) not in decayed
     assert id(model.token_embedding.weight) in decayed
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].has_score_bias])
+def test_bias_is_built_once_per_forward_unless_it_depends_on_the_layer(name, monkeypatch):
+    model = tiny(name, "sdpa")
+    calls = []
+    original = type(model.pe).bias_block
+    monkeypatch.setattr(type(model.pe), "bias_block", lambda self, *a: calls.append(1) or original(self, *a))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert len(calls) == (2 if SCHEMES[name].bias_depends_on_layer else 1)
