@@ -132,21 +132,35 @@ def _bias_and_mask(pe: PositionalEncoding, state: PositionState, start: int, sto
     return mask
 
 
+def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Queries per block, so that a block's scores stay within _MAX_BLOCK_SCORES elements."""
+    B, H, Tq, _ = q.shape
+    return max(1, min(Tq, _MAX_BLOCK_SCORES // max(1, B * H * k.shape[-2])))
+
+
 def _math_attention(q, k, v, pe, state, layer, keep_probs=False):
-    """softmax(q k^T / sqrt(d) + bias + mask) v, written out; returns (output, probabilities or None)."""
-    D = q.shape[-1]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
-    scores = scores + _bias_and_mask(pe, state, 0, q.shape[-2], k.shape[-2], layer, scores.dtype, whole=True)
-    if pe.has_content_bias:
-        scores = scores + pe.content_bias(q, scores, layer)
-    probs = torch.softmax(scores.float(), dim=-1)
-    return probs.to(q.dtype) @ v, (probs.detach() if keep_probs else None)
+    """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
+    (rows are independent; blocks bound the memory of long sequences). Returns (output, probabilities or None)."""
+    Tq, D = q.shape[-2], q.shape[-1]
+    block = _query_block(q, k)
+    outputs, probabilities = [], []
+    for start in range(0, Tq, block):
+        stop = min(Tq, start + block)
+        q_block = q[:, :, start:stop]
+        scores = (q_block @ k.transpose(-2, -1)) / math.sqrt(D)
+        scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, whole=block == Tq)
+        if pe.has_content_bias:
+            scores = scores + pe.content_bias(q_block, scores, layer)
+        probs = torch.softmax(scores.float(), dim=-1)
+        outputs.append(probs.to(q.dtype) @ v)
+        if keep_probs:
+            probabilities.append(probs.detach())
+    return torch.cat(outputs, dim=2), (torch.cat(probabilities, dim=2) if keep_probs else None)
 
 
 def _blockwise_sdpa(q, k, v, pe, state, layer):
-    B, H, Tq, D = q.shape
-    Tk = k.shape[-2]
-    block = max(1, min(Tq, _MAX_BLOCK_SCORES // max(1, B * H * Tk)))
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    block = _query_block(q, k)
     outputs = []
     for start in range(0, Tq, block):
         stop = min(Tq, start + block)

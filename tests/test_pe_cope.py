@@ -46,3 +46,17 @@ def test_content_bias_matches_the_equations():
 def test_no_positions_and_a_table_without_weight_decay():
     pe = SCHEMES["cope"](CoPEConfig(), DIMS)
     assert not pe.uses_positions() and [p is pe.pos_emb for p in pe.no_weight_decay()] == [True]
+
+
+def test_math_path_in_query_blocks_equals_one_block(monkeypatch):
+    """CoPE runs the written-out path; long sequences are split into blocks of queries (bounded memory)."""
+    import model.attention as attention
+
+    torch.manual_seed(0)
+    pe = SCHEMES["cope"](CoPEConfig(npos=NPOS), DIMS)
+    with torch.no_grad():
+        pe.pos_emb.normal_()
+    q, k, v = (torch.randn(2, 2, 30, D, requires_grad=True) for _ in range(3))
+    whole = attend(q, k, v, pe, "auto", layer=1)
+    monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", 2 * 2 * 30 * 7)  # blocks of 7 queries
+    torch.testing.assert_close(attend(q, k, v, pe, "auto", layer=1), whole, rtol=1e-5, atol=1e-6)
