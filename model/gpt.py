@@ -173,7 +173,8 @@ class GPT(nn.Module):
         if cache is not None:
             raise PosGPTError("explicit positions cannot be combined with a KV cache (they are a training setting)")
         if positions.shape not in ((T,), (idx.shape[0], T)):
-            raise PosGPTError(f"positions must have shape (T,) or (B, T) = {tuple(idx.shape)}; got {tuple(positions.shape)}")
+            raise PosGPTError(f"positions must have shape (T,) or (B, T) = {tuple(idx.shape)}; "
+                              f"got {tuple(positions.shape)}")
         positions = positions.to(idx.device)
         return PositionState(positions, positions, 0, self.pe.prepare(positions, T, {}), explicit=True)
 

@@ -148,8 +148,8 @@ def test_sdpa_matches_math_with_per_row_positions(name, monkeypatch):
     monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", B * H * T * (T // 3 + 1))
     pe, (q, k, v) = scheme(name), qkv()
     positions = random_positions(B, T, 4 * T, torch.Generator().manual_seed(3))
-    assert_all_close(output_and_grads("sdpa", pe, q, k, v, 1, positions), output_and_grads("math", pe, q, k, v, 1, positions),
-                     rtol=1e-4, atol=1e-5)
+    assert_all_close(output_and_grads("sdpa", pe, q, k, v, 1, positions),
+                     output_and_grads("math", pe, q, k, v, 1, positions), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -158,8 +158,8 @@ def test_flex_forward_with_per_row_positions_matches_math_on_cpu(name):
     pe, (q, k, v) = scheme(name), qkv(requires_grad=False)
     positions = random_positions(B, T, 4 * T, torch.Generator().manual_seed(3))
     with torch.no_grad():
-        torch.testing.assert_close(attend_at("flex", pe, q, k, v, 1, positions), attend_at("math", pe, q, k, v, 1, positions),
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(attend_at("flex", pe, q, k, v, 1, positions),
+                                   attend_at("math", pe, q, k, v, 1, positions), rtol=1e-4, atol=1e-5)
 
 
 @CUDA
@@ -170,8 +170,8 @@ def test_cuda_flex_gradients_of_bias_parameters_with_per_row_positions(name):
     pe = scheme(name, "cuda")
     q, k, v = qkv(tq=256, tk=256, device="cuda")
     positions = random_positions(B, 256, 4096, torch.Generator().manual_seed(3)).cuda()
-    assert_all_close(output_and_grads("flex", pe, q, k, v, 1, positions), output_and_grads("math", pe, q, k, v, 1, positions),
-                     rtol=1e-3, atol=1e-3)
+    assert_all_close(output_and_grads("flex", pe, q, k, v, 1, positions),
+                     output_and_grads("math", pe, q, k, v, 1, positions), rtol=1e-3, atol=1e-3)
 
 
 SEQ_LEN, VOCAB = 16, 300

@@ -44,7 +44,8 @@ class BatchStream:
         x, y = sample_batch(self.tokens, self.global_batch, self.seq_len, self.generator)
         batch = [x[self.rows], y[self.rows]]
         if self.random_positions:
-            batch.append(random_positions(self.global_batch, self.seq_len, self.random_positions, self.generator)[self.rows])
+            positions = random_positions(self.global_batch, self.seq_len, self.random_positions, self.generator)
+            batch.append(positions[self.rows])
         if self.device.type == "cuda":
             batch = [t.pin_memory().to(self.device, non_blocking=True) for t in batch]
         return batch[0], batch[1], batch[2] if self.random_positions else None

@@ -103,7 +103,8 @@ class PositionalEncoding(nn.Module):
     @classmethod
     def uses_positions(cls) -> bool:
         """Whether the scheme overrides a hook that takes token positions (NoPE and CoPE do not)."""
-        return any(getattr(cls, hook) is not getattr(PositionalEncoding, hook) for hook in ("embed", "rotate", "score_bias"))
+        hooks = ("embed", "rotate", "score_bias")
+        return any(getattr(cls, hook) is not getattr(PositionalEncoding, hook) for hook in hooks)
 
     def max_positions(self) -> int | None:
         """The longest sequence this scheme can encode, or None when it is defined for any length."""
