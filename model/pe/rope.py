@@ -66,6 +66,11 @@ def rotated_dims(head_dim: int, fraction: float) -> int:
     """How many leading coordinates of a head RoPE rotates: head_dim * fraction, an even number >= 2."""
     if not 0.0 < fraction <= 1.0:
         raise PosGPTError(f"pe.rotary_fraction must be in (0, 1] (got {fraction})")
+    if fraction == 1.0 and head_dim % 2:
+        raise PosGPTError(
+            f"pe=rope rotates pairs of coordinates, so the head dimension must be even; "
+            f"n_embd/n_head = {head_dim}. Change model.n_embd or model.n_head."
+        )
     rotated = int(head_dim * fraction)
     if rotated < 2 or rotated % 2:
         raise PosGPTError(
