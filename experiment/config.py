@@ -50,6 +50,8 @@ class TrainConfig:
     skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
     distributed: str = "ddp"  # ddp | fsdp (only used under torchrun)
     eval_after: bool = True  # run the extrapolation eval when training ends
+    # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N)
+    random_positions: int | None = None
 
 
 @dataclass
@@ -159,6 +161,9 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(f"train.dtype must be auto, float32 or bfloat16 (got {t.dtype!r})")
     if str(t.compile).lower() not in COMPILE_SETTINGS:
         raise PosGPTError(f"train.compile must be auto, true or false (got {t.compile!r})")
+    if t.random_positions is not None and t.random_positions < t.seq_len:
+        raise PosGPTError(f"train.random_positions={t.random_positions} must be at least train.seq_len={t.seq_len} "
+                          "(each sequence draws seq_len distinct positions from [0, N))")
     if t.distributed not in ("ddp", "fsdp"):
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
     lengths = eval_lengths(cfg)

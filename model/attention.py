@@ -1,6 +1,6 @@
 """Causal self-attention kernels, one entry point for every positional scheme.
 
-    attend(q, k, v, pe, backend, q_offset) = softmax(q k^T / sqrt(d) + bias + causal mask) v
+    attend(q, k, v, pe, backend, state, layer) = softmax(q k^T / sqrt(d) + bias + causal mask) v
 
 Backends (``model.attn_backend``):
 - ``sdpa``: PyTorch's scaled_dot_product_attention. Without a score bias and without a KV cache it runs with
@@ -13,33 +13,65 @@ Backends (``model.attn_backend``):
 - ``math``: the plain formula, written out; the reference the tests compare every backend against.
 - ``auto``: flex for bias schemes on CUDA, sdpa otherwise.
 
-With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path.
+With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path. A scheme
+with a content bias (CoPE) always runs ``math``, whatever the backend. The causal mask is by index; the
+scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
+
+``capture_attention()`` makes every ``attend`` inside it run ``math`` and record its probabilities.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 
 from core.errors import PosGPTError
-from model.pe.base import PositionalEncoding
+from model.pe.base import PositionalEncoding, PositionState
 
 BACKENDS = ("auto", "sdpa", "flex", "math")
 
 # Upper bound on materialised scores per block (elements, all heads and batch rows together).
 _MAX_BLOCK_SCORES = 1 << 26
 
+# While capture_attention() is active: the list that receives each attend's probabilities.
+_captured: list[torch.Tensor] | None = None
+
+
+@contextlib.contextmanager
+def capture_attention() -> Iterator[list[torch.Tensor]]:
+    """Inside: every attend() runs the math path and appends its probabilities, float32 (B, H, Tq, Tk), to
+    the yielded list, in call (= layer) order."""
+    global _captured
+    previous, _captured = _captured, []
+    try:
+        yield _captured
+    finally:
+        _captured = previous
+
 
 def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) -> str:
     """The backend that will actually run for this scheme on this device."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
+    if pe.has_content_bias:
+        return "math"  # the bias needs the scores themselves: no kernel can take it
     if backend == "auto":
         return "flex" if pe.has_score_bias and device.type == "cuda" else "sdpa"
     return backend
+
+
+def default_state(pe: PositionalEncoding, n_queries: int, n_keys: int, device: torch.device,
+                  memo: dict | None = None) -> PositionState:
+    """Queries at positions n_keys - n_queries .. n_keys - 1 over keys at 0 .. n_keys - 1 (no explicit positions)."""
+    q_offset = n_keys - n_queries
+    positions = torch.arange(q_offset, n_keys, device=device)
+    return PositionState(positions, torch.arange(n_keys, device=device), q_offset,
+                         pe.prepare(positions, n_keys, {} if memo is None else memo))
 
 
 def attend(
@@ -48,59 +80,93 @@ def attend(
     v: torch.Tensor,
     pe: PositionalEncoding,
     backend: str,
-    q_offset: int = 0,
+    state: PositionState | None = None,
+    layer: int = 0,
 ) -> torch.Tensor:
-    """q: (B, H, Tq, D) at positions q_offset .. q_offset+Tq-1; k, v: (B, H, Tk, D) at positions 0 .. Tk-1."""
+    """q: (B, H, Tq, D), the last Tq of the keys; k, v: (B, H, Tk, D). ``state`` holds the positions (default:
+    keys at 0 .. Tk-1); ``layer`` selects the scheme's per-layer parameters."""
+    if state is None:
+        state = default_state(pe, q.shape[-2], k.shape[-2], q.device)
+    if _captured is not None:
+        out, probs = _math_attention(q, k, v, pe, state, layer, keep_probs=True)
+        _captured.append(probs)
+        return out
     backend = resolve_backend(backend, pe, q.device)
     if backend == "math":
-        return _math_attention(q, k, v, pe, q_offset)
-    if backend == "flex" and q_offset == 0 and q.shape[-2] == k.shape[-2]:
+        return _math_attention(q, k, v, pe, state, layer)[0]
+    full = state.q_offset == 0 and q.shape[-2] == k.shape[-2]
+    if backend == "flex" and full:
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise PosGPTError(
                 "model.attn_backend=flex cannot train on CPU: FlexAttention has no CPU backward in this "
                 "PyTorch. Use model.attn_backend=auto (or sdpa) on CPU."
             )
-        return _flex_attention(q, k, v, pe)
-    if not pe.has_score_bias and q_offset == 0 and q.shape[-2] == k.shape[-2]:
+        return _flex_attention(q, k, v, pe, state, layer)
+    if not pe.has_score_bias and full:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return _blockwise_sdpa(q, k, v, pe, q_offset)
+    return _blockwise_sdpa(q, k, v, pe, state, layer)
 
 
-def _bias_and_mask(
-    pe: PositionalEncoding, q_pos: torch.Tensor, k_pos: torch.Tensor, n_head: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """(H, Tq, Tk) additive mask: the scheme's bias where key <= query, -inf elsewhere."""
-    q_pos, k_pos = q_pos[:, None], k_pos[None, :]
-    causal = k_pos <= q_pos
+def _bias_and_mask(pe: PositionalEncoding, state: PositionState, start: int, stop: int, k_stop: int, layer: int,
+                   dtype: torch.dtype, whole: bool) -> torch.Tensor:
+    """Additive mask for queries start..stop-1 over keys 0..k_stop-1: the scheme's bias where key <= query,
+    -inf elsewhere; (H, Tq, Tk), (B, H, Tq, Tk) with per-row positions, or (1, Tq, Tk) without a bias.
+
+    A bias that does not depend on the layer is built once per forward pass and reused by every layer, when
+    it is ``whole`` (one block for all queries): keeping every block of a long sequence would hold the full
+    T x T matrix that the blocks exist to avoid."""
+    cached = whole and not pe.bias_depends_on_layer
+    key = (start, stop, k_stop, dtype)
+    if cached and key in state.bias_blocks:
+        return state.bias_blocks[key]
+    device = state.positions.device
+    query_index = torch.arange(state.q_offset + start, state.q_offset + stop, device=device)
+    causal = torch.arange(k_stop, device=device)[None, :] <= query_index[:, None]
     if pe.has_score_bias:
-        heads = torch.arange(n_head, device=q_pos.device)[:, None, None]
-        bias = pe.score_bias(q_pos, k_pos, heads).to(dtype)
+        bias = pe.bias_block(state.positions[..., start:stop], state.key_positions[..., :k_stop], layer).to(dtype)
     else:
-        bias = torch.zeros((1,) + causal.shape, dtype=dtype, device=q_pos.device)
-    return bias.masked_fill(~causal, float("-inf"))
+        bias = torch.zeros((1,) + causal.shape, dtype=dtype, device=device)
+    mask = bias.masked_fill(~causal, float("-inf"))
+    if cached:
+        state.bias_blocks[key] = mask
+    return mask
 
 
-def _math_attention(q, k, v, pe, q_offset):
-    B, H, Tq, D = q.shape
-    q_pos = torch.arange(q_offset, q_offset + Tq, device=q.device)
-    k_pos = torch.arange(k.shape[-2], device=q.device)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
-    scores = scores + _bias_and_mask(pe, q_pos, k_pos, H, scores.dtype)
-    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Queries per block, so that a block's scores stay within _MAX_BLOCK_SCORES elements."""
+    B, H, Tq, _ = q.shape
+    return max(1, min(Tq, _MAX_BLOCK_SCORES // max(1, B * H * k.shape[-2])))
 
 
-def _blockwise_sdpa(q, k, v, pe, q_offset):
-    B, H, Tq, D = q.shape
-    Tk = k.shape[-2]
-    block = max(1, min(Tq, _MAX_BLOCK_SCORES // max(1, B * H * Tk)))
-    k_pos = torch.arange(Tk, device=q.device)
+def _math_attention(q, k, v, pe, state, layer, keep_probs=False):
+    """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
+    (rows are independent; blocks bound the memory of long sequences). Returns (output, probabilities or None)."""
+    Tq, D = q.shape[-2], q.shape[-1]
+    block = _query_block(q, k)
+    outputs, probabilities = [], []
+    for start in range(0, Tq, block):
+        stop = min(Tq, start + block)
+        q_block = q[:, :, start:stop]
+        scores = (q_block @ k.transpose(-2, -1)) / math.sqrt(D)
+        scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, whole=block == Tq)
+        if pe.has_content_bias:
+            scores = scores + pe.content_bias(q_block, scores, layer)
+        probs = torch.softmax(scores.float(), dim=-1)
+        outputs.append(probs.to(q.dtype) @ v)
+        if keep_probs:
+            probabilities.append(probs.detach())
+    return torch.cat(outputs, dim=2), (torch.cat(probabilities, dim=2) if keep_probs else None)
+
+
+def _blockwise_sdpa(q, k, v, pe, state, layer):
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    block = _query_block(q, k)
     outputs = []
     for start in range(0, Tq, block):
         stop = min(Tq, start + block)
-        q_pos = torch.arange(q_offset + start, q_offset + stop, device=q.device)
         # Keys after the last query of the block are masked anyway: slice them off to save work.
-        k_stop = min(Tk, q_offset + stop)
-        mask = _bias_and_mask(pe, q_pos, k_pos[:k_stop], H, q.dtype)
+        k_stop = min(Tk, state.q_offset + stop)
+        mask = _bias_and_mask(pe, state, start, stop, k_stop, layer, q.dtype, whole=block == Tq)
         outputs.append(
             F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask)
         )
@@ -135,11 +201,28 @@ def _make_causal_block_mask(seq_len: int, device: str):
 _cached_causal_block_mask = functools.lru_cache(maxsize=32)(_make_causal_block_mask)
 
 
-def _flex_attention(q, k, v, pe):
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score + pe.score_bias(q_idx, kv_idx, h)
+def _score_mod(pe: PositionalEncoding, state: PositionState, layer: int):
+    """The scheme's bias as a FlexAttention score_mod. It reads the scheme's parameters and the position
+    tensors through the closure: FlexAttention lifts such captured tensors into inputs of its kernel, so
+    gradients reach learnable bias parameters."""
+    if not state.explicit:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + pe.score_bias(q_idx, kv_idx, h, layer)
+    elif state.positions.dim() == 1:
+        positions = state.positions
 
-    score_mod = score_mod if pe.has_score_bias else None
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + pe.score_bias(positions[q_idx], positions[kv_idx], h, layer)
+    else:
+        positions = state.positions
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + pe.score_bias(positions[b, q_idx], positions[b, kv_idx], h, layer)
+    return score_mod
+
+
+def _flex_attention(q, k, v, pe, state, layer):
+    score_mod = _score_mod(pe, state, layer) if pe.has_score_bias else None
     block_mask = _causal_block_mask(q.shape[-2], str(q.device))
     return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask)
 

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.errors import PosGPTError
-from model.attention import BACKENDS, attend
+from model.attention import BACKENDS, attend, default_state
 from model.loss import FUSED_MODES, lm_head_cross_entropy
-from model.pe import ModelDims, PEConfig, PositionalEncoding, build_positional_encoding
+from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
 
 
 @dataclass
@@ -86,6 +86,7 @@ class KVCache:
 
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
+    pe_memo: dict = field(default_factory=dict)  # the scheme's values fixed for the whole sequence
 
     @property
     def length(self) -> int:
@@ -104,19 +105,18 @@ class CausalSelfAttention(nn.Module):
         # once per layer in state_dict).
         self._pe = [pe]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: PositionState, cache: KVCache | None, layer: int) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
-        past = cache.keys[layer] if cache is not None else None
-        q_offset = 0 if past is None else past.shape[-2]
         pe = self._pe[0]
-        q, k = pe.rotate(q, k, positions, q_offset + T)
+        q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
         if cache is not None:
+            past = cache.keys[layer]
             if past is not None:
                 k = torch.cat((past, k), dim=2)
                 v = torch.cat((cache.values[layer], v), dim=2)
             cache.keys[layer], cache.values[layer] = k, v
-        y = attend(q, k, v, pe, self.backend, q_offset=q_offset)
+        y = attend(q, k, v, pe, self.backend, state, layer)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
@@ -139,8 +139,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, cache, layer):
-        x = x + self.attn(self.ln_1(x), positions, cache, layer)
+    def forward(self, x, state, cache, layer):
+        x = x + self.attn(self.ln_1(x), state, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -151,7 +151,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
         self.token_init_std, self.token_scale = token_embedding_convention(cfg)
-        dims = ModelDims(cfg.n_embd, cfg.n_head, cfg.n_embd // cfg.n_head, train_seq_len, cfg.init_std,
+        dims = ModelDims(cfg.n_embd, cfg.n_head, cfg.n_embd // cfg.n_head, train_seq_len, cfg.init_std, cfg.n_layer,
                          token_init_std=self.token_init_std, token_scale=self.token_scale)
         self.pe = build_positional_encoding(pe_cfg, dims)
         self.token_embedding = nn.Embedding(padded_vocab_size(cfg.vocab_size), cfg.n_embd)
@@ -183,26 +183,47 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, C) final hidden states (after the last LayerNorm)."""
+    def no_weight_decay(self) -> list[nn.Parameter]:
+        """Matrices AdamW must not decay: the scheme declares them (e.g. T5's bias table)."""
+        return self.pe.no_weight_decay()
+
+    def _position_state(self, idx: torch.Tensor, cache: KVCache | None,
+                        positions: torch.Tensor | None) -> PositionState:
+        """Positions of this forward pass, computed once for all layers."""
         T = idx.shape[1]
-        start = cache.length if cache is not None else 0
-        limit = self.pe.max_positions()
-        if limit is not None and start + T > limit:
-            raise PosGPTError(
-                f"pe={self.pe.name} encodes at most {limit} positions (its table size), "
-                f"but a sequence of {start + T} tokens was given"
-            )
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            limit = self.pe.max_positions()
+            if limit is not None and start + T > limit:
+                raise PosGPTError(
+                    f"pe={self.pe.name} encodes at most {limit} positions (its table size), "
+                    f"but a sequence of {start + T} tokens was given"
+                )
+            return default_state(self.pe, T, start + T, idx.device, cache.pe_memo if cache is not None else None)
+        if cache is not None:
+            raise PosGPTError("explicit positions cannot be combined with a KV cache (they are a training setting)")
+        if positions.shape not in ((T,), (idx.shape[0], T)):
+            raise PosGPTError(f"positions must have shape (T,) or (B, T) = {tuple(idx.shape)}; "
+                              f"got {tuple(positions.shape)}")
+        positions = positions.to(idx.device)
+        return PositionState(positions, positions, 0, self.pe.prepare(positions, T, {}), explicit=True)
+
+    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None,
+                      positions: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, C) final hidden states (after the last LayerNorm).
+
+        ``positions``: (T,) or (B, T) increasing integer positions of the tokens (randomized positions in
+        training); None means start .. start+T-1, start being the number of cached tokens."""
+        state = self._position_state(idx, cache, positions)
         if cache is not None and not cache.keys:
             cache.keys, cache.values = [None] * len(self.blocks), [None] * len(self.blocks)
-        positions = torch.arange(start, start + T, device=idx.device)
         x = self.token_embedding(idx) * self.token_scale
-        position_vectors = self.pe.embed(positions)
+        position_vectors = self.pe.embed(state.positions.reshape(-1))
         if position_vectors is not None:
-            x = x + position_vectors.to(x.dtype)
+            x = x + position_vectors.view(*state.positions.shape, -1).to(x.dtype)
         x = self.dropout(x)
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, cache, layer)
+            x = block(x, state, cache, layer)
         return self.ln_f(x)
 
     def forward(
@@ -211,9 +232,10 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         reduction: str = "mean",
         cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Without targets: logits (B, T, vocab_size). With targets: the cross-entropy (see model/loss.py)."""
-        hidden = self.hidden_states(idx, cache)
+        hidden = self.hidden_states(idx, cache, positions)
         if targets is None:
             return (hidden @ self.head_weight.t())[..., : self.vocab_size]
         return lm_head_cross_entropy(hidden, self.head_weight, targets, reduction, vocab_size=self.vocab_size,

@@ -12,19 +12,27 @@ from experiment.config import TrainConfig
 from core.errors import PosGPTError
 from model import GPT, ModelConfig
 from model.attention import attend, resolve_backend
-from model.pe import SCHEMES, ModelDims, build_positional_encoding
+from model.pe import SCHEMES, ModelDims, PositionState, build_positional_encoding
+from training.batches import random_positions
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
 ALL = sorted(SCHEMES)
 BIAS = [name for name in ALL if SCHEMES[name].has_score_bias]
+CONTENT = [name for name in ALL if SCHEMES[name].has_content_bias]
 B, H, T, D = 2, 4, 40, 16
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def scheme(name, device="cpu"):
-    dims = ModelDims(n_embd=H * D, n_head=H, head_dim=D, train_seq_len=T, init_std=0.02)
-    return build_positional_encoding(SCHEMES[name].config_class(), dims).to(device)
+    dims = ModelDims(n_embd=H * D, n_head=H, head_dim=D, train_seq_len=T, init_std=0.02, n_layer=2)
+    torch.manual_seed(0)
+    pe = build_positional_encoding(SCHEMES[name].config_class(), dims).to(device)
+    with torch.no_grad():  # zero-initialised tables (CoPE) would hide a wrong gradient path
+        for p in pe.parameters():
+            if not p.any():
+                p.normal_(0.0, 0.5)
+    return pe
 
 
 def qkv(tq=T, tk=T, device="cpu", dtype=torch.float32, requires_grad=True, seed=0):
@@ -33,22 +41,39 @@ def qkv(tq=T, tk=T, device="cpu", dtype=torch.float32, requires_grad=True, seed=
     return [torch.randn(s, generator=generator).to(device, dtype).requires_grad_(requires_grad) for s in shapes]
 
 
-def output_and_grads(backend, pe, q, k, v, q_offset=0):
-    for t in (q, k, v):
+def attend_at(backend, pe, q, k, v, layer=0, positions=None):
+    state = None
+    if positions is not None:
+        state = PositionState(positions, positions, 0, pe.prepare(positions, positions.shape[-1], {}), explicit=True)
+    return attend(q, k, v, pe, backend, state=state, layer=layer)
+
+
+def output_and_grads(backend, pe, q, k, v, layer=0, positions=None):
+    """The output and the gradients of q, k, v and of every parameter of the scheme (per-row positions: a
+    (B, T) tensor, or None for 0..T-1)."""
+    tensors = [q, k, v, *pe.parameters()]
+    for t in tensors:
         t.grad = None
-    out = attend(q, k, v, pe, backend, q_offset=q_offset)
+    out = attend_at(backend, pe, q, k, v, layer, positions)
     out.square().sum().backward()
-    return [out.detach()] + [t.grad.clone() for t in (q, k, v)]
+    # A parameter of another layer gets no gradient at all: count it as zero.
+    return [out.detach()] + [t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in tensors]
 
 
 def assert_all_close(got, want, **tolerances):
-    for g, w, name in zip(got, want, ("output", "grad q", "grad k", "grad v")):
+    assert len(got) == len(want)
+    names = ["output", "grad q", "grad k", "grad v"] + [f"grad of scheme parameter {i}" for i in range(len(got) - 4)]
+    for g, w, name in zip(got, want, names):
         torch.testing.assert_close(g.float(), w.float(), msg=lambda m, name=name: f"{name}: {m}", **tolerances)
 
 
 def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
     for name in ALL:
         pe = scheme(name)
+        if name in CONTENT:  # the bias needs the scores: always the written-out path
+            for backend in ("auto", "sdpa", "flex", "math"):
+                assert resolve_backend(backend, pe, torch.device("cuda")) == "math"
+            continue
         assert resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
         assert resolve_backend("auto", pe, torch.device("cuda")) == ("flex" if name in BIAS else "sdpa")
         for forced in ("sdpa", "flex", "math"):
@@ -60,21 +85,24 @@ def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
 @pytest.mark.parametrize("blocks", [1, 3], ids=["one-block", "three-blocks"])
 @pytest.mark.parametrize("name", ALL)
 def test_sdpa_matches_math_forward_and_backward(name, blocks, monkeypatch):
+    """Output and gradients of q, k, v and of the scheme's own parameters (layer 1: per-layer ones too)."""
     monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", B * H * T * (T // blocks + 1))
     pe, (q, k, v) = scheme(name), qkv()
-    assert_all_close(output_and_grads("sdpa", pe, q, k, v), output_and_grads("math", pe, q, k, v),
-                     rtol=1e-4, atol=1e-5)
+    got, want = output_and_grads("sdpa", pe, q, k, v, layer=1), output_and_grads("math", pe, q, k, v, layer=1)
+    assert_all_close(got, want, rtol=1e-4, atol=1e-5)
+    if name in BIAS + CONTENT and any(True for _ in pe.parameters()):  # the comparison covers real gradients
+        assert any(g.abs().sum() > 0 for g in got[4:])
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_sdpa_matches_math_with_a_kv_cache(name):
     """Queries at positions 35..39 over 40 cached keys: the decoding case."""
     pe, (q, k, v) = scheme(name), qkv(tq=5)
-    assert_all_close(output_and_grads("sdpa", pe, q, k, v, q_offset=T - 5),
-                     output_and_grads("math", pe, q, k, v, q_offset=T - 5), rtol=1e-4, atol=1e-5)
+    assert_all_close(output_and_grads("sdpa", pe, q, k, v), output_and_grads("math", pe, q, k, v),
+                     rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS + CONTENT])
 def test_sdpa_without_bias_is_causal_sdpa_with_no_mask(name, monkeypatch):
     """The flash-eligible call: is_causal=True and no materialised mask."""
     calls, sdpa = [], F.scaled_dot_product_attention
@@ -94,7 +122,8 @@ def test_flex_forward_runs_on_cpu_and_matches_math(name):
     """torch 2.13 runs FlexAttention forward on CPU (eager, unfused); there is no CPU backward."""
     pe, (q, k, v) = scheme(name), qkv(requires_grad=False)
     with torch.no_grad():
-        torch.testing.assert_close(attend(q, k, v, pe, "flex"), attend(q, k, v, pe, "math"), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(attend(q, k, v, pe, "flex", layer=1), attend(q, k, v, pe, "math", layer=1),
+                                   rtol=1e-4, atol=1e-5)
 
 
 def test_flex_training_on_cpu_is_a_clear_error():
@@ -112,6 +141,37 @@ def test_cuda_backends_match_math_forward_and_backward(name, dtype, backend):
     want = output_and_grads("math", pe, *(t.detach().float().requires_grad_() for t in (q, k, v)))
     tolerance = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 5e-2}
     assert_all_close(output_and_grads(backend, pe, q, k, v), want, **tolerance)
+
+
+@pytest.mark.parametrize("name", BIAS)
+def test_sdpa_matches_math_with_per_row_positions(name, monkeypatch):
+    monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", B * H * T * (T // 3 + 1))
+    pe, (q, k, v) = scheme(name), qkv()
+    positions = random_positions(B, T, 4 * T, torch.Generator().manual_seed(3))
+    assert_all_close(output_and_grads("sdpa", pe, q, k, v, 1, positions),
+                     output_and_grads("math", pe, q, k, v, 1, positions), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", BIAS)
+def test_flex_forward_with_per_row_positions_matches_math_on_cpu(name):
+    pe, (q, k, v) = scheme(name), qkv(requires_grad=False)
+    positions = random_positions(B, T, 4 * T, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(attend_at("flex", pe, q, k, v, 1, positions),
+                                   attend_at("math", pe, q, k, v, 1, positions), rtol=1e-4, atol=1e-5)
+
+
+@CUDA
+@pytest.mark.parametrize("name", BIAS)
+def test_cuda_flex_gradients_of_bias_parameters_with_per_row_positions(name):
+    """FlexAttention's score_mod reads the scheme's parameters and the positions through its closure: the
+    gradients that reach them must equal the written-out path's."""
+    pe = scheme(name, "cuda")
+    q, k, v = qkv(tq=256, tk=256, device="cuda")
+    positions = random_positions(B, 256, 4096, torch.Generator().manual_seed(3)).cuda()
+    assert_all_close(output_and_grads("flex", pe, q, k, v, 1, positions),
+                     output_and_grads("math", pe, q, k, v, 1, positions), rtol=1e-3, atol=1e-3)
 
 
 SEQ_LEN, VOCAB = 16, 300

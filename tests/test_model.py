@@ -35,7 +35,11 @@ def test_vocab_padded_and_head_tied():
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
+
+
 @pytest.mark.parametrize("name", ALL)
+
+
 def test_changing_token_t_never_changes_earlier_outputs(name, backend):
     model = tiny(name, backend)
     idx = torch.randint(0, 300, (2, SEQ_LEN))
@@ -48,6 +52,8 @@ def test_changing_token_t_never_changes_earlier_outputs(name, backend):
 
 
 @pytest.mark.parametrize("name", ALL)
+
+
 def test_sdpa_backend_matches_math_forward_and_backward(name):
     idx = torch.randint(0, 300, (2, SEQ_LEN))
     results = []
@@ -63,6 +69,8 @@ def test_sdpa_backend_matches_math_forward_and_backward(name):
 
 
 @pytest.mark.parametrize("name", ALL)
+
+
 def test_blockwise_bias_path_matches_math_at_long_length(name, monkeypatch):
     """The sdpa path materialises bias in query blocks; force tiny blocks and compare with the formula."""
     import model.attention as attention
@@ -76,7 +84,11 @@ def test_blockwise_bias_path_matches_math_at_long_length(name, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
+
+
 @pytest.mark.parametrize("name", ALL)
+
+
 def test_cached_decoding_equals_full_forward(name, backend):
     model = tiny(name, backend)
     idx = torch.randint(0, 300, (2, SEQ_LEN))
@@ -104,6 +116,8 @@ def test_learned_beyond_its_table_is_a_clear_error():
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if n != "learned"])
+
+
 def test_other_schemes_run_beyond_training_length(name):
     out = tiny(name, "sdpa")(torch.zeros(1, 4 * SEQ_LEN, dtype=torch.long))
     assert torch.isfinite(out).all()
@@ -129,7 +143,11 @@ def with_loud_padding(model):
 
 
 @pytest.mark.parametrize("fused_ce", ["always", "never"])
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+
+
 def test_forward_loss_is_cross_entropy_over_the_real_vocabulary(reduction, fused_ce):
     model = with_loud_padding(tiny("rope", fused_ce=fused_ce)).double().train()
     idx = torch.randint(0, VOCAB, (2, SEQ_LEN))
@@ -163,6 +181,8 @@ def first_block_input(model, idx):
 
 
 @pytest.mark.parametrize("embedding, std, multiplier", [("fairseq", 32 ** -0.5, 32 ** 0.5), ("gpt2", 0.02, 1.0)])
+
+
 def test_token_embedding_convention(embedding, std, multiplier):
     """fairseq: table N(0, d^-1/2), looked-up rows times sqrt(d); gpt2: N(0, 0.02), as is. The tied head uses the
     table as is under both. 320 x 32 samples: the sample std is within 2% of the true one (5 standard errors)."""
@@ -184,7 +204,11 @@ def test_fairseq_convention_gives_tokens_and_unscaled_sinusoid_comparable_size()
 
 
 @pytest.mark.parametrize("embedding", ["fairseq", "gpt2"])
+
+
 @pytest.mark.parametrize("name", ALL)
+
+
 def test_every_scheme_trains_under_both_conventions(name, embedding):
     model = tiny(name, "sdpa", embedding=embedding).train()
     idx = torch.randint(0, VOCAB, (2, SEQ_LEN))
@@ -198,3 +222,57 @@ def test_unknown_convention_and_fused_mode_are_user_errors():
         GPT(ModelConfig(embedding="bert"), pe_config("none"), SEQ_LEN)
     with pytest.raises(PosGPTError, match="model.fused_ce"):
         GPT(ModelConfig(fused_ce="sometimes"), pe_config("none"), SEQ_LEN)
+
+
+@pytest.mark.parametrize("name", ALL)
+
+
+def test_capture_attention_records_every_layer_without_changing_the_output(name):
+    from model.attention import capture_attention
+
+    model = tiny(name, "sdpa")
+    idx = torch.randint(0, 300, (2, SEQ_LEN))
+    plain = model(idx)
+    with capture_attention() as probs:
+        captured = model(idx)
+    torch.testing.assert_close(captured, plain, rtol=1e-4, atol=1e-5)
+    assert len(probs) == 2 and all(p.shape == (2, 4, SEQ_LEN, SEQ_LEN) and p.dtype == torch.float32 for p in probs)
+    for p in probs:
+        torch.testing.assert_close(p.sum(-1), torch.ones(2, 4, SEQ_LEN))
+        assert (p.triu(diagonal=1) == 0).all()
+
+
+def test_position_state_is_prepared_once_per_forward(monkeypatch):
+    """RoPE's cos/sin: one computation per forward pass, not one per layer."""
+    model = tiny("rope")
+    calls = []
+    original = type(model.pe).cos_sin
+    monkeypatch.setattr(type(model.pe), "cos_sin", lambda self, *a: calls.append(1) or original(self, *a))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert len(calls) == 1
+
+
+def test_weight_decay_follows_the_scheme_declaration():
+    from omegaconf import OmegaConf
+
+    from core.config import TrainConfig
+    from training.optim import build_optimizer
+
+    model = tiny("t5")
+    optimizer = build_optimizer(model, OmegaConf.structured(TrainConfig()), torch.device("cpu"))
+    decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert id(model.pe.table) not in decayed
+    assert id(model.token_embedding.weight) in decayed
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].has_score_bias])
+
+
+def test_bias_is_built_once_per_forward_unless_it_depends_on_the_layer(name, monkeypatch):
+    model = tiny(name, "sdpa")
+    calls = []
+    original = type(model.pe).bias_block
+    monkeypatch.setattr(type(model.pe), "bias_block", lambda self, *a: calls.append(1) or original(self, *a))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert len(calls) == (2 if SCHEMES[name].bias_depends_on_layer else 1)

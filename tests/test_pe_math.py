@@ -119,12 +119,12 @@ def test_alibi_bias_is_linear_in_distance_per_head():
     pe = build("alibi", ALiBiConfig())
     q_pos, k_pos = torch.arange(10)[:, None], torch.arange(10)[None, :]
     heads = torch.arange(DIMS.n_head)[:, None, None]
-    bias = pe.score_bias(q_pos, k_pos, heads)
+    bias = pe.score_bias(q_pos, k_pos, heads, 0)
     slopes = torch.tensor(alibi_slopes(DIMS.n_head))
     distance = (q_pos - k_pos).float()
     torch.testing.assert_close(bias, -slopes[:, None, None] * distance)
     # depends on distance only, not on absolute position
-    torch.testing.assert_close(pe.score_bias(q_pos + 100, k_pos + 100, heads), bias)
+    torch.testing.assert_close(pe.score_bias(q_pos + 100, k_pos + 100, heads, 0), bias)
 
 
 def test_learned_table_size_is_training_length_by_default():
@@ -140,3 +140,70 @@ def test_learned_table_starts_like_the_token_table(dims, std):
     table = build("learned", LearnedConfig(max_positions=4096), dims).table.weight
     assert table.mean().item() == pytest.approx(0.0, abs=4 * std / table.numel() ** 0.5)
     assert table.std().item() == pytest.approx(std, rel=0.02)
+
+
+def test_registry_discovers_the_new_schemes():
+    assert {"t5", "kerple", "fire", "xpos", "cope"} <= set(SCHEMES)
+
+
+def test_partial_rotary_rotates_only_the_first_fraction_with_its_own_frequencies():
+    """rotary_fraction 0.5 of head_dim 8: coordinates 0..3 rotated as a 4-dim RoPE (pairs (0, 2), (1, 3)),
+    coordinates 4..7 unchanged (GPT-NeoX rotary_pct)."""
+    pe = build("rope", RoPEConfig(base=100.0, rotary_fraction=0.5))
+    x = torch.randn(1, 1, 1, DIMS.head_dim)
+    m, r = 5, 4
+    rx, _ = pe.rotate(x, x, torch.tensor([m]), 1)
+    torch.testing.assert_close(rx[..., r:], x[..., r:])
+    for i in range(r // 2):
+        angle = m * 100.0 ** (-2 * i / r)
+        a, b = x[0, 0, 0, i].item(), x[0, 0, 0, i + r // 2].item()
+        assert rx[0, 0, 0, i].item() == pytest.approx(a * math.cos(angle) - b * math.sin(angle), abs=1e-5)
+        assert rx[0, 0, 0, i + r // 2].item() == pytest.approx(a * math.sin(angle) + b * math.cos(angle), abs=1e-5)
+
+
+def test_partial_rotary_keeps_the_scalings_working():
+    from model.pe.rope_scaling import RoPEScalingConfig
+
+    x = torch.randn(1, 1, 6, DIMS.head_dim)
+    plain = build("rope", RoPEConfig(rotary_fraction=0.5))
+    linear = build("rope", RoPEConfig(rotary_fraction=0.5, scaling=RoPEScalingConfig(type="linear", factor=4.0)))
+    # linear scaling at position 4m is the plain rotation at m, on the rotated part; the rest untouched
+    plain_out = plain.rotate(x, x, torch.arange(6), 6)[0]
+    torch.testing.assert_close(linear.rotate(x, x, 4 * torch.arange(6), 24)[0], plain_out)
+    yarn = build("rope", RoPEConfig(rotary_fraction=0.5, scaling=RoPEScalingConfig(type="yarn", factor=4.0)))
+    out = yarn.rotate(x, x, torch.arange(6), 6)[0]
+    assert torch.isfinite(out).all() and not torch.allclose(out[..., :4], plain_out[..., :4])
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5, 0.125, 0.375])
+def test_partial_rotary_refuses_fractions_without_whole_pairs(fraction):
+    with pytest.raises(PosGPTError, match="rotary_fraction"):
+        build("rope", RoPEConfig(rotary_fraction=fraction))
+
+
+def test_rope_declares_scaling_as_its_evaluation_time_setting():
+    assert SCHEMES["rope"].eval_time_settings == ("scaling",)
+    assert all(SCHEMES[name].eval_time_settings == () for name in SCHEMES if name != "rope")
+
+
+def test_eval_variations_are_declared_by_the_scheme():
+    """What evaluation/run.py needs, without naming a scheme: the variants and a way to apply them."""
+    from model.pe.rope_scaling import RoPEScalingConfig
+
+    pe = build("rope", RoPEConfig())
+    variations = pe.eval_variations(["none", "yarn:8", "yarn:8.0", "ntk:4"])
+    assert [label for label, _ in variations] == ["none", "yarn:8", "ntk:4"]
+    q = torch.randn(1, 1, 4, DIMS.head_dim)
+    before = pe.rotate(q, q, torch.arange(4), 4)[0]
+    with pe.evaluated_with(variations[1][1]):
+        assert pe.cfg.scaling == RoPEScalingConfig(type="yarn", factor=8.0)
+        assert not torch.allclose(pe.rotate(q, q, torch.arange(4), 4)[0], before)
+    assert pe.cfg.scaling.type == "none"
+    assert pe.eval_variations([]) == [("none", {"scaling": RoPEScalingConfig()})]
+    alibi = build("alibi", ALiBiConfig())
+    assert alibi.eval_variations([]) == [("", {})]
+    with pytest.raises(PosGPTError, match="no evaluation-time variations"):
+        alibi.eval_variations(["yarn:8"])
+    with pytest.raises(PosGPTError, match="cannot change at evaluation time"):
+        with pe.evaluated_with({"base": 500.0}):
+            pass

@@ -3,6 +3,9 @@
 The next batch is sampled, pinned and copied to the device (non-blocking) while the current step runs.
 ``sampler_state`` is the generator state *before* the pending batch was drawn: saved in checkpoints, it
 makes a resumed run draw exactly the batches an uninterrupted one would.
+
+Randomized positions (``train.random_positions=N``; Ruoss et al. 2023): each sequence also gets positions, a
+sorted random subset of [0, N), drawn from the same generator right after its tokens (so resume stays exact).
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ from training.distributed import DistInfo
 from data import TokenArray, sample_batch
 
 
+def random_positions(batch: int, seq_len: int, n_positions: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, seq_len) positions, each row a sorted random subset of [0, n_positions) (Ruoss et al. 2023)."""
+    keys = torch.rand(batch, n_positions, generator=generator)
+    return keys.argsort(dim=1)[:, :seq_len].sort(dim=1).values
+
+
 def rank_rows(global_batch: int, dist: DistInfo) -> slice:
     """The rows of a global batch that this rank trains on (train.batch_size is the global batch)."""
     rows = global_batch // dist.world_size
@@ -21,28 +30,33 @@ def rank_rows(global_batch: int, dist: DistInfo) -> slice:
 
 class BatchStream:
     def __init__(self, tokens: TokenArray, global_batch: int, seq_len: int, seed: int, dist: DistInfo,
-                 device: torch.device, state: torch.Tensor | None = None) -> None:
+                 device: torch.device, state: torch.Tensor | None = None, random_positions: int | None = None) -> None:
         self.tokens, self.global_batch, self.seq_len = tokens, global_batch, seq_len
+        self.random_positions = random_positions
         self.device, self.rows = device, rank_rows(global_batch, dist)
         self.generator = torch.Generator().manual_seed(seed)
         if state is not None:
             self.generator.set_state(state)
         self._pending = self._draw()
 
-    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         self._state_before = self.generator.get_state()
         x, y = sample_batch(self.tokens, self.global_batch, self.seq_len, self.generator)
-        x, y = x[self.rows], y[self.rows]
+        batch = [x[self.rows], y[self.rows]]
+        if self.random_positions:
+            positions = random_positions(self.global_batch, self.seq_len, self.random_positions, self.generator)
+            batch.append(positions[self.rows])
         if self.device.type == "cuda":
-            x, y = x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x, y
+            batch = [t.pin_memory().to(self.device, non_blocking=True) for t in batch]
+        return batch[0], batch[1], batch[2] if self.random_positions else None
 
     @property
     def sampler_state(self) -> torch.Tensor:
         """Generator state from which the next batch returned by ``next()`` is drawn."""
         return self._state_before
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(x, y, positions): positions is None unless training with random positions."""
         batch = self._pending
         self._pending = self._draw()
         return batch

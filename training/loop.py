@@ -126,6 +126,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     device, dtype = set_up_runtime(t, local_rank=dist.local_rank if dist.enabled else None)
     parent = load_parent(cfg)  # train.init_from; may fill in pe.scaling.original_seq_len
     raw_model = build_model(cfg).to(device)  # first: a model config error shows up before anything else
+    if t.random_positions:
+        raw_model.pe.check_random_positions(t.random_positions)
     checkpoint = resume_checkpoint(cfg, run_dir)
     if parent is not None and checkpoint is None:  # a new run starts from the parent's weights
         parent.load_into(raw_model)
@@ -145,7 +147,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     if compile_enabled(t.compile, device.type):
         model = torch.compile(model)
     batches = BatchStream(splits["train"], t.batch_size, t.seq_len, t.seed, dist, device,
-                          state=checkpoint["sampler_state"] if checkpoint else None)
+                          state=checkpoint["sampler_state"] if checkpoint else None,
+                          random_positions=t.random_positions)
     step_fn = TrainStep(model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype)
     window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
     checkpointer.wandb_run_id = window.wandb_run_id
@@ -156,8 +159,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     step, stopped_by = start_step, None
     with StopRequested() as stop:
         while step < t.max_steps and stopped_by is None:
-            x, y = batches.next()
-            loss, grad_norm, skipped = step_fn(x, y, skip_nonfinite=t.skip_nonfinite)
+            x, y, positions = batches.next()  # positions: None unless train.random_positions
+            loss, grad_norm, skipped = step_fn(x, y, skip_nonfinite=t.skip_nonfinite, positions=positions)
             step += 1
             window.add(step, loss, skipped)
             stopping = _stop_agreed(stop, dist, step, t.log_every, device)

@@ -6,15 +6,19 @@ import math
 
 import torch
 from omegaconf import DictConfig
-from torch import nn
+
+from model import GPT
 
 
-def build_optimizer(model: nn.Module, cfg: DictConfig, device: torch.device) -> torch.optim.AdamW:
-    """Decay matrices (embeddings, linear weights); never biases, LayerNorm gains or other vectors."""
+def build_optimizer(model: GPT, cfg: DictConfig, device: torch.device) -> torch.optim.AdamW:
+    """Decay matrices (embeddings, linear weights); never biases, LayerNorm gains or other vectors, nor the
+    matrices the model declares in ``no_weight_decay()`` (a positional scheme's tables of biases)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    exempt = {id(p) for p in model.no_weight_decay()}
+    decayed = [p for p in params if p.dim() >= 2 and id(p) not in exempt]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": decayed, "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if id(p) not in {id(d) for d in decayed}], "weight_decay": 0.0},
     ]
     # The fused kernel is one launch for all parameters on CUDA (and vectorised on CPU).
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))

@@ -16,9 +16,9 @@ class TrainStep:
         self.grad_accum_steps, self.grad_clip = grad_accum_steps, grad_clip
         self.device, self.dtype = device, dtype
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor,
-                 skip_nonfinite: bool = False) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """Train on this rank's rows (split into micro-batches).
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False,
+                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Train on this rank's rows (split into micro-batches), at ``positions`` (B, T) if given.
 
         Returns (mean loss, grad norm) as device tensors, and whether the step was skipped: with
         ``skip_nonfinite`` a NaN/inf gradient discards the step (no update; the schedule still advances so
@@ -27,10 +27,11 @@ class TrainStep:
         """
         total = torch.zeros((), device=self.device)
         micro_x, micro_y = x.chunk(self.grad_accum_steps), y.chunk(self.grad_accum_steps)
-        for i, (mx, my) in enumerate(zip(micro_x, micro_y)):
+        micro_p = positions.chunk(self.grad_accum_steps) if positions is not None else [None] * len(micro_x)
+        for i, (mx, my, mp) in enumerate(zip(micro_x, micro_y, micro_p)):
             with no_grad_sync(self.model, sync=i == self.grad_accum_steps - 1):
                 with autocast(self.device, self.dtype):
-                    loss = self.model(mx, my) / self.grad_accum_steps
+                    loss = self.model(mx, my, positions=mp) / self.grad_accum_steps
                 loss.backward()
             total += loss.detach()
         # The norm is computed from the all-reduced gradients, so under DDP/FSDP every rank takes the same

@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, PositionState
 
 SCHEMES: dict[str, type[PositionalEncoding]] = {}
 
@@ -33,4 +33,4 @@ def build_positional_encoding(cfg: PEConfig, dims: ModelDims) -> PositionalEncod
 
 _discover()
 
-__all__ = ["SCHEMES", "ModelDims", "PEConfig", "PositionalEncoding", "build_positional_encoding"]
+__all__ = ["SCHEMES", "ModelDims", "PEConfig", "PositionalEncoding", "PositionState", "build_positional_encoding"]

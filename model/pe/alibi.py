@@ -45,5 +45,5 @@ class ALiBiPositionalEncoding(PositionalEncoding):
         super().__init__(cfg, dims)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(dims.n_head)), persistent=False)
 
-    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:
         return -self.slopes[head] * (q_pos - k_pos)

@@ -1,16 +1,26 @@
 """The one interface every positional scheme implements.
 
-Position can enter a transformer in exactly three places. A scheme overrides the hooks it uses and
-inherits no-ops for the rest:
+Position can enter a transformer in four places. A scheme overrides the hooks it uses and inherits no-ops
+for the rest:
 
 1. ``embed(positions)``      -> a vector per position, added to the token embeddings (sinusoidal, learned)
-2. ``rotate(q, k, positions, seq_len)`` -> q and k transformed inside every attention layer (RoPE and its variants)
-3. ``score_bias(q_pos, k_pos, head)`` -> a term added to attention scores (ALiBi, T5 buckets, FIRE, ...)
+2. ``rotate(q, k, positions, seq_len, prepared)`` -> q and k transformed in every attention layer (RoPE, xPos)
+3. ``score_bias(q_pos, k_pos, head, layer)`` -> a term added to attention scores (ALiBi, T5, KERPLE, FIRE)
+4. ``content_bias(q, scores, layer)`` -> a term computed from the scores themselves (CoPE); such a scheme
+   always runs the written-out attention path
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
-block on CPU (q_pos of shape (Tq, 1), k_pos of shape (1, Tk), head of shape (H, 1, 1)); the scheme never
-knows which.
+block on CPU (via ``bias_block``, which a scheme may override with a faster whole-block version); the
+scheme never knows which.
+
+Per forward pass. What does not depend on the layer (RoPE's cos/sin) is computed once by ``prepare`` and
+handed to every layer in a :class:`PositionState`; a bias block that does not depend on the layer
+(``bias_depends_on_layer = False``: ALiBi, T5) is materialised once and reused by every layer. Schemes
+with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and index them by ``layer``.
+
+Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
+Ruoss et al. 2023); every hook accepts both.
 
 Each scheme is a module in ``model/pe/`` that defines a subclass with ``name`` set and a config dataclass
 (subclass of :class:`PEConfig`) in ``config_class``; ``model/pe/__init__.py`` discovers it, so adding a
@@ -19,11 +29,15 @@ scheme is one module plus one ``configs/pe/<name>.yaml``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from core.errors import PosGPTError
 
 
 @dataclass
@@ -42,6 +56,7 @@ class ModelDims:
     head_dim: int
     train_seq_len: int  # the context length the model is (or was) trained at
     init_std: float  # std of weight matrices at initialisation (model.init_std)
+    n_layer: int = 1  # for schemes with parameters per layer
     # The token embedding under model.embedding (model/gpt.py): the std of its table at initialisation (None:
     # init_std) and its multiplier in the forward pass.
     token_init_std: float | None = None
@@ -58,6 +73,27 @@ class ModelDims:
         return self.embedding_std * self.token_scale
 
 
+@dataclass
+class PositionState:
+    """Positions of one forward pass, shared by every layer.
+
+    Queries are the new tokens; keys are all tokens attended to (cached ones first). The causal mask is by
+    index (key index <= query index + q_offset); positions only feed the scheme, so they may be any
+    increasing sequence.
+    """
+
+    positions: torch.Tensor  # (Tq,) or (B, Tq): positions of the queries
+    key_positions: torch.Tensor  # (Tk,) or (B, Tk)
+    q_offset: int  # index of the first query among the keys
+    prepared: Any = None  # the scheme's per-forward values, from PositionalEncoding.prepare
+    explicit: bool = False  # positions were given (not q_offset .. q_offset + Tq - 1)
+    bias_blocks: dict = field(default_factory=dict)  # materialised bias blocks shared by the layers
+
+    @property
+    def seq_len(self) -> int:
+        return self.key_positions.shape[-1]
+
+
 class PositionalEncoding(nn.Module):
     """Base class: no position at all. Subclasses override the hooks they use."""
 
@@ -65,8 +101,12 @@ class PositionalEncoding(nn.Module):
     config_class: ClassVar[type[PEConfig]] = PEConfig
     # True when score_bias is overridden: attention must then use a path that can add a bias.
     has_score_bias: ClassVar[bool] = False
-    # Names of the scheme's own config fields that may change at evaluation time, or when a run starts from
-    # another's weights (train.init_from), without changing what the trained weights compute (RoPE: scaling).
+    # False when score_bias is the same in every layer: the blockwise path then builds it once per forward.
+    bias_depends_on_layer: ClassVar[bool] = False
+    # True when content_bias is overridden: attention always runs the written-out path.
+    has_content_bias: ClassVar[bool] = False
+    # The scheme's own config fields that may change at evaluation/sampling time without changing what the
+    # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:
@@ -74,26 +114,89 @@ class PositionalEncoding(nn.Module):
         self.cfg = cfg
         self.dims = dims
 
+    @classmethod
+    def uses_positions(cls) -> bool:
+        """Whether the scheme overrides a hook that takes token positions (NoPE and CoPE do not)."""
+        hooks = ("embed", "rotate", "score_bias")
+        return any(getattr(cls, hook) is not getattr(PositionalEncoding, hook) for hook in hooks)
+
     def max_positions(self) -> int | None:
         """The longest sequence this scheme can encode, or None when it is defined for any length."""
+        return None
+
+    def check_random_positions(self, n_positions: int) -> None:
+        """PosGPTError unless training with positions drawn from [0, n_positions) makes sense for this scheme."""
+        if not self.uses_positions():
+            raise PosGPTError(f"train.random_positions: pe={self.name} does not use token positions, so there is "
+                              "nothing to randomize; drop train.random_positions")
+        limit = self.max_positions()
+        if limit is not None and n_positions > limit:
+            raise PosGPTError(f"train.random_positions={n_positions}: pe={self.name} encodes at most {limit} "
+                              "positions (its table size); enlarge the table or lower train.random_positions")
+
+    def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        """Evaluation-time variants asked for on the command line (``eval.scalings`` for RoPE) -> a list of
+        (label, settings), settings mapping fields of ``eval_time_settings`` to values. Without specs: the
+        run as configured, one entry."""
+        if specs:
+            raise PosGPTError(f"pe={self.name} has no evaluation-time variations (got {list(specs)})")
+        return [("", {})]
+
+    @contextlib.contextmanager
+    def evaluated_with(self, settings: dict[str, Any]) -> Iterator[None]:
+        """Apply eval-time settings (from ``eval_variations``) inside the block; the previous ones after it."""
+        unknown = set(settings) - set(self.eval_time_settings)
+        if unknown:
+            raise PosGPTError(f"pe={self.name}: {sorted(unknown)} cannot change at evaluation time "
+                              f"(allowed: {list(self.eval_time_settings)})")
+        previous = {name: getattr(self.cfg, name) for name in settings}
+        for name, value in settings.items():
+            self.apply_eval_setting(name, value)
+        try:
+            yield
+        finally:
+            for name, value in previous.items():
+                self.apply_eval_setting(name, value)
+
+    def apply_eval_setting(self, name: str, value: Any) -> None:
+        """Change one field of ``eval_time_settings`` on the built scheme."""
+        raise NotImplementedError(f"positional scheme {self.name!r} has no evaluation-time setting {name!r}")
+
+    def no_weight_decay(self) -> list[nn.Parameter]:
+        """Parameters AdamW must not decay even though they are matrices (tables of biases, positions)."""
+        return []
+
+    def prepare(self, positions: torch.Tensor, seq_len: int, memo: dict) -> Any:
+        """Per-forward values shared by all layers (RoPE's cos/sin), for queries at ``positions`` over
+        ``seq_len`` keys. ``memo`` lives as long as a KV cache (one dict per generated sequence), for values
+        that must stay fixed while decoding token by token."""
         return None
 
     def embed(self, positions: torch.Tensor) -> torch.Tensor | None:
         """(T,) integer positions -> (T, n_embd) vectors added to the token embeddings, or None."""
         return None
 
-    def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform the new q and k, both (B, H, T, D), at integer positions (T,).
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int,
+               prepared: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transform the new q and k, both (B, H, T, D), at integer positions (T,) or (B, T).
 
-        ``seq_len`` is the number of keys attended to (cached ones included), for schemes that adapt to it.
+        ``seq_len`` is the number of keys attended to (cached ones included), for schemes that adapt to it;
+        ``prepared`` is what ``prepare`` returned for this forward pass (computed here when None).
         """
         return q, k
 
-    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:
         """A term added to the (pre-softmax, already scaled) attention score; elementwise, broadcastable."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no score bias")
+
+    def bias_block(self, q_pos: torch.Tensor, k_pos: torch.Tensor, layer: int) -> torch.Tensor:
+        """(Tq,) or (B, Tq) query and (Tk,) or (B, Tk) key positions -> (H, Tq, Tk) or (B, H, Tq, Tk) biases."""
+        heads = torch.arange(self.dims.n_head, device=q_pos.device)[:, None, None]
+        return self.score_bias(q_pos[..., None, :, None], k_pos[..., None, None, :], heads, layer)
+
+    def content_bias(self, q: torch.Tensor, scores: torch.Tensor, layer: int) -> torch.Tensor:
+        """q (B, H, Tq, D) and the scaled, causally masked scores (B, H, Tq, Tk) -> a term added to them."""
+        raise NotImplementedError(f"positional scheme {self.name!r} has no content bias")
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

@@ -9,30 +9,76 @@ head in every layer; values are not rotated. Coordinates are paired as (i, i + d
 Face layout) rather than (2i, 2i+1): a fixed permutation of the head dimensions, so the same function.
 
 ``scaling`` stretches the frequencies for evaluation beyond the training length (see rope_scaling.py).
+
+Partial rotary (``rotary_fraction`` f < 1; GPT-NeoX's ``rotary_pct``, litgpt's ``rotary_percentage``): only
+the first r = f d coordinates of each head are rotated, with the frequencies of an r-dimensional RoPE
+(theta_i = base^(-2i/r)); the other d - r pass through unchanged. Scalings act on those r coordinates.
+
+cos and sin depend on the positions only, not on the layer: ``prepare`` computes them once per forward pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
-from model.pe.rope_scaling import ROPE_SCALINGS, RoPEScalingConfig, check_scaling, rope_inv_freq
+from model.pe.rope_scaling import (ROPE_SCALINGS, RoPEScalingConfig, check_scaling, parse_scaling, rope_inv_freq,
+                                   scaling_label)
 
 
 @dataclass
 class RoPEConfig(PEConfig):
     name: str = "rope"
     base: float = 10000.0
+    rotary_fraction: float = 1.0  # share of each head's dimensions that is rotated
     scaling: RoPEScalingConfig = field(default_factory=RoPEScalingConfig)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     first, second = x.chunk(2, dim=-1)
     return torch.cat((-second, first), dim=-1)
+
+
+def rotation_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """(T,) or (B, T) positions -> float64 angles m theta_i for both coordinates of each pair, (T, 2 len(inv_freq))
+    or (B, 1, T, 2 len(inv_freq)) (per-row positions broadcast over heads)."""
+    # float64: m * theta_i loses ~1e-3 rad in float32 at m ~ 16K.
+    angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles[:, None] if angles.dim() == 3 else angles
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int) -> torch.Tensor:
+    """Rotate the first ``rotated`` coordinates of x (pairs (i, i + rotated/2)); the rest pass through."""
+    if rotated == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    head, tail = x[..., :rotated], x[..., rotated:]
+    return torch.cat((head * cos + rotate_half(head) * sin, tail), dim=-1)
+
+
+def rotated_dims(head_dim: int, fraction: float) -> int:
+    """How many leading coordinates of a head RoPE rotates: head_dim * fraction, an even number >= 2."""
+    if not 0.0 < fraction <= 1.0:
+        raise PosGPTError(f"pe.rotary_fraction must be in (0, 1] (got {fraction})")
+    if fraction == 1.0 and head_dim % 2:
+        raise PosGPTError(
+            f"pe=rope rotates pairs of coordinates, so the head dimension must be even; "
+            f"n_embd/n_head = {head_dim}. Change model.n_embd or model.n_head."
+        )
+    rotated = int(head_dim * fraction)
+    if rotated < 2 or rotated % 2:
+        raise PosGPTError(
+            f"pe=rope rotates pairs of coordinates, so head_dim x pe.rotary_fraction must be an even number >= 2; "
+            f"n_embd/n_head = {head_dim}, x {fraction} = {head_dim * fraction:g}. "
+            "Change model.n_embd, model.n_head or pe.rotary_fraction."
+        )
+    return rotated
 
 
 class RotaryPositionalEncoding(PositionalEncoding):
@@ -42,12 +88,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     def __init__(self, cfg: RoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
-        if dims.head_dim % 2:
-            raise PosGPTError(
-                f"pe=rope rotates pairs of coordinates, so the head dimension must be even; "
-                f"n_embd/n_head = {dims.head_dim}. Change model.n_embd or model.n_head."
-            )
-        self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, cfg.base), persistent=False)
+        self.rotated = rotated_dims(dims.head_dim, cfg.rotary_fraction)
+        self.register_buffer("inv_freq", rope_inv_freq(self.rotated, cfg.base), persistent=False)
         self.set_scaling(cfg.scaling)
 
     def set_scaling(self, scaling: RoPEScalingConfig) -> None:
@@ -55,21 +97,32 @@ class RotaryPositionalEncoding(PositionalEncoding):
         check_scaling(scaling)
         self.cfg = dataclasses.replace(self.cfg, scaling=scaling)
 
+    def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        """``eval.scalings`` entries (``yarn:8``; the yarn betas from the run's ``pe.scaling``), each once; without
+        specs, the run's own scaling."""
+        scalings = [parse_scaling(spec, defaults=self.cfg.scaling) for spec in specs] or [self.cfg.scaling]
+        unique = {scaling_label(scaling): scaling for scaling in scalings}
+        return [(label, {"scaling": scaling}) for label, scaling in unique.items()]
+
+    def apply_eval_setting(self, name: str, value: Any) -> None:
+        self.set_scaling(value)
+
     def cos_sin(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(T,) positions -> cos, sin of shape (T, head_dim) for a sequence of seq_len keys."""
+        """(T,) or (B, T) positions -> cos, sin of shape (T, r) or (B, 1, T, r), r the rotated dimensions, for a
+        sequence of seq_len keys."""
         scale = ROPE_SCALINGS[self.cfg.scaling.type]
         original_len = self.cfg.scaling.original_seq_len or self.dims.train_seq_len  # L (see rope_scaling.py)
         inv_freq, attention_factor = scale(
-            self.inv_freq, self.cfg.scaling, self.cfg.base, self.dims.head_dim, original_len, seq_len
+            self.inv_freq, self.cfg.scaling, self.cfg.base, self.rotated, original_len, seq_len
         )
-        # Angles in float64: m * theta_i loses ~1e-3 rad in float32 at m ~ 16K.
-        angles = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device)[None, :]
-        angles = torch.cat((angles, angles), dim=-1)
+        angles = rotation_angles(positions, inv_freq)
         return (angles.cos() * attention_factor).float(), (angles.sin() * attention_factor).float()
 
-    def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin(positions, seq_len)
+    def prepare(self, positions: torch.Tensor, seq_len: int, memo: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos_sin(positions, seq_len)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int,
+               prepared: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = prepared if prepared is not None else self.cos_sin(positions, seq_len)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return rotate_pairs(q, cos, sin, self.rotated), rotate_pairs(k, cos, sin, self.rotated)

@@ -1,0 +1,43 @@
+"""T5 relative buckets: the bucket function against Hugging Face's formula, and the bias built from it."""
+
+import math
+
+import torch
+
+from model.pe import SCHEMES, ModelDims
+from model.pe.t5 import T5Config, t5_bucket
+
+DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02, n_layer=2)
+
+
+def hf_bucket(relative_position: int, num_buckets: int = 32, max_distance: int = 128) -> int:
+    """Hand transcription of transformers' T5Attention._relative_position_bucket, bidirectional=False, for one
+    integer relative_position = key - query."""
+    n = -min(relative_position, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return n
+    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    return min(large, num_buckets - 1)
+
+
+def test_buckets_match_the_reference_formula():
+    distances = torch.arange(-5, 2000)
+    got = t5_bucket(distances, 32, 128).tolist()
+    assert got == [hf_bucket(-int(d)) for d in distances]
+    # A few by hand: exact below 16, then log-spaced; 128 and beyond share the last bucket.
+    assert [got[d + 5] for d in (0, 15, 16, 20, 32, 64, 127, 128, 1999)] == [0, 15, 16, 17, 21, 26, 31, 31, 31]
+    assert got[:5] == [0] * 5  # future keys (masked anyway) count as distance 0
+    assert t5_bucket(torch.arange(40), 8, 20).tolist() == [hf_bucket(-d, 8, 20) for d in range(40)]
+
+
+def test_bias_is_the_table_entry_shared_by_layers():
+    pe = SCHEMES["t5"](T5Config(), DIMS)
+    q_pos, k_pos = torch.arange(300)[:, None], torch.arange(300)[None, :]
+    heads = torch.arange(4)[:, None, None]
+    bias = pe.score_bias(q_pos, k_pos, heads, 0)
+    expected = pe.table[t5_bucket(q_pos - k_pos, 32, 128)].permute(2, 0, 1)
+    torch.testing.assert_close(bias, expected)
+    torch.testing.assert_close(pe.score_bias(q_pos, k_pos, heads, 1), bias)
+    assert not SCHEMES["t5"].bias_depends_on_layer
+    assert [p is pe.table for p in pe.no_weight_decay()] == [True]
