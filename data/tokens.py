@@ -1,6 +1,8 @@
 """A read-only token sequence stored across uint16 shard files."""
 
 import functools
+import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,15 +22,25 @@ class TokenArray:
     not the corpus's.
     """
 
-    def __init__(self, shards: Sequence[Path | str], start: int = 0, stop: int | None = None, name: str = "tokens"):
+    def __init__(self, shards: Sequence[Path | str], start: int = 0, stop: int | None = None, name: str = "tokens",
+                 checksums: Sequence[str] | None = None):
         self.shards = [Path(shard) for shard in shards]
-        self.name = name  # the split's name, for error messages
+        self.name = name  # the split's name, for error messages and result rows
+        self.checksums = list(checksums) if checksums is not None else None  # the shards' sha256, as the cache recorded
         sizes = [shard.stat().st_size // np.dtype(np.uint16).itemsize for shard in self.shards]
         self._offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])  # where each shard starts
         stop = int(self._offsets[-1]) if stop is None else stop
         if not 0 <= start <= stop <= self._offsets[-1]:
             raise ValueError(f"[{start}, {stop}) is not within the shards' {self._offsets[-1]} tokens")
         self.start, self.stop = start, stop
+
+    @property
+    def digest(self) -> str | None:
+        """sha256 of what identifies these tokens without reading them: the shards' checksums and the range
+        (None when the shards' checksums are not known)."""
+        if self.checksums is None:
+            return None
+        return hashlib.sha256(json.dumps([self.checksums, self.start, self.stop]).encode()).hexdigest()
 
     def __len__(self) -> int:
         return self.stop - self.start
