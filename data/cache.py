@@ -62,22 +62,24 @@ def eval_tokens(cfg: DataConfig, trained_data: Mapping, trained_corpus: dict | N
     """The tokens eval.py scores, by data.eval_split; its .name is the split ("val", "train" or "all").
 
     auto: the val split of the corpus the run was trained on (its tokens match `trained_corpus`, the
-    checkpoint's corpus_identity; without one, its content settings match `trained_data`), and all of any
-    other corpus. A corpus with the training settings but other tokens (edited since) is refused under auto.
+    checkpoint's corpus_identity, or without one its settings match `trained_data`), all of any other
+    corpus. The training corpus's sources with other tokens (edited since, or another data.val_fraction)
+    are refused under auto: their val split may hold text the run trained on.
     """
     streams = _load(cfg)
     split = cfg.eval_split
     if split == "auto":
-        same_settings = _content_settings(cfg) == _content_settings(trained_data)
-        if trained_corpus is None:
-            same = same_settings
-        else:
+        if trained_corpus is not None:
             same = corpus_identity({s: streams[s] for s in SPLITS}) == trained_corpus
-            if same_settings and not same:
-                raise PosGPTError(
-                    f"data {cfg.name!r} ({describe_corpus(cfg)}) has changed since this run was trained: its tokens "
-                    "differ from the checkpoint's. Pass data.eval_split=all to score all of it, or val for its val split"
-                )
+        else:
+            same = _content_settings(cfg) == _content_settings(trained_data)
+        ignored = ("val_fraction", "shard_chars")
+        if not same and _content_settings(cfg, ignored) == _content_settings(trained_data, ignored):
+            raise PosGPTError(
+                f"data {cfg.name!r} ({describe_corpus(cfg)}) is what this run was trained on, but its tokens or "
+                "split differ from the checkpoint's (edited since, or another data.val_fraction), so its val split "
+                "may hold training text: pass data.eval_split=val|train|all to choose what to score"
+            )
         split = "val" if same else ALL
         print(f"data: data.eval_split=auto: scoring the {split} split of {cfg.name} ("
               + ("the corpus the run was trained on)" if same else "not the corpus the run was trained on)"), flush=True)
@@ -124,10 +126,10 @@ def _summary(identity: dict | None) -> str:
     return "nothing" if identity is None else f"{identity['tokens']:,} tokens, digest {str(identity['digest'])[:12]}"
 
 
-def _content_settings(data: Mapping | DataConfig) -> dict:
-    keys = data.keys() if isinstance(data, Mapping) else vars(data).keys()
-    return {key: _plain(getattr(data, key, None) if not isinstance(data, Mapping) else data[key])
-            for key in keys if key not in NOT_CONTENT}
+def _content_settings(data: Mapping | DataConfig, ignored: tuple[str, ...] = ()) -> dict:
+    """The data settings that decide which tokens a corpus holds (all but NOT_CONTENT and `ignored`)."""
+    values = data if isinstance(data, Mapping) else vars(data)
+    return {key: _plain(values[key]) for key in values if key not in NOT_CONTENT + ignored}
 
 
 def _plain(value: object) -> object:
@@ -297,10 +299,11 @@ def _tokenize(corpus: Corpus, folder: Path, cfg: DataConfig, key: str, trusted: 
                 else:
                     yield folder / name, docs, corpus.end_with_eot
 
-        with _signals_stop_workers(), contextlib.closing(
+        with _signals_stop_workers() as check_signals, contextlib.closing(
             _parallel_map(_write_shard, missing_shards(), cfg.num_proc)
         ) as results:
             for name, n_docs, tokens, sha256 in results:
+                check_signals()
                 record(name.split("_")[0], {"file": name, "tokens": tokens, "sha256": sha256})
                 bar.update(n_docs)
 
@@ -342,19 +345,29 @@ class _Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def _signals_stop_workers() -> Iterator[None]:
+def _signals_stop_workers() -> Iterator[Callable[[], None]]:
     """Make SIGTERM unwind like Ctrl-C, so that the worker pool is stopped (_parallel_map), then deliver it
-    again with its previous handler: the process ends as it would have, without orphans left tokenizing."""
-    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
-        yield
-        return
+    again with its previous handler: the process ends as it would have, without orphans left tokenizing.
+
+    Yields a check to call between results: Python ignores an exception raised by a handler that runs inside
+    some callbacks (a fork hook of the pool starting a worker), so the signal is also remembered.
+    """
+    received = []
 
     def raise_terminated(signum: int, frame) -> None:
+        received.append(signum)
         raise _Terminated
 
+    def check() -> None:
+        if received:
+            raise _Terminated
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield check
+        return
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        yield
+        yield check
     except _Terminated:
         signal.signal(signal.SIGTERM, previous)
         signal.raise_signal(signal.SIGTERM)

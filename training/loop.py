@@ -34,7 +34,7 @@ from core.errors import PosGPTError
 from core.runtime import (autocast, configure_backends, flops_per_token, peak_flops, select_device, select_dtype,
                           seed_everything)
 from core.tracking import MetricsFile, init_wandb
-from data import load_splits, sample_batch
+from data import check_corpus, corpus_identity, load_splits, sample_batch
 from data import validate as validate_data
 from training.batches import BatchStream, rank_rows
 from training.optim import build_optimizer, build_scheduler, lr_multiplier
@@ -46,7 +46,7 @@ RESUMABLE_SETTINGS = (
     "train.max_steps", "train.resume", "train.log_every", "train.val_every", "train.val_batches",
     "train.checkpoint_every", "train.keep_checkpoints", "train.grad_accum_steps", "train.device", "train.dtype",
     "train.compile", "train.num_threads", "train.skip_nonfinite", "train.distributed", "train.eval_after",
-    "model.attn_backend", "data.cache_dir", "data.num_proc", "eval.", "logging.",
+    "model.attn_backend", "data.cache_dir", "data.num_proc", "data.eval_split", "eval.", "logging.",
 )
 
 
@@ -205,6 +205,9 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
                   f"{t.max_steps}); nothing to do. Raise train.max_steps to train longer", flush=True)
         return None
     splits = _load_data(cfg, dist)
+    corpus = corpus_identity(splits)  # [data hook, #12.2] saved in every checkpoint; a resume must match it
+    if checkpoint is not None:
+        check_corpus(checkpoint.get("corpus"), splits, cfg.data)
     model = distributed.wrap_model(raw_model, dist, t.distributed, device)
     optimizer = build_optimizer(raw_model, t, device)
     scheduler = build_scheduler(optimizer, t)
@@ -253,7 +256,7 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
                 "config": OmegaConf.to_container(cfg, resolve=True), "overrides": list(overrides),
                 "rng": {"torch": torch.get_rng_state(),
                         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
-                "sampler_state": batches.sampler_state,
+                "sampler_state": batches.sampler_state, "corpus": corpus,
                 "wandb_run_id": wandb_run.id if wandb_run is not None else None,
             }, run_dir, keep=t.keep_checkpoints)
         last_saved = step
