@@ -350,30 +350,37 @@ def _signals_stop_workers() -> Iterator[Callable[[], None]]:
     again with its previous handler: the process ends as it would have, without orphans left tokenizing.
 
     Yields a check to call between results: Python ignores an exception raised by a handler that runs inside
-    some callbacks (a fork hook of the pool starting a worker), so the signal is also remembered.
+    some callbacks (a fork hook of the pool starting a worker), so each signal is also remembered. Ctrl-C
+    raises KeyboardInterrupt as usual, and is remembered the same way.
     """
-    received = []
+    received: list[int] = []
 
-    def raise_terminated(signum: int, frame) -> None:
+    def interrupt(signum: int) -> None:
+        raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
+
+    def handle(signum: int, frame) -> None:
         received.append(signum)
-        raise _Terminated
+        interrupt(signum)
 
     def check() -> None:
         if received:
-            raise _Terminated
+            interrupt(received[0])
 
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
         yield check
         return
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, handle)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # leave a custom or ignored Ctrl-C alone
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, handle)
     try:
         yield check
     except _Terminated:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
         signal.raise_signal(signal.SIGTERM)
         raise  # only reached if the previous handler returns
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _ignore_sigint() -> None:

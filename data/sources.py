@@ -195,41 +195,39 @@ def read_utf8(path: Path) -> str:
         ) from None
 
 
-def _content_digest(files: list[str]) -> str:
-    """sha256 of the local files' bytes (URLs by name: datasets checks their ETag itself)."""
+def _content_digest(files: list[str], utf8: bool) -> str:
+    """sha256 of the local files' bytes (URLs by name: datasets checks their ETag itself), checking on the
+    way, if `utf8`, that each file is UTF-8 (pyarrow would fail later on the text, without saying where)."""
     digest = hashlib.sha256()
     for file in files:
         digest.update(file.encode() + b"\0")
-        if not is_url(file):
-            try:
-                with open(file, "rb") as f:
-                    while chunk := f.read(1 << 24):
-                        digest.update(chunk)
-            except OSError as e:
-                raise PosGPTError(f"data.files: cannot read {file} ({e.strerror}); fix it or drop it") from None
+        if is_url(file):
+            continue
+        decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+        try:
+            with open(file, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    digest.update(chunk)
+                    if utf8:
+                        pending = len(decoder.getstate()[0])  # bytes of a character cut by the last chunk
+                        try:
+                            decoder.decode(chunk)
+                        except UnicodeDecodeError as e:
+                            raise PosGPTError(
+                                f"data.files: {file} is not valid UTF-8 at byte {offset - pending + e.start} "
+                                f"({e.reason}): convert it to UTF-8, or drop it"
+                            ) from None
+                    offset += len(chunk)
+            if utf8 and decoder.getstate()[0]:
+                raise PosGPTError(f"data.files: {file} is not valid UTF-8 at byte {offset - len(decoder.getstate()[0])} "
+                                  "(unexpected end of data): convert it to UTF-8, or drop it")
+        except OSError as e:
+            raise PosGPTError(f"data.files: cannot read {file} ({e.strerror}); fix it or drop it") from None
     return digest.hexdigest()
 
 
-def _first_invalid_utf8(path: str) -> str | None:
-    """Where a local file stops being UTF-8, as "byte N (reason)"; None when it is valid (or a URL)."""
-    if is_url(path):
-        return None
-    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(1 << 24)
-            pending = len(decoder.getstate()[0])
-            try:
-                decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as e:
-                return f"byte {offset - pending + e.start} ({e.reason})"
-            if not chunk:
-                return None
-            offset += len(chunk)
-
-
 def _load_table(cfg: DataConfig, loader: str, files: list[str]) -> datasets.Dataset:
-    cache_dir = resolve_cache_dir(cfg) / "datasets" / _content_digest(files)[:16]
+    cache_dir = resolve_cache_dir(cfg) / "datasets" / _content_digest(files, utf8=loader != "parquet")[:16]
     # sample_by="document": a whole .txt file is one document, not one per line.
     options = {"sample_by": "document"} if loader == "text" else {}
     try:
@@ -240,11 +238,6 @@ def _load_table(cfg: DataConfig, loader: str, files: list[str]) -> datasets.Data
             "and list its local path"
         ) from e
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:  # ValueError: pyarrow's ArrowInvalid
-        if loader != "parquet":  # datasets' message names neither the file nor the place: find it
-            for file in files:
-                if where := _first_invalid_utf8(file):
-                    raise PosGPTError(f"data.files: {file} is not valid UTF-8 at {where}: convert it to UTF-8, "
-                                      "or drop it") from None
         raise PosGPTError(f"data.files: could not read {', '.join(files)} ({e}); fix or drop these files") from e
 
 

@@ -10,8 +10,9 @@ import numpy as np
 
 
 @functools.lru_cache(maxsize=128)
-def _open_shard(path: Path) -> np.memmap:
+def _open_shard(path: Path, version: tuple[int, int, int]) -> np.memmap:
     # Bounded because every open memmap holds a file descriptor, and a large corpus has many shards.
+    # `version` (inode, mtime, size) keeps a shard that was written again from being read from an old map.
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
@@ -27,7 +28,9 @@ class TokenArray:
         self.shards = [Path(shard) for shard in shards]
         self.name = name  # the split's name, for error messages and result rows
         self.checksums = list(checksums) if checksums is not None else None  # the shards' sha256, as the cache recorded
-        sizes = [shard.stat().st_size // np.dtype(np.uint16).itemsize for shard in self.shards]
+        stats = [shard.stat() for shard in self.shards]
+        self._versions = [(stat.st_ino, stat.st_mtime_ns, stat.st_size) for stat in stats]
+        sizes = [stat.st_size // np.dtype(np.uint16).itemsize for stat in stats]
         self._offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])  # where each shard starts
         stop = int(self._offsets[-1]) if stop is None else stop
         if not 0 <= start <= stop <= self._offsets[-1]:
@@ -59,6 +62,6 @@ class TokenArray:
             begin = position - self._offsets[shard]
             count = min(end, self._offsets[shard + 1]) - position
             done = position - self.start - start
-            out[done : done + count] = _open_shard(self.shards[shard])[begin : begin + count]
+            out[done : done + count] = _open_shard(self.shards[shard], self._versions[shard])[begin : begin + count]
             position += count
         return out
