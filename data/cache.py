@@ -81,8 +81,8 @@ def eval_tokens(cfg: DataConfig, trained_data: Mapping, trained_corpus: dict | N
                 "may hold training text: pass data.eval_split=val|train|all to choose what to score"
             )
         split = "val" if same else ALL
-        print(f"data: data.eval_split=auto: scoring the {split} split of {cfg.name} ("
-              + ("the corpus the run was trained on)" if same else "not the corpus the run was trained on)"), flush=True)
+        which = "the corpus the run was trained on" if same else "not the corpus the run was trained on"
+        print(f"data: data.eval_split=auto: scoring the {split} split of {cfg.name} ({which})", flush=True)
     return _nonempty(streams[split], cfg)
 
 
@@ -104,9 +104,8 @@ def check_corpus(recorded: dict | None, splits: Mapping[str, TokenArray], cfg: D
     if recorded is None or recorded == now:
         return
     changed = [split for split in sorted(now.keys() | recorded.keys()) if now.get(split) != recorded.get(split)]
-    shown = "; ".join(
-        f"{split}: {_summary(recorded.get(split))} in the checkpoint, {_summary(now.get(split))} now" for split in changed
-    )
+    shown = "; ".join(f"{split}: {_summary(recorded.get(split))} in the checkpoint, {_summary(now.get(split))} now"
+                      for split in changed)
     raise PosGPTError(
         f"data {cfg.name!r} ({describe_corpus(cfg)}) holds other tokens than the checkpoint was trained on ({shown}). "
         "Restore that corpus to resume, or start a new run in another hydra.run.dir"

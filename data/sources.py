@@ -189,10 +189,12 @@ def read_utf8(path: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise PosGPTError(
-            f"data.files: {path} is not valid UTF-8 at byte {e.start} ({e.reason}): convert it to UTF-8, "
-            "e.g. iconv -f latin1 -t utf-8, or drop it"
-        ) from None
+        raise _not_utf8(path, e.start, e.reason) from None
+
+
+def _not_utf8(path: Path | str, offset: int, reason: str) -> PosGPTError:
+    return PosGPTError(f"data.files: could not read {path}: not valid UTF-8 at byte {offset} ({reason}); "
+                       "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it")
 
 
 def _content_digest(files: list[str], utf8: bool) -> str:
@@ -213,14 +215,10 @@ def _content_digest(files: list[str], utf8: bool) -> str:
                         try:
                             decoder.decode(chunk)
                         except UnicodeDecodeError as e:
-                            raise PosGPTError(
-                                f"data.files: {file} is not valid UTF-8 at byte {offset - pending + e.start} "
-                                f"({e.reason}): convert it to UTF-8, or drop it"
-                            ) from None
+                            raise _not_utf8(file, offset - pending + e.start, e.reason) from None
                     offset += len(chunk)
             if utf8 and decoder.getstate()[0]:
-                raise PosGPTError(f"data.files: {file} is not valid UTF-8 at byte {offset - len(decoder.getstate()[0])} "
-                                  "(unexpected end of data): convert it to UTF-8, or drop it")
+                raise _not_utf8(file, offset - len(decoder.getstate()[0]), "unexpected end of data")
         except OSError as e:
             raise PosGPTError(f"data.files: cannot read {file} ({e.strerror}); fix it or drop it") from None
     return digest.hexdigest()

@@ -434,11 +434,11 @@ def test_rows_without_text_are_counted(tmp_path, capsys):
 def test_invalid_utf8_is_located(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
-    with pytest.raises(PosGPTError, match=r"rows.jsonl is not valid UTF-8 at byte 30 \(invalid continuation byte\)"):
+    with pytest.raises(PosGPTError, match=r"rows.jsonl: not valid UTF-8 at byte 30 \(invalid continuation byte\)"):
         load_splits(DataConfig(source="text", files=[str(rows)]))
     big = tmp_path / "big.jsonl"  # past the first 16 MiB read, just after a character cut by the read
     big.write_bytes(b"a" * ((1 << 24) - 1) + "é".encode() + b"\xff")
-    with pytest.raises(PosGPTError, match=f"big.jsonl is not valid UTF-8 at byte {(1 << 24) + 1} "):
+    with pytest.raises(PosGPTError, match=f"big.jsonl: not valid UTF-8 at byte {(1 << 24) + 1} "):
         sources._content_digest([str(big)], utf8=True)
 
 

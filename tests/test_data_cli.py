@@ -140,7 +140,7 @@ def test_invalid_utf8_names_the_file_and_byte(cli, tmp_path):
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("Ein schöner Tag.".encode("latin-1"))
     assert_user_error(train(cli, tmp_path / "run", [latin]),
-                      f"data.files: {latin} is not valid UTF-8 at byte 7 (invalid start byte)")
+                      f"data.files: could not read {latin}: not valid UTF-8 at byte 7 (invalid start byte)")
 
 
 def _children(pid: int) -> set[int]:
