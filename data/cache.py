@@ -9,7 +9,7 @@ One cache entry, <cache_dir>/<name>-<key>/, holds:
 
 The key hashes all that decides the tokens: the tokenizer, the documents and their split labels
 (Corpus.fingerprint), whether documents end with <|endoftext|>, and the shard size. A shard is trusted only
-if it matches the manifest: its size and the sha256 of its bytes are checked at every load (about 40 ms
+if it matches the manifest: its size and the sha256 of its bytes are checked at every load (about 50 ms
 for the 15M tokens of the default corpus). A shard that does not match, or a manifest that is not one, is
 tokenized again; an interrupted run keeps the shards it finished (the manifest records each as it is
 written), and the next one tokenizes only the rest.

@@ -111,11 +111,7 @@ def test_eval_of_another_corpus_scores_all_of_it(cli, book_run):
     row = next(row for row in eval_rows(book_run) if row["data"] == "other")
     # All ~5K tokens are available; the scored targets are the largest multiple of 16 after the first 16.
     assert row["split"] == "all" and row["corpus"] == f"files {other}" and row["tokens"] > 4000
-    done = cli.eval(book_run, "data=text", "data.name=other", f"data.files=[{other}]", "data.eval_split=val",
-                    *EVAL_FAST)
-    assert done.returncode == 0, done.stderr
-    row = next(row for row in eval_rows(book_run) if row["data"] == "other")
-    assert row["split"] == "val" and row["tokens"] < 200
+    # (data.eval_split=val|train|all: tests/test_data.py::test_eval_split)
 
 
 def test_duplicates_and_rows_without_text_are_reported(cli, tmp_path, book):
