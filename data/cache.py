@@ -382,8 +382,10 @@ def _signals_stop_workers() -> Iterator[Callable[[], None]]:
             signal.signal(signum, handler)
 
 
-def _ignore_sigint() -> None:
-    """Workers leave Ctrl-C to the main process, which stops them (no traceback from each worker)."""
+def _worker_signals() -> None:
+    """A forked worker inherits _signals_stop_workers' handlers: it drops them, and leaves Ctrl-C to the main
+    process, which stops it (no traceback from each worker)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -392,13 +394,13 @@ def _parallel_map(function: Callable, tasks: Iterable[tuple], num_proc: int) -> 
 
     At most 2 * num_proc tasks are in flight, so a streamed corpus is never held in memory whole
     (a plain Pool.imap would read all of it ahead). If the caller stops early (an error, Ctrl-C, SIGTERM
-    under _signals_stop_workers), the workers are terminated rather than left to finish their tasks.
+    under _signals_stop_workers), the workers are killed rather than left to finish their tasks.
     """
     if num_proc == 1:
         yield from (function(*task) for task in tasks)
         return
     before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(num_proc, initializer=_ignore_sigint)
+    pool = ProcessPoolExecutor(num_proc, initializer=_worker_signals)
     try:
         running = set()
         for task in tasks:
@@ -410,7 +412,7 @@ def _parallel_map(function: Callable, tasks: Iterable[tuple], num_proc: int) -> 
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         for worker in set(multiprocessing.active_children()) - before:  # this pool's workers
-            worker.terminate()
+            worker.kill()  # SIGKILL: no handler runs (a worker may not have reset the inherited ones yet)
             worker.join()
         raise
     pool.shutdown()

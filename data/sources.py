@@ -177,10 +177,10 @@ def _load_files(cfg: DataConfig) -> list[tuple[str, str, Callable[[RowCount], It
 def _read_txt_files(files: list[str], counts: RowCount) -> Iterator[str]:
     """Each file's text, one document (a file always has its text: `counts` stays at zero)."""
     for file in files:
-        yield read_utf8(Path(file)).replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
+        yield _read_utf8(Path(file)).replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
 
 
-def read_utf8(path: Path) -> str:
+def _read_utf8(path: Path) -> str:
     """The text of a local file; PosGPTError naming the file, and the byte, if it cannot be read as UTF-8."""
     try:
         data = path.read_bytes()
