@@ -13,9 +13,9 @@ evaluation-time settings such as RoPE's pe.scaling); any other key is refused, n
 <run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
 evaluation/report.py) and in the training run's W&B run.
 
-Another corpus is scored on its validation split, in rows labelled with data.name ("text" for data=text
-unless set: name each corpus). For a single text file the validation split is its last data.val_fraction of
-tokens: raise it (e.g. data.val_fraction=0.5) to score more of a file the model never saw.
+The training corpus is scored on its validation split; another corpus is scored whole (up to
+eval.max_tokens), in rows labelled with data.name ("text" for data=text unless set: name each corpus).
+data.eval_split=val|train|all chooses the split instead; each row records its corpus, split and tokens.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from core.cli import exit_on_user_error
 from core.errors import PosGPTError
 from core.runtime import set_up_runtime
 from core.tracking import init_wandb
-from data import load_split
+from data import eval_tokens
 from evaluation.run import run_extrapolation_eval
 from experiment.build import build_model
 from experiment.config import validate
@@ -61,7 +61,8 @@ def main(argv: list[str]) -> None:
     model = build_model(cfg)
     model.load_state_dict(checkpoint["model"])
     model.to(device)
-    val_tokens = load_split(cfg.data, "val")
+    # data.eval_split: the val split of the training corpus, all of another one
+    val_tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
     wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"), job_type="eval")
     print(f"eval: {run_dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
           flush=True)

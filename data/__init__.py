@@ -7,7 +7,7 @@ x, y = sample_batch(splits["train"], 8, 256, torch.Generator().manual_seed(0))
 """
 
 from data.batches import sample_batch
-from data.cache import load_split, load_splits
+from data.cache import check_corpus, corpus_identity, describe_corpus, eval_tokens, load_split, load_splits
 from data.config import DataConfig, resolve_cache_dir, validate
 from data.tokenizer import EOT_TOKEN, gpt2_encoding
 from data.tokens import TokenArray
@@ -16,6 +16,10 @@ __all__ = [
     "EOT_TOKEN",
     "DataConfig",
     "TokenArray",
+    "check_corpus",
+    "corpus_identity",
+    "describe_corpus",
+    "eval_tokens",
     "gpt2_encoding",
     "load_split",
     "load_splits",

@@ -7,6 +7,7 @@ from pathlib import Path
 from core.errors import PosGPTError
 
 SOURCES = ("python_stdlib", "text", "hub")
+EVAL_SPLITS = ("auto", "val", "train", "all")  # data.eval_split
 
 # datasets' packaged loader for each kind of local or remote file.
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -42,6 +43,9 @@ class DataConfig:
     # Share of documents (picked by a stable hash) that go to the validation split; when a local corpus
     # is too small for that to fill both splits (one book), the share of its tokens taken from the end.
     val_fraction: float = 0.01
+    # What eval.py scores: auto = the val split of the corpus the run was trained on, all of any other
+    # corpus; or val | train | all (the whole corpus, up to eval.max_tokens). Training ignores it.
+    eval_split: str = "auto"
     cache_dir: str | None = None  # None: $POSGPT_CACHE_DIR, else ~/.cache/posgpt
     num_proc: int = 2  # processes that tokenize in parallel
     shard_chars: int = 8_000_000  # characters of text per token shard (~2M tokens, 4 MB)
@@ -84,6 +88,8 @@ def validate(cfg: DataConfig) -> None:
         raise PosGPTError(f"data.source={cfg.source!r} is unknown: use one of {', '.join(SOURCES)}")
     if not 0.0 < cfg.val_fraction < 1.0:
         raise PosGPTError(f"data.val_fraction={cfg.val_fraction} must lie strictly between 0 and 1")
+    if cfg.eval_split not in EVAL_SPLITS:
+        raise PosGPTError(f"data.eval_split={cfg.eval_split!r} is unknown: use one of {', '.join(EVAL_SPLITS)}")
     if cfg.num_proc < 1:
         raise PosGPTError(f"data.num_proc={cfg.num_proc} must be at least 1")
     if cfg.shard_chars < 1:

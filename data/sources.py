@@ -10,8 +10,15 @@ Documents go to train or val by a stable hash (of the file's path for the stdlib
 so adding a document never moves another one across splits, and a repeated text never lands in both.
 When that leaves a local corpus with an empty split (a single book), its documents are labelled "all"
 instead and the cache splits the token stream: the last val_fraction of the tokens become validation.
+
+A local corpus (stdlib, local files) keeps each text once: a document whose text equals an earlier one's
+is dropped before the split, and the count is printed. Otherwise a file listed twice, split by tokens,
+would put its tail in validation and the same text in training. Rows without a text (null or absent
+field) are counted: more than half of them is refused, fewer are skipped with a warning (ROW_RULE).
 """
 
+import codecs
+import functools
 import hashlib
 import json
 import os
@@ -71,61 +78,165 @@ def stdlib_files() -> tuple[Path, list[str]]:
 def _stdlib_corpus(cfg: DataConfig) -> Corpus:
     root, files = stdlib_files()
 
-    def texts() -> Iterator[str]:
+    def documents() -> Iterator[tuple[str, str]]:
         # A few test files are deliberately not UTF-8; a replacement character is harmless there.
-        return ((root / file).read_text(encoding="utf-8", errors="replace") for file in files)
+        return ((file, (root / file).read_text(encoding="utf-8", errors="replace")) for file in files)
 
-    return _local_corpus([hash_split(file, cfg.val_fraction) for file in files], texts, cfg)
+    return _local_corpus(documents, cfg)
 
 
 def _text_corpus(cfg: DataConfig) -> Corpus:
-    tables = _load_files(cfg)
+    readers = _load_files(cfg)
+    counts = [RowCount() for _ in readers]
 
-    def texts() -> Iterator[str]:
-        return chain.from_iterable(_texts(table, field) for table, field in tables)
+    def documents() -> Iterator[tuple[str, str]]:
+        for count in counts:  # each pass counts afresh
+            count.rows = count.missing = 0
+        texts = chain.from_iterable(read(count) for (_, _, read), count in zip(readers, counts))
+        return ((text, text) for text in texts)  # a document's split follows its text
 
-    return _local_corpus([hash_split(text, cfg.val_fraction) for text in texts()], texts, cfg)
+    corpus = _local_corpus(documents, cfg)
+    for (where, field, _), count in zip(readers, counts):
+        count.check(where, field)
+    return corpus
 
 
-def _local_corpus(labels: list[str], texts: Callable[[], Iterator[str]], cfg: DataConfig) -> Corpus:
-    """A corpus read from this machine: cheap to read twice, so its fingerprint hashes the content itself."""
+def _local_corpus(documents: Callable[[], Iterator[tuple[str, str]]], cfg: DataConfig) -> Corpus:
+    """A corpus read from this machine from documents() = (split key, text) pairs: cheap to read twice, so
+    its fingerprint hashes the content itself, and each text is kept once (the first time it appears)."""
+    labels, keep, seen = [], [], set()
+    fingerprint = hashlib.sha256()
+    for key, text in documents():
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        keep.append(digest not in seen)
+        if keep[-1]:
+            seen.add(digest)
+            labels.append(hash_split(key, cfg.val_fraction))
+            fingerprint.update(digest)
+    duplicates = len(keep) - len(labels)
+    if duplicates:
+        print(f"data: {cfg.name}: dropped {duplicates} of {len(keep)} documents whose text repeats an earlier one "
+              "(so that no text is in both train and val)", flush=True)
     if not {"train", "val"} <= set(labels):
         labels = [ALL] * len(labels)
+    fingerprint.update(json.dumps(labels).encode())
 
-    def documents() -> Documents:
-        return zip(labels, texts(), strict=True)
+    def kept_documents() -> Documents:
+        texts = (text for (_, text), kept in zip(documents(), keep, strict=True) if kept)
+        return zip(labels, texts, strict=True)
 
-    digest = hashlib.sha256()
-    for label, text in documents():
-        digest.update(f"{label}\0{len(text)}\0".encode())
-        digest.update(text.encode("utf-8", "surrogatepass"))
-    return Corpus(digest.hexdigest(), documents, len(labels), cfg.rows_are_documents)
+    return Corpus(fingerprint.hexdigest(), kept_documents, len(labels), cfg.rows_are_documents)
 
 
-def _load_files(cfg: DataConfig) -> list[tuple[datasets.Dataset, str]]:
-    """cfg.files read by datasets' loaders: one table per kind of file, with the name of its text column."""
+@dataclass
+class RowCount:
+    """Rows read from a table and, of them, rows without a text (the field null or absent).
+
+    ROW_RULE: when more than half of the rows have no text, the text is probably in another column, and
+    the corpus is refused; when fewer do, they are skipped and their number is printed.
+    """
+
+    rows: int = 0
+    missing: int = 0
+
+    def check(self, where: str, field: str) -> None:
+        if not self.missing:
+            return
+        if 2 * self.missing > self.rows:
+            raise PosGPTError(
+                f"{where}: {self.missing:,} of {self.rows:,} rows have no {field!r} value: set data.text_field "
+                "to the column that holds the text, or fill in the rows"
+            )
+        print(f"data: warning: {where}: skipped {self.missing:,} of {self.rows:,} rows that have no {field!r} "
+              "value", flush=True)
+
+
+def _load_files(cfg: DataConfig) -> list[tuple[str, str, Callable[[RowCount], Iterator[str]]]]:
+    """cfg.files as (files, text field, reader of their texts), in the order listed (files of one loader
+    together).
+
+    Local .txt files are read here, so a file that is not UTF-8 is named with the byte where it fails.
+    Other files go through datasets' loaders, whose own cache knows a local file only by its mtime: it is
+    kept under a folder named by the files' content, so a file edited in place is read afresh.
+    """
     by_loader: dict[str, list[str]] = {}
     for path in cfg.files:
         by_loader.setdefault(loader_for(path), []).append(path if is_url(path) else str(Path(path).expanduser()))
-    tables = []
+    readers = []
     for loader, files in by_loader.items():
-        # sample_by="document": a whole .txt file is one document, not one per line.
-        options = {"sample_by": "document"} if loader == "text" else {}
-        try:
-            table = datasets.load_dataset(
-                loader, data_files=files, split="train", cache_dir=str(resolve_cache_dir(cfg) / "datasets"), **options
-            )
-        except ImportError as e:  # datasets reads URLs through fsspec's HTTP filesystem, without installing it
-            raise PosGPTError(
-                f"data.files: reading URLs needs aiohttp ({e}): pip install aiohttp, or download the file "
-                "and list its local path"
-            ) from e
-        except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:  # ValueError: pyarrow's ArrowInvalid
-            raise PosGPTError(f"data.files: could not read {', '.join(files)} ({e}); fix or drop these files") from e
+        if loader == "text" and not any(is_url(file) for file in files):
+            readers.append((", ".join(files), "text", functools.partial(_read_txt_files, files)))
+            continue
+        table = _load_table(cfg, loader, files)
         field = "text" if loader == "text" else cfg.text_field
         _check_field(table, field, ", ".join(files))
-        tables.append((table, field))
-    return tables
+        readers.append((", ".join(files), field, functools.partial(_texts, table, field)))
+    return readers
+
+
+def _read_txt_files(files: list[str], counts: RowCount) -> Iterator[str]:
+    """Each file's text, one document (a file always has its text: `counts` stays at zero)."""
+    for file in files:
+        yield _read_utf8(Path(file)).replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
+
+
+def _read_utf8(path: Path) -> str:
+    """The text of a local file; PosGPTError naming the file, and the byte, if it cannot be read as UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise PosGPTError(f"data.files: cannot read {path} ({e.strerror}); fix it or drop it") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e.start, e.reason) from None
+
+
+def _not_utf8(path: Path | str, offset: int, reason: str) -> PosGPTError:
+    return PosGPTError(f"data.files: could not read {path}: not valid UTF-8 at byte {offset} ({reason}); "
+                       "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it")
+
+
+def _content_digest(files: list[str], utf8: bool) -> str:
+    """sha256 of the local files' bytes (URLs by name: datasets checks their ETag itself), checking on the
+    way, if `utf8`, that each file is UTF-8 (pyarrow would fail later on the text, without saying where)."""
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.encode() + b"\0")
+        if is_url(file):
+            continue
+        decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+        try:
+            with open(file, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    digest.update(chunk)
+                    if utf8:
+                        pending = len(decoder.getstate()[0])  # bytes of a character cut by the last chunk
+                        try:
+                            decoder.decode(chunk)
+                        except UnicodeDecodeError as e:
+                            raise _not_utf8(file, offset - pending + e.start, e.reason) from None
+                    offset += len(chunk)
+            if utf8 and decoder.getstate()[0]:
+                raise _not_utf8(file, offset - len(decoder.getstate()[0]), "unexpected end of data")
+        except OSError as e:
+            raise PosGPTError(f"data.files: cannot read {file} ({e.strerror}); fix it or drop it") from None
+    return digest.hexdigest()
+
+
+def _load_table(cfg: DataConfig, loader: str, files: list[str]) -> datasets.Dataset:
+    cache_dir = resolve_cache_dir(cfg) / "datasets" / _content_digest(files, utf8=loader != "parquet")[:16]
+    # sample_by="document": a whole .txt file is one document, not one per line.
+    options = {"sample_by": "document"} if loader == "text" else {}
+    try:
+        return datasets.load_dataset(loader, data_files=files, split="train", cache_dir=str(cache_dir), **options)
+    except ImportError as e:  # datasets reads URLs through fsspec's HTTP filesystem, without installing it
+        raise PosGPTError(
+            f"data.files: reading URLs needs aiohttp ({e}): pip install aiohttp, or download the file "
+            "and list its local path"
+        ) from e
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:  # ValueError: pyarrow's ArrowInvalid
+        raise PosGPTError(f"data.files: could not read {', '.join(files)} ({e}); fix or drop these files") from e
 
 
 def _hub_corpus(cfg: DataConfig) -> Corpus:
@@ -141,11 +252,16 @@ def _hub_corpus(cfg: DataConfig) -> Corpus:
     val = _load_hub(cfg, cfg.hub_val_split, where) if cfg.hub_val_split else None
 
     def documents() -> Documents:
-        train_texts = _texts(train, cfg.text_field, cfg.max_documents)
+        # A stream is only counted as it is read: the rule on rows without text applies at its end.
+        counts = RowCount()
+        train_texts = _texts(train, cfg.text_field, counts, cfg.max_documents)
         if val is None:
-            return ((hash_split(text, cfg.val_fraction), text) for text in train_texts)
-        val_texts = _texts(val, cfg.text_field, cfg.max_documents)
-        return chain((("train", text) for text in train_texts), (("val", text) for text in val_texts))
+            labelled = ((hash_split(text, cfg.val_fraction), text) for text in train_texts)
+        else:
+            val_texts = _texts(val, cfg.text_field, counts, cfg.max_documents)
+            labelled = chain((("train", text) for text in train_texts), (("val", text) for text in val_texts))
+        yield from labelled
+        counts.check(where, cfg.text_field)
 
     # A stream cannot be hashed without reading it all, so the key is what names the data, plus the
     # fingerprint datasets gives a downloaded table (it follows the files' revision); a stream has none.
@@ -188,8 +304,14 @@ def _check_field(table: datasets.Dataset | datasets.IterableDataset, field: str,
         raise PosGPTError(f"{where}: column {field!r} holds {feature}, not text; set data.text_field to a text column")
 
 
-def _texts(table: datasets.Dataset | datasets.IterableDataset, field: str, limit: int | None = None) -> Iterator[str]:
-    """The texts of the first `limit` rows, skipping empty ones: they hold nothing to learn."""
+def _texts(table: datasets.Dataset | datasets.IterableDataset, field: str, counts: RowCount,
+           limit: int | None = None) -> Iterator[str]:
+    """The texts of the first `limit` rows, skipping empty ones (they hold nothing to learn) and rows without
+    a text, which `counts` counts."""
     batches = table.select_columns([field]).iter(batch_size=1024)
-    rows = chain.from_iterable(batch[field] for batch in batches)
-    return (text for text in islice(rows, limit) if text)
+    for text in islice(chain.from_iterable(batch[field] for batch in batches), limit):
+        counts.rows += 1
+        if text is None:
+            counts.missing += 1
+        elif text:
+            yield text

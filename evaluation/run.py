@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from data import TokenArray
+from data import TokenArray, describe_corpus
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import plot_per_position, plot_ppl_vs_length
 from evaluation.report import (CSV_COLUMNS, CSV_FILE, csv_rows, format_table, merge_documents, read_results,
@@ -73,7 +73,8 @@ def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: 
                 cfg.eval.max_tokens, cfg.eval.batch_tokens, device, dtype, progress=cfg.logging.progress,
                 description=scaling_label(scaling),
             )
-        setting = {"scaling": dataclasses.asdict(scaling) if scaling is not None else None, "data": cfg.data.name}
+        setting = {"scaling": dataclasses.asdict(scaling) if scaling is not None else None, "data": cfg.data.name,
+                   "corpus": describe_corpus(cfg.data), "split": val_tokens.name}
         rows += [{"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r}
                  for r in new_rows]
     step = cfg.train.max_steps if step is None else step

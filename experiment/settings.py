@@ -30,7 +30,7 @@ RUNTIME_SETTINGS = (
 EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.")
 # A resumed run may train longer and log, validate, save and evaluate differently; its data and optimizer stay.
 RESUME_SETTINGS = (
-    *RUNTIME_SETTINGS, "eval.", "train.max_steps", "train.resume", "train.log_every", "train.val_every",
+    *RUNTIME_SETTINGS, "eval.", "data.eval_split", "train.max_steps", "train.resume", "train.log_every", "train.val_every",
     "train.val_batches", "train.checkpoint_every", "train.keep_checkpoints", "train.grad_accum_steps",
     "train.skip_nonfinite", "train.distributed", "train.eval_after",
 )

@@ -182,8 +182,11 @@ def test_stdlib_corpus_is_the_standard_library_split_by_file():
 
     corpus = sources.open_corpus(DataConfig(val_fraction=0.05))
     labels = [label for label, _ in corpus.documents()]
-    assert labels == [sources.hash_split(file, 0.05) for file in files]  # one label per file, by its path
-    val = {file for file, label in zip(files, labels, strict=True) if label == "val"}
+    # Each text once: a file whose text repeats an earlier file's (a few identical stubs) is left out.
+    unique = list({(root / file).read_bytes(): file for file in reversed(files)}.values())[::-1]
+    assert 0 < len(files) - len(unique) < 100 and len(labels) == len(unique) == corpus.n_documents
+    assert labels == [sources.hash_split(file, 0.05) for file in sorted(unique)]  # one label per file, by its path
+    val = {file for file, label in zip(sorted(unique), labels, strict=True) if label == "val"}
     assert 0.02 < len(val) / len(files) < 0.1
     # Growing the fraction only adds files to val: the split is a property of each file.
     assert val <= {file for file in files if sources.hash_split(file, 0.2) == "val"}
@@ -299,9 +302,12 @@ def test_cache_is_reused_and_keyed_by_content(tmp_path, shard_writes, capsys):
     assert shard_writes == [] and f"using cached tokens {folder}" in capsys.readouterr().out
     assert np.array_equal(all_tokens(first), all_tokens(second))
 
+    # Edited in place, its size and mtime kept (datasets' own cache knows a local file by its mtime alone).
     rows = Path(cfg.files[0])
-    rows.write_text(rows.read_text().replace("Document 3:", "Document three:"))
-    os.utime(rows, (time.time() + 10, time.time() + 10))  # datasets' own cache looks at the mtime
+    stat = rows.stat()
+    rows.write_text(rows.read_text().replace("Document 3:", "Document 8:"))
+    os.utime(rows, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (rows.stat().st_size, rows.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     changed = load_splits(cfg)
     assert changed["train"].shards[0].parent != folder and shard_writes
     assert not np.array_equal(all_tokens(first), all_tokens(changed))
@@ -330,10 +336,151 @@ def test_interrupted_tokenization_resumes(tmp_path, shard_writes):
     assert shard_writes == [victim.name]
 
 
+def cache_entry(cfg: DataConfig) -> Path:
+    (folder,) = [path for path in resolve_cache_dir(cfg).iterdir() if path.name.startswith(f"{cfg.name}-")]
+    return folder
+
+
+def test_damaged_shard_is_tokenized_again_alone(tmp_path, shard_writes, capsys):
+    cfg = many_documents(tmp_path)
+    reference = all_tokens(load_splits(cfg))
+    folder = cache_entry(cfg)
+    truncated, flipped = sorted(folder.glob("train_*.bin"))[1:3]
+    with open(truncated, "r+b") as f:
+        f.truncate(truncated.stat().st_size - 2)
+    data = bytearray(flipped.read_bytes())
+    data[10] ^= 1  # same size, one bit off: only the checksum tells
+    flipped.write_bytes(data)
+
+    shard_writes.clear()
+    capsys.readouterr()
+    assert np.array_equal(all_tokens(load_splits(cfg)), reference)
+    assert sorted(shard_writes) == [truncated.name, flipped.name]
+    assert f"2 shard(s) of {folder} do not match the manifest" in capsys.readouterr().out
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["complete"] and sum(len(shards) for shards in manifest["shards"].values()) > 4
+
+
+@pytest.mark.parametrize(
+    "manifest, problem",
+    [
+        ('[{"shards": []}]', "a list, not an object"),
+        ('{"key": "%s", "complete": true, "shards": []}', "'shards' is not an object of lists"),
+        ('{"key": "%s", "complete": true, "shards": {}}', "complete, but lists no shards"),
+        ('{"key": "%s", "shards": {"train": []}}', "no 'complete' flag"),
+        ('{"key": "%s", "complete": true, "shards": {"train": [{"file": "../x.bin", "tokens": 1, "sha256": ""}]}}',
+         "a malformed shard entry"),
+        ('{"key": "other", "complete": true, "shards": {}}', "another cache key"),
+        ('{"key": "%s", "comp', "is not readable JSON"),
+    ],
+)
+def test_malformed_manifest_is_rebuilt(tmp_path, capsys, manifest, problem):
+    cfg = many_documents(tmp_path, count=20)
+    reference = all_tokens(load_splits(cfg))
+    folder = cache_entry(cfg)
+    key = json.loads((folder / "manifest.json").read_text())["key"]
+    (folder / "manifest.json").write_text(manifest.replace("%s", key))
+    capsys.readouterr()
+    assert np.array_equal(all_tokens(load_splits(cfg)), reference)
+    out = capsys.readouterr().out
+    assert problem in out and "tokenizing the entry again" in out and "wrote tokens" in out
+    assert json.loads((folder / "manifest.json").read_text())["complete"] is True
+
+
+def test_unwritable_cache_is_refused_with_the_way_out(tmp_path, monkeypatch):
+    cfg = many_documents(tmp_path, count=10)
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cache, "_write_json", read_only)
+    with pytest.raises(PosGPTError, match=r"cannot write the token cache .*docs-.*rm -r"):
+        load_splits(cfg)
+
+
+def test_duplicate_documents_are_dropped_before_the_split(tmp_path, capsys):
+    book = tmp_path / "book.txt"
+    book.write_text("A single book, read twice by mistake. " * 200)
+    twice = load_splits(DataConfig(name="twice", source="text", files=[str(book), str(book)], num_proc=1))
+    assert "dropped 1 of 2 documents whose text repeats an earlier one" in capsys.readouterr().out
+    once = load_splits(DataConfig(name="once", source="text", files=[str(book)], num_proc=1))
+    assert np.array_equal(all_tokens(twice), all_tokens(once))
+    # Rows too: a text listed in two files, or twice in one, is kept once.
+    rows = write_jsonl(tmp_path / "rows.jsonl", [f"Row {i % 30} of the file." for i in range(60)])
+    splits = load_splits(DataConfig(name="rows", source="text", files=[str(rows)], val_fraction=0.2, num_proc=1))
+    documents = documents_of(splits["train"]) + documents_of(splits["val"])
+    assert sorted(documents) == sorted({f"Row {i} of the file." for i in range(30)})
+    assert "dropped 30 of 60 documents" in capsys.readouterr().out
+
+
+def test_rows_without_text_are_counted(tmp_path, capsys):
+    texts = [f"Row {i} has its text." if i % 3 else None for i in range(30)]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": t} if t else {"title": "no text"}) + "\n" for t in texts))
+    splits = load_splits(DataConfig(source="text", files=[str(rows)], num_proc=1))
+    assert (all_tokens(splits) == EOT_TOKEN).sum() == 20  # one <|endoftext|> per document
+    assert f"warning: {rows}: skipped 10 of 30 rows that have no 'text' value" in capsys.readouterr().out
+
+    # The same rule for a hub dataset, read as it streams: counted at the end of the pass.
+    import datasets
+
+    count = sources.RowCount()
+    table = datasets.Dataset.from_dict({"text": ["a", None, "", None, None]})
+    assert list(sources._texts(table, "text", count)) == ["a"] and (count.rows, count.missing) == (5, 3)
+    with pytest.raises(PosGPTError, match="3 of 5 rows have no 'text' value: set data.text_field"):
+        count.check("hub x", "text")
+
+
+def test_invalid_utf8_is_located(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(PosGPTError, match=r"rows.jsonl: not valid UTF-8 at byte 30 \(invalid continuation byte\)"):
+        load_splits(DataConfig(source="text", files=[str(rows)]))
+    big = tmp_path / "big.jsonl"  # past the first 16 MiB read, just after a character cut by the read
+    big.write_bytes(b"a" * ((1 << 24) - 1) + "é".encode() + b"\xff")
+    with pytest.raises(PosGPTError, match=f"big.jsonl: not valid UTF-8 at byte {(1 << 24) + 1} "):
+        sources._content_digest([str(big)], utf8=True)
+
+
+def test_corpus_identity_follows_the_tokens(tmp_path, capsys):
+    cfg = many_documents(tmp_path, count=20)
+    identity = cache.corpus_identity(load_splits(cfg))
+    assert set(identity) == {"train", "val"} and identity["train"]["tokens"] > 0
+    cache.check_corpus(identity, load_splits(cfg), cfg)  # the same tokens: accepted
+    cache.check_corpus(None, load_splits(cfg), cfg)  # a checkpoint from before identities: accepted
+    other = DataConfig(**{**vars(cfg), "val_fraction": 0.5})
+    with pytest.raises(PosGPTError, match=r"data 'docs' \(files .*docs.jsonl\) holds other tokens than the checkpoint"):
+        cache.check_corpus(identity, load_splits(other), other)
+
+
+def test_eval_split(tmp_path, capsys):
+    cfg = many_documents(tmp_path, count=20)
+    splits = load_splits(cfg)
+    trained = vars(cfg)
+    identity = cache.corpus_identity(splits)
+    assert cache.eval_tokens(cfg, trained, identity).name == "val"
+    assert cache.eval_tokens(cfg, trained, None).name == "val"  # no identity: the settings decide
+    renamed = DataConfig(**{**trained, "name": "renamed"})
+    assert cache.eval_tokens(renamed, trained, identity).name == "val"
+    book = tmp_path / "book.txt"
+    book.write_text("Another text. " * 100)
+    other = DataConfig(name="book", source="text", files=[str(book)])
+    tokens = cache.eval_tokens(other, trained, identity)
+    assert tokens.name == "all" and len(tokens) == len(load_splits(other)["train"]) + len(load_splits(other)["val"])
+    explicit = DataConfig(**{**vars(other), "eval_split": "train"})
+    assert cache.eval_tokens(explicit, trained, identity).name == "train"
+    # The training corpus with another split: its val split may hold training text.
+    shifted = DataConfig(**{**trained, "val_fraction": 0.5})
+    with pytest.raises(PosGPTError, match="data.eval_split=val"):
+        cache.eval_tokens(shifted, trained, identity)
+    with pytest.raises(PosGPTError, match="data.eval_split='last' is unknown"):
+        validate(DataConfig(eval_split="last"))
+
+
 def test_empty_split_is_named():
     manifest = {"shards": {"train": []}}
     with pytest.raises(PosGPTError, match="the train split of data 'x' is empty"):
-        cache._splits(manifest, Path("."), DataConfig(name="x"))
+        cache._nonempty(cache._streams(manifest, Path("."), 0.1)["train"], DataConfig(name="x"))
 
 
 def test_load_split_checks_the_name():

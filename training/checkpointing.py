@@ -61,6 +61,7 @@ class Checkpointer:
         self.cfg, self.run_dir, self.overrides, self.dist, self.device = cfg, run_dir, overrides, dist, device
         self.last_saved: int | None = checkpoint["step"] if checkpoint else None
         self.wandb_run_id: str | None = None  # set once the W&B run has started (training.metrics)
+        self.corpus: dict | None = None  # data.corpus_identity of the training tokens, set once they are loaded
 
     def record_run(self) -> None:
         """``.hydra/config.yaml`` and ``overrides.yaml``: the config and command line of the latest (accepted)
@@ -110,7 +111,7 @@ class Checkpointer:
                 "config": OmegaConf.to_container(self.cfg, resolve=True), "overrides": list(self.overrides),
                 "rng": {"torch": torch.get_rng_state(),
                         "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
-                "sampler_state": sampler_state, "wandb_run_id": self.wandb_run_id,
+                "sampler_state": sampler_state, "wandb_run_id": self.wandb_run_id, "corpus": self.corpus,
             }
             save_checkpoint(state, self.run_dir, keep=self.cfg.train.keep_checkpoints)
         self.last_saved = step

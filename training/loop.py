@@ -27,7 +27,7 @@ from core.cli import tee_console
 from core.errors import PosGPTError
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
-from data import load_splits, sample_batch
+from data import check_corpus, corpus_identity, load_splits, sample_batch
 from data import validate as validate_data
 from experiment.build import build_model
 from experiment.config import compile_enabled, validate
@@ -140,6 +140,9 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
         return _finish_trained(cfg, run_dir, checkpoint, raw_model, dist, device, dtype)
 
     splits = _load_data(cfg, dist)
+    checkpointer.corpus = corpus_identity(splits)  # saved in checkpoints: a resume must find these tokens
+    if checkpoint is not None:
+        check_corpus(checkpoint.get("corpus"), splits, cfg.data)
     model = distributed.wrap_model(raw_model, dist, t.distributed, device)
     optimizer = build_optimizer(raw_model, t, device)
     scheduler = build_scheduler(optimizer, t)
