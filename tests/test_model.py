@@ -255,7 +255,7 @@ def test_position_state_is_prepared_once_per_forward(monkeypatch):
 def test_weight_decay_follows_the_scheme_declaration():
     from omegaconf import OmegaConf
 
-    from core.config import TrainConfig
+    from experiment.config import TrainConfig
     from training.optim import build_optimizer
 
     model = tiny("t5")

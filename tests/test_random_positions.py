@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cli_runs import Runner, train_losses
-from core.distributed import DistInfo
+from training.distributed import DistInfo
 from core.errors import PosGPTError
 from data import TokenArray
 from model import GPT, ModelConfig
