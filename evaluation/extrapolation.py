@@ -154,9 +154,8 @@ def position_bins(loss_sums: list[float], counts: list[float],
     {"positions": [lo, hi], "loss": mean loss of its targets (None if not finite), "tokens": their number}.
     """
     length = len(counts)
-    octaves = math.log2(length + 1)
-    edges = sorted({min(length + 1, round(2 ** (k / BINS_PER_OCTAVE)))
-                    for k in range(math.ceil(octaves * BINS_PER_OCTAVE) + 1)} | {length + 1})
+    n_bins = math.ceil(math.log2(length + 1) * BINS_PER_OCTAVE)
+    edges = np.unique(np.geomspace(1, length + 1, n_bins + 1).round().astype(int)).tolist()
     bins: list[list[float]] = []  # [lo, hi, loss sum, tokens]
     pending = None
     for lo, hi in zip(edges[:-1], edges[1:]):
