@@ -185,7 +185,7 @@ def ratio_estimate(entry: Entry, multiple: float) -> Estimate | None:
 
 
 def table(entries: list[Entry], columns: list[Any], header: list[str], estimate: Callable[[Entry, Any], Estimate | None],
-          first: str, digits: int = 2) -> str:
+          digits: int = 2) -> str:
     """A markdown table: a row per entry, its number of seeds, a cell per column, the lowest mean in bold."""
     estimates = [[estimate(entry, column) for column in columns] for entry in entries]
     best = [min((row[i].mean for row in estimates if row[i] is not None), default=None) for i in range(len(columns))]
@@ -197,7 +197,7 @@ def table(entries: list[Entry], columns: list[Any], header: list[str], estimate:
             cell = format_estimate(value, len(entry.per_seed), digits) if seeded else "-"
             cells.append(f"**{cell}**" if value is not None and value.mean == best[i] else cell)
         body.append([entry.label, str(len(entry.per_seed))] + cells)
-    return render_table([first, "seeds"] + header, body, markdown=True)
+    return render_table(["setting", "seeds"] + header, body, markdown=True)
 
 
 def column_key(column: Any, entry: Entry) -> int:
@@ -253,7 +253,7 @@ def markdown_report(entries: list[Entry], protocol: str, stride: int | None, dat
         "interval (Student t, n−1 degrees of freedom; one seed: the value alone; (n=k): only k seeds have "
         "a value there). n/a: not evaluable there (the run's extrapolation.json says why).",
         "",
-        table(entries, lengths, header, ppl_estimate, "setting"),
+        table(entries, lengths, header, ppl_estimate),
         "",
         f"Scored tokens: {tokens_note}.",
     ]
@@ -269,7 +269,7 @@ def markdown_report(entries: list[Entry], protocol: str, stride: int | None, dat
                             for length in seed if length > entry.train_len})
         ratio_header = [f"{k:g}×" for k in multiples]
         parts += ["", "Extrapolation ratio ppl@kL / ppl@L (L: the training length; per seed, then mean ± 95% CI):",
-                  "", table(entries, multiples, ratio_header, ratio_estimate, "setting", digits=3)]
+                  "", table(entries, multiples, ratio_header, ratio_estimate, digits=3)]
         if any(len(entry.per_seed) > 1 for entry in entries):
             parts += ["", rule.replace("at a length", "at a multiple"),
                       *differences(entries, multiples, ratio_header, ratio_estimate)]
