@@ -98,7 +98,7 @@ def read_results(eval_dir: str | Path) -> dict[str, Any] | None:
     try:
         return load_results(eval_dir)
     except PosGPTError as error:
-        print(f"eval: ignoring {error}; it will be rewritten", flush=True)
+        print(f"eval: ignoring the previous results ({error}); they will be rewritten", flush=True)
         return None
 
 

@@ -103,14 +103,15 @@ def per_position_rows(document: dict[str, Any], lengths: list[int] | None = None
 def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: list[int] | None) -> dict[str, Path]:
     pe, train_len = document["pe"], document["train_seq_len"]
     with_data = len({row.get("data") for row in document["results"]}) > 1
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for row in document["results"]:
-        points = curves.setdefault(setting_label(row, with_data), [])
-        if row["ppl"] is not None:
-            points.append((row["length"], row["ppl"]))
+    curves: dict[str, Series] = {}
+    for row in sorted(document["results"], key=lambda row: row["length"]):
+        line = curves.setdefault(setting_label(row, with_data), Series(setting_label(row, with_data), pe, [], []))
+        if row["ppl"] is not None:  # not evaluable there: left out
+            line.x.append(row["length"])
+            line.y.append(row["ppl"])
     plots = {"ppl_vs_length": plot_ppl_vs_length(
-        [Series(label, pe, *map(list, zip(*sorted(points)))) for label, points in curves.items() if points],
-        {train_len}, eval_dir / PPL_PLOT, f"pe={pe}, trained at length {train_len} (step {document['step']})")}
+        list(curves.values()), {train_len}, eval_dir / PPL_PLOT,
+        f"pe={pe}, trained at length {train_len} (step {document['step']})")}
     position_rows = per_position_rows(document, per_position_lengths)
     several_lengths = len({row["length"] for row in position_rows}) > 1
     position_series = [

@@ -185,3 +185,12 @@ def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
         assert [line.get_color() for line in lines] == [scheme_colour("rope"), new, scheme_colour("rope")]
         assert lines[0].get_linestyle() != lines[2].get_linestyle()  # one scheme's settings: other line styles
         assert len(ax.collections) == 2  # a CI band for each series with half-widths
+
+
+def test_a_malformed_previous_results_file_is_reported_and_rewritten(val_tokens, tmp_path, capsys):
+    (tmp_path / EVAL_DIR).mkdir()
+    (tmp_path / EVAL_DIR / "extrapolation.json").write_text('{"pe": "rope", "results": [{"length": 8}]}')
+    document = evaluate(config(protocols=["sliding"]), val_tokens, tmp_path)
+    printed = capsys.readouterr().out
+    assert "ignoring the previous results" in printed and "extrapolation.json is malformed: no" in printed
+    assert read_document(tmp_path) == document and len(document["results"]) == 3
