@@ -6,7 +6,7 @@
 #   scripts/study.sh                                   # -> multirun/study-<date>/, 3 seeds of every scheme
 #   scripts/study.sh runs/study                        # into runs/study/ (run it again to finish what is missing)
 #   scripts/study.sh --seeds 5 runs/study              # seeds 1..5
-#   scripts/study.sh --seeds 4,5 --schemes rope,alibi runs/study     # a part: these seeds of these schemes
+#   scripts/study.sh --seed-list 4,5 --schemes rope,alibi runs/study   # a part: these seeds of these schemes
 #   scripts/study.sh --list runs/study                 # print the runs it would make, make none
 #   scripts/study.sh /tmp/smoke train.max_steps=20 eval.max_tokens=2048    # a quick smoke test
 #
@@ -29,14 +29,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seeds=3
+seed_list=""
 schemes=""
 list_only=false
 while [[ $# -gt 0 && "$1" == --* ]]; do
     case "$1" in
         --seeds) seeds="$2"; shift 2 ;;
+        --seed-list) seed_list="$2"; shift 2 ;;
         --schemes) schemes="$2"; shift 2 ;;
         --list) list_only=true; shift ;;
-        *) echo "error: unknown option $1 (use --seeds N|A,B,..., --schemes a,b, --list)" >&2; exit 2 ;;
+        *) echo "error: unknown option $1 (use --seeds N, --seed-list A,B, --schemes a,b, --list)" >&2; exit 2 ;;
     esac
 done
 study_dir="multirun/study-$(date +%Y-%m-%d_%H-%M-%S)"
@@ -48,18 +50,22 @@ fi
 if [[ -z "$schemes" ]]; then  # every scheme with a config
     schemes=$(find configs/pe -maxdepth 1 -name '*.yaml' -exec basename {} .yaml \; | sort | paste -sd, -)
 fi
-if [[ "$seeds" =~ ^[0-9]+$ ]]; then  # a count: seeds 1..N
-    seeds=$(seq -s, 1 "$seeds")
-elif [[ ! "$seeds" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
-    echo "error: --seeds takes a count (3) or a list of seeds (4,5), got '$seeds'" >&2
+if [[ -z "$seed_list" ]]; then
+    if [[ ! "$seeds" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: --seeds takes a positive count (3), got '$seeds'; --seed-list takes seeds (4,5)" >&2
+        exit 2
+    fi
+    seed_list=$(seq -s, 1 "$seeds")
+elif [[ ! "$seed_list" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+    echo "error: --seed-list takes comma-separated seeds (4,5), got '$seed_list'" >&2
     exit 2
 fi
 rope_scalings="${ROPE_SCALINGS:-[yarn:16,ntk:16]}"
 IFS=, read -ra scheme_list <<< "$schemes"
-IFS=, read -ra seed_list <<< "$seeds"
+IFS=, read -ra seeds <<< "$seed_list"
 
 if $list_only; then
-    for scheme in "${scheme_list[@]}"; do for seed in "${seed_list[@]}"; do
+    for scheme in "${scheme_list[@]}"; do for seed in "${seeds[@]}"; do
         echo "$study_dir/$scheme-s$seed"
     done; done
     exit 0
@@ -67,7 +73,7 @@ fi
 
 mkdir -p "$study_dir"
 for scheme in "${scheme_list[@]}"; do
-    for seed in "${seed_list[@]}"; do
+    for seed in "${seeds[@]}"; do
         run="$study_dir/$scheme-s$seed"
         if [[ -f "$run/eval/extrapolation.json" ]]; then
             echo "study: $run is done, skipped"

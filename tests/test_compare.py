@@ -59,7 +59,7 @@ def study(tmp_path_factory):
     first_table = (study_dir / "comparison.md").read_text()
     done_files = [study_dir / "rope-s1" / "checkpoints" / "last.pt", study_dir / "rope-s1" / "eval" / "extrapolation.json"]
     before = [path.stat().st_mtime_ns for path in done_files]
-    again = study_sh("--seeds", "1", "--schemes", "rope,learned")
+    again = study_sh("--seed-list", "1", "--schemes", "rope,learned")
     unchanged = before == [path.stat().st_mtime_ns for path in done_files]
     return tmp, study_dir, first_table, again.stdout, unchanged
 
