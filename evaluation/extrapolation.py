@@ -19,7 +19,10 @@ and the protocols differ only in how much context c(t) each target gets:
   S = L is ``nonoverlapping`` whenever L divides N; S = 1 predicts every target from a full window of L.
 
 For each (length, protocol) the mean loss at each position within the window is kept too: where it rises
-past the training length is where a scheme breaks. Each row also records the peak memory of its forward
+past the training length is where a scheme breaks. At long lengths few windows fit in the scored range (32
+at 1,024 of 32,768 tokens), so one position's mean is noise; ``per_position_bins`` averages positions in
+log-spaced bins, merged until each bin holds at least MIN_BIN_TOKENS scored targets, and records every bin's
+position range and token count. Each row also records the peak memory of its forward
 passes (see evaluation/memory.py) and its wall time.
 """
 
@@ -41,6 +44,8 @@ if TYPE_CHECKING:  # importing the data package pulls in `datasets` (~1 s): anno
     from data import TokenArray
 
 PROTOCOLS = ("nonoverlapping", "sliding")
+BINS_PER_OCTAVE = 4  # log-spaced position bins: four per doubling of the position
+MIN_BIN_TOKENS = 1024  # a bin's mean loss then has a standard error of ~0.08 nats (per-token sd ~2.5)
 
 
 @dataclass(frozen=True)
@@ -131,10 +136,46 @@ def score_windows(model: torch.nn.Module, tokens: TokenArray, plan: list[Window]
     # JSON has no NaN or inf: positions never scored, or a model whose loss is not finite, give null.
     per_position = [s / c if c > 0 and math.isfinite(s) else None
                     for s, c in zip(loss_sum.tolist(), counts.tolist())]
+    result = {"tokens": n, "loss": loss, "ppl": math.exp(loss) if math.isfinite(loss) else None,
+              "per_position_loss": per_position,
+              "per_position_bins": position_bins(loss_sum.tolist(), counts.tolist())}
     if not math.isfinite(loss):
-        return {"tokens": n, "loss": None, "ppl": None, "per_position_loss": per_position,
-                "reason": "the loss is not finite"}
-    return {"tokens": n, "loss": loss, "ppl": math.exp(loss), "per_position_loss": per_position}
+        result.update(loss=None, reason="the loss is not finite")
+    return result
+
+
+def position_bins(loss_sums: list[float], counts: list[float],
+                  min_tokens: int = MIN_BIN_TOKENS) -> list[dict[str, Any]]:
+    """Per-position losses pooled over bins of 1-based window positions [lo, hi).
+
+    Bins start log-spaced (BINS_PER_OCTAVE per doubling, so equally wide on a log axis), then neighbours
+    are merged until each holds ``min_tokens`` scored targets; a short remainder joins the last full bin.
+    Positions no window scored (before L - S + 1 in the sliding protocol) are left out. Each bin:
+    {"positions": [lo, hi], "loss": mean loss of its targets (None if not finite), "tokens": their number}.
+    """
+    length = len(counts)
+    n_bins = math.ceil(math.log2(length + 1) * BINS_PER_OCTAVE)
+    edges = np.unique(np.geomspace(1, length + 1, n_bins + 1).round().astype(int)).tolist()
+    bins: list[list[float]] = []  # [lo, hi, loss sum, tokens]
+    pending = None
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        tokens = sum(counts[lo - 1 : hi - 1])
+        if tokens == 0:
+            continue
+        if pending is None:  # starts at its first scored position
+            pending = [next(p for p in range(lo, hi) if counts[p - 1]), hi, 0.0, 0.0]
+        pending[1:] = [hi, pending[2] + sum(loss_sums[lo - 1 : hi - 1]), pending[3] + tokens]
+        if pending[3] >= min_tokens:
+            bins.append(pending)
+            pending = None
+    if pending is not None:
+        if bins:  # too few tokens for a bin of its own
+            last = bins[-1]
+            last[1:] = [pending[1], last[2] + pending[2], last[3] + pending[3]]
+        else:
+            bins.append(pending)
+    return [{"positions": [int(lo), int(hi)], "loss": total / tokens if math.isfinite(total) else None,
+             "tokens": int(tokens)} for lo, hi, total, tokens in bins]
 
 
 def evaluate_extrapolation(model: torch.nn.Module, tokens: TokenArray, lengths: list[int], protocols: list[str],

@@ -1,23 +1,77 @@
-"""The two extrapolation plots (PNG), shared by eval (one run) and scripts/compare.py (many runs).
+"""The two extrapolation plots (PNG), shared by eval (one run) and scripts/compare.py (many runs, many seeds).
 
 - perplexity vs evaluation length: log-scaled axes, the training length marked;
 - loss vs position within the window: where loss rises past the training length is where a scheme breaks.
-  Per-position means come from few windows each, so they are averaged over bins of positions that widen
-  geometrically (the x axis is logarithmic, so every bin is drawn about as wide).
+  Drawn from the stored position bins (evaluation/extrapolation.py), one point per bin.
 
-matplotlib's object-oriented API (Figure, not pyplot) keeps no global state and needs no display.
+Each line is a Series; where it has half-widths (a mean over seeds), a shaded band shows the 95% CI.
+Every scheme has one colour in every plot (scheme_colour); a scheme's settings (protocol, scaling, other
+keys) differ by line style. matplotlib's object-oriented API (Figure, not pyplot) keeps no global state and
+needs no display.
 """
 
 from __future__ import annotations
 
+import colorsys
+import hashlib
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 
-Curve = tuple[str, list[tuple[int, float | None]]]  # (label, [(length, ppl or None), ...])
+# The schemes posgpt ships, in matplotlib's default colours; others get a colour from their name.
+SCHEME_COLOURS = {"rope": "#1f77b4", "alibi": "#ff7f0e", "sinusoidal": "#2ca02c", "learned": "#d62728",
+                  "none": "#9467bd"}
+LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v"), ((0, (1, 3)), "P")]
+
+
+def scheme_colour(scheme: str) -> str:
+    """The colour of ``scheme`` in every plot: fixed for posgpt's schemes, and for any other name a hue
+    taken from a hash of the name (md5, not hash(), which changes between Python processes), so a scheme
+    added later keeps its colour and changes nobody else's."""
+    if scheme in SCHEME_COLOURS:
+        return SCHEME_COLOURS[scheme]
+    hue = int(hashlib.md5(scheme.encode()).hexdigest()[:8], 16) / 2**32
+    red, green, blue = colorsys.hsv_to_rgb(hue, 0.75, 0.7)
+    return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"
+
+
+@dataclass
+class Series:
+    """One line: (x, y) points, and the half-width of y's 95% CI at each point (None: no band there)."""
+
+    label: str
+    scheme: str  # picks the colour
+    x: list[float]
+    y: list[float]
+    half_width: list[float | None] | None = None
+
+
+def bin_centre(lo: int, hi: int) -> float:
+    """Where a bin of positions [lo, hi) is drawn on a log axis: the geometric centre of lo and hi - 1."""
+    return math.sqrt(lo * (hi - 1))
+
+
+def bins_note(rows: list[dict]) -> str:
+    """How many scored tokens each point of a per-position plot averages, from the rows' stored bins."""
+    tokens = [b["tokens"] for row in rows for b in row["per_position_bins"]]
+    return f"each point: the mean loss over {min(tokens):,}-{max(tokens):,} scored tokens" if tokens else ""
+
+
+def _draw(ax, series: list[Series]) -> None:
+    """Colour by scheme, line style by the series' rank among its scheme's, band where half-widths exist."""
+    seen: dict[str, int] = {}
+    for line in series:
+        rank = seen[line.scheme] = seen.get(line.scheme, -1) + 1
+        style, marker = LINE_STYLES[rank % len(LINE_STYLES)]
+        colour = scheme_colour(line.scheme)
+        ax.plot(line.x, line.y, color=colour, linestyle=style, marker=marker, markersize=3, label=line.label)
+        if line.half_width and any(h is not None for h in line.half_width):
+            widths = [h or 0.0 for h in line.half_width]
+            ax.fill_between(line.x, [y - h for y, h in zip(line.y, widths)], [y + h for y, h in zip(line.y, widths)],
+                            color=colour, alpha=0.2, linewidth=0)
 
 
 def _label_log_axis(axis, low: float, high: float) -> None:
@@ -40,15 +94,12 @@ def _mark_training_length(ax, train_lens: set[int]) -> None:
                    label="training length" if i == 0 else None)
 
 
-def plot_ppl_vs_length(curves: list[Curve], train_lens: set[int], path: str | Path, title: str) -> Path:
-    """One line per curve; points with ppl None (not evaluable) are left out."""
+def plot_ppl_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
+    """One line per series (x: lengths, y: perplexities; lengths without a perplexity left out)."""
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
-    lengths = sorted({length for _, points in curves for length, _ in points})
-    for label, points in curves:
-        kept = [(length, ppl) for length, ppl in sorted(points) if ppl is not None]
-        if kept:
-            ax.plot(*zip(*kept), marker="o", label=label)
+    _draw(ax, [line for line in series if line.x])
+    lengths = sorted({int(x) for line in series for x in line.x})
     _mark_training_length(ax, train_lens)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -58,27 +109,11 @@ def plot_ppl_vs_length(curves: list[Curve], train_lens: set[int], path: str | Pa
     return _label_and_save(fig, ax, "evaluation length (tokens)", "perplexity", title, path)
 
 
-def binned_positions(values: list[float | None], n_bins: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y): x the geometric centre of each bin of 1-based positions, y the mean of its non-null values."""
-    losses = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-    edges = np.unique(np.geomspace(1, len(losses) + 1, n_bins + 1).round().astype(int))
-    xs, ys = [], []
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        chunk = losses[lo - 1 : hi - 1]
-        if np.isfinite(chunk).any():
-            xs.append(np.sqrt(lo * (hi - 1)))
-            ys.append(np.nanmean(chunk))
-    return np.array(xs), np.array(ys)
-
-
-def plot_per_position(curves: list[tuple[str, list[float | None]]], train_lens: set[int], path: str | Path,
-                      title: str) -> Path:
-    """One line per (label, per-position mean losses)."""
+def plot_per_position(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
+    """One line per series (x: bin centres, y: mean loss in the bin)."""
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
-    for label, values in curves:
-        x, y = binned_positions(values)
-        ax.plot(x, y, label=label)
+    _draw(ax, series)
     _mark_training_length(ax, train_lens)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -89,7 +124,7 @@ def plot_per_position(curves: list[tuple[str, list[float | None]]], train_lens: 
 def _label_and_save(fig: Figure, ax, xlabel: str, ylabel: str, title: str, path: str | Path) -> Path:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
     fig.savefig(path, dpi=120)

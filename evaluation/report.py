@@ -23,13 +23,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.errors import PosGPTError
 from evaluation.extrapolation import effective_stride
+from evaluation.stats import Estimate
 from model.pe.rope_scaling import scaling_label
 
 JSON_FILE = "extrapolation.json"
 CSV_FILE = "extrapolation.csv"
 CSV_COLUMNS = ["data", "length", "multiple", "protocol", "stride", "scaling", "tokens", "loss", "ppl",
                "peak_memory_mb", "memory_metric", "seconds", "reason"]
+ROW_REQUIRED = {"length", "protocol", "stride", "ppl"}  # what every reader of a row relies on
 
 
 def results_document(pe_name: str, train_seq_len: int, rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -58,17 +61,45 @@ def merge_documents(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str
     return {**new, "results": sorted(rows, key=_sort_key)}
 
 
-def read_results(eval_dir: str | Path) -> dict[str, Any] | None:
-    """The document in ``eval_dir``, or None when there is none (or it is unreadable: it is then rewritten)."""
+def load_results(eval_dir: str | Path) -> dict[str, Any] | None:
+    """The document in ``eval_dir``, or None when there is none; a corrupt or malformed one is a PosGPTError
+    that names the file."""
     path = Path(eval_dir) / JSON_FILE
     try:
         document = json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
-        print(f"eval: ignoring unreadable {path} ({error}); it will be rewritten", flush=True)
+    except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
+        raise PosGPTError(f"{path} is unreadable or not JSON ({type(error).__name__}: {error})") from None
+    problem = _schema_problem(document)
+    if problem:
+        raise PosGPTError(f"{path} is malformed: {problem}")
+    return document
+
+
+def _schema_problem(document: Any) -> str | None:
+    """What is wrong with a document's shape (the keys the tables and plots read), or None."""
+    if not isinstance(document, dict):
+        return f"expected a JSON object, found {type(document).__name__}"
+    if not isinstance(document.get("pe"), str) or not isinstance(document.get("train_seq_len"), int):
+        return "no 'pe' name or integer 'train_seq_len'"
+    if not isinstance(document.get("results"), list):
+        return "no 'results' list"
+    for i, row in enumerate(document["results"]):
+        if not isinstance(row, dict) or not ROW_REQUIRED <= row.keys():
+            return f"result {i} lacks {sorted(ROW_REQUIRED - set(row) if isinstance(row, dict) else ROW_REQUIRED)}"
+        if not isinstance(row["length"], int) or not (row["ppl"] is None or isinstance(row["ppl"], (int, float))):
+            return f"result {i} has a non-integer length or a non-numeric ppl"
+    return None
+
+
+def read_results(eval_dir: str | Path) -> dict[str, Any] | None:
+    """Like load_results, for eval's accumulation: an unreadable document is reported and then rewritten."""
+    try:
+        return load_results(eval_dir)
+    except PosGPTError as error:
+        print(f"eval: ignoring the previous results ({error}); they will be rewritten", flush=True)
         return None
-    return document if isinstance(document, dict) and isinstance(document.get("results"), list) else None
 
 
 def write_results(document: dict[str, Any], eval_dir: str | Path) -> Path:
@@ -114,10 +145,40 @@ def setting_label(row: dict[str, Any], with_data: bool = False) -> str:
     return f"[{row.get('data')}] {label}" if with_data else label
 
 
+def format_number(value: float, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
 def format_ppl(ppl: float | None) -> str:
-    if ppl is None:
+    return "n/a" if ppl is None else format_number(ppl)
+
+
+def format_estimate(estimate: Estimate | None, n_expected: int = 1, digits: int = 2) -> str:
+    """A results cell: "n/a" for None, the value alone for one seed, else "mean ± half-width of the 95% CI";
+    "(n=k)" when fewer values than the row's n_expected seeds went into it."""
+    if estimate is None:
         return "n/a"
-    return f"{ppl:.2f}" if ppl < 1e4 else f"{ppl:,.0f}"
+    value = format_number(estimate.mean, digits)
+    if estimate.half_width is not None:
+        value += f" ± {format_number(estimate.half_width, digits)}"
+    return value + (f" (n={estimate.n})" if estimate.n != n_expected else "")
+
+
+def length_header(lengths: list[int], train_len: int | None) -> list[str]:
+    """Column titles: each length and, when the runs share one training length, its multiple of it."""
+    return [f"{L}" + (f" ({L / train_len:g}×)" if train_len else "") for L in lengths]
+
+
+def render_table(header: list[str], body: list[list[str]], markdown: bool = False) -> str:
+    """The one results-table layout: the first column left-aligned labels, the others right-aligned values,
+    as aligned plain text (eval.py's console table) or as a markdown table (scripts/compare.py)."""
+    if markdown:
+        return "\n".join(["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+                         + ["| " + " | ".join(line) + " |" for line in body])
+    lines = [header] + body
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                               for i, (cell, w) in enumerate(zip(line, widths))).rstrip() for line in lines)
 
 
 def format_table(document: dict[str, Any]) -> str:
@@ -129,13 +190,10 @@ def format_table(document: dict[str, Any]) -> str:
     by_setting: dict[str, dict[int, dict[str, Any]]] = {}
     for row in rows:
         by_setting.setdefault(setting_label(row, with_data), {})[row["length"]] = row
-    header = [f"pe={document['pe']} ppl"] + [f"{L} ({L / train_len:g}x)" for L in lengths]
-    lines = [header] + [
-        [label] + [format_ppl(cells[L]["ppl"]) if L in cells else "-" for L in lengths]
-        for label, cells in by_setting.items()
-    ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in lines)
+    header = [f"pe={document['pe']} ppl"] + length_header(lengths, train_len)
+    body = [[label] + [format_ppl(cells[L]["ppl"]) if L in cells else "-" for L in lengths]
+            for label, cells in by_setting.items()]
+    text = render_table(header, body)
     spans = sorted({(str(row.get("data")), *row["target_range"]) for row in rows if row["ppl"] is not None})
     if len(spans) == len({data for data, _, _ in spans}):  # one token range per corpus
         return text + "\n(each cell scores the same targets: " + "; ".join(

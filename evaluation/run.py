@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from data import TokenArray, describe_corpus
 from evaluation.extrapolation import evaluate_extrapolation
-from evaluation.plots import plot_per_position, plot_ppl_vs_length
+from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
 from evaluation.report import (CSV_COLUMNS, CSV_FILE, csv_rows, format_table, merge_documents, read_results,
                                results_document, setting_label, write_csv, write_results)
 from experiment.config import eval_lengths
@@ -92,8 +92,9 @@ def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: 
 
 
 def per_position_rows(document: dict[str, Any], lengths: list[int] | None = None) -> list[dict[str, Any]]:
-    """The rows per_position.png draws: nonoverlapping (where evaluated), at ``lengths`` or the longest scored."""
-    scored = [row for row in document["results"] if row["ppl"] is not None]
+    """The rows per_position.png draws: nonoverlapping (where evaluated), at ``lengths`` or the longest scored.
+    Rows without position bins (written by an older posgpt, before bins were stored) are not drawn."""
+    scored = [row for row in document["results"] if row["ppl"] is not None and "per_position_bins" in row]
     protocol = "nonoverlapping" if any(r["protocol"] == "nonoverlapping" for r in scored) else "sliding"
     scored = [row for row in scored if row["protocol"] == protocol]
     lengths = lengths or ([max(row["length"] for row in scored)] if scored else [])
@@ -103,20 +104,26 @@ def per_position_rows(document: dict[str, Any], lengths: list[int] | None = None
 def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: list[int] | None) -> dict[str, Path]:
     pe, train_len = document["pe"], document["train_seq_len"]
     with_data = len({row.get("data") for row in document["results"]}) > 1
-    curves: dict[str, list[tuple[int, float | None]]] = {}
-    for row in document["results"]:
-        curves.setdefault(setting_label(row, with_data), []).append((row["length"], row["ppl"]))
+    curves: dict[str, Series] = {}
+    for row in sorted(document["results"], key=lambda row: row["length"]):
+        line = curves.setdefault(setting_label(row, with_data), Series(setting_label(row, with_data), pe, [], []))
+        if row["ppl"] is not None:  # not evaluable there: left out
+            line.x.append(row["length"])
+            line.y.append(row["ppl"])
     plots = {"ppl_vs_length": plot_ppl_vs_length(
-        list(curves.items()), {train_len}, eval_dir / PPL_PLOT,
+        list(curves.values()), {train_len}, eval_dir / PPL_PLOT,
         f"pe={pe}, trained at length {train_len} (step {document['step']})")}
     position_rows = per_position_rows(document, per_position_lengths)
     several_lengths = len({row["length"] for row in position_rows}) > 1
-    position_curves = [
-        (setting_label(row, with_data) + (f" L={row['length']}" if several_lengths else ""), row["per_position_loss"])
+    position_series = [
+        Series(setting_label(row, with_data) + (f" L={row['length']}" if several_lengths else ""), pe,
+               [bin_centre(*b["positions"]) for b in row["per_position_bins"] if b["loss"] is not None],
+               [b["loss"] for b in row["per_position_bins"] if b["loss"] is not None])
         for row in position_rows
     ]
-    plots["per_position"] = plot_per_position(position_curves, {train_len}, eval_dir / PER_POSITION_PLOT,
-                                              f"pe={pe}: loss by position, trained at length {train_len}")
+    plots["per_position"] = plot_per_position(
+        position_series, {train_len}, eval_dir / PER_POSITION_PLOT,
+        f"pe={pe}: loss by position, trained at length {train_len}\n{bins_note(position_rows)}")
     return plots
 
 

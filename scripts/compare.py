@@ -1,33 +1,48 @@
-"""Compare how several runs extrapolate: one markdown table and one perplexity-vs-length plot.
+"""Compare how several runs extrapolate, over seeds: one markdown table and one perplexity-vs-length plot.
 
-    python scripts/compare.py multirun/study/*-*/                      # -> comparison.md, comparison.png
+    python scripts/compare.py multirun/study/*/                         # -> comparison.md, comparison.png
     python scripts/compare.py run_a run_b --protocol sliding --markdown out.md --plot out.png
-    python scripts/compare.py runs/*/ --per-position per_position.png  # loss by position, one line per run
+    python scripts/compare.py runs/*/ --per-position per_position.png   # loss by position, one line per setting
+    python scripts/compare.py runs/*/ --ratios                          # also ppl@kL / ppl@L per setting
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
-eval.py). Table rows: one per run and RoPE scaling ("rope", "rope yarn:16", "alibi"); columns: evaluation
-lengths; cells: perplexity, the best of each column in bold; "n/a" where the scheme cannot run at that
-length (learned beyond its table), "-" where it was not evaluated. Below the table: the protocol, the data
-and the scored token ranges; cells scored on different tokens are flagged, since they are not comparable.
+eval.py) and the config the run was trained with (run_config). Runs whose configs differ only in
+``train.seed`` (and in settings that do not change the trained model: logging, evaluation, threads, ...)
+are seeds of one setting. Table rows: one per setting and RoPE scaling ("rope", "rope yarn:16", "alibi",
+"rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation lengths; cells:
+the mean perplexity over seeds ± the half-width of its 95% Student-t confidence interval (one seed: the
+value alone), the lowest mean of each column in bold; "n/a" where the scheme cannot run at that length
+(learned beyond its table), "-" where it was not evaluated. Below the table: which differences exceed their
+intervals, the protocol, the data and the scored token ranges (cells scored on different tokens are flagged).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.checkpoint import load_checkpoint  # noqa: E402
 from core.cli import exit_on_user_error  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
 from evaluation.extrapolation import PROTOCOLS, effective_stride  # noqa: E402
-from evaluation.plots import plot_per_position, plot_ppl_vs_length  # noqa: E402
-from evaluation.report import format_ppl, read_results  # noqa: E402
+from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length  # noqa: E402
+from evaluation.report import format_estimate, length_header, load_results, render_table  # noqa: E402
 from evaluation.run import EVAL_DIR  # noqa: E402
+from evaluation.stats import Estimate, clearly_different, mean_ci  # noqa: E402
 from model.pe.rope_scaling import scaling_label  # noqa: E402
+from experiment.settings import RESUME_SETTINGS, flatten_config, may_change  # noqa: E402
+
+# Config keys that do not make two runs different settings: the seed, and what a resumed run may change
+# (logging, evaluation, threads, ...) except what changes the trained model (its length, its precision).
+NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key not in ("train.max_steps",
+                                                                                       "train.dtype"))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -42,21 +57,79 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, default=Path("comparison.png"), help="plot output path")
     parser.add_argument("--per-position", type=Path, default=None,
                         help="also plot loss by position at the longest evaluated length to this path")
+    parser.add_argument("--ratios", action="store_true",
+                        help="also tabulate ppl@kL / ppl@L (L: the training length), per seed then mean ± CI")
     return parser.parse_args(argv)
 
 
-def load_documents(run_dirs: list[Path]) -> list[dict[str, Any]]:
-    documents = []
+def run_config(run_dir: Path) -> dict[str, Any]:
+    """The resolved config a run was trained with, from its checkpoint: the one source of truth (Hydra's
+    .hydra/config.yaml can be rewritten by a later command aimed at the run). compare reads configs only here."""
+    return load_checkpoint(run_dir)["config"]
+
+
+@dataclass
+class Run:
+    dir: Path
+    document: dict[str, Any]
+    config: dict[str, Any]
+
+
+@dataclass
+class Entry:
+    """A table row: one setting (seeds pooled) and RoPE scaling; per_seed holds {length: row} per seed."""
+
+    label: str
+    scheme: str
+    train_len: int
+    per_seed: list[dict[int, dict[str, Any]]] = field(default_factory=list)
+
+
+def load_runs(run_dirs: list[Path]) -> list[Run]:
+    runs = []
     for run_dir in run_dirs:
-        document = read_results(run_dir / EVAL_DIR)
+        document = load_results(run_dir / EVAL_DIR)
         if document is None:
             raise PosGPTError(f"{run_dir} has no {EVAL_DIR}/extrapolation.json; run python eval.py run_dir={run_dir}")
-        documents.append(document)
-    return documents
+        runs.append(Run(run_dir, document, run_config(run_dir)))
+    return runs
 
 
-def choose_data(documents: list[dict[str, Any]], data: str | None) -> str:
-    available = sorted({str(row.get("data")) for document in documents for row in document["results"]})
+def setting(config: dict[str, Any]) -> dict[str, str]:
+    """The flattened config without the keys that do not make a different setting (NOT_A_SETTING)."""
+    return {key: json.dumps(value, sort_keys=True) for key, value in flatten_config(config).items()
+            if not may_change(key, NOT_A_SETTING)}
+
+
+def group_by_seed(runs: list[Run]) -> list[list[Run]]:
+    """Runs with the same setting, in the order given; two runs of one setting with one seed are refused
+    (the same run twice, or a rerun: counting both would fake a narrow interval)."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        group = groups.setdefault(tuple(sorted(setting(run.config).items())), [])
+        for other in group:
+            if other.config["train"]["seed"] == run.config["train"]["seed"]:
+                raise PosGPTError(f"{other.dir} and {run.dir} are the same setting with the same train.seed "
+                                  f"({run.config['train']['seed']}): pass each run once, one per seed")
+        group.append(run)
+    return list(groups.values())
+
+
+def group_labels(groups: list[list[Run]]) -> list[str]:
+    """The scheme's name, plus the keys whose values tell this setting from others of the same scheme."""
+    settings = [setting(group[0].config) for group in groups]
+    labels = []
+    for group, own in zip(groups, settings):
+        scheme = group[0].document["pe"]
+        siblings = [other for g, other in zip(groups, settings) if g[0].document["pe"] == scheme]
+        differing = sorted(key for key in own if any(other.get(key) != own[key] for other in siblings))
+        labels.append(" ".join(["none (NoPE)" if scheme == "none" else scheme]  # not "no scaling"
+                               + [f"{key}={json.loads(own[key])}" for key in differing]))
+    return labels
+
+
+def choose_data(runs: list[Run], data: str | None) -> str:
+    available = sorted({str(row.get("data")) for run in runs for row in run.document["results"]})
     if data is None and len(available) == 1:
         return available[0]
     if data not in available:
@@ -64,97 +137,201 @@ def choose_data(documents: list[dict[str, Any]], data: str | None) -> str:
     return data
 
 
-def series(run_dirs: list[Path], documents: list[dict[str, Any]], protocol: str, stride: int | None,
-           data: str) -> list[dict[str, Any]]:
-    """One entry per (run, scaling): its label, training length and {length: row} for the chosen setting."""
+def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data: str) -> list[Entry]:
+    """One entry per (setting, scaling), each holding every seed's rows of the chosen protocol and data."""
     entries = []
-    for run_dir, document in zip(run_dirs, documents):
-        by_scaling: dict[str, dict[int, dict[str, Any]]] = {}
-        for row in document["results"]:
-            wanted_stride = effective_stride(row["length"], stride) if protocol == "sliding" else None
-            if row["protocol"] == protocol and row["stride"] == wanted_stride and str(row.get("data")) == data:
-                by_scaling.setdefault(scaling_label(row.get("scaling")), {})[row["length"]] = row
-        if not by_scaling:  # shown as a row of "-" rather than silently left out
-            by_scaling[""] = {}
-        for scaling, rows in sorted(by_scaling.items(), key=lambda item: (item[0] not in ("", "none"), item[0])):
-            scheme = "none (NoPE)" if document["pe"] == "none" else document["pe"]  # not "no scaling"
-            label = scheme + ("" if scaling in ("", "none") else f" {scaling}")
-            entries.append({"label": label, "run": run_dir, "train_len": document["train_seq_len"], "rows": rows})
-    if not any(entry["rows"] for entry in entries):
+    for group, label in zip(groups, group_labels(groups)):
+        per_scaling: dict[str, list[dict[int, dict[str, Any]]]] = {}
+        for i, run in enumerate(group):
+            for row in run.document["results"]:
+                wanted_stride = effective_stride(row["length"], stride) if protocol == "sliding" else None
+                if row["protocol"] == protocol and row["stride"] == wanted_stride and str(row.get("data")) == data:
+                    seeds = per_scaling.setdefault(scaling_label(row.get("scaling")), [{} for _ in group])
+                    seeds[i][row["length"]] = row
+        if not per_scaling:  # shown as a row of "-" rather than silently left out
+            per_scaling[""] = [{} for _ in group]
+        for scaling, per_seed in sorted(per_scaling.items(), key=lambda item: (item[0] not in ("", "none"), item[0])):
+            document = group[0].document
+            entries.append(Entry(label + ("" if scaling in ("", "none") else f" {scaling}"), document["pe"],
+                                 document["train_seq_len"], per_seed))
+    if not any(seed for entry in entries for seed in entry.per_seed):
         raise PosGPTError(f"no {protocol} results on data {data} in these runs (try --protocol or --stride)")
-    duplicated = Counter(entry["label"] for entry in entries)
-    for entry in entries:
-        if duplicated[entry["label"]] > 1:  # two runs of one scheme: tell them apart by directory
-            entry["label"] += f" ({entry['run'].resolve().name})"
     return entries
 
 
-def markdown_table(entries: list[dict[str, Any]], protocol: str, stride: int | None, data: str) -> str:
-    lengths = sorted({length for entry in entries for length in entry["rows"]})
-    train_lens = {entry["train_len"] for entry in entries}
+def ppl_estimate(entry: Entry, length: int) -> Estimate | None:
+    """Mean ± CI of the perplexity at ``length`` over the seeds that have one there."""
+    values = [seed[length]["ppl"] for seed in entry.per_seed if length in seed and seed[length]["ppl"] is not None]
+    return mean_ci(values) if values else None
+
+
+def ratio_estimate(entry: Entry, multiple: float) -> Estimate | None:
+    """Mean ± CI over seeds of ppl@kL / ppl@L, each seed's ratio from its own two perplexities."""
+    length = round(multiple * entry.train_len)
+    values = [seed[length]["ppl"] / seed[entry.train_len]["ppl"] for seed in entry.per_seed
+              if length in seed and entry.train_len in seed
+              and seed[length]["ppl"] is not None and seed[entry.train_len]["ppl"] is not None]
+    return mean_ci(values) if values else None
+
+
+def table(entries: list[Entry], columns: list[Any], header: list[str], estimate: Callable[[Entry, Any], Estimate | None],
+          digits: int = 2) -> str:
+    """A markdown table: a row per entry, its number of seeds, a cell per column, the lowest mean in bold."""
+    estimates = [[estimate(entry, column) for column in columns] for entry in entries]
+    best = [min((row[i].mean for row in estimates if row[i] is not None), default=None) for i in range(len(columns))]
+    body = []
+    for entry, row in zip(entries, estimates):
+        cells = []
+        for i, value in enumerate(row):
+            seeded = any(column_key(columns[i], entry) in seed for seed in entry.per_seed)
+            cell = format_estimate(value, len(entry.per_seed), digits) if seeded else "-"
+            cells.append(f"**{cell}**" if value is not None and value.mean == best[i] else cell)
+        body.append([entry.label, str(len(entry.per_seed))] + cells)
+    return render_table(["setting", "seeds"] + header, body, markdown=True)
+
+
+def column_key(column: Any, entry: Entry) -> int:
+    """The length a column reads in an entry's rows: a length, or a multiple of the entry's training length."""
+    return column if isinstance(column, int) else round(column * entry.train_len)
+
+
+def differences(entries: list[Entry], columns: list[Any], header: list[str],
+                estimate: Callable[[Entry, Any], Estimate | None]) -> list[str]:
+    """Per column: which settings' 95% intervals do not overlap the best one's (the rule in the README)."""
+    lines = []
+    for column, title in zip(columns, header):
+        scored = [(entry, estimate(entry, column)) for entry in entries]
+        scored = [(entry, value) for entry, value in scored if value is not None]
+        if len(scored) < 2:
+            continue
+        best_entry, best = min(scored, key=lambda item: item[1].mean)
+        if best.half_width is None:
+            lines.append(f"- {title}: lowest {best_entry.label}, one seed: no interval, no difference claimed")
+            continue
+        worse = [e.label for e, v in scored if e is not best_entry and clearly_different(v, best)]
+        close = [e.label for e, v in scored if e is not best_entry and v.half_width is not None
+                 and not clearly_different(v, best)]
+        unseeded = [e.label for e, v in scored if v.half_width is None]
+        parts = [f"lowest {best_entry.label}", f"intervals apart (clearly worse): {', '.join(worse) or 'none'}",
+                 f"intervals overlap (not distinguishable): {', '.join(close) or 'none'}"]
+        if unseeded:
+            parts.append(f"one seed, not compared: {', '.join(unseeded)}")
+        lines.append(f"- {title}: " + "; ".join(parts))
+    return lines
+
+
+def markdown_report(entries: list[Entry], protocol: str, stride: int | None, data: str, ratios: bool) -> str:
+    lengths = sorted({length for entry in entries for seed in entry.per_seed for length in seed})
+    train_lens = {entry.train_len for entry in entries}
     common_train_len = next(iter(train_lens)) if len(train_lens) == 1 else None
-    header = ["scheme"] + [f"{L}" + (f" ({L / common_train_len:g}×)" if common_train_len else "") for L in lengths]
+    header = length_header(lengths, common_train_len)
     if common_train_len is None:
-        header.insert(1, "train length")
-    best = {L: min((e["rows"][L]["ppl"] for e in entries if L in e["rows"] and e["rows"][L]["ppl"] is not None),
-                   default=None) for L in lengths}
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
-    for entry in entries:
-        cells = [entry["label"]] + ([str(entry["train_len"])] if common_train_len is None else [])
-        for L in lengths:
-            row = entry["rows"].get(L)
-            cell = "-" if row is None else format_ppl(row["ppl"])
-            is_best = row is not None and row["ppl"] is not None and row["ppl"] == best[L]
-            cells.append(f"**{cell}**" if is_best else cell)
-        lines.append("| " + " | ".join(cells) + " |")
+        for entry in entries:
+            entry.label += f" (trained at {entry.train_len})"
     stride_note = f", stride {stride or 'L/2'}" if protocol == "sliding" else ""
-    ranges = {tuple(row["target_range"]) + (row["tokens"],) for e in entries for row in e["rows"].values()
-              if row["ppl"] is not None}
+    rows = [row for entry in entries for seed in entry.per_seed for row in seed.values() if row["ppl"] is not None]
+    ranges = {tuple(row["target_range"]) + (row["tokens"],) for row in rows}
     if len(ranges) == 1:
         start, stop, tokens = next(iter(ranges))
         tokens_note = f"every cell scores the same {tokens:,} tokens (targets [{start:,}, {stop:,}) of the split)"
     else:
         tokens_note = ("**cells scored different token ranges** "
                        f"({', '.join(f'[{a:,}, {b:,})' for a, b, _ in sorted(ranges))}): compare with care")
-    return "\n".join([
+    parts = [
         f"Perplexity by evaluation length ({protocol} protocol{stride_note}; data: {data}; "
-        f"training length {common_train_len or 'per row'}). n/a: not evaluable there (the run's "
-        "extrapolation.json says why).",
+        f"training length {common_train_len or 'per row'}): mean over seeds ± half-width of the 95% confidence "
+        "interval (Student t, n−1 degrees of freedom; one seed: the value alone; (n=k): only k seeds have "
+        "a value there). n/a: not evaluable there (the run's extrapolation.json says why).",
         "",
-        *lines,
+        table(entries, lengths, header, ppl_estimate),
         "",
         f"Scored tokens: {tokens_note}.",
-    ]) + "\n"
+    ]
+    rule = ("Differences: a setting differs from the lowest one at a length when their 95% intervals do not "
+            "overlap (a conservative rule).")
+    if any(len(entry.per_seed) > 1 for entry in entries):
+        parts += ["", rule, *differences(entries, lengths, header, ppl_estimate)]
+    else:
+        parts += ["", "One seed per setting: no intervals, so no difference is claimed (train more seeds, e.g. "
+                  "train.seed=1,2,3)."]
+    if ratios:
+        multiples = sorted({length / entry.train_len for entry in entries for seed in entry.per_seed
+                            for length in seed if length > entry.train_len})
+        ratio_header = [f"{k:g}×" for k in multiples]
+        parts += ["", "Extrapolation ratio ppl@kL / ppl@L (L: the training length; per seed, then mean ± 95% CI):",
+                  "", table(entries, multiples, ratio_header, ratio_estimate, digits=3)]
+        if any(len(entry.per_seed) > 1 for entry in entries):
+            parts += ["", rule.replace("at a length", "at a multiple"),
+                      *differences(entries, multiples, ratio_header, ratio_estimate)]
+    return "\n".join(parts) + "\n"
 
 
-def longest_evaluated_length(entries: list[dict[str, Any]]) -> int | None:
+def ppl_series(entries: list[Entry]) -> list[Series]:
+    series = []
+    for entry in entries:
+        lengths = sorted({length for seed in entry.per_seed for length in seed})
+        points = [(length, value) for length in lengths if (value := ppl_estimate(entry, length)) is not None]
+        series.append(Series(entry.label, entry.scheme, [p[0] for p in points], [p[1].mean for p in points],
+                             [p[1].half_width for p in points]))
+    return series
+
+
+def per_position_series(entries: list[Entry], length: int) -> list[Series]:
+    """Per entry with rows at ``length``: per-bin mean loss over seeds, with its CI as the band."""
+    series = []
+    for entry in entries:
+        rows = [seed[length] for seed in entry.per_seed if length in seed and seed[length]["ppl"] is not None]
+        if not rows:
+            continue
+        if any("per_position_bins" not in row for row in rows):
+            raise PosGPTError(f"{entry.label}: results without per_position_bins (from an older posgpt); "
+                              "evaluate the runs again with eval.py")
+        bins = [[(b["positions"], b["loss"]) for b in row["per_position_bins"]] for row in rows]
+        if any([p for p, _ in seed] != [p for p, _ in bins[0]] for seed in bins):
+            raise PosGPTError(f"{entry.label}: the seeds' position bins differ (evaluated with other settings)")
+        x, y, widths = [], [], []
+        for i, (positions, _) in enumerate(bins[0]):
+            losses = [seed[i][1] for seed in bins if seed[i][1] is not None]
+            if losses:
+                estimate = mean_ci(losses)
+                x.append(bin_centre(*positions))
+                y.append(estimate.mean)
+                widths.append(estimate.half_width)
+        series.append(Series(entry.label, entry.scheme, x, y, widths))
+    return series
+
+
+def longest_evaluated_length(entries: list[Entry]) -> int | None:
     """The longest length any entry has a perplexity at (entries that cannot run there are left out)."""
-    lengths = sorted({L for entry in entries for L, row in entry["rows"].items() if row["ppl"] is not None})
-    return lengths[-1] if lengths else None
+    lengths = [L for entry in entries for seed in entry.per_seed for L, row in seed.items() if row["ppl"] is not None]
+    return max(lengths, default=None)
 
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    documents = load_documents(args.run_dirs)
-    data = choose_data(documents, args.data)
-    entries = series(args.run_dirs, documents, args.protocol, args.stride, data)
-    table = markdown_table(entries, args.protocol, args.stride, data)
+    runs = load_runs(args.run_dirs)
+    data = choose_data(runs, args.data)
+    entries = entries_of(group_by_seed(runs), args.protocol, args.stride, data)
+    report = markdown_report(entries, args.protocol, args.stride, data, args.ratios)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(table)
-    print(table)
-    train_lens = {entry["train_len"] for entry in entries}
+    args.markdown.write_text(report)
+    print(report)
+    train_lens = {entry.train_len for entry in entries}
+    seeds = sorted({len(entry.per_seed) for entry in entries})
+    band = " (band: 95% CI over seeds)" if seeds[-1] > 1 else ""
     args.plot.parent.mkdir(parents=True, exist_ok=True)
-    plot_ppl_vs_length([(e["label"], [(L, row["ppl"]) for L, row in e["rows"].items()]) for e in entries],
-                       train_lens, args.plot, f"Length extrapolation ({args.protocol}, {data})")
+    plot_ppl_vs_length(ppl_series(entries), train_lens, args.plot,
+                       f"Length extrapolation ({args.protocol}, {data}){band}")
     written = [args.markdown, args.plot]
     if args.per_position is not None:
         length = longest_evaluated_length(entries)
-        curves = [(e["label"], e["rows"][length]["per_position_loss"]) for e in entries
-                  if length in e["rows"] and e["rows"][length]["ppl"] is not None]
         args.per_position.parent.mkdir(parents=True, exist_ok=True)
-        plot_per_position(curves, train_lens, args.per_position,
-                          f"Loss by position in windows of {length} ({args.protocol}, {data})")
+        rows = [seed[length] for entry in entries for seed in entry.per_seed
+                if length in seed and seed[length]["ppl"] is not None]
+        plot_per_position(per_position_series(entries, length), train_lens, args.per_position,
+                          f"Loss by position in windows of {length} ({args.protocol}, {data}){band}\n"
+                          f"{bins_note(rows)} per seed")
         written.append(args.per_position)
     print(f"compare: wrote {', '.join(map(str, written))}")
 

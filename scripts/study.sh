@@ -1,47 +1,104 @@
 #!/usr/bin/env bash
-# The length-extrapolation study: train every positional scheme with identical settings, evaluate each at
-# 1-16x its training length (both protocols, at the end of training), evaluate the RoPE run again with
-# context extension (YaRN, NTK), and compare them all in one table and one plot.
+# The length-extrapolation study: train every positional scheme with identical settings over several seeds,
+# evaluate each at 1-16x its training length (both protocols, at the end of training), evaluate the RoPE runs
+# again with context extension (YaRN, NTK), and compare them all: mean ± 95% CI over seeds.
 #
-#   scripts/study.sh                                   # -> multirun/study-<date>/
-#   scripts/study.sh runs/study                        # into runs/study/
+#   scripts/study.sh                                   # -> multirun/study-<date>/, 3 seeds of every scheme
+#   scripts/study.sh runs/study                        # into runs/study/ (run it again to finish what is missing)
+#   scripts/study.sh --seeds 5 runs/study              # seeds 1..5
+#   scripts/study.sh --seed-list 4,5 --schemes rope,alibi runs/study   # a part: these seeds of these schemes
+#   scripts/study.sh --list runs/study                 # print the runs it would make, make none
 #   scripts/study.sh /tmp/smoke train.max_steps=20 eval.max_tokens=2048    # a quick smoke test
 #
-# Arguments after the directory are Hydra overrides for train.py; they override the study's settings
-# below, and eval.py reuses them (it recomposes each run's config from its training overrides).
-# Environment: SCHEMES (default sinusoidal,learned,rope,alibi,none), ROPE_SCALINGS (default [yarn:16,ntk:16]).
+# Schemes: every configs/pe/*.yaml (found at run time, so a new scheme is included without editing this).
+# Resumable: each (scheme, seed) trains into <dir>/<scheme>-s<seed>/; a run that has its evaluation is
+# skipped, an interrupted one is resumed (train.resume=true), and a RoPE run's scaling evaluation is skipped
+# once done. The comparison is rewritten at the end from every finished run in <dir>.
+# Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
+# and eval.py reuses them (it recomposes each run's config from its training overrides).
+# Environment: ROPE_SCALINGS (default [yarn:16,ntk:16]).
 #
-# Settings: train.py's defaults (the tiny model at context 64, batch 8, lr 1e-3, 1200 steps: long enough for
-# the tiny model to use position, which it starts to after ~1000 steps), evaluated on the same 32K validation
-# tokens at 64 .. 1024 tokens.
+# Settings: train.py's defaults, evaluated on the same validation tokens at 1x .. 16x the training length.
 # Output, in the study directory:
-#   <n>-<scheme>/                  each training run (checkpoints, metrics.jsonl, eval/ with its own reports)
-#   comparison.md, comparison.png  nonoverlapping protocol: perplexity by length, one row/line per setting
+#   <scheme>-s<seed>/              each training run (checkpoints, metrics.jsonl, eval/ with its own reports)
+#   comparison.md, comparison.png  nonoverlapping protocol: perplexity by length (mean ± CI over seeds, bands),
+#                                  the differences that exceed their intervals, and ppl@kL / ppl@L
 #   comparison_sliding.md, comparison_sliding.png                       the same for the sliding protocol
-#   comparison_per_position.png    loss by position within 1024-token windows, one line per setting
+#   comparison_per_position.png    loss by position within the longest windows, one line (and band) per setting
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+seeds=3
+seed_list=""
+schemes=""
+list_only=false
+while [[ $# -gt 0 && "$1" == --* ]]; do
+    case "$1" in
+        --seeds) seeds="$2"; shift 2 ;;
+        --seed-list) seed_list="$2"; shift 2 ;;
+        --schemes) schemes="$2"; shift 2 ;;
+        --list) list_only=true; shift ;;
+        *) echo "error: unknown option $1 (use --seeds N, --seed-list A,B, --schemes a,b, --list)" >&2; exit 2 ;;
+    esac
+done
 study_dir="multirun/study-$(date +%Y-%m-%d_%H-%M-%S)"
 if [[ $# -gt 0 && "$1" != *=* ]]; then
     study_dir="$1"
     shift
 fi
-schemes="${SCHEMES:-sinusoidal,learned,rope,alibi,none}"
+
+if [[ -z "$schemes" ]]; then  # every scheme with a config
+    schemes=$(find configs/pe -maxdepth 1 -name '*.yaml' -exec basename {} .yaml \; | sort | paste -sd, -)
+fi
+if [[ -z "$seed_list" ]]; then
+    if [[ ! "$seeds" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: --seeds takes a positive count (3), got '$seeds'; --seed-list takes seeds (4,5)" >&2
+        exit 2
+    fi
+    seed_list=$(seq -s, 1 "$seeds")
+elif [[ ! "$seed_list" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+    echo "error: --seed-list takes comma-separated seeds (4,5), got '$seed_list'" >&2
+    exit 2
+fi
 rope_scalings="${ROPE_SCALINGS:-[yarn:16,ntk:16]}"
+IFS=, read -ra scheme_list <<< "$schemes"
+IFS=, read -ra seeds <<< "$seed_list"
 
-python train.py -m "pe=$schemes" "hydra.sweep.dir=$study_dir" \
-    "eval.length_multipliers=[1,2,4,8,16]" \
-    "logging.wandb.group=$(basename "$study_dir")" \
-    "$@"
+if $list_only; then
+    for scheme in "${scheme_list[@]}"; do for seed in "${seeds[@]}"; do
+        echo "$study_dir/$scheme-s$seed"
+    done; done
+    exit 0
+fi
 
-shopt -s nullglob
-for rope_run in "$study_dir"/*-rope; do
-    python eval.py "run_dir=$rope_run" "eval.scalings=$rope_scalings"
+mkdir -p "$study_dir"
+for scheme in "${scheme_list[@]}"; do
+    for seed in "${seeds[@]}"; do
+        run="$study_dir/$scheme-s$seed"
+        if [[ -f "$run/eval/extrapolation.json" ]]; then
+            echo "study: $run is done, skipped"
+        else
+            resume=()
+            [[ -f "$run/checkpoints/last.pt" ]] && resume=(train.resume=true)  # interrupted: continue it
+            python train.py "pe=$scheme" "train.seed=$seed" "hydra.run.dir=$run" \
+                "eval.length_multipliers=[1,2,4,8,16]" "logging.wandb.group=$(basename "$study_dir")" \
+                "${resume[@]}" "$@"
+            # a run stopped during its end-of-training evaluation resumes with nothing left to train
+            [[ -f "$run/eval/extrapolation.json" ]] || python eval.py "run_dir=$run"
+        fi
+        if [[ "$scheme" == rope && "$(cat "$run/eval/.scalings-done" 2>/dev/null)" != "$rope_scalings" ]]; then
+            python eval.py "run_dir=$run" "eval.scalings=$rope_scalings"
+            echo "$rope_scalings" > "$run/eval/.scalings-done"
+        fi
+    done
 done
 
-runs=("$study_dir"/[0-9]*-*/)
-python scripts/compare.py "${runs[@]}" --markdown "$study_dir/comparison.md" --plot "$study_dir/comparison.png" \
-    --per-position "$study_dir/comparison_per_position.png"
-python scripts/compare.py "${runs[@]}" --protocol sliding \
+shopt -s nullglob
+runs=()
+for run in "$study_dir"/*/; do
+    [[ -f "$run/eval/extrapolation.json" ]] && runs+=("$run")
+done
+python scripts/compare.py "${runs[@]}" --ratios --markdown "$study_dir/comparison.md" \
+    --plot "$study_dir/comparison.png" --per-position "$study_dir/comparison_per_position.png"
+python scripts/compare.py "${runs[@]}" --ratios --protocol sliding \
     --markdown "$study_dir/comparison_sliding.md" --plot "$study_dir/comparison_sliding.png"

@@ -75,7 +75,7 @@ def test_train_then_eval_every_scheme(pe, corpus, cli, tmp_path):
     assert offline_runs and any(offline_runs[0].glob("run-*.wandb"))
 
     result = ok(cli.eval(run_dir, "eval.length_multipliers=[1,4]", "eval.max_tokens=256", "logging.progress=false"))
-    assert "1x" in result.stdout and "4x" in result.stdout  # the table is printed
+    assert "1×" in result.stdout and "4×" in result.stdout  # the table is printed
     document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
     assert document["pe"] == pe and document["train_seq_len"] == 16
     rows = {(r["length"], r["protocol"]): r for r in document["results"]}
@@ -115,6 +115,6 @@ def test_main_job_shape_trains_and_evaluates_in_one_command(corpus, cli, tmp_pat
     """python train.py ends by evaluating (train.eval_after defaults to true) and prints the table."""
     run_dir = tmp_path / "run"
     result = ok(cli.run(small_run(corpus, run_dir, "pe=alibi", "logging.wandb.mode=disabled")))
-    assert "pe=alibi" in result.stdout and "4x" in result.stdout
+    assert "pe=alibi" in result.stdout and "4×" in result.stdout
     assert (run_dir / "eval" / "extrapolation.json").is_file()
     assert not (run_dir / "wandb").exists()

@@ -1,4 +1,5 @@
-"""scripts/compare.py on real runs: two tiny schemes trained through train.py, one re-evaluated by eval.py."""
+"""scripts/compare.py and scripts/study.sh on real runs (a study of tiny runs made in two parts), plus
+the seed grouping, the confidence-interval tables and the errors, on hand-made runs."""
 
 import importlib.util
 import json
@@ -12,17 +13,21 @@ import pytest
 
 from core.checkpoint import load_checkpoint
 from core.errors import PosGPTError
+from evaluation.report import format_number, format_ppl
+from evaluation.stats import Estimate
 from experiment.settings import config_for_evaluation
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["data=text", "data.val_fraction=0.2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
         "train.seq_len=16", "train.batch_size=4", "train.max_steps=6", "train.val_batches=2", "train.num_threads=1",
-        "logging.wandb.mode=disabled", "logging.progress=false", "eval.max_tokens=256"]
+        "logging.wandb.mode=disabled", "logging.progress=false", "eval.max_tokens=256",
+        "eval.length_multipliers=[1,2,4,8]"]
 
 
 def load_compare():
     spec = importlib.util.spec_from_file_location("compare", REPO / "scripts" / "compare.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["compare"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -30,62 +35,172 @@ def load_compare():
 compare = load_compare()
 
 
-def run(*args, cache):
-    result = subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                            env={**os.environ, "POSGPT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"})
+def run(*args, cache, env=None):
+    result = subprocess.run([*map(str, args)], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "POSGPT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1", **(env or {})})
     assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
+    return result
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """A rope and a learned run, trained in one multirun sweep; the rope run also evaluated with YaRN."""
+def study(tmp_path_factory):
+    """scripts/study.sh twice: rope with seeds 1 and 2 (also evaluated with YaRN), then a part added to the
+    same study, seed 1 of rope and learned, where rope's seed 1 is already done."""
     tmp = tmp_path_factory.mktemp("study")
-    corpus, sweep = tmp / "corpus.txt", tmp / "sweep"
+    corpus, study_dir = tmp / "corpus.txt", tmp / "study"
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     corpus.write_text("\n".join((stdlib / name).read_text() for name in ("textwrap.py", "string.py", "bisect.py")))
-    run("train.py", "-m", "pe=rope,learned", f"hydra.sweep.dir={sweep}", f"data.files=[{corpus}]", *TINY,
-        cache=tmp / "cache")
-    rope, learned = sweep / "0-rope", sweep / "1-learned"
-    run("eval.py", f"run_dir={rope}", "eval.scalings=[yarn:4]", "eval.protocols=[nonoverlapping]", cache=tmp / "cache")
-    return tmp, rope, learned
+
+    def study_sh(*args):
+        return run("bash", "scripts/study.sh", *args, study_dir, f"data.files=[{corpus}]", *TINY, cache=tmp / "cache",
+                   env={"ROPE_SCALINGS": "[yarn:4]"})
+
+    study_sh("--seeds", "2", "--schemes", "rope")
+    first_table = (study_dir / "comparison.md").read_text()
+    done_files = [study_dir / "rope-s1" / "checkpoints" / "last.pt", study_dir / "rope-s1" / "eval" / "extrapolation.json"]
+    before = [path.stat().st_mtime_ns for path in done_files]
+    again = study_sh("--seed-list", "1", "--schemes", "rope,learned")
+    unchanged = before == [path.stat().st_mtime_ns for path in done_files]
+    return tmp, study_dir, first_table, again.stdout, unchanged
 
 
-def test_eval_py_adds_scaling_rows_to_the_training_eval(runs):
-    _, rope, _ = runs
-    document = json.loads((rope / "eval" / "extrapolation.json").read_text())
+def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
+    _, study_dir, first_table, _, _ = study
+    for seed in (1, 2):
+        assert load_checkpoint(study_dir / f"rope-s{seed}")["config"]["train"]["seed"] == seed
+    document = json.loads((study_dir / "rope-s2" / "eval" / "extrapolation.json").read_text())
     settings = {(r["protocol"], r["scaling"]["type"]) for r in document["results"]}
-    assert settings == {("nonoverlapping", "none"), ("sliding", "none"), ("nonoverlapping", "yarn")}
-    assert document["step"] == 6 and len(document["results"]) == 4 * 3
+    assert settings == {("nonoverlapping", "none"), ("sliding", "none"), ("nonoverlapping", "yarn"),
+                        ("sliding", "yarn")}
+    assert "| setting | seeds | 16 (1×) | 32 (2×) | 64 (4×) | 128 (8×) |" in first_table
+    rows = table_rows(first_table)
+    assert rows.keys() == {"rope", "rope yarn:4"} and all(cells[0] == "2" for cells in rows.values())
+    assert all("±" in cell for cells in rows.values() for cell in cells[1:])
+    assert "ppl@kL / ppl@L" in first_table and "intervals do not overlap" in first_table
 
 
-def test_compare_writes_one_table_and_one_plot(runs):
-    tmp, rope, learned = runs
-    md, png = tmp / "out" / "table.md", tmp / "out" / "plot.png"
-    compare.main([str(rope), str(learned), "--markdown", str(md), "--plot", str(png),
-                  "--per-position", str(tmp / "pp.png")])
-    table = md.read_text()
-    assert "| scheme | 16 (1×) | 32 (2×) | 64 (4×) | 128 (8×) |" in table
-    lines = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
-    assert {"rope", "rope yarn:4", "learned"} <= lines.keys()
-    assert lines["learned"].count("n/a") == 3  # learned cannot encode beyond its 16 positions
-    assert "every cell scores the same 256 tokens" in table
-    for path in (png, tmp / "pp.png"):
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
+    _, study_dir, _, output, unchanged = study
+    assert output.count("is done, skipped") == 1 and unchanged  # rope-s1: neither trained nor evaluated again
+    assert {p.name for p in study_dir.iterdir() if p.is_dir()} == {"rope-s1", "rope-s2", "learned-s1"}
+    rows = table_rows((study_dir / "comparison.md").read_text())
+    assert rows["learned"][0] == "1" and "±" not in rows["learned"][1] and rows["rope"][0] == "2"
+    assert rows["learned"][2:] == ["n/a"] * 3  # one seed, beyond its 16 positions
+    assert "one seed, not compared: learned" in (study_dir / "comparison.md").read_text()
+    for name in ("comparison.png", "comparison_per_position.png", "comparison_sliding.png"):
+        assert (study_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_compare_sliding_protocol_and_errors(runs, capsys):
-    tmp, rope, learned = runs
-    md = tmp / "sliding.md"
-    compare.main([str(rope), str(learned), "--protocol", "sliding", "--markdown", str(md),
-                  "--plot", str(tmp / "s.png")])
-    assert "sliding protocol, stride L/2" in md.read_text() and "yarn" not in md.read_text()
+def test_study_lists_every_configured_scheme(tmp_path):
+    study_dir = tmp_path / "study"
+    listed = run("bash", "scripts/study.sh", "--list", "--seeds", "3", study_dir, cache=tmp_path).stdout.split()
+    schemes = sorted(p.stem for p in (REPO / "configs" / "pe").glob("*.yaml"))
+    assert len(schemes) >= 5
+    assert listed == [f"{study_dir}/{scheme}-s{seed}" for scheme in schemes for seed in (1, 2, 3)]
+
+
+def table_rows(markdown):
+    """{label: [seeds, cell, ...]} of the first table in a comparison."""
+    table = markdown.split("\n\n")[1]
+    return {cells[0]: cells[1:] for line in table.splitlines()[2:]
+            for cells in [[cell.strip() for cell in line.strip("|").split("|")]]}
+
+
+def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
+    _, study_dir, _, _, _ = study
+    md = tmp_path / "one.md"
+    compare.main([str(study_dir / "rope-s1"), str(study_dir / "learned-s1"), "--protocol", "sliding",
+                  "--markdown", str(md), "--plot", str(tmp_path / "s.png"), "--ratios"])
+    text = md.read_text()
+    assert not any("±" in cell for cells in table_rows(text).values() for cell in cells)
+    assert "no difference is claimed" in text
+    assert "sliding protocol, stride L/2" in text
+    document = json.loads((study_dir / "rope-s1" / "eval" / "extrapolation.json").read_text())
+    ppl = {r["length"]: r["ppl"] for r in document["results"]
+           if r["protocol"] == "sliding" and r["scaling"]["type"] == "none"}
+    assert table_rows(text)["rope"][:2] == ["1", format_ppl(ppl[16])]
+    ratios = text.split("ppl@kL / ppl@L")[1]
+    assert f"| rope | 1 | {format_number(ppl[32] / ppl[16], 3)} |" in ratios.replace("**", "")
+
+
+def test_compare_refuses_a_run_given_twice(study, capsys):
+    _, study_dir, _, _, _ = study
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(study_dir / "rope-s1"), str(study_dir / "rope-s1")])
+    assert exit_info.value.code == 2 and "same train.seed (1)" in capsys.readouterr().err
+
+
+def test_compare_names_a_corrupt_or_malformed_results_file(study, tmp_path):
+    """Through the CLI: one line naming the file, exit code 2, no traceback."""
+    tmp, study_dir, _, _, _ = study
+    for name, content in (("corrupt", '{"pe": "rope", "results": [ {"len'), ("malformed", "[]")):
+        run_dir = tmp_path / name
+        (run_dir / "eval").mkdir(parents=True)
+        (run_dir / "eval" / "extrapolation.json").write_text(content)
+        if name == "malformed":  # in-process: the same code path, without another interpreter start
+            with pytest.raises(PosGPTError, match=r"malformed: expected a JSON object, found list"):
+                compare.load_runs([run_dir])
+            continue
+        done = subprocess.run([sys.executable, "scripts/compare.py", str(study_dir / "rope-s1"), str(run_dir)],
+                              cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip().count("\n") == 0
+        assert f"{run_dir}/eval/extrapolation.json is unreadable or not JSON" in done.stderr
+
+
+def test_compare_without_results_says_how_to_make_them(study, capsys):
+    tmp, _, _, _, _ = study
     with pytest.raises(SystemExit) as exit_info:
         compare.main([str(tmp), "--markdown", str(tmp / "x.md")])
     assert exit_info.value.code == 2 and "no eval/extrapolation.json" in capsys.readouterr().err
 
 
-def test_eval_py_rejects_a_scaling_for_a_scheme_without_one(runs):
-    _, _, learned = runs
-    checkpoint = load_checkpoint(learned)
+def test_eval_py_rejects_a_scaling_for_a_scheme_without_one(study):
+    _, study_dir, _, _, _ = study
     with pytest.raises(PosGPTError, match="pe.scaling.type"):
-        config_for_evaluation(checkpoint, ["pe.scaling.type=yarn"])
+        config_for_evaluation(load_checkpoint(study_dir / "learned-s1"), ["pe.scaling.type=yarn"])
+
+
+# Hand-made runs: grouping, labels, interval tables and the difference rule, without training.
+
+def fake_run(pe, seed, ppls, pe_keys=None):
+    config = {"pe": {"name": pe, **(pe_keys or {})}, "train": {"seed": seed, "seq_len": 16, "num_threads": seed},
+              "model": {"n_layer": 1}, "logging": {"wandb": {"name": f"r{seed}"}}}
+    rows = [{"length": length, "protocol": "nonoverlapping", "stride": None, "scaling": None, "data": "d",
+             "ppl": ppl, "tokens": 64, "target_range": [64, 128]} for length, ppl in ppls.items()]
+    return compare.Run(Path(f"/runs/{pe}-{seed}"),
+                       {"pe": pe, "train_seq_len": 16, "results": rows}, config)
+
+
+def test_runs_that_differ_only_in_seed_and_run_settings_are_one_group():
+    runs = [fake_run("rope", 1, {16: 10.0}), fake_run("alibi", 1, {16: 11.0}), fake_run("rope", 2, {16: 12.0}),
+            fake_run("rope", 3, {16: 9.0}, {"base": 500000})]
+    groups = compare.group_by_seed(runs)
+    assert [[r.config["train"]["seed"] for r in g] for g in groups] == [[1, 2], [1], [3]]
+    assert compare.group_labels(groups) == ["rope", "alibi", "rope pe.base=500000"]
+
+
+def test_cells_are_mean_and_t_interval_and_the_rule_names_clear_differences():
+    runs = [fake_run("rope", s, {16: p16, 32: p32}) for s, p16, p32 in ((1, 10.0, 20.0), (2, 11.0, 22.0),
+                                                                         (3, 12.0, 24.0))]
+    runs += [fake_run("alibi", s, {16: p, 32: p}) for s, p in ((1, 10.5), (2, 11.5), (3, 12.5))]
+    entries = compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
+    rope, alibi = entries
+    estimate = compare.ppl_estimate(rope, 16)  # mean 11, s = 1, half-width t(0.975, 2) / sqrt(3) = 2.484
+    assert (estimate.mean, estimate.n) == (11.0, 3) and estimate.half_width == pytest.approx(2.4841377, rel=1e-6)
+    ratio = compare.ratio_estimate(rope, 2.0)  # every seed's ratio is exactly 2: a zero-width interval
+    assert ratio == Estimate(2.0, 0.0, 3)
+    report = compare.markdown_report(entries, "nonoverlapping", None, "d", ratios=True)
+    assert "| rope | 3 | **11.00 ± 2.48** | 22.00 ± 4.97 |" in report
+    assert "| alibi | 3 | 11.50 ± 2.48 | **11.50 ± 2.48** |" in report
+    assert "- 16 (1×): lowest rope; intervals apart (clearly worse): none; " \
+           "intervals overlap (not distinguishable): alibi" in report
+    assert "| rope | 3 | 2.000 ± 0.000 |" in report and "| alibi | 3 | **1.000 ± 0.000** |" in report
+    assert "- 2×: lowest alibi; intervals apart (clearly worse): rope;" in report  # the ratios' intervals
+
+
+def test_a_seed_without_a_value_is_counted_in_its_cell():
+    runs = [fake_run("rope", 1, {16: 10.0, 32: 20.0}), fake_run("rope", 2, {16: 12.0, 32: None})]
+    entry, = compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
+    report = compare.markdown_report([entry], "nonoverlapping", None, "d", ratios=False)
+    assert "| rope | 2 | **11.00 ± 12.71** | **20.00 (n=1)** |" in report

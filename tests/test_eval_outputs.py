@@ -2,6 +2,10 @@
 
 import csv
 import json
+import os
+import re
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -13,7 +17,9 @@ from omegaconf import OmegaConf
 from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from data import DataConfig, load_splits
-from evaluation.report import CSV_COLUMNS
+from evaluation import plots
+from evaluation.plots import SCHEME_COLOURS, Series, scheme_colour
+from evaluation.report import CSV_COLUMNS, format_ppl, format_table
 from evaluation.run import EVAL_DIR, per_position_rows, run_extrapolation_eval
 from model import ModelConfig
 from model.pe.learned import LearnedConfig
@@ -21,7 +27,7 @@ from model.pe.rope import RoPEConfig
 
 CPU = torch.device("cpu")
 ROW_KEYS = {"length", "protocol", "stride", "scaling", "data", "tokens", "loss", "ppl", "per_position_loss",
-            "target_range", "peak_memory_mb", "memory_metric", "seconds"}
+            "per_position_bins", "target_range", "peak_memory_mb", "memory_metric", "seconds"}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +80,9 @@ def test_outputs_exist_and_follow_the_schema(val_tokens, tmp_path):
                                   "original_seq_len": None}
         assert row["tokens"] == 64 and row["ppl"] == pytest.approx(torch.tensor(row["loss"]).exp().item())
         assert len(row["per_position_loss"]) == row["length"]
+        bins = row["per_position_bins"]
+        assert sum(b["tokens"] for b in bins) == row["tokens"]
+        assert sum(b["loss"] * b["tokens"] for b in bins) / row["tokens"] == pytest.approx(row["loss"])
     with open(tmp_path / EVAL_DIR / "extrapolation.csv") as f:
         lines = list(csv.DictReader(f))
     assert list(lines[0]) == CSV_COLUMNS and len(lines) == len(rows)
@@ -144,3 +153,45 @@ def test_the_table_and_plots_go_to_wandb(val_tokens, tmp_path):
     assert run.summary["extrapolation/sliding yarn:4/ppl@32"] == next(
         r["ppl"] for r in document["results"]
         if r["length"] == 32 and r["protocol"] == "sliding" and r["scaling"]["type"] == "yarn")
+
+
+def test_the_printed_table_has_a_row_per_setting_and_a_column_per_length(val_tokens, tmp_path):
+    document = evaluate(config(scalings=["none", "yarn:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
+    lines = format_table(document).splitlines()
+    assert lines[0].split() == ["pe=rope", "ppl", "8", "(1×)", "16", "(2×)", "32", "(4×)"]
+    ppl = {(r["scaling"]["type"], r["length"]): r["ppl"] for r in document["results"]}
+    assert lines[1].split() == ["nonoverlapping"] + [format_ppl(ppl["none", L]) for L in (8, 16, 32)]
+    assert lines[2].split() == ["nonoverlapping", "yarn:4"] + [format_ppl(ppl["yarn", L]) for L in (8, 16, 32)]
+    assert len({len(line) for line in lines[:3]}) == 1  # aligned columns
+    assert lines[3] == "(each cell scores the same targets: [32, 96))"
+
+
+def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
+    assert scheme_colour("rope") == SCHEME_COLOURS["rope"] and len(set(SCHEME_COLOURS.values())) == 5
+    new = scheme_colour("fire")  # a scheme added later: a colour from its name alone, the same in any process
+    assert re.fullmatch("#[0-9a-f]{6}", new) and new not in SCHEME_COLOURS.values() and new != scheme_colour("cope")
+    other_process = subprocess.run(
+        [sys.executable, "-c", "from evaluation.plots import scheme_colour; print(scheme_colour('fire'))"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    assert other_process.stdout.strip() == new
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_label_and_save", lambda fig, ax, *args: drawn.setdefault(args[-2], ax))
+    series = [Series("rope", "rope", [8, 16], [20.0, 25.0], [1.0, 2.0]), Series("fire", "fire", [8, 16], [21.0, 22.0]),
+              Series("rope yarn:4", "rope", [8, 16], [22.0, 23.0], [0.5, 0.5])]
+    plots.plot_ppl_vs_length(series, {8}, tmp_path / "a.png", "by length")
+    plots.plot_per_position(series, {8}, tmp_path / "b.png", "by position")
+    for ax in drawn.values():
+        lines = [line for line in ax.get_lines() if line.get_label() != "training length"]
+        assert [line.get_color() for line in lines] == [scheme_colour("rope"), new, scheme_colour("rope")]
+        assert lines[0].get_linestyle() != lines[2].get_linestyle()  # one scheme's settings: other line styles
+        assert len(ax.collections) == 2  # a CI band for each series with half-widths
+
+
+def test_a_malformed_previous_results_file_is_reported_and_rewritten(val_tokens, tmp_path, capsys):
+    (tmp_path / EVAL_DIR).mkdir()
+    (tmp_path / EVAL_DIR / "extrapolation.json").write_text('{"pe": "rope", "results": [{"length": 8}]}')
+    document = evaluate(config(protocols=["sliding"]), val_tokens, tmp_path)
+    printed = capsys.readouterr().out
+    assert "ignoring the previous results" in printed and "extrapolation.json is malformed: no" in printed
+    assert read_document(tmp_path) == document and len(document["results"]) == 3

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evaluation.extrapolation import (_device_batch, effective_stride, evaluate_extrapolation, score_windows,
-                                      scored_range, window_plan)
+from evaluation.extrapolation import (MIN_BIN_TOKENS, _device_batch, effective_stride, evaluate_extrapolation,
+                                      position_bins, score_windows, scored_range, window_plan)
 from model import GPT, ModelConfig
 from model.pe import SCHEMES
 
@@ -160,3 +160,51 @@ def test_padded_rows_score_nothing():
     unpadded = model(*_device_batch(tokens, plan, 3, CPU), reduction="none")
     torch.testing.assert_close(padded[:3], unpadded)
     assert (padded[3:] == 0).all()
+
+
+def test_position_bins_partition_the_positions_and_keep_every_token():
+    """32 windows of 1,024 (16x at the default max_tokens): log-spaced bins merged to >= MIN_BIN_TOKENS each."""
+    rng = np.random.default_rng(0)
+    counts = [32.0] * 1024
+    sums = (rng.uniform(2, 5, 1024) * 32).tolist()
+    bins = position_bins(sums, counts)
+    edges = [b["positions"] for b in bins]
+    assert edges[0][0] == 1 and edges[-1][1] == 1025 and all(a[1] == b[0] for a, b in zip(edges, edges[1:]))
+    assert sum(b["tokens"] for b in bins) == 32 * 1024
+    assert all(b["tokens"] >= MIN_BIN_TOKENS for b in bins)
+    for b in bins:
+        lo, hi = b["positions"]
+        assert b["tokens"] == 32 * (hi - lo) and b["loss"] == pytest.approx(sum(sums[lo - 1 : hi - 1]) / b["tokens"])
+    assert sum(b["loss"] * b["tokens"] for b in bins) == pytest.approx(sum(sums))
+    assert 10 <= len(bins) <= 20 and edges[-1][1] / edges[-1][0] == pytest.approx(2 ** 0.25, rel=0.02)
+
+
+def test_position_bins_are_log_spaced_and_skip_unscored_positions():
+    bins = position_bins([1.0] * 64, [1.0] * 64, min_tokens=1)  # no merging: the log-spaced edges themselves
+    assert [b["positions"] for b in bins][:4] == [[1, 2], [2, 3], [3, 4], [4, 5]]
+    assert [b["positions"] for b in bins][-2:] == [[47, 55], [55, 65]]  # 65^(23/25) = 46.6, 65^(24/25) = 54.9
+    # sliding at stride 32: positions 1-32 never scored; [33, 39) (60 tokens) needs [39, 47) to reach 100,
+    # and [47, 55) (80) needs [55, 65)
+    sliding = position_bins([0.0] * 32 + [3.0] * 32, [0.0] * 32 + [10.0] * 32, min_tokens=100)
+    assert [b["positions"] for b in sliding] == [[33, 47], [47, 65]]
+    assert [b["tokens"] for b in sliding] == [140, 180] and {b["loss"] for b in sliding} == {0.3}
+    few = position_bins([2.0] * 8, [1.0] * 8)  # fewer tokens than one bin needs: one bin, with its count
+    assert few == [{"positions": [1, 9], "loss": 2.0, "tokens": 8}]
+
+
+def test_score_windows_bins_pool_the_per_position_losses():
+    model, tokens, L = tiny(), Tokens(400), 16
+    first, n = scored_range(len(tokens), [L], max_tokens=96)
+    result = score_windows(model, tokens, window_plan(first, n, L, "nonoverlapping"), 64, CPU, torch.float32)
+    bins = result["per_position_bins"]
+    assert sum(b["tokens"] for b in bins) == result["tokens"] == 96  # 6 windows, 16 bins merged into one
+    assert sum(b["loss"] * b["tokens"] for b in bins) / 96 == pytest.approx(result["loss"], rel=1e-9)
+    for b in position_bins_of(result, min_tokens=1):
+        lo, hi = b["positions"]
+        assert b["loss"] == pytest.approx(np.mean(result["per_position_loss"][lo - 1 : hi - 1]), rel=1e-9)
+
+
+def position_bins_of(result, min_tokens):
+    """Re-bin a result's per-position means (nonoverlapping, L | N: every position has the same count)."""
+    per_position = result["per_position_loss"]
+    return position_bins(per_position, [1.0] * len(per_position), min_tokens)
