@@ -18,8 +18,10 @@ With a KV cache (queries not starting at position 0) flex falls back to the bloc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,21 @@ BACKENDS = ("auto", "sdpa", "flex", "math")
 
 # Upper bound on materialised scores per block (elements, all heads and batch rows together).
 _MAX_BLOCK_SCORES = 1 << 26
+
+# The list capture_attention() collects probabilities into; None (the default) costs attend() one check.
+_captured: list[torch.Tensor] | None = None
+
+
+@contextlib.contextmanager
+def capture_attention() -> Iterator[list[torch.Tensor]]:
+    """Inside it, every ``attend`` runs the math path and appends its attention probabilities, a float32
+    (B, H, Tq, Tk) tensor, to the yielded list, in layer order (for diagnostics; training never enters it)."""
+    global _captured
+    outer, _captured = _captured, []
+    try:
+        yield _captured
+    finally:
+        _captured = outer
 
 
 def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) -> str:
@@ -51,6 +68,10 @@ def attend(
     q_offset: int = 0,
 ) -> torch.Tensor:
     """q: (B, H, Tq, D) at positions q_offset .. q_offset+Tq-1; k, v: (B, H, Tk, D) at positions 0 .. Tk-1."""
+    if _captured is not None:
+        probs = _math_probabilities(q, k, pe, q_offset)
+        _captured.append(probs)
+        return probs.to(q.dtype) @ v
     backend = resolve_backend(backend, pe, q.device)
     if backend == "math":
         return _math_attention(q, k, v, pe, q_offset)
@@ -80,13 +101,18 @@ def _bias_and_mask(
     return bias.masked_fill(~causal, float("-inf"))
 
 
-def _math_attention(q, k, v, pe, q_offset):
+def _math_probabilities(q, k, pe, q_offset):
+    """softmax(q k^T / sqrt(d) + bias + causal mask) in float32: (B, H, Tq, Tk)."""
     B, H, Tq, D = q.shape
     q_pos = torch.arange(q_offset, q_offset + Tq, device=q.device)
     k_pos = torch.arange(k.shape[-2], device=q.device)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
     scores = scores + _bias_and_mask(pe, q_pos, k_pos, H, scores.dtype)
-    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+    return torch.softmax(scores.float(), dim=-1)
+
+
+def _math_attention(q, k, v, pe, q_offset):
+    return _math_probabilities(q, k, pe, q_offset).to(q.dtype) @ v
 
 
 def _blockwise_sdpa(q, k, v, pe, q_offset):

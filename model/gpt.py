@@ -56,7 +56,9 @@ def validate_model_config(cfg: ModelConfig) -> None:
 
 @dataclass
 class KVCache:
-    """Keys (already rotated) and values of every layer for the tokens generated so far."""
+    """Keys and values of every layer for the tokens generated so far. Keys are stored rotated, except for
+    schemes whose rotation depends on the length (``pe.rotation_depends_on_length()``): those are rotated anew
+    at every step."""
 
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
@@ -84,14 +86,28 @@ class CausalSelfAttention(nn.Module):
         past = cache.keys[layer] if cache is not None else None
         q_offset = 0 if past is None else past.shape[-2]
         pe = self._pe[0]
-        q, k = pe.rotate(q, k, positions, q_offset + T)
-        if cache is not None:
-            if past is not None:
-                k = torch.cat((past, k), dim=2)
-                v = torch.cat((cache.values[layer], v), dim=2)
-            cache.keys[layer], cache.values[layer] = k, v
+        if cache is not None and pe.rotation_depends_on_length():
+            # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
+            # them are rotated for the current length at every step, so cached decoding equals a full forward.
+            # (Hugging Face reuses keys rotated for shorter lengths instead: transformers issue #25104.)
+            k, v = self._extend_cache(k, v, cache, layer)
+            q = pe.rotate(q, q, positions, q_offset + T)[0]
+            k = pe.rotate(k, k, torch.arange(q_offset + T, device=k.device), q_offset + T)[1]
+        else:
+            q, k = pe.rotate(q, k, positions, q_offset + T)
+            if cache is not None:
+                k, v = self._extend_cache(k, v, cache, layer)
         y = attend(q, k, v, pe, self.backend, q_offset=q_offset)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    @staticmethod
+    def _extend_cache(k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new keys and values to the layer's cache; return all of them."""
+        if cache.keys[layer] is not None:
+            k = torch.cat((cache.keys[layer], k), dim=2)
+            v = torch.cat((cache.values[layer], v), dim=2)
+        cache.keys[layer], cache.values[layer] = k, v
+        return k, v
 
 
 class MLP(nn.Module):

@@ -54,6 +54,9 @@ class RotaryPositionalEncoding(PositionalEncoding):
         check_scaling(scaling)
         self.cfg = dataclasses.replace(self.cfg, scaling=scaling)
 
+    def rotation_depends_on_length(self) -> bool:
+        return self.cfg.scaling.type == "dynamic_ntk"
+
     def cos_sin(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T,) positions -> cos, sin of shape (T, head_dim) for a sequence of seq_len keys."""
         scale = ROPE_SCALINGS[self.cfg.scaling.type]
