@@ -3,6 +3,7 @@
     python scripts/compare.py multirun/study/*-*/                      # -> comparison.md, comparison.png
     python scripts/compare.py run_a run_b --protocol sliding --markdown out.md --plot out.png
     python scripts/compare.py runs/*/ --per-position per_position.png  # loss by position, one line per run
+    python scripts/compare.py runs/*/ --entropy entropy.png            # attention entropy (inspect_attention.py)
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
 eval.py). Table rows: one per run and RoPE scaling ("rope", "rope yarn:16", "alibi"); columns: evaluation
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.cli import exit_on_user_error  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
+from evaluation.attention_stats import plot_entropy_comparison, read_attention  # noqa: E402
 from evaluation.extrapolation import PROTOCOLS, effective_stride  # noqa: E402
 from evaluation.plots import plot_per_position, plot_ppl_vs_length  # noqa: E402
 from evaluation.report import format_ppl, read_results  # noqa: E402
@@ -42,6 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, default=Path("comparison.png"), help="plot output path")
     parser.add_argument("--per-position", type=Path, default=None,
                         help="also plot loss by position at the longest evaluated length to this path")
+    parser.add_argument("--entropy", type=Path, default=None,
+                        help="also overlay the runs' attention entropy by position (eval/attention.json, written "
+                             "by scripts/inspect_attention.py), one colour per scheme, to this path")
     return parser.parse_args(argv)
 
 
@@ -156,6 +161,10 @@ def main(argv: list[str]) -> None:
         plot_per_position(curves, train_lens, args.per_position,
                           f"Loss by position in windows of {length} ({args.protocol}, {data})")
         written.append(args.per_position)
+    if args.entropy is not None:
+        args.entropy.parent.mkdir(parents=True, exist_ok=True)
+        plot_entropy_comparison(read_attention(args.run_dirs), args.entropy)
+        written.append(args.entropy)
     print(f"compare: wrote {', '.join(map(str, written))}")
 
 

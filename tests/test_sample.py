@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from cli_runs import Runner, assert_user_error
+from cli_runs import Runner
 from core.errors import PosGPTError
 from model import GPT, KVCache, ModelConfig
 from model.pe import SCHEMES
