@@ -171,6 +171,7 @@ def plot_distance(document: dict[str, Any], path) -> None:
             ax.set_xscale("symlog", linthresh=1)
             ax.set_xlim(left=0)
             ax.set_yscale("log")
+            ax.set_ylim(bottom=max(ax.get_ylim()[0], 1e-8))  # below 1e-8 (ALiBi's far tails) nothing is seen
             ax.set_title(f"layer {layer}, windows of {entry['length']}", fontsize="small")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="x-small")
