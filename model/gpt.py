@@ -88,8 +88,9 @@ class CausalSelfAttention(nn.Module):
         pe = self._pe[0]
         if cache is not None and pe.rotation_depends_on_length():
             # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
-            # them are rotated for the current length at every step, so cached decoding equals a full forward.
-            # (Hugging Face reuses keys rotated for shorter lengths instead: transformers issue #25104.)
+            # them are rotated for the current length at every step, so each new token sees every key rotated
+            # as a full forward of its length would (README, "Dynamic NTK with a cache"). Hugging Face reuses
+            # keys rotated for shorter lengths instead (transformers issue #25104).
             k, v = self._extend_cache(k, v, cache, layer)
             q = pe.rotate(q, q, positions, q_offset + T)[0]
             k = pe.rotate(k, k, torch.arange(q_offset + T, device=k.device), q_offset + T)[1]
@@ -101,7 +102,8 @@ class CausalSelfAttention(nn.Module):
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     @staticmethod
-    def _extend_cache(k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _extend_cache(k: torch.Tensor, v: torch.Tensor, cache: KVCache,
+                      layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys and values to the layer's cache; return all of them."""
         if cache.keys[layer] is not None:
             k = torch.cat((cache.keys[layer], k), dim=2)
