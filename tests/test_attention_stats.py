@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from cli_runs import REPO, Runner
+from core.errors import PosGPTError
 from data import TokenArray
-from evaluation.attention_stats import (LayerSums, LengthStats, attention_statistics, log_bins,
-                                        plot_entropy_comparison, read_attention, weights_by_distance)
+from evaluation.attention_stats import (LayerSums, LengthStats, attention_statistics, log_bins, read_attention,
+                                        weights_by_distance)
 from model import GPT, ModelConfig
 from model.attention import capture_attention
 from model.pe import SCHEMES
@@ -140,12 +141,22 @@ def test_learned_past_its_table_is_recorded_with_a_reason(inspected):
 
 
 def test_compare_overlays_the_entropy_of_several_runs(inspected, tmp_path):
-    path = tmp_path / "entropy.png"
-    documents = read_attention([inspected["alibi"], inspected["learned"]])
+    import eval
+
+    runs = [inspected["alibi"], inspected["learned"]]
+    documents = read_attention(runs)
     assert [label.split()[0] for label, _ in documents] == ["alibi", "learned"]
-    plot_entropy_comparison(documents, path)
-    assert path.read_bytes()[:4] == b"\x89PNG"
+    for run_dir in runs:  # compare.py reads the perplexity results too
+        eval.main([f"run_dir={run_dir}", "eval.lengths=[16]", "eval.protocols=[nonoverlapping]", "eval.max_tokens=64"])
     spec = importlib.util.spec_from_file_location("compare", REPO / "scripts" / "compare.py")
     compare = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(compare)
-    assert compare.parse_args(["run", "--entropy", str(path)]).entropy == path
+    path = tmp_path / "entropy.png"
+    compare.main([*map(str, runs), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png"),
+                  "--entropy", str(path)])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_entropy_needs_inspected_runs(inspected, tmp_path):
+    with pytest.raises(PosGPTError, match="inspect_attention.py"):
+        read_attention([inspected["alibi"], tmp_path])
