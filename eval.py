@@ -21,52 +21,29 @@ data.eval_split=val|train|all chooses the split instead; each row records its co
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-from core.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from core.cli import exit_on_user_error
-from core.errors import PosGPTError
-from core.runtime import set_up_runtime
 from core.tracking import init_wandb
 from data import eval_tokens
 from evaluation.run import run_extrapolation_eval
-from experiment.build import build_model
-from experiment.config import validate
-from experiment.settings import config_for_evaluation
+from experiment.build import load_trained_run, parse_run_dir
 
 USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
 
 
-def parse_args(argv: list[str]) -> tuple[Path, list[str]]:
-    run_dirs = [a for a in argv if a.startswith("run_dir=")]
-    if len(run_dirs) != 1 or any(a in ("-h", "--help") for a in argv):
-        raise PosGPTError(USAGE)
-    run_dir = Path(run_dirs[0].split("=", 1)[1])
-    if run_dir.is_file():  # results are written next to the checkpoints, so the directory is needed
-        hint = f"run_dir={run_dir.parent.parent}" if run_dir.parent.name == CHECKPOINT_DIR else "its run directory"
-        raise PosGPTError(f"run_dir={run_dir} is a file; pass the training run's directory ({hint}), which holds "
-                          f"{CHECKPOINT_DIR}/last.pt")
-    return run_dir, [a for a in argv if not a.startswith("run_dir=")]
-
-
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-    run_dir, overrides = parse_args(argv)
-    checkpoint = load_checkpoint(run_dir)
-    cfg = config_for_evaluation(checkpoint, overrides)
-    validate(cfg)
-    device, dtype = set_up_runtime(cfg.train)
-    model = build_model(cfg)
-    model.load_state_dict(checkpoint["model"])
-    model.to(device)
+    run = load_trained_run(*parse_run_dir(argv, USAGE))
+    cfg, checkpoint = run.cfg, run.checkpoint
     # data.eval_split: the val split of the training corpus, all of another one
     val_tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
-    wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"), job_type="eval")
-    print(f"eval: {run_dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
+    wandb_run = init_wandb(cfg, run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
+    print(f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
           flush=True)
-    run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype, wandb_run, step=checkpoint["step"])
+    run_extrapolation_eval(cfg, run.model, val_tokens, run.dir, run.device, run.dtype, wandb_run,
+                           step=checkpoint["step"])
     if wandb_run is not None:
         wandb_run.finish()
 

@@ -1,12 +1,20 @@
-"""Build the model from a composed config, and count its FLOPs: the one place train.py, eval.py and scripts/
-agree on them."""
+"""Build the model from a composed config, load a trained run, and count FLOPs: the one place train.py,
+eval.py, sample.py and scripts/ agree on them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from core.runtime import flops_per_token
+from core.checkpoint import CHECKPOINT_DIR, load_checkpoint
+from core.errors import PosGPTError
+from core.runtime import flops_per_token, set_up_runtime
+from experiment.config import validate
+from experiment.settings import config_for_evaluation
 from model import GPT
 
 
@@ -19,3 +27,41 @@ def model_flops_per_token(model: GPT, seq_len: int) -> float:
     lookup tables (a learned position table is read, not multiplied). Used for MFU by training and bench."""
     lookups = sum(m.weight.numel() for m in model.pe.modules() if isinstance(m, nn.Embedding))
     return flops_per_token(model.num_params() - lookups, model.cfg.n_layer, model.cfg.n_embd, seq_len)
+
+
+def parse_run_dir(argv: list[str], usage: str) -> tuple[Path, list[str]]:
+    """``run_dir=<dir>`` and the other arguments (Hydra overrides) of eval.py, sample.py and the scripts."""
+    run_dirs = [a for a in argv if a.startswith("run_dir=")]
+    if len(run_dirs) != 1 or any(a in ("-h", "--help") for a in argv):
+        raise PosGPTError(usage)
+    run_dir = Path(run_dirs[0].split("=", 1)[1])
+    if run_dir.is_file():  # results are written next to the checkpoints, so the directory is needed
+        hint = f"run_dir={run_dir.parent.parent}" if run_dir.parent.name == CHECKPOINT_DIR else "its run directory"
+        raise PosGPTError(f"run_dir={run_dir} is a file; pass the training run's directory ({hint}), which holds "
+                          f"{CHECKPOINT_DIR}/last.pt")
+    return run_dir, [a for a in argv if not a.startswith("run_dir=")]
+
+
+@dataclass
+class TrainedRun:
+    """A trained run, ready to evaluate or sample: the model its checkpoint describes, with its weights."""
+
+    dir: Path
+    checkpoint: dict
+    cfg: DictConfig  # the checkpoint's config plus the overrides an evaluation may make
+    model: GPT
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_trained_run(run_dir: Path, overrides: list[str]) -> TrainedRun:
+    """Build the model from the checkpoint's own config (experiment/settings.py refuses overrides that would
+    change it), load its weights, and set up device and precision; the model is in eval mode."""
+    checkpoint = load_checkpoint(run_dir)
+    cfg = config_for_evaluation(checkpoint, overrides)
+    validate(cfg)
+    device, dtype = set_up_runtime(cfg.train)
+    model = build_model(cfg)
+    model.load_state_dict(checkpoint["model"])
+    model.to(device).eval()
+    return TrainedRun(run_dir, checkpoint, cfg, model, device, dtype)

@@ -85,6 +85,26 @@ class LoggingConfig:
 
 
 @dataclass
+class SampleConfig:
+    """sample.py's settings (checked in sample.py)."""
+
+    prompt: str = ""  # "" starts from <|endoftext|>
+    prompt_file: str | None = None  # read the prompt from this file instead
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # 0: greedy (argmax)
+    top_k: int | None = 200  # sample among the k most likely tokens; None: all
+    num_samples: int = 1
+    seed: int = 1337
+
+
+@dataclass
+class InspectConfig:
+    """scripts/inspect_attention.py's settings."""
+    length_multipliers: list[int] = field(default_factory=lambda: [1, 8])  # window lengths, x train.seq_len
+    windows: int = 4  # evaluation windows per length (consecutive, from the start of the validation split)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     pe: Any = MISSING  # one of the dataclasses in model/pe/, chosen by the `pe` group
@@ -92,6 +112,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)  # sample.py
+    inspect: InspectConfig = field(default_factory=InspectConfig)  # scripts/inspect_attention.py
 
 
 COMPILE_SETTINGS = ("auto", "true", "false")

@@ -27,10 +27,10 @@ RUNTIME_SETTINGS = (
 )
 # An evaluation may also score another corpus, at other lengths, with the scheme's declared variations
 # (pe.<field> for field in the scheme's eval_time_settings, e.g. RoPE's pe.scaling).
-EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.")
+EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.", "sample.", "inspect.")
 # A resumed run may train longer and log, validate, save and evaluate differently; its data and optimizer stay.
 RESUME_SETTINGS = (
-    *RUNTIME_SETTINGS, "eval.", "data.eval_split", "train.max_steps", "train.resume", "train.log_every", "train.val_every",
+    *RUNTIME_SETTINGS, "eval.", "sample.", "inspect.", "data.eval_split", "train.max_steps", "train.resume", "train.log_every", "train.val_every",
     "train.val_batches", "train.checkpoint_every", "train.keep_checkpoints", "train.grad_accum_steps",
     "train.skip_nonfinite", "train.distributed", "train.eval_after",
 )

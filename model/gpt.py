@@ -82,7 +82,9 @@ def validate_model_config(cfg: ModelConfig) -> None:
 
 @dataclass
 class KVCache:
-    """Keys (already rotated) and values of every layer for the tokens generated so far."""
+    """Keys and values of every layer for the tokens generated so far. Keys are stored rotated, except for
+    schemes whose rotation depends on the length (``pe.rotation_depends_on_length()``): those are rotated anew
+    at every step."""
 
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
@@ -109,15 +111,30 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
         pe = self._pe[0]
-        q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
-        if cache is not None:
-            past = cache.keys[layer]
-            if past is not None:
-                k = torch.cat((past, k), dim=2)
-                v = torch.cat((cache.values[layer], v), dim=2)
-            cache.keys[layer], cache.values[layer] = k, v
+        if cache is not None and pe.rotation_depends_on_length():
+            # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
+            # them are rotated for the current length at every step, so each new token sees every key rotated
+            # as a full forward of its length would (README, "Dynamic NTK with a cache"). Hugging Face reuses
+            # keys rotated for shorter lengths instead (transformers issue #25104).
+            k, v = self._extend_cache(k, v, cache, layer)
+            q = pe.rotate(q, q, state.positions, state.seq_len, state.prepared)[0]
+            k = pe.rotate(k, k, state.key_positions, state.seq_len)[1]
+        else:
+            q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
+            if cache is not None:
+                k, v = self._extend_cache(k, v, cache, layer)
         y = attend(q, k, v, pe, self.backend, state, layer)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    @staticmethod
+    def _extend_cache(k: torch.Tensor, v: torch.Tensor, cache: KVCache,
+                      layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new keys and values to the layer's cache; return all of them."""
+        if cache.keys[layer] is not None:
+            k = torch.cat((cache.keys[layer], k), dim=2)
+            v = torch.cat((cache.values[layer], v), dim=2)
+        cache.keys[layer], cache.values[layer] = k, v
+        return k, v
 
 
 class MLP(nn.Module):

@@ -4,6 +4,7 @@
     python scripts/compare.py run_a run_b --protocol sliding --markdown out.md --plot out.png
     python scripts/compare.py runs/*/ --per-position per_position.png   # loss by position, one line per setting
     python scripts/compare.py runs/*/ --ratios                          # also ppl@kL / ppl@L per setting
+    python scripts/compare.py runs/*/ --entropy entropy.png            # attention entropy (inspect_attention.py)
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
 eval.py) and the config the run was trained with (run_config). Runs whose configs differ only in
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.checkpoint import load_checkpoint  # noqa: E402
 from core.cli import exit_on_user_error  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
+from evaluation.attention_stats import plot_entropy_comparison, read_attention  # noqa: E402
 from evaluation.extrapolation import PROTOCOLS, effective_stride  # noqa: E402
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length  # noqa: E402
 from evaluation.report import format_estimate, length_header, load_results, render_table  # noqa: E402
@@ -59,6 +61,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also plot loss by position at the longest evaluated length to this path")
     parser.add_argument("--ratios", action="store_true",
                         help="also tabulate ppl@kL / ppl@L (L: the training length), per seed then mean ± CI")
+    parser.add_argument("--entropy", type=Path, default=None,
+                        help="also overlay the runs' attention entropy by position (eval/attention.json, written "
+                             "by scripts/inspect_attention.py), one colour per scheme, to this path")
     return parser.parse_args(argv)
 
 
@@ -333,6 +338,10 @@ def main(argv: list[str]) -> None:
                           f"Loss by position in windows of {length} ({args.protocol}, {data}){band}\n"
                           f"{bins_note(rows)} per seed")
         written.append(args.per_position)
+    if args.entropy is not None:
+        args.entropy.parent.mkdir(parents=True, exist_ok=True)
+        plot_entropy_comparison(read_attention(args.run_dirs), args.entropy)
+        written.append(args.entropy)
     print(f"compare: wrote {', '.join(map(str, written))}")
 
 

@@ -185,6 +185,10 @@ class PositionalEncoding(nn.Module):
         """
         return q, k
 
+    def rotation_depends_on_length(self) -> bool:
+        """True when ``rotate`` depends on ``seq_len`` (dynamic NTK): a KV cache then keeps keys unrotated."""
+        return False
+
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:
         """A term added to the (pre-softmax, already scaled) attention score; elementwise, broadcastable."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no score bias")

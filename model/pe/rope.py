@@ -107,6 +107,9 @@ class RotaryPositionalEncoding(PositionalEncoding):
     def apply_eval_setting(self, name: str, value: Any) -> None:
         self.set_scaling(value)
 
+    def rotation_depends_on_length(self) -> bool:
+        return self.cfg.scaling.type == "dynamic_ntk"
+
     def cos_sin(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T,) or (B, T) positions -> cos, sin of shape (T, r) or (B, 1, T, r), r the rotated dimensions, for a
         sequence of seq_len keys."""

@@ -1,0 +1,246 @@
+"""Attention diagnostics: where each head looks, and how spread out its attention is, at 1x and past the
+training length (scripts/inspect_attention.py).
+
+For one head, p[i, j] is query i's attention probability on key j <= i (each row sums to 1). Two statistics,
+per layer and head, accumulated over evaluation windows of length T:
+
+- weight by distance: w_i(d) = p[i, i - d] for d = 0 .. i, so each row's weights sum to 1 over the distances
+  it can see. The mean weight at distance d is the mean of w_i(d) over every query with i >= d; it is reported
+  in log-spaced bins of d (the mean over every (query, distance) pair in the bin). ALiBi's slope m_h shows as
+  a decay ~exp(-m_h d); a RoPE head that breaks past the training length shows as weight at distances it
+  never saw. The mean distance of a head, E_i[sum_d d w_i(d)], summarises the curve in one number.
+- entropy by query position: H_i = -sum_j p[i, j] ln p[i, j] (nats), between 0 (one key) and ln(i + 1)
+  (uniform over the i + 1 keys), in log-spaced bins of the 1-based position i + 1. Its growth with length
+  dilutes attention; YaRN's temperature (rope_scaling.py) counteracts it.
+
+The probabilities come from the math path through ``capture_attention()`` (model/attention.py), one window
+at a time; each layer's (H, T, T) block is reduced to O(H T) numbers as soon as the window is done, so
+memory is n_layer * H * T^2 floats for one window (8 MB for the tiny model at 8x its length of 64).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from core.errors import PosGPTError
+from core.runtime import autocast
+from evaluation.plots import scheme_colour
+from evaluation.run import EVAL_DIR
+from model.attention import capture_attention
+
+if TYPE_CHECKING:
+    from data import TokenArray
+
+BINS_PER_OCTAVE = 4
+ATTENTION_FILE = "attention.json"  # in <run_dir>/eval/; "attention_<scaling>.json" for a RoPE scaling
+
+
+def log_bins(n: int, per_octave: int = BINS_PER_OCTAVE) -> list[tuple[int, int]]:
+    """Bins [lo, hi) of the integers 1 .. n, log-spaced (~per_octave per doubling, each at least one wide)."""
+    count = max(1, math.ceil(per_octave * math.log2(n + 1)))
+    edges = np.unique(np.geomspace(1, n + 1, count + 1).round().astype(int))
+    return [(int(lo), int(hi)) for lo, hi in zip(edges[:-1], edges[1:])]
+
+
+def weights_by_distance(probs: torch.Tensor) -> torch.Tensor:
+    """(..., Tq, Tk) causal probabilities, queries at Tk - Tq .. Tk - 1 -> (..., Tq, Tk) weights w[i, d] =
+    p[i, i - d], zero where d > i (distances the query cannot see)."""
+    Tq, Tk = probs.shape[-2:]
+    query = torch.arange(Tk - Tq, Tk, device=probs.device)[:, None]
+    key = query - torch.arange(Tk, device=probs.device)[None, :]
+    gathered = probs.gather(-1, key.clamp(min=0).expand(*probs.shape[:-2], Tq, Tk))
+    return gathered.masked_fill(key < 0, 0.0)
+
+
+@dataclass
+class LayerSums:
+    """Running sums over windows for one layer (float64): enough for every reported mean."""
+
+    weight: torch.Tensor  # (H, T): sum over queries of w_i(d)
+    entropy: torch.Tensor  # (H, T): sum over windows of H_i
+    distance: torch.Tensor  # (H,): sum over queries of sum_d d w_i(d)
+    windows: int = 0
+
+    @classmethod
+    def zeros(cls, n_head: int, length: int) -> LayerSums:
+        z = torch.zeros
+        return cls(z(n_head, length, dtype=torch.float64), z(n_head, length, dtype=torch.float64),
+                   z(n_head, dtype=torch.float64))
+
+    def add(self, probs: torch.Tensor) -> None:
+        """probs: (B, H, T, T) for B windows of length T."""
+        weights = weights_by_distance(probs)
+        distances = torch.arange(probs.shape[-1], device=probs.device, dtype=probs.dtype)
+        self.weight += weights.sum(dim=(0, 2)).double().cpu()
+        self.distance += (weights * distances).sum(dim=(0, 2, 3)).double().cpu()
+        self.entropy += torch.special.entr(probs).sum(-1).sum(0).double().cpu()
+        self.windows += probs.shape[0]
+
+
+@dataclass
+class LengthStats:
+    length: int
+    layers: list[LayerSums] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        """The documented JSON entry for this length (see scripts/inspect_attention.py)."""
+        T, windows = self.length, self.layers[0].windows
+        bins = log_bins(T)
+        # Pairs (query, distance d) over all windows: queries d .. T-1 can see distance d.
+        pairs = windows * (T - torch.arange(T, dtype=torch.float64))
+        positions = torch.arange(1, T + 1, dtype=torch.float64)
+
+        def binned(values: torch.Tensor, weights: torch.Tensor) -> list:
+            """Weighted mean of values (..., T) within each bin of the last axis."""
+            return torch.stack([values[..., lo - 1 : hi - 1].sum(-1) / weights[lo - 1 : hi - 1].sum()
+                                for lo, hi in bins], dim=-1).tolist()
+
+        return {
+            "length": T,
+            "windows": windows,
+            "reason": None,
+            "distance_bins": [[lo - 1, hi - 1] for lo, hi in bins],
+            "mean_weight": [binned(layer.weight, pairs) for layer in self.layers],
+            "mean_distance": [(layer.distance / (windows * T)).tolist() for layer in self.layers],
+            "position_bins": [[lo, hi] for lo, hi in bins],
+            "entropy": [binned(layer.entropy, torch.full((T,), float(windows), dtype=torch.float64))
+                        for layer in self.layers],
+            "uniform_entropy": binned(positions.log(), torch.ones(T, dtype=torch.float64)),
+        }
+
+
+@torch.no_grad()
+def attention_statistics(model: torch.nn.Module, tokens: TokenArray, length: int, windows: int,
+                         device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Statistics over up to ``windows`` consecutive windows of ``length`` tokens from the start of ``tokens``;
+    an entry with a ``reason`` (and nothing else) where the scheme or the data cannot provide one window."""
+    limit = model.pe.max_positions()
+    if limit is not None and length > limit:
+        return {"length": length, "windows": 0, "reason": f"pe={model.pe.name} encodes at most {limit} positions"}
+    n_windows = min(windows, len(tokens) // length)
+    if n_windows == 0:
+        return {"length": length, "windows": 0,
+                "reason": f"the validation split has {len(tokens)} tokens, fewer than one window"}
+    stats = LengthStats(length)
+    for w in range(n_windows):
+        window = torch.from_numpy(tokens.read(w * length, length).astype(np.int64)).to(device)
+        with capture_attention() as probs, autocast(device, dtype):
+            model.hidden_states(window[None])  # no logits: the output head is not needed
+        if not stats.layers:
+            stats.layers = [LayerSums.zeros(p.shape[1], length) for p in probs]
+        for sums in stats.layers:
+            sums.add(probs.pop(0))  # reduce, then free this layer's T x T block
+    return stats.report()
+
+
+def _bin_centres(bins: list[list[int]], offset: int = 0) -> np.ndarray:
+    """Geometric centre of each [lo, hi) bin of the 1-based quantity (distance + 1 or position)."""
+    return np.array([math.sqrt((lo + offset) * (hi - 1 + offset)) for lo, hi in bins])
+
+
+def _grid(n_rows: int, n_cols: int) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(4.2 * n_cols, 2.8 * n_rows + 0.6), layout="constrained")
+    return fig, np.atleast_2d(fig.subplots(n_rows, n_cols, squeeze=False))
+
+
+def plot_distance(document: dict[str, Any], path) -> None:
+    """Mean attention weight vs query-key distance: a row per layer, a column per length, a line per head."""
+    entries = [e for e in document["lengths"] if e["reason"] is None]
+    fig, axes = _grid(len(entries[0]["mean_weight"]), len(entries))
+    for col, entry in enumerate(entries):
+        x = _bin_centres(entry["distance_bins"], offset=1) - 1  # distance 0 stays at 0 (symlog axis)
+        for layer, heads in enumerate(entry["mean_weight"]):
+            ax = axes[layer, col]
+            for head, values in enumerate(heads):
+                ax.plot(x, values, label=f"head {head} (mean d {entry['mean_distance'][layer][head]:.1f})")
+            ax.axvline(document["train_seq_len"], color="grey", linestyle="--", linewidth=1)
+            ax.set_xscale("symlog", linthresh=1)
+            ax.set_xlim(left=0)
+            ax.set_yscale("log")
+            ax.set_ylim(bottom=max(ax.get_ylim()[0], 1e-8))  # below 1e-8 (ALiBi's far tails) nothing is seen
+            ax.set_title(f"layer {layer}, windows of {entry['length']}", fontsize="small")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize="x-small")
+    for ax in axes[-1]:
+        ax.set_xlabel("query-key distance (log scale)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean attention weight")
+    fig.suptitle(f"{_title(document)}: attention by distance (dashed: training length)")
+    fig.savefig(path, dpi=110)
+
+
+def plot_entropy(document: dict[str, Any], path) -> None:
+    """Attention entropy vs query position: a row per layer, a column per length, a line per head."""
+    entries = [e for e in document["lengths"] if e["reason"] is None]
+    fig, axes = _grid(len(entries[0]["entropy"]), len(entries))
+    for col, entry in enumerate(entries):
+        x = _bin_centres(entry["position_bins"])
+        for layer, heads in enumerate(entry["entropy"]):
+            ax = axes[layer, col]
+            for head, values in enumerate(heads):
+                ax.plot(x, values, label=f"head {head}")
+            ax.plot(x, entry["uniform_entropy"], color="black", linestyle=":", label="uniform, ln(i+1)")
+            ax.axvline(document["train_seq_len"], color="grey", linestyle="--", linewidth=1)
+            ax.set_xscale("log")
+            ax.set_title(f"layer {layer}, windows of {entry['length']}", fontsize="small")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize="x-small")
+    for ax in axes[-1]:
+        ax.set_xlabel("query position (log scale)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("entropy (nats)")
+    fig.suptitle(f"{_title(document)}: attention entropy by position (dashed: training length)")
+    fig.savefig(path, dpi=110)
+
+
+def _title(document: dict[str, Any]) -> str:
+    scaling = f" {document['scaling']}" if document.get("scaling") not in (None, "", "none") else ""
+    return f"pe={document['pe']}{scaling}, trained at length {document['train_seq_len']} (step {document['step']})"
+
+
+def plot_entropy_comparison(documents: list[tuple[str, dict[str, Any]]], path) -> None:
+    """Entropy by position, averaged over heads, one panel per layer and one line per run, coloured by scheme;
+    each run at the longest length it was inspected at."""
+    n_layers = max(len(_longest(doc)["entropy"]) for _, doc in documents)
+    fig, axes = _grid(1, n_layers)
+    for label, document in documents:
+        entry = _longest(document)
+        x = _bin_centres(entry["position_bins"])
+        for layer, heads in enumerate(entry["entropy"]):
+            axes[0, layer].plot(x, np.mean(heads, axis=0), color=scheme_colour(document["pe"]),
+                                label=f"{label} (L={entry['length']})")
+    for layer, ax in enumerate(axes[0]):
+        for train_len in sorted({doc["train_seq_len"] for _, doc in documents}):
+            ax.axvline(train_len, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(f"layer {layer}", fontsize="small")
+        ax.set_xlabel("query position (log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="x-small")
+    axes[0, 0].set_ylabel("entropy (nats), mean over heads")
+    fig.suptitle("Attention entropy by position (dashed: training length)")
+    fig.savefig(path, dpi=110)
+
+
+def read_attention(run_dirs: list[Path]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, document) of each run's <run_dir>/eval/attention.json."""
+    documents = []
+    for run_dir in run_dirs:
+        path = Path(run_dir) / EVAL_DIR / ATTENTION_FILE
+        if not path.is_file():
+            raise PosGPTError(f"{path} does not exist: run python scripts/inspect_attention.py run_dir={run_dir}")
+        document = json.loads(path.read_text())
+        documents.append((f"{document['pe']} ({Path(run_dir).resolve().name})", document))
+    return documents
+
+
+def _longest(document: dict[str, Any]) -> dict[str, Any]:
+    return max((e for e in document["lengths"] if e["reason"] is None), key=lambda e: e["length"])

@@ -1,0 +1,106 @@
+"""Sample continuations from a trained run, with a KV cache, at any length the scheme can encode.
+
+    python sample.py run_dir=outputs/2026-11-22/10-00-00-rope sample.prompt="def main" sample.max_new_tokens=200
+    python sample.py run_dir=... sample.prompt_file=prompt.txt sample.num_samples=3 sample.seed=1
+    python sample.py run_dir=... sample.temperature=0                            # greedy
+    python sample.py run_dir=<rope run> sample.max_new_tokens=2000 pe.scaling.type=yarn pe.scaling.factor=8
+
+The run's config is recomposed exactly as eval.py does it (its training overrides, then these), with the same
+refusals: overrides that would change what the weights compute are errors, and so is a length the scheme
+cannot encode (pe=learned beyond its table). Evaluation-time variations (pe.scaling) apply. Each sample is
+streamed to stdout as it is generated; sample.num_samples samples are drawn one after the other from one
+generator seeded with sample.seed, so a seed always gives the same text on the same device.
+"""
+
+from __future__ import annotations
+
+import codecs
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from core.cli import exit_on_user_error
+from core.errors import PosGPTError
+from core.runtime import autocast
+from data import EOT_TOKEN, gpt2_encoding
+from experiment.build import load_trained_run, parse_run_dir
+from model.pe.rope_scaling import scaling_label
+from model.sampling import check_length, generate
+
+USAGE = 'usage: python sample.py run_dir=<training run directory> [sample.prompt="..."] [sample.* and other overrides]'
+SEPARATOR = "-" * 30
+
+
+def validate_sample_config(cfg: DictConfig) -> None:
+    s = cfg.sample
+    if s.max_new_tokens <= 0 or s.num_samples <= 0:
+        raise PosGPTError("sample.max_new_tokens and sample.num_samples must be positive")
+    if s.temperature < 0:
+        raise PosGPTError(f"sample.temperature must be >= 0 (0: greedy) (got {s.temperature})")
+    if s.top_k is not None and s.top_k <= 0:
+        raise PosGPTError(f"sample.top_k must be positive, or null for no top-k (got {s.top_k})")
+    if s.prompt and s.prompt_file:
+        raise PosGPTError("set sample.prompt or sample.prompt_file, not both")
+
+
+def prompt_tokens(cfg: DictConfig) -> list[int]:
+    """The prompt's GPT-2 token ids; an empty prompt starts from <|endoftext|>, as documents do in training."""
+    text = cfg.sample.prompt
+    if cfg.sample.prompt_file:
+        path = Path(cfg.sample.prompt_file)
+        if not path.is_file():
+            raise PosGPTError(f"sample.prompt_file={path} does not exist")
+        text = path.read_text()
+    ids = gpt2_encoding().encode(text, allowed_special={"<|endoftext|>"}) if text else [EOT_TOKEN]
+    if max(ids) >= cfg.model.vocab_size:
+        raise PosGPTError(f"the prompt has token ids >= model.vocab_size={cfg.model.vocab_size}")
+    return ids
+
+
+class TextStream:
+    """Writes tokens to stdout as they come; bytes of a character split across tokens wait for the rest."""
+
+    def __init__(self) -> None:
+        self.encoding = gpt2_encoding()
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def write(self, ids: list[int]) -> None:
+        data = b"".join(self.encoding.decode_single_token_bytes(i) for i in ids)
+        sys.stdout.write(self.decoder.decode(data))
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        sys.stdout.write(self.decoder.decode(b"", final=True) + "\n")
+        sys.stdout.flush()
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+    run = load_trained_run(*parse_run_dir(argv, USAGE))
+    cfg, model, device, dtype = run.cfg, run.model, run.device, run.dtype
+    validate_sample_config(cfg)
+    ids = prompt_tokens(cfg)
+    s = cfg.sample
+    check_length(model, len(ids) + s.max_new_tokens)
+    scaling = getattr(model.pe.cfg, "scaling", None)
+    print(f"sample: {run.dir} (pe={cfg.pe.name}{' ' + scaling_label(scaling) if scaling else ''}, step "
+          f"{run.checkpoint['step']}, trained at length {cfg.train.seq_len}): {len(ids)} prompt tokens + "
+          f"{s.max_new_tokens} new, temperature {s.temperature}, top_k {s.top_k}, seed {s.seed}", file=sys.stderr,
+          flush=True)
+    generator = torch.Generator(device=device).manual_seed(s.seed)
+    prompt = torch.tensor([ids], dtype=torch.long, device=device)
+    for number in range(1, s.num_samples + 1):
+        print(f"{SEPARATOR} sample {number} {SEPARATOR}", flush=True)
+        stream = TextStream()
+        stream.write(ids)
+        with autocast(device, dtype):
+            generate(model, prompt, s.max_new_tokens, s.temperature, s.top_k, generator,
+                     on_token=lambda token: stream.write(token[0].tolist()))
+        stream.close()
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main(sys.argv[1:])
