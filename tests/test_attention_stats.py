@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -150,6 +151,7 @@ def test_compare_overlays_the_entropy_of_several_runs(inspected, tmp_path):
         eval.main([f"run_dir={run_dir}", "eval.lengths=[16]", "eval.protocols=[nonoverlapping]", "eval.max_tokens=64"])
     spec = importlib.util.spec_from_file_location("compare", REPO / "scripts" / "compare.py")
     compare = importlib.util.module_from_spec(spec)
+    sys.modules["compare"] = compare  # compare.py defines dataclasses, which look their module up
     spec.loader.exec_module(compare)
     path = tmp_path / "entropy.png"
     compare.main([*map(str, runs), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png"),

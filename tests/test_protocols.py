@@ -69,12 +69,12 @@ def test_scored_range_leaves_out_lengths_that_do_not_fit():
 def brute_force(model, tokens, pairs):
     """Loss of predicting each target t from the n tokens [t - n, t), one full forward per (t, n).
 
-    The softmax runs over the padded vocabulary, as the model's own loss does (model/loss.py).
+    The softmax runs over the real vocabulary: the model's logits, padding rows excluded.
     """
     losses = []
     for t, n in pairs:
         x = torch.from_numpy(tokens.read(t - n, n).astype(np.int64))[None]
-        logits = model.hidden_states(x)[0, -1] @ model.head_weight.t()
+        logits = model(x)[0, -1]
         losses.append(F.cross_entropy(logits[None], torch.tensor([int(tokens.data[t])])).item())
     return losses
 

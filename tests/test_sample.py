@@ -55,7 +55,7 @@ def causal_dynamic_forward(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     the keys it sees are rotated with the frequencies for length i + 1 (the length when token i was read).
     Up to the training length that is the ordinary forward; past it, a plain forward over x[:t+1] would rotate
     the keys of *earlier layers' earlier tokens* with freq(t + 1) too, which no decoder can do incrementally."""
-    x = model.token_embedding(idx)
+    x = model.token_embedding(idx) * model.token_scale
     B, T, C = x.shape
     for block in model.blocks:
         attn = block.attn
@@ -194,7 +194,7 @@ def test_a_seed_gives_the_same_text_through_the_cli_and_greedy_ignores_it(runs, 
 
 @pytest.mark.parametrize(("pe", "args", "message"), [
     ("learned", ["sample.max_new_tokens=20"], "encodes at most 16 positions"),
-    ("rope", ["model.n_layer=2"], "model.n_layer is 1 in the checkpoint"),
+    ("rope", ["model.n_layer=2"], "model.n_layer cannot be changed for an evaluation"),
     ("rope", ["sample.temperature=-1"], "sample.temperature must be >= 0"),
     ("rope", ["sample.prompt=a", "sample.prompt_file=/nonexistent"], "not both"),
     ("rope", ["sample.prompt_file=/nonexistent"], "does not exist"),
