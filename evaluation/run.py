@@ -7,14 +7,13 @@ Outputs, in ``<run_dir>/eval/``:
     per_position.png     loss vs position within the window (nonoverlapping, the longest length by default)
 and the same table and plots in the run's W&B run.
 
-RoPE runs are evaluated with ``pe.scaling`` (one context extension), or with each of ``eval.scalings``.
+Each of the scheme's declared evaluation-time variations is evaluated (RoPE: ``pe.scaling``, or each of
+``eval.scalings``), with its settings recorded in the rows.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,35 +26,15 @@ from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, p
 from evaluation.report import (CSV_COLUMNS, CSV_FILE, csv_rows, format_table, merge_documents, read_results,
                                results_document, setting_label, write_csv, write_results)
 from experiment.config import eval_lengths
-from model.pe.rope_scaling import RoPEScalingConfig, parse_scaling, scaling_label
 
 EVAL_DIR = "eval"
 PPL_PLOT = "ppl_vs_length.png"
 PER_POSITION_PLOT = "per_position.png"
 
 
-def scalings_to_evaluate(cfg: DictConfig, model: torch.nn.Module) -> list[RoPEScalingConfig | None]:
-    """[None] for schemes without a scaling; else eval.scalings, or the run's one pe.scaling."""
-    current = getattr(model.pe.cfg, "scaling", None)
-    if current is None:
-        return [None]
-    if cfg.eval.scalings:
-        scalings = [parse_scaling(spec, defaults=current) for spec in cfg.eval.scalings]
-        return list({scaling_label(scaling): scaling for scaling in scalings}.values())  # each once
-    return [current]
-
-
-@contextlib.contextmanager
-def _rope_scaling(model: torch.nn.Module, scaling: RoPEScalingConfig | None) -> Iterator[None]:
-    if scaling is None:
-        yield
-        return
-    original = model.pe.cfg.scaling
-    model.pe.set_scaling(scaling)
-    try:
-        yield
-    finally:
-        model.pe.set_scaling(original)
+def _as_plain(value: Any) -> Any:
+    """A setting's value as JSON can hold it (dataclasses such as RoPE's scaling config become dicts)."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: TokenArray, run_dir: str | Path,
@@ -66,15 +45,16 @@ def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: 
     ``step`` is the checkpoint's training step (None: training just ended, at ``train.max_steps``).
     """
     rows = []
-    for scaling in scalings_to_evaluate(cfg, model):
-        with _rope_scaling(model, scaling):
+    # The scheme's evaluation-time variations (RoPE: eval.scalings, else its one pe.scaling); [("", {})] for most.
+    for label, settings in model.pe.eval_variations(list(cfg.eval.scalings or [])):
+        with model.pe.evaluated_with(settings):
             new_rows = evaluate_extrapolation(
                 model, val_tokens, eval_lengths(cfg), list(cfg.eval.protocols), cfg.eval.stride,
                 cfg.eval.max_tokens, cfg.eval.batch_tokens, device, dtype, progress=cfg.logging.progress,
-                description=scaling_label(scaling),
+                description=label,
             )
-        setting = {"scaling": dataclasses.asdict(scaling) if scaling is not None else None, "data": cfg.data.name,
-                   "corpus": describe_corpus(cfg.data), "split": val_tokens.name}
+        setting = {"scaling": None, **{name: _as_plain(value) for name, value in settings.items()},
+                   "data": cfg.data.name, "corpus": describe_corpus(cfg.data), "split": val_tokens.name}
         rows += [{"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r}
                  for r in new_rows]
     step = cfg.train.max_steps if step is None else step
