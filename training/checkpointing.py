@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint import last_checkpoint_path, load_checkpoint, save_checkpoint
 from core.errors import PosGPTError
+from data import check_corpus, corpus_identity
 from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config
 from training import distributed
 from training.optim import lr_multiplier
@@ -72,6 +73,13 @@ class Checkpointer:
         record.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.cfg, record / "config.yaml", resolve=True)
         (record / "overrides.yaml").write_text(yaml.safe_dump(list(self.overrides)))
+
+    def track_corpus(self, splits: dict, checkpoint: dict | None, data_cfg: DictConfig) -> None:
+        """Record the training tokens' identity in every checkpoint from now on; a resumed run must find the
+        tokens its checkpoint was trained on (data.check_corpus names the corpus otherwise)."""
+        self.corpus = corpus_identity(splits)
+        if checkpoint is not None:
+            check_corpus(checkpoint.get("corpus"), splits, data_cfg)
 
     def kept(self) -> str:
         """What is left to resume from, for error messages."""

@@ -27,14 +27,15 @@ from core.cli import tee_console
 from core.errors import PosGPTError
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
-from data import check_corpus, corpus_identity, load_splits, sample_batch
+from data import load_splits, sample_batch
 from data import validate as validate_data
 from experiment.build import build_model
+from model import GPT
 from experiment.config import compile_enabled, validate
 from training import distributed
 from training.batches import BatchStream, rank_rows
 from training.checkpointing import Checkpointer, resume_checkpoint
-from training.init_from import load_parent
+from training.init_from import Parent, load_parent
 from training.metrics import MetricsWindow, finite
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
@@ -124,13 +125,7 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     _check_batch(t, dist)
     run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
     device, dtype = set_up_runtime(t, local_rank=dist.local_rank if dist.enabled else None)
-    parent = load_parent(cfg)  # train.init_from; may fill in pe.scaling.original_seq_len
-    raw_model = build_model(cfg).to(device)  # first: a model config error shows up before anything else
-    if t.random_positions:
-        raw_model.pe.check_random_positions(t.random_positions)
-    checkpoint = resume_checkpoint(cfg, run_dir)
-    if parent is not None and checkpoint is None:  # a new run starts from the parent's weights
-        parent.load_into(raw_model)
+    raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
     # Every check has passed: only now does this command write into the run directory.
     checkpointer = Checkpointer(cfg, run_dir, overrides, checkpoint, dist, device)
     checkpointer.record_run()
@@ -140,9 +135,7 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
         return _finish_trained(cfg, run_dir, checkpoint, raw_model, dist, device, dtype)
 
     splits = _load_data(cfg, dist)
-    checkpointer.corpus = corpus_identity(splits)  # saved in checkpoints: a resume must find these tokens
-    if checkpoint is not None:
-        check_corpus(checkpoint.get("corpus"), splits, cfg.data)
+    checkpointer.track_corpus(splits, checkpoint, cfg.data)
     model = distributed.wrap_model(raw_model, dist, t.distributed, device)
     optimizer = build_optimizer(raw_model, t, device)
     scheduler = build_scheduler(optimizer, t)
@@ -155,7 +148,7 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     step_fn = TrainStep(model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype)
     window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
     checkpointer.wandb_run_id = window.wandb_run_id
-    if parent is not None and checkpoint is None:
+    if parent is not None:
         window.write(parent.record())  # the run records its parent
 
     model.train()
@@ -189,6 +182,22 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
         _evaluate(cfg, raw_model, optimizer, splits["val"], run_dir, device, dtype, dist, window.wandb_run)
     window.finish()
     return stopped_by
+
+
+def _initial_model(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[GPT, dict | None, Parent | None]:
+    """The model and where its weights come from: the checkpoint to resume (train.resume), else the parent run's
+    weights (train.init_from, returned to be recorded), else its initialisation. A config error shows up here,
+    before anything else."""
+    parent = load_parent(cfg)  # may fill in pe.scaling.original_seq_len
+    model = build_model(cfg).to(device)
+    if cfg.train.random_positions:
+        model.pe.check_random_positions(cfg.train.random_positions)
+    checkpoint = resume_checkpoint(cfg, run_dir)
+    if checkpoint is not None:
+        return model, checkpoint, None
+    if parent is not None:
+        parent.load_into(model)
+    return model, None, parent
 
 
 def _finish_trained(cfg: DictConfig, run_dir: Path, checkpoint: dict, model: torch.nn.Module,
