@@ -27,7 +27,8 @@ def existing_run(cli, tmp_path_factory):
 
 def test_unknown_scheme_lists_the_options(cli, existing_run):
     done = cli.train(existing_run, "pe=fourier")
-    assert_one_line_error(done, "Could not find 'pe/fourier'", "Available options in 'pe': alibi, learned, none")
+    assert_one_line_error(done, "Could not find 'pe/fourier'",
+                          "Available options in 'pe': alibi, cope, fire, kerple, learned")
 
 
 @pytest.mark.parametrize("override, message", [
