@@ -100,5 +100,7 @@ for run in "$study_dir"/*/; do
 done
 python scripts/compare.py "${runs[@]}" --ratios --markdown "$study_dir/comparison.md" \
     --plot "$study_dir/comparison.png" --per-position "$study_dir/comparison_per_position.png"
-python scripts/compare.py "${runs[@]}" --ratios --protocol sliding \
-    --markdown "$study_dir/comparison_sliding.md" --plot "$study_dir/comparison_sliding.png"
+if grep -q '"protocol": "sliding"' "${runs[0]}eval/extrapolation.json"; then  # eval.protocols may leave it out
+    python scripts/compare.py "${runs[@]}" --ratios --protocol sliding \
+        --markdown "$study_dir/comparison_sliding.md" --plot "$study_dir/comparison_sliding.png"
+fi
