@@ -2,7 +2,7 @@
 
     python train.py                                   # tiny model, embedded corpus, RoPE, CPU-friendly
     python train.py pe=alibi train.max_steps=3000     # another scheme, longer
-    python train.py -m pe=sinusoidal,learned,rope,alibi,none   # every scheme, identical settings
+    python train.py -m pe=sinusoidal,learned,rope,alibi,none   # several schemes, identical settings
     python train.py hydra.run.dir=outputs/run1 train.resume=true      # continue a stopped run
     torchrun --standalone --nproc_per_node=2 train.py # DDP (train.distributed=fsdp for FSDP2)
     python train.py -m hydra/launcher=slurm pe=rope,alibi hydra.launcher.partition=gpu   # one SLURM job each
