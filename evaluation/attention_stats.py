@@ -161,14 +161,11 @@ def plot_distance(document: dict[str, Any], path) -> None:
             ax = axes[layer, col]
             for head, values in enumerate(heads):
                 ax.plot(x, values, label=f"head {head} (mean d {entry['mean_distance'][layer][head]:.1f})")
-            ax.axvline(document["train_seq_len"], color="grey", linestyle="--", linewidth=1)
             ax.set_xscale("symlog", linthresh=1)
             ax.set_xlim(left=0)
             ax.set_yscale("log")
             ax.set_ylim(bottom=max(ax.get_ylim()[0], 1e-8))  # below 1e-8 (ALiBi's far tails) nothing is seen
-            ax.set_title(f"layer {layer}, windows of {entry['length']}", fontsize="small")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize="x-small")
+            _finish_panel(ax, document, layer, entry)
     for ax in axes[-1]:
         ax.set_xlabel("query-key distance (log scale)")
     for ax in axes[:, 0]:
@@ -188,17 +185,22 @@ def plot_entropy(document: dict[str, Any], path) -> None:
             for head, values in enumerate(heads):
                 ax.plot(x, values, label=f"head {head}")
             ax.plot(x, entry["uniform_entropy"], color="black", linestyle=":", label="uniform, ln(i+1)")
-            ax.axvline(document["train_seq_len"], color="grey", linestyle="--", linewidth=1)
             ax.set_xscale("log")
-            ax.set_title(f"layer {layer}, windows of {entry['length']}", fontsize="small")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize="x-small")
+            _finish_panel(ax, document, layer, entry)
     for ax in axes[-1]:
         ax.set_xlabel("query position (log scale)")
     for ax in axes[:, 0]:
         ax.set_ylabel("entropy (nats)")
     fig.suptitle(f"{_title(document)}: attention entropy by position (dashed: training length)")
     fig.savefig(path, dpi=110)
+
+
+def _finish_panel(ax, document: dict[str, Any], layer: int, entry: dict[str, Any]) -> None:
+    """The training length (dashed), the panel's title, grid and legend."""
+    ax.axvline(document["train_seq_len"], color="grey", linestyle="--", linewidth=1)
+    ax.set_title(f"layer {layer}, windows of {entry['length']}", fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="x-small")
 
 
 def _title(document: dict[str, Any]) -> str:
