@@ -257,20 +257,3 @@ class GPT(nn.Module):
             return (hidden @ self.head_weight.t())[..., : self.vocab_size]
         return lm_head_cross_entropy(hidden, self.head_weight, targets, reduction, vocab_size=self.vocab_size,
                                      fused=self.cfg.fused_ce)
-
-    @torch.inference_mode()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-        """Sample continuations with a KV cache (each step feeds only the newest token)."""
-        cache = KVCache()
-        logits = self(idx, cache=cache)[:, -1]
-        out = [idx]
-        for _ in range(max_new_tokens):
-            logits = logits / max(temperature, 1e-8)
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_token = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
-            out.append(next_token)
-            logits = self(next_token, cache=cache)[:, -1]
-        return torch.cat(out, dim=1)
