@@ -1,8 +1,9 @@
-"""The two extrapolation plots (PNG), shared by eval (one run) and scripts/compare.py (many runs, many seeds).
+"""The extrapolation plots (PNG), shared by eval (one run) and scripts/compare.py (many runs, many seeds).
 
 - perplexity vs evaluation length: log-scaled axes, the training length marked;
 - loss vs position within the window: where loss rises past the training length is where a scheme breaks.
-  Drawn from the stored position bins (evaluation/extrapolation.py), one point per bin.
+  Drawn from the stored position bins (evaluation/extrapolation.py), one point per bin;
+- validation loss vs training step (compare.py --val-curve): how fast each scheme learns, at 1x.
 
 Each line is a Series; where it has half-widths (a mean over seeds), a shaded band shows the 95% CI.
 Every scheme has one colour in every plot (scheme_colour); a scheme's settings (protocol, scaling, other
@@ -119,6 +120,14 @@ def plot_per_position(series: list[Series], train_lens: set[int], path: str | Pa
     ax.xaxis.set_major_formatter(ScalarFormatter())
     return _label_and_save(fig, ax, "position in the window (1 = first token; log scale)", "mean loss (nats)", title,
                            path)
+
+
+def plot_training_curves(series: list[Series], path: str | Path, title: str) -> Path:
+    """One line per series (x: training steps, y: validation loss)."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    _draw(ax, series)
+    return _label_and_save(fig, ax, "training step", "validation loss (nats)", title, path)
 
 
 def _label_and_save(fig: Figure, ax, xlabel: str, ylabel: str, title: str, path: str | Path) -> Path:

@@ -5,6 +5,7 @@
     python scripts/compare.py runs/*/ --per-position per_position.png   # loss by position, one line per setting
     python scripts/compare.py runs/*/ --ratios                          # also ppl@kL / ppl@L per setting
     python scripts/compare.py runs/*/ --entropy entropy.png            # attention entropy (inspect_attention.py)
+    python scripts/compare.py runs/*/ --val-curve val.png              # validation loss during training, per setting
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
 eval.py) and the config the run was trained with (run_config). Runs whose configs differ only in
@@ -30,11 +31,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.checkpoint import load_checkpoint  # noqa: E402
+from core.tracking import METRICS_FILE, read_metrics  # noqa: E402
 from core.cli import exit_on_user_error  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
 from evaluation.attention_stats import plot_entropy_comparison, read_attention  # noqa: E402
 from evaluation.extrapolation import PROTOCOLS, effective_stride  # noqa: E402
-from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length  # noqa: E402
+from evaluation.plots import (Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length,  # noqa: E402
+                              plot_training_curves)
 from evaluation.report import format_estimate, length_header, load_results, render_table  # noqa: E402
 from evaluation.run import EVAL_DIR  # noqa: E402
 from evaluation.stats import Estimate, clearly_different, mean_ci  # noqa: E402
@@ -61,6 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also plot loss by position at the longest evaluated length to this path")
     parser.add_argument("--ratios", action="store_true",
                         help="also tabulate ppl@kL / ppl@L (L: the training length), per seed then mean ± CI")
+    parser.add_argument("--val-curve", type=Path, default=None,
+                        help="also plot the validation loss logged during training (metrics.jsonl), mean ± CI over "
+                             "seeds per setting, to this path, and tabulate it in the markdown")
     parser.add_argument("--entropy", type=Path, default=None,
                         help="also overlay the runs' attention entropy by position (eval/attention.json, written "
                              "by scripts/inspect_attention.py), one colour per scheme, to this path")
@@ -306,6 +312,52 @@ def per_position_series(entries: list[Entry], length: int) -> list[Series]:
     return series
 
 
+@dataclass
+class ValidationCurve:
+    """One setting's validation loss during training: {step: mean ± CI over its seeds}."""
+
+    label: str
+    scheme: str
+    seeds: int
+    by_step: dict[int, Estimate]
+
+
+def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
+    """Per setting, the validation loss each seed logged (metrics.jsonl), at the steps every seed logged."""
+    curves = []
+    for group, label in zip(groups, group_labels(groups)):
+        per_seed = []
+        for run in group:
+            logged = {record["step"]: record["val_loss"] for record in read_metrics(run.dir)
+                      if record.get("val_loss") is not None}  # a resumed run's repeated step: its last record
+            if not logged:
+                raise PosGPTError(f"{run.dir / METRICS_FILE} has no validation loss (train.val_every); "
+                                  "leave out --val-curve or this run")
+            per_seed.append(logged)
+        steps = sorted(set.intersection(*(set(logged) for logged in per_seed)))
+        curves.append(ValidationCurve(label, group[0].document["pe"], len(group),
+                                      {step: mean_ci([logged[step] for logged in per_seed]) for step in steps}))
+    return curves
+
+
+def validation_report(curves: list[ValidationCurve]) -> str:
+    """The validation-loss table: a column per logged step, the lowest mean of each column in bold."""
+    steps = sorted({step for curve in curves for step in curve.by_step})
+    best = {step: min(curve.by_step[step].mean for curve in curves if step in curve.by_step) for step in steps}
+    body = []
+    for curve in curves:
+        cells = []
+        for step in steps:
+            estimate = curve.by_step.get(step)
+            cell = format_estimate(estimate, curve.seeds, digits=3) if estimate else "-"
+            cells.append(f"**{cell}**" if estimate and estimate.mean == best[step] else cell)
+        body.append([curve.label, str(curve.seeds)] + cells)
+    return "\n".join([
+        "Validation loss during training (nats; the run's validation split at the training length, "
+        "train.val_batches batches; mean over seeds ± half-width of the 95% CI), by training step:", "",
+        render_table(["setting", "seeds"] + [str(step) for step in steps], body, markdown=True)]) + "\n"
+
+
 def longest_evaluated_length(entries: list[Entry]) -> int | None:
     """The longest length any entry has a perplexity at (entries that cannot run there are left out)."""
     lengths = [L for entry in entries for seed in entry.per_seed for L, row in seed.items() if row["ppl"] is not None]
@@ -317,8 +369,12 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     runs = load_runs(args.run_dirs)
     data = choose_data(runs, args.data)
-    entries = entries_of(group_by_seed(runs), args.protocol, args.stride, data)
+    groups = group_by_seed(runs)
+    entries = entries_of(groups, args.protocol, args.stride, data)
     report = markdown_report(entries, args.protocol, args.stride, data, args.ratios)
+    curves = validation_curves(groups) if args.val_curve is not None else []
+    if curves:
+        report += "\n" + validation_report(curves)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(report)
     print(report)
@@ -338,6 +394,13 @@ def main(argv: list[str]) -> None:
                           f"Loss by position in windows of {length} ({args.protocol}, {data}){band}\n"
                           f"{bins_note(rows)} per seed")
         written.append(args.per_position)
+    if curves:
+        args.val_curve.parent.mkdir(parents=True, exist_ok=True)
+        plot_training_curves([Series(curve.label, curve.scheme, list(curve.by_step),
+                                     [estimate.mean for estimate in curve.by_step.values()],
+                                     [estimate.half_width for estimate in curve.by_step.values()]) for curve in curves],
+                             args.val_curve, f"Validation loss during training{band}")
+        written.append(args.val_curve)
     if args.entropy is not None:
         args.entropy.parent.mkdir(parents=True, exist_ok=True)
         plot_entropy_comparison(read_attention(args.run_dirs), args.entropy)

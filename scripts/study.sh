@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The length-extrapolation study: train every positional scheme with identical settings over several seeds,
-# evaluate each at 1-16x its training length (both protocols, at the end of training), evaluate the RoPE runs
-# again with context extension (YaRN, NTK), and compare them all: mean ± 95% CI over seeds.
+# evaluate each at 1-16x its training length (both protocols, at the end of training), evaluate each run again
+# with the evaluation-time variations its scheme declares (RoPE: YaRN, NTK), and compare them all: mean ± 95%
+# CI over seeds.
 #
 #   scripts/study.sh                                   # -> multirun/study-<date>/, 3 seeds of every scheme
 #   scripts/study.sh runs/study                        # into runs/study/ (run it again to finish what is missing)
@@ -12,11 +13,12 @@
 #
 # Schemes: every configs/pe/*.yaml (found at run time, so a new scheme is included without editing this).
 # Resumable: each (scheme, seed) trains into <dir>/<scheme>-s<seed>/; a run that has its evaluation is
-# skipped, an interrupted one is resumed (train.resume=true), and a RoPE run's scaling evaluation is skipped
-# once done. The comparison is rewritten at the end from every finished run in <dir>.
+# skipped, an interrupted one is resumed (train.resume=true), and a run's evaluation with its scheme's
+# variations is skipped once done. The comparison is rewritten at the end from every finished run in <dir>.
 # Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
-# Environment: ROPE_SCALINGS (default [yarn:16,ntk:16]).
+# Environment: EVAL_SCALINGS replaces the variations of every scheme that declares some (model/pe/base.py,
+# study_variations; RoPE: [yarn:16,ntk:16]), e.g. EVAL_SCALINGS="[yarn:16]".
 #
 # Settings: train.py's defaults, evaluated on the same validation tokens at 1x .. 16x the training length.
 # Output, in the study directory:
@@ -25,6 +27,7 @@
 #                                  the differences that exceed their intervals, and ppl@kL / ppl@L
 #   comparison_sliding.md, comparison_sliding.png                       the same for the sliding protocol
 #   comparison_per_position.png    loss by position within the longest windows, one line (and band) per setting
+#   comparison_val_loss.png        validation loss during training, per setting (its table is in comparison.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,7 +63,6 @@ elif [[ ! "$seed_list" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
     echo "error: --seed-list takes comma-separated seeds (4,5), got '$seed_list'" >&2
     exit 2
 fi
-rope_scalings="${ROPE_SCALINGS:-[yarn:16,ntk:16]}"
 IFS=, read -ra scheme_list <<< "$schemes"
 IFS=, read -ra seeds <<< "$seed_list"
 
@@ -71,8 +73,16 @@ if $list_only; then
     exit 0
 fi
 
+# The eval.scalings list a study evaluates the scheme's runs with ("" when the scheme declares none).
+study_variations() {
+    python -c 'import sys; from model.pe import SCHEMES; v = SCHEMES[sys.argv[1]].study_variations
+print("[" + ",".join(v) + "]" if v else "")' "$1"
+}
+
 mkdir -p "$study_dir"
 for scheme in "${scheme_list[@]}"; do
+    variations=$(study_variations "$scheme")
+    [[ -n "$variations" && -n "${EVAL_SCALINGS:-}" ]] && variations="$EVAL_SCALINGS"
     for seed in "${seeds[@]}"; do
         run="$study_dir/$scheme-s$seed"
         if [[ -f "$run/eval/extrapolation.json" ]]; then
@@ -86,9 +96,9 @@ for scheme in "${scheme_list[@]}"; do
             # a run stopped during its end-of-training evaluation resumes with nothing left to train
             [[ -f "$run/eval/extrapolation.json" ]] || python eval.py "run_dir=$run"
         fi
-        if [[ "$scheme" == rope && "$(cat "$run/eval/.scalings-done" 2>/dev/null)" != "$rope_scalings" ]]; then
-            python eval.py "run_dir=$run" "eval.scalings=$rope_scalings"
-            echo "$rope_scalings" > "$run/eval/.scalings-done"
+        if [[ -n "$variations" && "$(cat "$run/eval/.scalings-done" 2>/dev/null)" != "$variations" ]]; then
+            python eval.py "run_dir=$run" "eval.scalings=$variations"
+            echo "$variations" > "$run/eval/.scalings-done"
         fi
     done
 done
@@ -99,7 +109,8 @@ for run in "$study_dir"/*/; do
     [[ -f "$run/eval/extrapolation.json" ]] && runs+=("$run")
 done
 python scripts/compare.py "${runs[@]}" --ratios --markdown "$study_dir/comparison.md" \
-    --plot "$study_dir/comparison.png" --per-position "$study_dir/comparison_per_position.png"
+    --plot "$study_dir/comparison.png" --per-position "$study_dir/comparison_per_position.png" \
+    --val-curve "$study_dir/comparison_val_loss.png"
 if grep -q '"protocol": "sliding"' "${runs[0]}eval/extrapolation.json"; then  # eval.protocols may leave it out
     python scripts/compare.py "${runs[@]}" --ratios --protocol sliding \
         --markdown "$study_dir/comparison_sliding.md" --plot "$study_dir/comparison_sliding.png"

@@ -53,7 +53,7 @@ def study(tmp_path_factory):
 
     def study_sh(*args):
         return run("bash", "scripts/study.sh", *args, study_dir, f"data.files=[{corpus}]", *TINY, cache=tmp / "cache",
-                   env={"ROPE_SCALINGS": "[yarn:4]"})
+                   env={"EVAL_SCALINGS": "[yarn:4]"})
 
     study_sh("--seeds", "2", "--schemes", "rope")
     first_table = (study_dir / "comparison.md").read_text()
@@ -88,7 +88,7 @@ def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
     assert rows["learned"][2:] == ["n/a"] * 3  # one seed, beyond its 16 positions
     text = (study_dir / "comparison.md").read_text()  # one seed: never part of a claimed difference
     assert "one seed, not compared: learned" in text or "lowest learned, one seed: no interval" in text
-    for name in ("comparison.png", "comparison_per_position.png", "comparison_sliding.png"):
+    for name in ("comparison.png", "comparison_per_position.png", "comparison_sliding.png", "comparison_val_loss.png"):
         assert (study_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -205,3 +205,22 @@ def test_a_seed_without_a_value_is_counted_in_its_cell():
     entry, = compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
     report = compare.markdown_report([entry], "nonoverlapping", None, "d", ratios=False)
     assert "| rope | 2 | **11.00 ± 12.71** | **20.00 (n=1)** |" in report
+
+
+def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study, tmp_path):
+    """--val-curve: per setting, the validation loss each seed logged (metrics.jsonl), mean ± t-interval."""
+    _, study_dir, _, _, _ = study
+    md, png = tmp_path / "val.md", tmp_path / "val.png"
+    compare.main([str(study_dir / "rope-s1"), str(study_dir / "rope-s2"), "--markdown", str(md),
+                  "--plot", str(tmp_path / "c.png"), "--val-curve", str(png)])
+    logged = [{json.loads(line)["step"]: json.loads(line)["val_loss"]
+               for line in (study_dir / f"rope-s{seed}" / "metrics.jsonl").read_text().splitlines()
+               if "val_loss" in line} for seed in (1, 2)]
+    step = max(logged[0])
+    a, b = logged[0][step], logged[1][step]
+    half_width = 12.7062047 * abs(a - b) / 2  # t_{0.975, 1} * s / sqrt(2), s = |a - b| / sqrt(2)
+    section = md.read_text().split("Validation loss during training")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| rope |"))
+    assert row.split("|")[2].strip() == "2"
+    assert f"{format_number((a + b) / 2, 3)} ± {format_number(half_width, 3)}" in row.replace("**", "")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

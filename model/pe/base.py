@@ -108,6 +108,9 @@ class PositionalEncoding(nn.Module):
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
+    # The eval.scalings entries (see eval_variations) that scripts/study.sh evaluates every run of the scheme
+    # with, besides the run as trained (RoPE: ("yarn:16", "ntk:16")). Empty: the run as trained only.
+    study_variations: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:
         super().__init__()

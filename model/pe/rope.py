@@ -85,6 +85,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
     name = "rope"
     config_class = RoPEConfig
     eval_time_settings = ("scaling",)  # context extension (rope_scaling.py) is applied at evaluation time
+    study_variations = ("yarn:16", "ntk:16")  # no-fine-tuning extension to the study's longest length (16x)
 
     def __init__(self, cfg: RoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
