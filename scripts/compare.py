@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -126,16 +127,25 @@ def group_by_seed(runs: list[Run]) -> list[list[Run]]:
     return list(groups.values())
 
 
+# More keys than this tell a setting from the others of its scheme: it is named by its run directory instead.
+MAX_LABEL_KEYS = 3
+
+
 def group_labels(groups: list[list[Run]]) -> list[str]:
-    """The scheme's name, plus the keys whose values tell this setting from others of the same scheme."""
+    """The scheme's name, plus the keys whose values tell this setting from others of the same scheme; when
+    more than MAX_LABEL_KEYS differ (a fine-tuned run: its length, lr, steps, parent, ...), the name of its
+    first run's directory, without a -s<seed> suffix."""
     settings = [setting(group[0].config) for group in groups]
     labels = []
     for group, own in zip(groups, settings):
         scheme = group[0].document["pe"]
         siblings = [other for g, other in zip(groups, settings) if g[0].document["pe"] == scheme]
         differing = sorted(key for key in own if any(other.get(key) != own[key] for other in siblings))
-        labels.append(" ".join(["none (NoPE)" if scheme == "none" else scheme]  # not "no scaling"
-                               + [f"{key}={json.loads(own[key])}" for key in differing]))
+        if len(differing) > MAX_LABEL_KEYS:
+            details = [re.sub(r"-s\d+$", "", group[0].dir.resolve().name)]
+        else:
+            details = [f"{key}={json.loads(own[key])}" for key in differing]
+        labels.append(" ".join(["none (NoPE)" if scheme == "none" else scheme] + details))  # not "no scaling"
     return labels
 
 

@@ -224,3 +224,16 @@ def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study
     assert row.split("|")[2].strip() == "2"
     assert f"{format_number((a + b) / 2, 3)} ± {format_number(half_width, 3)}" in row.replace("**", "")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tmp_path):
+    def fake(name, **train):
+        config = {"model": {"n_embd": 64}, "pe": {"name": "rope", "base": 10000.0},
+                  "train": {"seed": 1, "seq_len": 64, "lr": 1e-3, "max_steps": 1200, "init_from": None, **train}}
+        return compare.Run(tmp_path / name, {"pe": "rope"}, config)
+
+    parent, base = fake("rope-64-s1"), fake("rope-base-s1")
+    base.config["pe"]["base"] = 500000.0
+    extended = fake("rope-256-s2", seq_len=256, lr=2e-4, max_steps=300, init_from="/runs/rope-64")
+    assert compare.group_labels([[parent], [base]]) == ["rope pe.base=10000.0", "rope pe.base=500000.0"]
+    assert compare.group_labels([[parent], [extended]]) == ["rope rope-64", "rope rope-256"]
