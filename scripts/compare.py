@@ -195,20 +195,29 @@ def ratio_estimate(entry: Entry, multiple: float) -> Estimate | None:
     return mean_ci(values) if values else None
 
 
+def estimate_table(rows: list[tuple[str, int, list[Estimate | None | str]]], header: list[str],
+                   digits: int = 2) -> str:
+    """A markdown table: a row per (label, number of seeds, cells), the lowest mean of each column in bold.
+    A cell is an Estimate, None (n/a: not evaluable there) or a string shown as is ("-": not evaluated)."""
+    best = [min((cells[i].mean for _, _, cells in rows if isinstance(cells[i], Estimate)), default=None)
+            for i in range(len(header))]
+    body = []
+    for label, seeds, cells in rows:
+        texts = []
+        for i, cell in enumerate(cells):
+            text = cell if isinstance(cell, str) else format_estimate(cell, seeds, digits)
+            texts.append(f"**{text}**" if isinstance(cell, Estimate) and cell.mean == best[i] else text)
+        body.append([label, str(seeds)] + texts)
+    return render_table(["setting", "seeds"] + header, body, markdown=True)
+
+
 def table(entries: list[Entry], columns: list[Any], header: list[str], estimate: Callable[[Entry, Any], Estimate | None],
           digits: int = 2) -> str:
-    """A markdown table: a row per entry, its number of seeds, a cell per column, the lowest mean in bold."""
-    estimates = [[estimate(entry, column) for column in columns] for entry in entries]
-    best = [min((row[i].mean for row in estimates if row[i] is not None), default=None) for i in range(len(columns))]
-    body = []
-    for entry, row in zip(entries, estimates):
-        cells = []
-        for i, value in enumerate(row):
-            seeded = any(column_key(columns[i], entry) in seed for seed in entry.per_seed)
-            cell = format_estimate(value, len(entry.per_seed), digits) if seeded else "-"
-            cells.append(f"**{cell}**" if value is not None and value.mean == best[i] else cell)
-        body.append([entry.label, str(len(entry.per_seed))] + cells)
-    return render_table(["setting", "seeds"] + header, body, markdown=True)
+    """A row per entry: its number of seeds and, per column, the estimate ("-" where no seed was evaluated)."""
+    rows = [(entry.label, len(entry.per_seed),
+             [estimate(entry, column) if any(column_key(column, entry) in seed for seed in entry.per_seed) else "-"
+              for column in columns]) for entry in entries]
+    return estimate_table(rows, header, digits)
 
 
 def column_key(column: Any, entry: Entry) -> int:
@@ -353,19 +362,11 @@ def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
 def validation_report(curves: list[ValidationCurve]) -> str:
     """The validation-loss table: a column per logged step, the lowest mean of each column in bold."""
     steps = sorted({step for curve in curves for step in curve.by_step})
-    best = {step: min(curve.by_step[step].mean for curve in curves if step in curve.by_step) for step in steps}
-    body = []
-    for curve in curves:
-        cells = []
-        for step in steps:
-            estimate = curve.by_step.get(step)
-            cell = format_estimate(estimate, curve.seeds, digits=3) if estimate else "-"
-            cells.append(f"**{cell}**" if estimate and estimate.mean == best[step] else cell)
-        body.append([curve.label, str(curve.seeds)] + cells)
+    rows = [(curve.label, curve.seeds, [curve.by_step.get(step, "-") for step in steps]) for curve in curves]
     return "\n".join([
         "Validation loss during training (nats; the run's validation split at the training length, "
         "train.val_batches batches; mean over seeds ± half-width of the 95% CI), by training step:", "",
-        render_table(["setting", "seeds"] + [str(step) for step in steps], body, markdown=True)]) + "\n"
+        estimate_table(rows, [str(step) for step in steps], digits=3)]) + "\n"
 
 
 def longest_evaluated_length(entries: list[Entry]) -> int | None:
