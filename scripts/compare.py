@@ -89,12 +89,14 @@ class Run:
 
 @dataclass
 class Entry:
-    """A table row: one setting (seeds pooled) and RoPE scaling; per_seed holds {length: row} per seed."""
+    """A table row: one setting (seeds pooled) and RoPE scaling; per_seed holds {length: row} per seed, and
+    seeds the train.seed of each (what pairs it with other settings' runs)."""
 
     label: str
     scheme: str
     train_len: int
     per_seed: list[dict[int, dict[str, Any]]] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
 
 
 def load_runs(run_dirs: list[Path]) -> list[Run]:
@@ -174,25 +176,82 @@ def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data:
         for scaling, per_seed in sorted(per_scaling.items(), key=lambda item: (item[0] not in ("", "none"), item[0])):
             document = group[0].document
             entries.append(Entry(label + ("" if scaling in ("", "none") else f" {scaling}"), document["pe"],
-                                 document["train_seq_len"], per_seed))
+                                 document["train_seq_len"], per_seed, [run.config["train"]["seed"] for run in group]))
     if not any(seed for entry in entries for seed in entry.per_seed):
         raise PosGPTError(f"no {protocol} results on data {data} in these runs (try --protocol or --stride)")
     return entries
 
 
+def ppl_values(entry: Entry, length: int) -> dict[int, float]:
+    """{train.seed: perplexity at ``length``} over the seeds that have one there."""
+    return {seed: rows[length]["ppl"] for seed, rows in zip(entry.seeds, entry.per_seed)
+            if length in rows and rows[length]["ppl"] is not None}
+
+
+def ratio_values(entry: Entry, multiple: float) -> dict[int, float]:
+    """{train.seed: ppl@kL / ppl@L}, each seed's ratio from its own two perplexities."""
+    length = round(multiple * entry.train_len)
+    return {seed: rows[length]["ppl"] / rows[entry.train_len]["ppl"] for seed, rows in zip(entry.seeds, entry.per_seed)
+            if length in rows and entry.train_len in rows
+            and rows[length]["ppl"] is not None and rows[entry.train_len]["ppl"] is not None}
+
+
 def ppl_estimate(entry: Entry, length: int) -> Estimate | None:
     """Mean ± CI of the perplexity at ``length`` over the seeds that have one there."""
-    values = [seed[length]["ppl"] for seed in entry.per_seed if length in seed and seed[length]["ppl"] is not None]
-    return mean_ci(values) if values else None
+    values = ppl_values(entry, length)
+    return mean_ci(list(values.values())) if values else None
 
 
 def ratio_estimate(entry: Entry, multiple: float) -> Estimate | None:
-    """Mean ± CI over seeds of ppl@kL / ppl@L, each seed's ratio from its own two perplexities."""
-    length = round(multiple * entry.train_len)
-    values = [seed[length]["ppl"] / seed[entry.train_len]["ppl"] for seed in entry.per_seed
-              if length in seed and entry.train_len in seed
-              and seed[length]["ppl"] is not None and seed[entry.train_len]["ppl"] is not None]
-    return mean_ci(values) if values else None
+    """Mean ± CI over seeds of ppl@kL / ppl@L."""
+    values = ratio_values(entry, multiple)
+    return mean_ci(list(values.values())) if values else None
+
+
+def paired_estimate(entry: Entry, reference: Entry, column: Any,
+                    values: Callable[[Entry, Any], dict[int, float]]) -> Estimate | None:
+    """Mean ± CI over the seeds both settings ran of entry's value / reference's value − 1. Runs with the same
+    train.seed train on the same batches (the same tokens in the same order: training/batches.py draws them
+    from a generator of their own), so the ratio cancels what the choice of training tokens does to both.
+    None with fewer than two shared seeds."""
+    own, theirs = values(entry, column), values(reference, column)
+    shared = sorted(set(own) & set(theirs))
+    return mean_ci([own[seed] / theirs[seed] - 1 for seed in shared]) if len(shared) >= 2 else None
+
+
+def paired_report(entries: list[Entry], columns: list[Any], header: list[str],
+                  values: Callable[[Entry, Any], dict[int, float]]) -> list[str]:
+    """Per column, every setting against the one with the lowest mean there, paired by seed: a table of the
+    relative difference (mean ± 95% CI over shared seeds) and, per column, which exceed their interval. The
+    reference is the lowest mean among the settings with at least two seeds (one seed cannot be paired)."""
+    body, claims = [[entry.label] for entry in entries], []
+    for column, title in zip(columns, header):
+        means = {id(entry): mean_ci(list(v.values())).mean
+                 for entry in entries if len(v := values(entry, column)) > 1}
+        if len(means) < 2:
+            for row in body:
+                row.append("-")
+            continue
+        lowest = next(entry for entry in entries if means.get(id(entry)) == min(means.values()))
+        worse, close = [], []
+        for entry, row in zip(entries, body):
+            if entry is lowest:
+                row.append("lowest")
+                continue
+            estimate = paired_estimate(entry, lowest, column, values)
+            if estimate is None:
+                row.append("-")
+                continue
+            apart = estimate.low > 0 or estimate.high < 0
+            (worse if apart else close).append(entry.label)
+            bold = "**" if apart else ""
+            row.append(f"{bold}{estimate.mean:+.1%} ± {estimate.half_width:.1%}{bold}")
+        claims.append(f"- {title}: lowest {lowest.label}; interval excludes 0 (clearly different): "
+                      f"{', '.join(worse) or 'none'}; interval includes 0: {', '.join(close) or 'none'}")
+    return ["", "Paired by seed (runs with the same train.seed train on the same batches): per "
+            "seed, a setting's value / the lowest setting's value − 1, mean over the shared seeds ± 95% CI; "
+            "bold where the interval excludes 0.", "",
+            render_table(["setting"] + header, body, markdown=True), "", *claims]
 
 
 def estimate_table(rows: list[tuple[str, int, list[Estimate | None | str]]], header: list[str],
@@ -281,6 +340,7 @@ def markdown_report(entries: list[Entry], protocol: str, stride: int | None, dat
             "overlap (a conservative rule).")
     if any(len(entry.per_seed) > 1 for entry in entries):
         parts += ["", rule, *differences(entries, lengths, header, ppl_estimate)]
+        parts += paired_report(entries, lengths, header, ppl_values)
     else:
         parts += ["", "One seed per setting: no intervals, so no difference is claimed (train more seeds, e.g. "
                   "train.seed=1,2,3)."]
@@ -293,6 +353,7 @@ def markdown_report(entries: list[Entry], protocol: str, stride: int | None, dat
         if any(len(entry.per_seed) > 1 for entry in entries):
             parts += ["", rule.replace("at a length", "at a multiple"),
                       *differences(entries, multiples, ratio_header, ratio_estimate)]
+            parts += paired_report(entries, multiples, ratio_header, ratio_values)
     return "\n".join(parts) + "\n"
 
 

@@ -14,7 +14,7 @@ import pytest
 from core.checkpoint import load_checkpoint
 from core.errors import PosGPTError
 from evaluation.report import format_number, format_ppl
-from evaluation.stats import Estimate
+from evaluation.stats import Estimate, clearly_different
 from experiment.settings import config_for_evaluation
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,3 +237,28 @@ def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tm
     extended = fake("rope-256-s2", seq_len=256, lr=2e-4, max_steps=300, init_from="/runs/rope-64")
     assert compare.group_labels([[parent], [base]]) == ["rope pe.base=10000.0", "rope pe.base=500000.0"]
     assert compare.group_labels([[parent], [extended]]) == ["rope rope-64", "rope rope-256"]
+
+
+def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
+    """Seeds move both settings together (same batches): the unpaired intervals overlap, yet every seed has
+    B exactly 10% above A, which the paired report finds (+10.0% ± 0.0%), with a t-interval otherwise."""
+    def entry(label, ppl_by_seed):
+        return compare.Entry(label, label, 64, [{64: {"ppl": ppl}} for ppl in ppl_by_seed.values()],
+                             list(ppl_by_seed))
+
+    a = entry("a", {1: 10.0, 2: 12.0, 3: 11.0})
+    b = entry("b", {3: 12.1, 1: 11.0, 2: 13.2})  # seeds listed in another order: paired by train.seed
+    c = entry("c", {1: 10.0, 2: 13.0, 3: 11.0})
+    assert not clearly_different(compare.ppl_estimate(a, 64), compare.ppl_estimate(b, 64))
+    lines = compare.paired_report([a, b, c], [64], ["64 (1×)"], compare.ppl_values)
+    rows = {cells[0]: cells[1] for line in "\n".join(lines).splitlines() if line.startswith("| ")
+            for cells in [[cell.strip() for cell in line.strip("|").split("|")]]}
+    assert rows["a"] == "lowest" and rows["b"] == "**+10.0% ± 0.0%**"
+    ratios = [1.0, 13 / 12, 1.0]  # c / a per seed: not significant with 3 seeds
+    mean = sum(ratios) / 3 - 1
+    sd = (sum((r - 1 - mean) ** 2 for r in ratios) / 2) ** 0.5
+    assert rows["c"] == f"{mean:+.1%} ± {4.30265273 * sd / 3 ** 0.5:.1%}"
+    assert lines[-1] == "- 64 (1×): lowest a; interval excludes 0 (clearly different): b; interval includes 0: c"
+    one_seed = entry("d", {1: 9.0})  # lower, but one seed: not the reference, not paired
+    lines = compare.paired_report([a, b, one_seed], [64], ["64 (1×)"], compare.ppl_values)
+    assert "| d | - |" in "\n".join(lines) and "| a | lowest |" in "\n".join(lines)
