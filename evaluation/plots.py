@@ -22,9 +22,11 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 
-# The schemes posgpt ships, in matplotlib's default colours; others get a colour from their name.
+# The ten schemes posgpt ships, one each of matplotlib's ten default colours (so no two share one in a
+# study's plots); others get a colour from their name.
 SCHEME_COLOURS = {"rope": "#1f77b4", "alibi": "#ff7f0e", "sinusoidal": "#2ca02c", "learned": "#d62728",
-                  "none": "#9467bd"}
+                  "none": "#9467bd", "t5": "#8c564b", "kerple": "#e377c2", "fire": "#7f7f7f", "xpos": "#bcbd22",
+                  "cope": "#17becf"}
 LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v"), ((0, (1, 3)), "P")]
 
 

@@ -167,17 +167,19 @@ def test_the_printed_table_has_a_row_per_setting_and_a_column_per_length(val_tok
 
 
 def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
-    assert scheme_colour("rope") == SCHEME_COLOURS["rope"] and len(set(SCHEME_COLOURS.values())) == 5
-    new = scheme_colour("fire")  # a scheme added later: a colour from its name alone, the same in any process
-    assert re.fullmatch("#[0-9a-f]{6}", new) and new not in SCHEME_COLOURS.values() and new != scheme_colour("cope")
+    shipped = sorted(path.stem for path in (Path(__file__).parents[1] / "configs" / "pe").glob("*.yaml"))
+    assert set(SCHEME_COLOURS) <= set(shipped) and len({scheme_colour(name) for name in shipped}) == len(shipped)
+    assert scheme_colour("rope") == SCHEME_COLOURS["rope"]
+    new = scheme_colour("myscheme")  # a scheme added later: a colour from its name alone, the same in any process
+    assert re.fullmatch("#[0-9a-f]{6}", new) and new not in SCHEME_COLOURS.values() and new != scheme_colour("other")
     other_process = subprocess.run(
-        [sys.executable, "-c", "from evaluation.plots import scheme_colour; print(scheme_colour('fire'))"],
+        [sys.executable, "-c", "from evaluation.plots import scheme_colour; print(scheme_colour('myscheme'))"],
         capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
     assert other_process.stdout.strip() == new
 
     drawn = {}
     monkeypatch.setattr(plots, "_label_and_save", lambda fig, ax, *args: drawn.setdefault(args[-2], ax))
-    series = [Series("rope", "rope", [8, 16], [20.0, 25.0], [1.0, 2.0]), Series("fire", "fire", [8, 16], [21.0, 22.0]),
+    series = [Series("rope", "rope", [8, 16], [20.0, 25.0], [1.0, 2.0]), Series("mine", "myscheme", [8, 16], [21.0, 22.0]),
               Series("rope yarn:4", "rope", [8, 16], [22.0, 23.0], [0.5, 0.5])]
     plots.plot_ppl_vs_length(series, {8}, tmp_path / "a.png", "by length")
     plots.plot_per_position(series, {8}, tmp_path / "b.png", "by position")
