@@ -32,9 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.checkpoint import load_checkpoint  # noqa: E402
-from core.tracking import METRICS_FILE, read_metrics  # noqa: E402
 from core.cli import exit_on_user_error  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
+from core.tracking import METRICS_FILE, read_metrics  # noqa: E402
 from evaluation.attention_stats import plot_entropy_comparison, read_attention  # noqa: E402
 from evaluation.extrapolation import PROTOCOLS, effective_stride  # noqa: E402
 from evaluation.plots import (Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length,  # noqa: E402
