@@ -136,19 +136,33 @@ MAX_LABEL_KEYS = 3
 def group_labels(groups: list[list[Run]]) -> list[str]:
     """The scheme's name, plus the keys whose values tell this setting from others of the same scheme; when
     more than MAX_LABEL_KEYS differ (a fine-tuned run: its length, lr, steps, parent, ...), the name of its
-    first run's directory, without a -s<seed> suffix."""
+    first run's directory, without a -s<seed> suffix, and with as many parent directories as it takes to tell
+    it from the others (probes/h2/rope-s1 and probes/w128/rope-s1: "h2/rope", "w128/rope")."""
     settings = [setting(group[0].config) for group in groups]
-    labels = []
+    details: list[list[str] | None] = []
     for group, own in zip(groups, settings):
         scheme = group[0].document["pe"]
         siblings = [other for g, other in zip(groups, settings) if g[0].document["pe"] == scheme]
         differing = sorted(key for key in own if any(other.get(key) != own[key] for other in siblings))
-        if len(differing) > MAX_LABEL_KEYS:
-            details = [re.sub(r"-s\d+$", "", group[0].dir.resolve().name)]
-        else:
-            details = [f"{key}={json.loads(own[key])}" for key in differing]
-        labels.append(" ".join(["none (NoPE)" if scheme == "none" else scheme] + details))  # not "no scaling"
-    return labels
+        details.append(None if len(differing) > MAX_LABEL_KEYS
+                       else [f"{key}={json.loads(own[key])}" for key in differing])
+    named_by_dir = [i for i, detail in enumerate(details) if detail is None]
+    for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
+        details[i] = [name]
+    return [" ".join(["none (NoPE)" if group[0].document["pe"] == "none" else group[0].document["pe"]] + detail)
+            for group, detail in zip(groups, details)]  # "none (NoPE)": not "no scaling"
+
+
+def unique_dir_names(dirs: list[Path]) -> list[str]:
+    """Each run directory's name without its -s<seed> suffix, lengthened by parent directories until no
+    other directory's name of the same length equals it; the whole path where even that is not enough."""
+    parts = [dir.resolve().parts[:-1] + (re.sub(r"-s\d+$", "", dir.resolve().name),) for dir in dirs]
+    names = []
+    for i, own in enumerate(parts):
+        others = [other for j, other in enumerate(parts) if j != i]
+        depth = next((d for d in range(1, len(own) + 1) if all(other[-d:] != own[-d:] for other in others)), None)
+        names.append("/".join(own[-depth:]) if depth else str(dirs[i].resolve()))  # x/rope-s1 vs x/rope-s2
+    return names
 
 
 def choose_data(runs: list[Run], data: str | None) -> str:
@@ -415,6 +429,9 @@ def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
                                   "leave out --val-curve or this run")
             per_seed.append(logged)
         steps = sorted(set.intersection(*(set(logged) for logged in per_seed)))
+        if not steps:
+            raise PosGPTError(f"{label}: its seeds logged validation loss at no common step (train.val_every "
+                              "differs); leave out --val-curve or compare runs logged alike")
         curves.append(ValidationCurve(label, group[0].document["pe"], len(group),
                                       {step: mean_ci([logged[step] for logged in per_seed]) for step in steps}))
     return curves

@@ -4,6 +4,7 @@ the seed grouping, the confidence-interval tables and the errors, on hand-made r
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -226,6 +227,22 @@ def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+
+def test_compare_val_curve_refuses_a_run_without_logged_validation_loss(study, tmp_path):
+    """Through the CLI: a run whose metrics.jsonl has no val_loss is refused with one line naming the file."""
+    _, study_dir, _, _, _ = study
+    run_dir = tmp_path / "rope-s1"
+    shutil.copytree(study_dir / "rope-s1", run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps(record) + "\n" for record in records if "val_loss" not in record))
+    done = subprocess.run([sys.executable, "scripts/compare.py", str(run_dir), "--val-curve", str(tmp_path / "v.png")],
+                          cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().count("\n") == 0
+    assert f"{metrics} has no validation loss" in done.stderr
+    assert not (tmp_path / "v.png").exists()
+
 def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tmp_path):
     def fake(name, **train):
         config = {"model": {"n_embd": 64}, "pe": {"name": "rope", "base": 10000.0},
@@ -237,6 +254,10 @@ def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tm
     extended = fake("rope-256-s2", seq_len=256, lr=2e-4, max_steps=300, init_from="/runs/rope-64")
     assert compare.group_labels([[parent], [base]]) == ["rope pe.base=10000.0", "rope pe.base=500000.0"]
     assert compare.group_labels([[parent], [extended]]) == ["rope rope-64", "rope rope-256"]
+    # Directories of the same name in different studies: as many parents as it takes to tell them apart.
+    wide = fake("w128/rope-s1", seq_len=256, lr=2e-4, max_steps=300, init_from="/runs/x")
+    long = fake("s2400/rope-s1", max_steps=2400, lr=3e-4, seq_len=128, init_from="/runs/y")
+    assert compare.group_labels([[parent], [wide], [long]]) == ["rope rope-64", "rope w128/rope", "rope s2400/rope"]
 
 
 def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
