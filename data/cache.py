@@ -373,6 +373,7 @@ def _signals_stop_workers() -> Iterator[Callable[[], None]]:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, handle)
     try:
         yield check
+        check()  # one that came after the last result, its exception swallowed where it was raised: deliver it now
     except _Terminated:
         signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
         signal.raise_signal(signal.SIGTERM)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from data.cache import _signals_stop_workers
 from tests.cli_runs import REPO, TINY, Runner, assert_user_error
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -183,3 +184,17 @@ def test_signal_while_tokenizing_stops_the_workers(cli, tmp_path, signum, code):
     assert not any(_alive(pid) for pid in workers), "tokenizer workers outlived the run"
     manifest = json.loads(next((tmp_path / "cache").glob("python_stdlib-*/manifest.json")).read_text())
     assert manifest["complete"] is False
+
+
+@pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+                    reason="Ctrl-C has a custom handler here, which _signals_stop_workers leaves alone")
+def test_a_signal_swallowed_after_the_last_result_is_delivered_when_tokenizing_ends():
+    """A Ctrl-C whose KeyboardInterrupt was raised where Python ignores it (a callback), after the last result
+    was checked, still ends the run: the block delivers the remembered signal on its way out."""
+    with pytest.raises(KeyboardInterrupt):
+        with _signals_stop_workers():
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass  # what an exception-ignoring callback does to it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the previous handler is back
