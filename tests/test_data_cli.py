@@ -165,8 +165,10 @@ def test_signal_while_tokenizing_stops_the_workers(cli, tmp_path, signum, code):
     command = [sys.executable, "train.py", *[o for o in TINY if o != "data=text"], "data=python_stdlib",
                "data.shard_chars=100000", "data.num_proc=2", f"data.cache_dir={tmp_path / 'cache'}",
                f"hydra.run.dir={tmp_path / 'run'}"]
+    # Ctrl-C as a terminal delivers it, whatever this test inherits: a shell's background job (`pytest &`,
+    # nohup) starts with SIGINT ignored, which Python and train.py keep (the run would rightly finish, exit 0).
     process = subprocess.Popen(command, cwd=REPO, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while len(workers := _children(process.pid)) < 2:
