@@ -2,13 +2,15 @@
 
 The JSON document describes one checkpoint:
 
-    {"pe": "rope", "train_seq_len": 64, "step": 1500, "data": "python_stdlib",
+    {"pe": "rope", "train_seq_len": 64, "step": 1500, "data": "python_stdlib", "config": {"model": {...}, ...},
      "results": [{"length": 512, "protocol": "sliding", "stride": 256, "scaling": {"type": "yarn", ...},
                   "data": "python_stdlib", "tokens": 32768, "loss": 3.1, "ppl": 22.2,
                   "target_range": [512, 33280], "per_position_loss": [...], "peak_memory_mb": 812.5,
                   "memory_metric": "cpu_peak_rss", "seconds": 4.2}, ...]}
 
-The top-level "data" is the latest evaluation's; each row names its own. A row that could not be scored
+The top-level "data" is the latest evaluation's; each row names its own. "config" is the checkpoint's: the
+resolved configuration the model was trained with (model, scheme, data, seed, ...), so that the file says
+what produced its numbers without the checkpoint (absent in files written before 2026-11-23). A row that could not be scored
 (learned beyond its table, too little data) has ``"loss"`` and ``"ppl"`` null and a ``"reason"``.
 Accumulation: each evaluation of the same checkpoint replaces the rows with the
 same (data, length, protocol, stride, scaling) and keeps the others, so ``eval.py`` runs with different

@@ -38,11 +38,13 @@ def _as_plain(value: Any) -> Any:
 
 
 def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: TokenArray, run_dir: str | Path,
-                           device: torch.device, dtype: torch.dtype, wandb_run=None,
+                           device: torch.device, dtype: torch.dtype, trained_config: dict[str, Any], wandb_run=None,
                            step: int | None = None) -> dict[str, Any]:
     """Evaluate, merge into ``<run_dir>/eval/extrapolation.json``, write the CSV and plots, log to W&B.
 
-    ``step`` is the checkpoint's training step (None: training just ended, at ``train.max_steps``).
+    ``trained_config`` is the checkpoint's config (what the weights were trained with; ``cfg`` may differ in
+    what an evaluation may change, e.g. the data), recorded in the document. ``step`` is the checkpoint's
+    training step (None: training just ended, at ``train.max_steps``).
     """
     rows = []
     # The scheme's evaluation-time variations (RoPE: eval.scalings, else its one pe.scaling); [("", {})] for most.
@@ -58,7 +60,8 @@ def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: 
         rows += [{"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r}
                  for r in new_rows]
     step = cfg.train.max_steps if step is None else step
-    document = results_document(cfg.pe.name, cfg.train.seq_len, rows, step=step, data=cfg.data.name)
+    document = results_document(cfg.pe.name, cfg.train.seq_len, rows, step=step, data=cfg.data.name,
+                                config=trained_config)
     eval_dir = Path(run_dir) / EVAL_DIR
     document = merge_documents(read_results(eval_dir), document)
     path = write_results(document, eval_dir)

@@ -8,9 +8,10 @@
     python scripts/compare.py runs/*/ --val-curve val.png              # validation loss during training, per setting
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
-eval.py) and the config the run was trained with (run_config). Runs whose configs differ only in
-``train.seed`` (and in settings that do not change the trained model: logging, evaluation, threads, ...)
-are seeds of one setting. Table rows: one per setting and RoPE scaling ("rope", "rope yarn:16", "alibi",
+eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
+extrapolation.json records, so results copied without them still compare: run_config). Runs whose configs
+differ only in ``train.seed`` (and in settings that do not change the trained model: logging, evaluation,
+threads, ...) are seeds of one setting. Table rows: one per setting and RoPE scaling ("rope", "rope yarn:16", "alibi",
 "rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation lengths; cells:
 the mean perplexity over seeds ± the half-width of its 95% Student-t confidence interval (one seed: the
 value alone), the lowest mean of each column in bold; "n/a" where the scheme cannot run at that length
@@ -31,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.checkpoint import load_checkpoint  # noqa: E402
+from core.checkpoint import last_checkpoint_path, load_checkpoint  # noqa: E402
 from core.cli import exit_on_user_error  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
 from core.tracking import METRICS_FILE, read_metrics  # noqa: E402
@@ -74,10 +75,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_config(run_dir: Path) -> dict[str, Any]:
+def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
     """The resolved config a run was trained with, from its checkpoint: the one source of truth (Hydra's
-    .hydra/config.yaml can be rewritten by a later command aimed at the run). compare reads configs only here."""
-    return load_checkpoint(run_dir)["config"]
+    .hydra/config.yaml can be rewritten by a later command aimed at the run). A directory without checkpoints
+    (results copied elsewhere, as in docs/) is read from the config its extrapolation.json records, which is
+    the checkpoint's (evaluation/run.py). compare reads configs only here."""
+    if last_checkpoint_path(run_dir).is_file():
+        return load_checkpoint(run_dir)["config"]
+    if document.get("config") is None:
+        raise PosGPTError(f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json (written before "
+                          "posgpt recorded the trained config there) does not say how the run was trained")
+    return document["config"]
 
 
 @dataclass
@@ -105,7 +113,7 @@ def load_runs(run_dirs: list[Path]) -> list[Run]:
         document = load_results(run_dir / EVAL_DIR)
         if document is None:
             raise PosGPTError(f"{run_dir} has no {EVAL_DIR}/extrapolation.json; run python eval.py run_dir={run_dir}")
-        runs.append(Run(run_dir, document, run_config(run_dir)))
+        runs.append(Run(run_dir, document, run_config(run_dir, document)))
     return runs
 
 

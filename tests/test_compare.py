@@ -125,6 +125,43 @@ def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
     assert f"| rope | 1 | {format_number(ppl[32] / ppl[16], 3)} |" in ratios.replace("**", "")
 
 
+def test_results_record_the_trained_config_and_compare_without_checkpoints(study, tmp_path):
+    """extrapolation.json records the checkpoint's config (end of training, and eval.py's YaRN rows); results
+    copied without checkpoints (eval/ and metrics.jsonl, as docs/ keeps them) compare to the same report."""
+    _, study_dir, _, _, _ = study
+    copies = []
+    for seed in (1, 2):
+        run_dir = study_dir / f"rope-s{seed}"
+        document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
+        assert document["config"] == load_checkpoint(run_dir)["config"]
+        copy = tmp_path / "copied" / run_dir.name
+        shutil.copytree(run_dir / "eval", copy / "eval")
+        shutil.copy(run_dir / "metrics.jsonl", copy)
+        copies.append(copy)
+    reports = []
+    for name, dirs in (("original", [study_dir / "rope-s1", study_dir / "rope-s2"]), ("copied", copies)):
+        compare.main([*map(str, dirs), "--ratios", "--markdown", str(tmp_path / f"{name}.md"),
+                      "--plot", str(tmp_path / f"{name}.png"), "--val-curve", str(tmp_path / f"{name}-val.png")])
+        reports.append((tmp_path / f"{name}.md").read_text())
+    assert reports[0] == reports[1] and "| rope yarn:4 | 2 |" in reports[0]
+
+
+def test_compare_refuses_results_without_checkpoint_or_recorded_config(study, tmp_path):
+    _, study_dir, _, _, _ = study
+    copy = tmp_path / "rope-s1"
+    shutil.copytree(study_dir / "rope-s1" / "eval", copy / "eval")
+    path = copy / "eval" / "extrapolation.json"
+    document = json.loads(path.read_text())
+    del document["config"]  # as written before posgpt recorded it
+    path.write_text(json.dumps(document))
+    done = subprocess.run([sys.executable, "scripts/compare.py", str(copy), "--markdown", str(tmp_path / "c.md"),
+                           "--plot", str(tmp_path / "c.png")], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert f"{copy} has no checkpoint" in done.stderr and "does not say how the run was trained" in done.stderr
+    assert not (tmp_path / "c.md").exists()
+
+
 def test_compare_refuses_a_run_given_twice(study, capsys):
     _, study_dir, _, _, _ = study
     with pytest.raises(SystemExit) as exit_info:

@@ -54,7 +54,8 @@ def config(pe=None, **eval_keys):
 
 def evaluate(cfg, tokens, run_dir, **kwargs):
     torch.manual_seed(0)
-    return run_extrapolation_eval(cfg, build_model(cfg).eval(), tokens, run_dir, CPU, torch.float32, **kwargs)
+    return run_extrapolation_eval(cfg, build_model(cfg).eval(), tokens, run_dir, CPU, torch.float32,
+                                  OmegaConf.to_container(cfg, resolve=True), **kwargs)
 
 
 def read_document(run_dir):

@@ -6,6 +6,8 @@ import signal
 import time
 
 import torch
+
+from core.checkpoint import load_checkpoint
 from cli_runs import STEPS, TIMEOUT_S, assert_user_error, cli, reference_run, train_losses, wait_for_step  # noqa: F401
 
 
@@ -109,5 +111,6 @@ def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):
     assert "end-of-training evaluation did not finish: running it" in resumed.stdout
     document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
     assert document["step"] == steps and [row["length"] for row in document["results"]] == [16]
+    assert document["config"] == load_checkpoint(run_dir)["config"]  # what scored the rows: the trained model
     log = (run_dir / "train.log").read_text()  # the console log of both starts
     assert "train: pe=learned" in log and "did not finish: running it" in log

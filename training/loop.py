@@ -21,7 +21,7 @@ import signal
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from core.cli import tee_console
 from core.errors import PosGPTError
@@ -221,7 +221,8 @@ def _finish_trained(cfg: DictConfig, run_dir: Path, checkpoint: dict, model: tor
     val_tokens = _load_data(cfg, dist)["val"]
     if dist.is_main:
         wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"))
-        run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype, wandb_run, step=step)
+        run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype, checkpoint["config"], wandb_run,
+                               step=step)
         if wandb_run is not None:
             wandb_run.finish()
     return None
@@ -239,7 +240,9 @@ def _evaluate(cfg: DictConfig, model: torch.nn.Module, optimizer: torch.optim.Op
             model = build_model(cfg).to(device)
             model.load_state_dict(state)
     if dist.is_main:
-        run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype, wandb_run)
+        # the config the checkpoints of this run hold (Checkpointer saves the same)
+        run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype,
+                               OmegaConf.to_container(cfg, resolve=True), wandb_run)
 
 
 def _stop_agreed(stop: StopRequested, dist: distributed.DistInfo, step: int, every: int,
