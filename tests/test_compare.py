@@ -125,25 +125,53 @@ def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
     assert f"| rope | 1 | {format_number(ppl[32] / ppl[16], 3)} |" in ratios.replace("**", "")
 
 
-def test_results_record_the_trained_config_and_compare_without_checkpoints(study, tmp_path):
-    """extrapolation.json records the checkpoint's config (end of training, and eval.py's YaRN rows); results
-    copied without checkpoints (eval/ and metrics.jsonl, as docs/ keeps them) compare to the same report."""
+def export(*args):
+    return subprocess.run([sys.executable, "scripts/export_results.py", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(study, tmp_path):
+    """extrapolation.json records the checkpoint's config (end of training, and eval.py's YaRN rows);
+    export_results.py copies what compare.py reads, without checkpoints, adding the config to a file written
+    before it was recorded; compare.py then writes the same report from the copies as from the runs."""
     _, study_dir, _, _, _ = study
-    copies = []
-    for seed in (1, 2):
-        run_dir = study_dir / f"rope-s{seed}"
+    runs = [study_dir / "rope-s1", tmp_path / "older" / "rope-s2"]
+    shutil.copytree(study_dir / "rope-s2", runs[1])
+    for run_dir in runs:
         document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
         assert document["config"] == load_checkpoint(run_dir)["config"]
-        copy = tmp_path / "copied" / run_dir.name
-        shutil.copytree(run_dir / "eval", copy / "eval")
-        shutil.copy(run_dir / "metrics.jsonl", copy)
-        copies.append(copy)
+    older = runs[1] / "eval" / "extrapolation.json"
+    document = json.loads(older.read_text())
+    del document["config"]  # as posgpt wrote it before 2026-11-23
+    older.write_text(json.dumps(document))
+    done = export(*runs, "--to", tmp_path / "exported")
+    assert done.returncode == 0, done.stderr
+    copies = [tmp_path / "exported" / name for name in ("rope-s1", "rope-s2")]
+    assert sorted(p.name for p in copies[1].rglob("*")) == ["eval", "extrapolation.csv", "extrapolation.json",
+                                                             "metrics.jsonl", "overrides.yaml"]
+    exported = json.loads((copies[1] / "eval" / "extrapolation.json").read_text())
+    assert exported == {**document, "config": load_checkpoint(runs[1])["config"]}
     reports = []
-    for name, dirs in (("original", [study_dir / "rope-s1", study_dir / "rope-s2"]), ("copied", copies)):
+    for name, dirs in (("runs", runs), ("copies", copies)):
         compare.main([*map(str, dirs), "--ratios", "--markdown", str(tmp_path / f"{name}.md"),
                       "--plot", str(tmp_path / f"{name}.png"), "--val-curve", str(tmp_path / f"{name}-val.png")])
         reports.append((tmp_path / f"{name}.md").read_text())
     assert reports[0] == reports[1] and "| rope yarn:4 | 2 |" in reports[0]
+
+
+def test_export_refuses_results_of_another_step_than_the_checkpoint(study, tmp_path):
+    """A file without a recorded config gets the checkpoint's only if it scored that checkpoint."""
+    _, study_dir, _, _, _ = study
+    run_dir = tmp_path / "rope-s1"
+    shutil.copytree(study_dir / "rope-s1", run_dir)
+    path = run_dir / "eval" / "extrapolation.json"
+    document = json.loads(path.read_text())
+    del document["config"]
+    path.write_text(json.dumps({**document, "step": document["step"] - 1}))
+    done = export(run_dir, "--to", tmp_path / "exported")
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert f"its results scored step {document['step'] - 1}, its checkpoint is at step {document['step']}" in done.stderr
+    assert not (tmp_path / "exported").exists()
 
 
 def test_compare_refuses_results_without_checkpoint_or_recorded_config(study, tmp_path):

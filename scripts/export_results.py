@@ -1,0 +1,79 @@
+"""Copy what scripts/compare.py reads from training runs into a folder, without their checkpoints: results to
+commit or publish beside a paper.
+
+    python scripts/export_results.py multirun/study/*/ --to docs/my-study
+    python scripts/compare.py docs/my-study/*/ --ratios          # the same report as on the runs themselves
+
+Per run, ``<to>/<run directory's name>/`` gets ``eval/extrapolation.json`` (and its ``.csv``), ``metrics.jsonl``
+(for ``compare.py --val-curve``) and ``overrides.yaml`` (the run's command line, from ``.hydra/``).
+``extrapolation.json`` records the config the scored checkpoint was trained with, which compare.py reads in
+place of the checkpoint; for a file written before posgpt recorded it, the checkpoint's config is added
+here, once its step is checked to be the step the file scored. A run exported again is overwritten (its
+results may have grown: more variations, more data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from core.checkpoint import load_checkpoint  # noqa: E402
+from core.cli import exit_on_user_error  # noqa: E402
+from core.errors import PosGPTError  # noqa: E402
+from core.tracking import METRICS_FILE  # noqa: E402
+from evaluation.report import CSV_FILE, load_results, write_csv, write_results  # noqa: E402
+from evaluation.run import EVAL_DIR  # noqa: E402
+
+OVERRIDES = Path(".hydra") / "overrides.yaml"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="training run directories")
+    parser.add_argument("--to", type=Path, required=True, help="the folder to export into")
+    return parser.parse_args(argv)
+
+
+def results_with_config(run_dir: Path) -> dict:
+    """The run's extrapolation.json, with the trained config it records (added from the checkpoint if absent)."""
+    document = load_results(run_dir / EVAL_DIR)
+    if document is None:
+        raise PosGPTError(f"{run_dir} has no {EVAL_DIR}/extrapolation.json; run python eval.py run_dir={run_dir}")
+    if document.get("config") is None:
+        checkpoint = load_checkpoint(run_dir)
+        if checkpoint["step"] != document["step"]:
+            raise PosGPTError(
+                f"{run_dir}: its results scored step {document['step']}, its checkpoint is at step "
+                f"{checkpoint['step']}: evaluate it again (python eval.py run_dir={run_dir}) before exporting")
+        document["config"] = checkpoint["config"]
+    return document
+
+
+def export_run(run_dir: Path, document: dict, destination: Path) -> None:
+    write_results(document, destination / EVAL_DIR)
+    write_csv(document, destination / EVAL_DIR / CSV_FILE)
+    for source, name in ((run_dir / METRICS_FILE, METRICS_FILE), (run_dir / OVERRIDES, OVERRIDES.name)):
+        if source.is_file():
+            shutil.copyfile(source, destination / name)
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    names = [run_dir.resolve().name for run_dir in args.run_dirs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise PosGPTError(f"several runs are named {', '.join(repeated)}: export them into separate folders")
+    documents = [results_with_config(run_dir) for run_dir in args.run_dirs]  # all or nothing: refuse before writing
+    for run_dir, document, name in zip(args.run_dirs, documents, names):
+        export_run(run_dir, document, args.to / name)
+        print(f"export: {run_dir} -> {args.to / name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
