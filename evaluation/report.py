@@ -10,8 +10,9 @@ The JSON document describes one checkpoint:
 
 The top-level "data" is the latest evaluation's; each row names its own. "config" is the checkpoint's: the
 resolved configuration the model was trained with (model, scheme, data, seed, ...), so that the file says
-what produced its numbers without the checkpoint (absent in files written before 2026-11-23). A row that could not be scored
-(learned beyond its table, too little data) has ``"loss"`` and ``"ppl"`` null and a ``"reason"``.
+what produced its numbers without the checkpoint (absent in files written before 2026-11-23). A row that
+could not be scored (learned beyond its table, too little data) has ``"loss"`` and ``"ppl"`` null and a
+``"reason"``.
 Accumulation: each evaluation of the same checkpoint replaces the rows with the
 same (data, length, protocol, stride, scaling) and keeps the others, so ``eval.py`` runs with different
 scalings, strides or data add up; an evaluation of another checkpoint (another training step) starts the

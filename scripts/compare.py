@@ -11,8 +11,8 @@ Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the e
 eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
 extrapolation.json records, so results copied without them still compare: run_config). Runs whose configs
 differ only in ``train.seed`` (and in settings that do not change the trained model: logging, evaluation,
-threads, ...) are seeds of one setting. Table rows: one per setting and RoPE scaling ("rope", "rope yarn:16", "alibi",
-"rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation lengths; cells:
+threads, ...) are seeds of one setting. Table rows: one per setting and RoPE scaling ("rope", "rope yarn:16",
+"alibi", "rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation lengths; cells:
 the mean perplexity over seeds ± the half-width of its 95% Student-t confidence interval (one seed: the
 value alone), the lowest mean of each column in bold; "n/a" where the scheme cannot run at that length
 (learned beyond its table), "-" where it was not evaluated. Below the table: which differences exceed their
