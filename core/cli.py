@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -20,7 +21,7 @@ def exit_on_user_error(fn: F) -> F:
     """Run ``fn``; a PosGPTError is printed as ``error: <message>`` and exits with code 2, no traceback.
 
     Ctrl-C (where the training loop does not handle it itself) exits with 130, as the shell expects, also
-    without a traceback.
+    without a traceback; output piped to a reader that stops early (``| head``) ends the command quietly.
     """
 
     @functools.wraps(fn)
@@ -33,6 +34,9 @@ def exit_on_user_error(fn: F) -> F:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr, flush=True)
             sys.exit(128 + signal.SIGINT)
+        except BrokenPipeError:  # the reader of the output went away (`| head`): stop quietly, as Unix tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 

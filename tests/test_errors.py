@@ -3,11 +3,13 @@ overwritten (not even its record of how it was made, .hydra/, nor its console lo
 skips the step) and keeps its last good checkpoint. Every case is a real train.py or eval.py run."""
 
 import json
+import subprocess
+import sys
 import shutil
 
 import pytest
 import torch
-from cli_runs import STEPS, assert_one_line_error, assert_user_error, cli, reference_run  # noqa: F401
+from cli_runs import REPO, STEPS, assert_one_line_error, assert_user_error, cli, reference_run  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +128,12 @@ def test_skip_nonfinite_skips_the_step(cli, tmp_path):
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert checkpoint["step"] == 5
     assert_finite_weights(checkpoint)
+
+
+def test_output_piped_to_a_reader_that_stops_early_ends_quietly(cli, existing_run):
+    """`eval.py ... | head -0`: the reader is gone before the first line; no traceback, exit 1."""
+    process = subprocess.Popen([sys.executable, "eval.py", f"run_dir={existing_run}"], cwd=REPO, env=cli.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # before the command writes anything
+    stderr = process.stderr.read()
+    assert process.wait(timeout=120) == 1 and "Traceback" not in stderr, stderr
