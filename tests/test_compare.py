@@ -170,7 +170,8 @@ def test_export_refuses_results_of_another_step_than_the_checkpoint(study, tmp_p
     path.write_text(json.dumps({**document, "step": document["step"] - 1}))
     done = export(run_dir, "--to", tmp_path / "exported")
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
-    assert f"its results scored step {document['step'] - 1}, its checkpoint is at step {document['step']}" in done.stderr
+    step = document["step"]
+    assert f"its results scored step {step - 1}, its checkpoint is at step {step}" in done.stderr
     assert not (tmp_path / "exported").exists()
 
 
