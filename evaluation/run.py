@@ -20,11 +20,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from core.errors import PosGPTError
 from data import TokenArray, describe_corpus
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
-from evaluation.report import (CSV_COLUMNS, CSV_FILE, csv_rows, format_table, merge_documents, read_results,
-                               results_document, setting_label, write_csv, write_results)
+from evaluation.report import (CSV_COLUMNS, CSV_FILE, csv_rows, format_table, load_results, merge_documents,
+                               read_results, results_document, setting_label, write_csv, write_results)
 from experiment.config import eval_lengths
 
 EVAL_DIR = "eval"
@@ -71,6 +72,14 @@ def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: 
     print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
     if wandb_run is not None:
         _log_to_wandb(wandb_run, document, plots)
+    return document
+
+
+def load_run_results(run_dir: Path) -> dict[str, Any]:
+    """A training run's ``eval/extrapolation.json``; a PosGPTError that says how to make it when there is none."""
+    document = load_results(Path(run_dir) / EVAL_DIR)
+    if document is None:
+        raise PosGPTError(f"{run_dir} has no {EVAL_DIR}/extrapolation.json; run python eval.py run_dir={run_dir}")
     return document
 
 

@@ -40,8 +40,8 @@ from evaluation.attention_stats import plot_entropy_comparison, read_attention  
 from evaluation.extrapolation import PROTOCOLS, effective_stride  # noqa: E402
 from evaluation.plots import (Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length,  # noqa: E402
                               plot_training_curves)
-from evaluation.report import format_estimate, length_header, load_results, render_table  # noqa: E402
-from evaluation.run import EVAL_DIR  # noqa: E402
+from evaluation.report import format_estimate, length_header, render_table  # noqa: E402
+from evaluation.run import EVAL_DIR, load_run_results  # noqa: E402
 from evaluation.stats import Estimate, clearly_different, mean_ci  # noqa: E402
 from model.pe.rope_scaling import scaling_label  # noqa: E402
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change  # noqa: E402
@@ -110,9 +110,7 @@ class Entry:
 def load_runs(run_dirs: list[Path]) -> list[Run]:
     runs = []
     for run_dir in run_dirs:
-        document = load_results(run_dir / EVAL_DIR)
-        if document is None:
-            raise PosGPTError(f"{run_dir} has no {EVAL_DIR}/extrapolation.json; run python eval.py run_dir={run_dir}")
+        document = load_run_results(run_dir)
         runs.append(Run(run_dir, document, run_config(run_dir, document)))
     return runs
 

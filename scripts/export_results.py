@@ -25,8 +25,8 @@ from core.checkpoint import load_checkpoint  # noqa: E402
 from core.cli import exit_on_user_error  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
 from core.tracking import METRICS_FILE  # noqa: E402
-from evaluation.report import CSV_FILE, load_results, write_csv, write_results  # noqa: E402
-from evaluation.run import EVAL_DIR  # noqa: E402
+from evaluation.report import CSV_FILE, write_csv, write_results  # noqa: E402
+from evaluation.run import EVAL_DIR, load_run_results  # noqa: E402
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 
@@ -41,9 +41,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def results_with_config(run_dir: Path) -> dict:
     """The run's extrapolation.json, with the trained config it records (added from the checkpoint if absent)."""
-    document = load_results(run_dir / EVAL_DIR)
-    if document is None:
-        raise PosGPTError(f"{run_dir} has no {EVAL_DIR}/extrapolation.json; run python eval.py run_dir={run_dir}")
+    document = load_run_results(run_dir)
     if document.get("config") is None:
         checkpoint = load_checkpoint(run_dir)
         if checkpoint["step"] != document["step"]:
