@@ -1,7 +1,7 @@
 """Train a GPT with the positional scheme of your choice, then measure how it extrapolates.
 
     python train.py                                   # 2 layers, width 256, embedded corpus, RoPE, CPU-friendly
-    python train.py model=tiny                        # width 64: about 2x faster on a CPU
+    python train.py model=tiny                        # width 64: about 2.5x faster on a CPU
     python train.py pe=alibi train.max_steps=3000     # another scheme, longer
     python train.py -m pe=sinusoidal,learned,rope,alibi,none   # several schemes, identical settings
     python train.py hydra.run.dir=outputs/run1 train.resume=true      # continue a stopped run
