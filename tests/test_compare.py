@@ -349,3 +349,12 @@ def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
     one_seed = entry("d", {1: 9.0})  # lower, but one seed: not the reference, not paired
     lines = compare.paired_report([a, b, one_seed], [64], ["64 (1×)"], compare.ppl_values)
     assert "| d | - |" in "\n".join(lines) and "| a | lowest |" in "\n".join(lines)
+
+
+def test_export_refuses_two_runs_of_one_name(tmp_path):
+    """They would land in one folder: refused with one line, before anything is read or written."""
+    runs = [tmp_path / "a" / "rope-s1", tmp_path / "b" / "rope-s1"]
+    done = export(*runs, "--to", tmp_path / "exported")
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "several runs are named rope-s1: export them into separate folders" in done.stderr
+    assert not (tmp_path / "exported").exists()
