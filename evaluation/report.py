@@ -44,8 +44,10 @@ def results_document(pe_name: str, train_seq_len: int, rows: list[dict[str, Any]
 
 def row_key(row: dict[str, Any]) -> tuple:
     """What identifies a measurement: a later one with the same key replaces it."""
-    return (row.get("data"), row["length"], row["protocol"], row["stride"],
-            json.dumps(row.get("scaling"), sort_keys=True))
+    scaling = row.get("scaling")
+    if scaling is not None:  # a setting left at null is the same measurement as one from before it existed
+        scaling = {name: value for name, value in scaling.items() if value is not None}
+    return (row.get("data"), row["length"], row["protocol"], row["stride"], json.dumps(scaling, sort_keys=True))
 
 
 def _sort_key(row: dict[str, Any]) -> tuple:

@@ -78,7 +78,7 @@ def test_outputs_exist_and_follow_the_schema(val_tokens, tmp_path):
     for row in rows:
         assert ROW_KEYS <= row.keys()
         assert row["scaling"] == {"type": "none", "factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                  "original_seq_len": None}
+                                  "attention_factor": None, "original_seq_len": None}
         assert row["tokens"] == 64 and row["ppl"] == pytest.approx(torch.tensor(row["loss"]).exp().item())
         assert len(row["per_position_loss"]) == row["length"]
         bins = row["per_position_bins"]
@@ -99,10 +99,12 @@ def test_repeated_evaluations_accumulate_and_replace_matching_rows(val_tokens, t
     assert len(rows) == 6 + 3 + 3
     assert {(r["scaling"]["type"], r["scaling"]["factor"]) for r in rows} == {("none", 1), ("yarn", 4), ("ntk", 4)}
 
-    # a later evaluation replaces only the rows it measures again (here: yarn:4, nonoverlapping)
+    # a later evaluation replaces only the rows it measures again (here: yarn:4, nonoverlapping), also rows
+    # written before a setting existed (here: pe.scaling.attention_factor, null by default)
     document = read_document(tmp_path)
     for row in document["results"]:
         row["ppl"] = -1.0
+        del row["scaling"]["attention_factor"]
     (tmp_path / EVAL_DIR / "extrapolation.json").write_text(json.dumps(document))
     evaluate(config(scalings=["yarn:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
     rows = read_document(tmp_path)["results"]

@@ -105,6 +105,17 @@ def test_yarn_temperature_scales_the_rotated_vectors():
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1) * (0.1 * math.log(s) + 1))
 
 
+def test_yarn_attention_factor_replaces_the_temperature_and_nothing_else():
+    default_freq, default_factor = scaled("yarn", 16.0, head_dim=64, train_len=64)
+    inv_freq, factor = scaled("yarn", 16.0, head_dim=64, train_len=64, attention_factor=1.0)
+    torch.testing.assert_close(inv_freq, default_freq)
+    assert (factor, default_factor) == (1.0, pytest.approx(0.1 * math.log(16) + 1))
+    # Only YaRN has a temperature: setting one elsewhere, or a non-positive one, is refused.
+    for bad in [RoPEScalingConfig("ntk", 2.0, attention_factor=1.0), RoPEScalingConfig("yarn", 2.0, attention_factor=0.0)]:
+        with pytest.raises(PosGPTError, match="attention_factor"):
+            rope().set_scaling(bad)
+
+
 def test_set_scaling_changes_the_rotation_and_can_be_undone():
     pe, q = rope(), torch.randn(1, 4, 32, 8)
     before = pe.rotate(q, q, torch.arange(32), 32)[0]
@@ -122,6 +133,12 @@ def test_scaling_specs_parse_and_label():
     assert scaling_label({"type": "yarn", "factor": 2.5, "beta_fast": 16.0, "beta_slow": 1.0}) == \
         "yarn:2.5(beta_fast=16,beta_slow=1)"
     assert scaling_label(None) == ""
+    # eval.scalings take the run's yarn settings; the other types, which have no temperature, leave it out.
+    untempered = RoPEScalingConfig(attention_factor=1.0)
+    assert parse_scaling("yarn:16", untempered).attention_factor == 1.0
+    assert parse_scaling("ntk:16", untempered).attention_factor is None
+    assert parse_scaling("none", untempered) == RoPEScalingConfig()
+    assert scaling_label(parse_scaling("yarn:16", untempered)) == "yarn:16(attention_factor=1)"
     for bad, message in [("foo:2", "unknown"), ("yarn:x", "TYPE:FACTOR"), ("ntk:0.5", ">= 1"), ("none:2", "no factor")]:
         with pytest.raises(PosGPTError, match=message):
             parse_scaling(bad)
@@ -141,3 +158,9 @@ def test_eval_scalings_are_validated_with_the_config():
         validate(eval_config(RoPEConfig(scaling=RoPEScalingConfig("yarn", 2.0)), scalings=["ntk:2"]))
     with pytest.raises(PosGPTError, match="unknown"):
         validate(eval_config(RoPEConfig(), scalings=["bogus"]))
+    # YaRN's temperature without YaRN would be ignored: refused
+    untempered = RoPEConfig(scaling=RoPEScalingConfig(attention_factor=1.0))
+    validate(eval_config(untempered, scalings=["none", "yarn:16"]))
+    for scalings in [None, ["ntk:16"]]:
+        with pytest.raises(PosGPTError, match="attention_factor is YaRN's"):
+            validate(eval_config(untempered, scalings=scalings))

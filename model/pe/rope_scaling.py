@@ -19,7 +19,8 @@ a that multiplies cos and sin, so that every attention logit q.k is multiplied b
   "NTK-by-parts" and 3.4): theta'_i = (1 - gamma_i) theta_i / s + gamma_i theta_i, where gamma_i = 1 keeps
   the pairs that turn more than beta_fast = 32 times over L (they encode local order, which PI would blur),
   gamma_i = 0 interpolates the pairs that turn less than beta_slow = 1 time, and gamma ramps linearly in
-  between. Attention temperature: a = sqrt(1/t) = 0.1 ln(s) + 1.
+  between. Attention temperature: a = sqrt(1/t) = 0.1 ln(s) + 1, or ``attention_factor`` when set (as in
+  Hugging Face's ``rope_scaling``; 1 turns the temperature off, to tell its effect from the frequencies').
 
   The ramp: the paper's eq. 18 writes gamma linear in r. Its reference implementation (which produced the
   paper's results) and Hugging Face's ``modeling_rope_utils`` ramp linearly over the pair index instead,
@@ -57,6 +58,7 @@ class RoPEScalingConfig:
     factor: float = 1.0  # s: how many times longer than the training length to reach
     beta_fast: float = 32.0  # yarn only: pairs turning more than this many times over L are kept
     beta_slow: float = 1.0  # yarn only: pairs turning fewer times are interpolated
+    attention_factor: float | None = None  # yarn only: a; null: the paper's 0.1 ln(s) + 1
     # L: the length the frequencies were learned at; null: train.seq_len. A run extended by fine-tuning
     # (train.init_from, training/init_from.py) keeps its parent's L: yarn and dynamic_ntk depend on it.
     original_seq_len: int | None = None
@@ -107,6 +109,8 @@ def _yarn(inv_freq, cfg, base, head_dim, train_len, seq_len):
     # 0 up to the fast pair (kept), 1 from the slow pair on (interpolated); the 1e-3 avoids 0/0 when they meet.
     interpolated = ((pair - fast) / max(slow - fast, 1e-3)).clamp(0.0, 1.0)
     scaled = interpolated * inv_freq / cfg.factor + (1 - interpolated) * inv_freq
+    if cfg.attention_factor is not None:
+        return scaled, cfg.attention_factor
     return scaled, 0.1 * math.log(cfg.factor) + 1.0
 
 
@@ -129,6 +133,10 @@ def check_scaling(cfg: RoPEScalingConfig, where: str = "pe.scaling") -> None:
         raise PosGPTError(f"{where}: type none takes no factor (got {cfg.factor}); pick a type, e.g. yarn")
     if cfg.original_seq_len is not None and cfg.original_seq_len <= 0:
         raise PosGPTError(f"{where}: original_seq_len must be positive or null (got {cfg.original_seq_len})")
+    # Type none may hold YaRN's settings: they are the defaults of eval.scalings' yarn entries (parse_scaling).
+    if cfg.attention_factor is not None and (cfg.type not in ("yarn", "none") or cfg.attention_factor <= 0):
+        raise PosGPTError(f"{where}: attention_factor is YaRN's temperature, a positive number for type yarn "
+                          f"(got {cfg.attention_factor} with type {cfg.type})")
     if cfg.type == "yarn" and not 0 < cfg.beta_slow < cfg.beta_fast:
         raise PosGPTError(f"{where}: yarn needs 0 < beta_slow < beta_fast (got {cfg.beta_slow}, {cfg.beta_fast})")
 
@@ -136,7 +144,8 @@ def check_scaling(cfg: RoPEScalingConfig, where: str = "pe.scaling") -> None:
 def parse_scaling(spec: str, defaults: RoPEScalingConfig | None = None) -> RoPEScalingConfig:
     """``"yarn:8"`` -> RoPEScalingConfig(type="yarn", factor=8); ``"none"`` -> no scaling.
 
-    The yarn betas come from ``defaults`` (the run's ``pe.scaling``), so they are set once for every spec.
+    The yarn settings (betas, attention_factor) come from ``defaults`` (the run's ``pe.scaling``), so they are
+    set once for every spec; the other types take no attention_factor.
     """
     defaults = defaults or RoPEScalingConfig()
     kind, _, factor = str(spec).partition(":")
@@ -144,13 +153,16 @@ def parse_scaling(spec: str, defaults: RoPEScalingConfig | None = None) -> RoPES
         value = float(factor) if factor else 1.0
     except ValueError:
         raise PosGPTError(f"eval.scalings: {spec!r} is not TYPE or TYPE:FACTOR (e.g. yarn:8)") from None
-    cfg = dataclasses.replace(defaults, type=kind.strip(), factor=value)
+    kind = kind.strip()
+    cfg = dataclasses.replace(defaults, type=kind, factor=value,
+                              attention_factor=defaults.attention_factor if kind == "yarn" else None)
     check_scaling(cfg, where=f"eval.scalings entry {spec!r}")
     return cfg
 
 
 def scaling_label(scaling: dict | RoPEScalingConfig | None) -> str:
-    """A short name for a scaling: ``none``, ``yarn:8``; betas are shown only when not the paper's 32 and 1."""
+    """A short name for a scaling: ``none``, ``yarn:8``; YaRN's betas and attention factor are shown only when not
+    the paper's (32, 1, 0.1 ln(s) + 1)."""
     if scaling is None:
         return ""
     if isinstance(scaling, RoPEScalingConfig):
@@ -160,4 +172,6 @@ def scaling_label(scaling: dict | RoPEScalingConfig | None) -> str:
     label = f"{scaling['type']}:{scaling['factor']:g}"
     if scaling["type"] == "yarn" and (scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)) != (32.0, 1.0):
         label += f"(beta_fast={scaling['beta_fast']:g},beta_slow={scaling['beta_slow']:g})"
+    if scaling["type"] == "yarn" and scaling.get("attention_factor") is not None:
+        label += f"(attention_factor={scaling['attention_factor']:g})"
     return label
