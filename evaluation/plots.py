@@ -27,7 +27,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 SCHEME_COLOURS = {"rope": "#1f77b4", "alibi": "#ff7f0e", "sinusoidal": "#2ca02c", "learned": "#d62728",
                   "none": "#9467bd", "t5": "#8c564b", "kerple": "#e377c2", "fire": "#7f7f7f", "xpos": "#bcbd22",
                   "cope": "#17becf"}
-LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v"), ((0, (1, 3)), "P")]
+LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (10, 3)), "v"), ((0, (5, 2, 1, 2, 1, 2)), "P")]
 
 
 def scheme_colour(scheme: str) -> str:
