@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from omegaconf import OmegaConf  # noqa: E402
 from core.checkpoint import last_checkpoint_path, load_checkpoint  # noqa: E402
 from core.cli import exit_on_user_error  # noqa: E402
 from core.errors import PosGPTError  # noqa: E402
@@ -44,7 +45,7 @@ from evaluation.report import format_estimate, length_header, render_table  # no
 from evaluation.run import EVAL_DIR, load_run_results  # noqa: E402
 from evaluation.stats import Estimate, clearly_different, mean_ci  # noqa: E402
 from model.pe.rope_scaling import scaling_label  # noqa: E402
-from experiment.settings import RESUME_SETTINGS, flatten_config, may_change  # noqa: E402
+from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config  # noqa: E402
 
 # Config keys that do not make two runs different settings: the seed, and what a resumed run may change
 # (logging, evaluation, threads, ...) except what changes the trained model (its length, its precision).
@@ -79,13 +80,18 @@ def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
     """The resolved config a run was trained with, from its checkpoint: the one source of truth (Hydra's
     .hydra/config.yaml can be rewritten by a later command aimed at the run). A directory without checkpoints
     (results copied elsewhere, as in docs/) is read from the config its extrapolation.json records, which is
-    the checkpoint's (evaluation/run.py). compare reads configs only here."""
+    the checkpoint's (evaluation/run.py). compare reads configs only here.
+
+    The config is typed by today's schema, so that a setting added since a run was trained (absent from its
+    config) reads as its default and does not set that run apart from newer ones."""
     if last_checkpoint_path(run_dir).is_file():
-        return load_checkpoint(run_dir)["config"]
-    if document.get("config") is None:
+        saved = load_checkpoint(run_dir)["config"]
+    elif document.get("config") is None:
         raise PosGPTError(f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json (written before "
                           "posgpt recorded the trained config there) does not say how the run was trained")
-    return document["config"]
+    else:
+        saved = document["config"]
+    return OmegaConf.to_container(trained_config({"config": saved}), resolve=True)
 
 
 @dataclass

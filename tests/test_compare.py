@@ -159,6 +159,21 @@ def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(s
     assert reports[0] == reports[1] and "| rope yarn:4 | 2 |" in reports[0]
 
 
+def test_a_run_from_before_a_setting_existed_groups_with_newer_runs(study, tmp_path):
+    """A run's config lacks settings added after it was trained; they read as their defaults, so the run
+    stays one seed of its setting rather than a setting of its own."""
+    _, study_dir, _, _, _ = study
+    copies = [tmp_path / name for name in ("rope-s1", "rope-s2")]
+    for copy in copies:
+        shutil.copytree(study_dir / copy.name / "eval", copy / "eval")
+    path = copies[0] / "eval" / "extrapolation.json"
+    document = json.loads(path.read_text())
+    del document["config"]["pe"]["scaling"]["attention_factor"]  # added on 2026-11-23, default null
+    path.write_text(json.dumps(document))
+    compare.main([*map(str, copies), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png")])
+    assert "| rope | 2 |" in (tmp_path / "c.md").read_text()
+
+
 def test_export_refuses_results_of_another_step_than_the_checkpoint(study, tmp_path):
     """A file without a recorded config gets the checkpoint's only if it scored that checkpoint."""
     _, study_dir, _, _, _ = study

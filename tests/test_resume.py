@@ -2,6 +2,7 @@
 one, SIGTERM saves and exits cleanly, and kill -9 loses at most train.checkpoint_every steps."""
 
 import json
+import shutil
 import signal
 import time
 
@@ -114,3 +115,20 @@ def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):
     assert document["config"] == load_checkpoint(run_dir)["config"]  # what scored the rows: the trained model
     log = (run_dir / "train.log").read_text()  # the console log of both starts
     assert "train: pe=learned" in log and "did not finish: running it" in log
+
+
+def test_resume_reads_settings_added_since_the_checkpoint_as_their_defaults(cli, tmp_path):
+    """A checkpoint written before a setting existed resumes (the setting reads as its default), and a setting
+    whose default changed since reads as its legacy value, so resuming with today's default is refused."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run(cli), run_dir)
+    path = run_dir / "checkpoints" / "last.pt"
+    checkpoint = torch.load(path, weights_only=True)
+    del checkpoint["config"]["model"]["dropout"]  # default 0.0, the value it was trained with
+    torch.save(checkpoint, path)
+    done = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    assert done.returncode == 0 and f"has already trained {STEPS} steps" in done.stdout, done.stderr
+    del checkpoint["config"]["model"]["embedding"]  # before model.embedding existed, runs used GPT-2's
+    torch.save(checkpoint, path)
+    refused = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    assert_user_error(refused, "cannot resume", "model.embedding=gpt2 (now fairseq)")

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from core.checkpoint import last_checkpoint_path, load_checkpoint, save_checkpoint
 from core.errors import PosGPTError
 from data import check_corpus, corpus_identity
-from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config
+from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config
 from training import distributed
 from training.optim import lr_multiplier
 
@@ -41,7 +41,10 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
             "to the directory of the run to continue, or drop train.resume to start a new one"
         )
     checkpoint = load_checkpoint(path)
-    saved, now = checkpoint["config"], OmegaConf.to_container(cfg, resolve=True)
+    # Typed by today's schema: a setting added since the checkpoint was written reads as its default (or as
+    # its legacy value, experiment/settings.py), not as a change.
+    saved = OmegaConf.to_container(trained_config(checkpoint), resolve=True)
+    now = OmegaConf.to_container(cfg, resolve=True)
     changed = changed_settings(saved, now, RESUME_SETTINGS)
     if changed:
         saved, now = flatten_config(saved), flatten_config(now)
