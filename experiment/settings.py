@@ -81,9 +81,9 @@ def overridden_keys(overrides: list[str]) -> list[str]:
 LEGACY_VALUES = {"model.embedding": "gpt2"}
 
 
-def trained_config(checkpoint: dict) -> DictConfig:
-    """The checkpoint's config, typed by today's schema (so that it builds the model it was trained as)."""
-    saved = OmegaConf.create(checkpoint["config"])
+def trained_config(saved_config: dict) -> DictConfig:
+    """A checkpoint's config, typed by today's schema (so that it builds the model it was trained as)."""
+    saved = OmegaConf.create(saved_config)
     for key, value in LEGACY_VALUES.items():
         if OmegaConf.select(saved, key, default=None) is None:
             OmegaConf.update(saved, key, value, force_add=True)
@@ -100,7 +100,7 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
     Group overrides (``data=text data.files=[...]``) are composed by Hydra as in train.py; only the keys the
     overrides name are taken from that composition, everything else from the checkpoint.
     """
-    cfg = trained_config(checkpoint)
+    cfg = trained_config(checkpoint["config"])
     allowed = eval_settings(cfg.pe.name)
     keys = overridden_keys(overrides)
     for key in keys:

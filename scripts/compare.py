@@ -91,7 +91,7 @@ def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
                           "posgpt recorded the trained config there) does not say how the run was trained")
     else:
         saved = document["config"]
-    return OmegaConf.to_container(trained_config({"config": saved}), resolve=True)
+    return OmegaConf.to_container(trained_config(saved), resolve=True)
 
 
 @dataclass

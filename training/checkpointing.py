@@ -43,7 +43,7 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
     checkpoint = load_checkpoint(path)
     # Typed by today's schema: a setting added since the checkpoint was written reads as its default (or as
     # its legacy value, experiment/settings.py), not as a change.
-    saved = OmegaConf.to_container(trained_config(checkpoint), resolve=True)
+    saved = OmegaConf.to_container(trained_config(checkpoint["config"]), resolve=True)
     now = OmegaConf.to_container(cfg, resolve=True)
     changed = changed_settings(saved, now, RESUME_SETTINGS)
     if changed:
