@@ -1,6 +1,9 @@
-"""RoPE context extension: each method's equation, checked directly (see model/pe/rope_scaling.py)."""
+"""RoPE context extension: each method's equation, checked directly (see model/pe/rope_scaling.py), and its
+frequencies against Hugging Face transformers' own (tests/reference/hf_rope_scaling.json)."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from model.pe.rope_scaling import (ROPE_SCALINGS, RoPEScalingConfig, parse_scali
                                    yarn_pair_index)
 
 BASE = 10000.0
+HF_REFERENCE = json.loads((Path(__file__).parent / "reference" / "hf_rope_scaling.json").read_text())
 
 
 def scaled(kind, factor, head_dim=64, train_len=1024, seq_len=1024, **betas):
@@ -164,3 +168,13 @@ def test_eval_scalings_are_validated_with_the_config():
     for scalings in [None, ["ntk:16"]]:
         with pytest.raises(PosGPTError, match="attention_factor is YaRN's"):
             validate(eval_config(untempered, scalings=scalings))
+
+
+@pytest.mark.parametrize("case", HF_REFERENCE["cases"], ids=lambda case: case["name"])
+def test_frequencies_and_attention_factor_equal_hugging_faces(case):
+    # Hugging Face computes in float32; posgpt in float64, so they agree to float32's precision.
+    d, base = case["rotated_dims"], case["base"]
+    inv_freq, attention_factor = ROPE_SCALINGS[case["scaling"]["type"]](
+        rope_inv_freq(d, base), RoPEScalingConfig(**case["scaling"]), base, d, case["train_len"], case["seq_len"])
+    torch.testing.assert_close(inv_freq, torch.tensor(case["inv_freq"], dtype=torch.float64), rtol=1e-6, atol=0.0)
+    assert attention_factor == pytest.approx(case["attention_factor"], rel=1e-12)

@@ -1,0 +1,73 @@
+"""Writes hf_rope_scaling.json: Hugging Face transformers' own RoPE frequencies and attention factors
+(``modeling_rope_utils``), for tests/test_rope_scaling.py to compare posgpt's scalings with.
+
+Not run by the tests (transformers is not a dependency of posgpt). To regenerate:
+
+    python -m venv --system-site-packages /tmp/hfenv && /tmp/hfenv/bin/pip install transformers
+    /tmp/hfenv/bin/python tests/reference/make_hf_rope_scaling.py
+
+Each case gives posgpt's scaling (type, factor, betas, attention factor), the rotated head dimension d, the
+base, the training length L and the current length; ``hf`` is the rope_parameters Hugging Face was called with.
+posgpt's static ``ntk`` has no Hugging Face type of its own: it is Hugging Face's ``dynamic`` with factor 1 at
+the length s L, whose base is base (s L / L)^(d / (d - 2)), NTK-aware scaling's base.
+"""
+
+import json
+from pathlib import Path
+
+import transformers
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+# (name, posgpt scaling, rotated dims d, head dim, base, L, current length)
+CASES = [
+    ("linear, d=64, s=4", dict(type="linear", factor=4.0), 64, 64, 10000.0, 1024, 1024),
+    ("ntk, d=64, s=16 (hf: dynamic, factor 1, at 16 L)", dict(type="ntk", factor=16.0), 64, 64, 10000.0, 1024, 1024),
+    ("ntk, d=16, s=16 (hf: dynamic, factor 1, at 16 L)", dict(type="ntk", factor=16.0), 16, 16, 10000.0, 64, 64),
+    ("dynamic_ntk, d=64, s=4, at L", dict(type="dynamic_ntk", factor=4.0), 64, 64, 10000.0, 1024, 1024),
+    ("dynamic_ntk, d=64, s=4, at 3 L", dict(type="dynamic_ntk", factor=4.0), 64, 64, 10000.0, 1024, 3072),
+    ("yarn, d=64, L=1024, s=8", dict(type="yarn", factor=8.0), 64, 64, 10000.0, 1024, 1024),
+    ("yarn, d=128, base 5e5, L=4096, s=16", dict(type="yarn", factor=16.0), 128, 128, 500000.0, 4096, 4096),
+    ("yarn, d=64, L=64, s=16 (model=tiny_wide)", dict(type="yarn", factor=16.0), 64, 64, 10000.0, 64, 64),
+    ("yarn, d=16, L=64, s=16 (model=tiny)", dict(type="yarn", factor=16.0), 16, 16, 10000.0, 64, 64),
+    ("yarn, d=64, L=64, s=16, attention_factor=1",
+     dict(type="yarn", factor=16.0, attention_factor=1.0), 64, 64, 10000.0, 64, 64),
+    ("yarn, d=64, L=64, s=16, beta_fast=4", dict(type="yarn", factor=16.0, beta_fast=4.0), 64, 64, 10000.0, 64, 64),
+    ("yarn, d=64, L=512, s=4, beta_fast=16, beta_slow=2",
+     dict(type="yarn", factor=4.0, beta_fast=16.0, beta_slow=2.0), 64, 64, 10000.0, 512, 512),
+    ("yarn, 32 of 64 dims rotated, L=256, s=8", dict(type="yarn", factor=8.0), 32, 64, 10000.0, 256, 256),
+]
+
+
+def hf_parameters(scaling: dict, base: float, train_len: int, length: int) -> tuple[dict, int]:
+    """Hugging Face's rope_parameters for posgpt's scaling, and the seq_len to call it with."""
+    kind = scaling["type"]
+    if kind == "ntk":
+        return {"rope_type": "dynamic", "rope_theta": base, "factor": 1.0}, int(scaling["factor"] * train_len)
+    params = {"rope_type": {"dynamic_ntk": "dynamic"}.get(kind, kind), "rope_theta": base, "factor": scaling["factor"]}
+    if kind == "yarn":
+        params.update(original_max_position_embeddings=train_len, beta_fast=scaling.get("beta_fast", 32.0),
+                      beta_slow=scaling.get("beta_slow", 1.0))
+        if "attention_factor" in scaling:
+            params["attention_factor"] = scaling["attention_factor"]
+    return params, length
+
+
+def main() -> None:
+    cases = []
+    for name, scaling, rotated, head_dim, base, train_len, length in CASES:
+        params, seq_len = hf_parameters(scaling, base, train_len, length)
+        params["partial_rotary_factor"] = rotated / head_dim
+        config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+                             max_position_embeddings=train_len, rope_parameters=params)
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu", seq_len)
+        cases.append(dict(name=name, scaling=scaling, rotated_dims=rotated, base=base, train_len=train_len,
+                          seq_len=length, hf=dict(rope_parameters=params, seq_len=seq_len),
+                          inv_freq=inv_freq.tolist(), attention_factor=float(attention_factor)))
+    out = Path(__file__).with_name("hf_rope_scaling.json")
+    out.write_text(json.dumps({"transformers": transformers.__version__, "cases": cases}, indent=1) + "\n")
+    print(f"wrote {out} ({len(cases)} cases, transformers {transformers.__version__})")
+
+
+if __name__ == "__main__":
+    main()
