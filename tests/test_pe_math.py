@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from core.errors import PosGPTError
+from hf_references import HF_REFERENCES
 from model.pe import SCHEMES, ModelDims
 from model.pe.alibi import ALiBiConfig, alibi_slopes
 from model.pe.learned import LearnedConfig
@@ -105,6 +106,12 @@ def test_rope_rotation_matches_su_et_al_pairwise_rotation():
 def test_rope_rejects_odd_head_dimension():
     with pytest.raises(PosGPTError, match="even"):
         build("rope", RoPEConfig(), ModelDims(n_embd=15, n_head=5, head_dim=3, train_seq_len=8, init_std=0.02))
+
+
+def test_alibi_slopes_equal_hugging_faces():
+    # BLOOM's build_alibi_tensor (transformers), which follows Press et al.'s get_slopes, for 1 to 32 heads
+    for n_head, slopes in HF_REFERENCES["alibi_slopes"].items():
+        assert alibi_slopes(int(n_head)) == pytest.approx(slopes, rel=1e-6)
 
 
 def test_alibi_slopes_match_the_paper():

@@ -1,34 +1,23 @@
-"""T5 relative buckets: the bucket function against Hugging Face's formula, and the bias built from it."""
-
-import math
+"""T5 relative buckets: the bucket function against Hugging Face's numbers, and the bias built from it."""
 
 import torch
 
+from hf_references import HF_REFERENCES
 from model.pe import SCHEMES, ModelDims
 from model.pe.t5 import T5Config, t5_bucket
 
 DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02, n_layer=2)
 
 
-def hf_bucket(relative_position: int, num_buckets: int = 32, max_distance: int = 128) -> int:
-    """Hand transcription of transformers' T5Attention._relative_position_bucket, bidirectional=False, for one
-    integer relative_position = key - query."""
-    n = -min(relative_position, 0)
-    max_exact = num_buckets // 2
-    if n < max_exact:
-        return n
-    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-    return min(large, num_buckets - 1)
-
-
-def test_buckets_match_the_reference_formula():
-    distances = torch.arange(-5, 2000)
-    got = t5_bucket(distances, 32, 128).tolist()
-    assert got == [hf_bucket(-int(d)) for d in distances]
+def test_buckets_match_hugging_faces():
+    # transformers' T5Attention._relative_position_bucket, causal, over key - query = -1999 .. 5
+    for case in HF_REFERENCES["t5_buckets"]:
+        query_minus_key = -torch.tensor(case["relative_position"])
+        assert t5_bucket(query_minus_key, case["num_buckets"], case["max_distance"]).tolist() == case["bucket"]
     # A few by hand: exact below 16, then log-spaced; 128 and beyond share the last bucket.
+    got = t5_bucket(torch.arange(-5, 2000), 32, 128).tolist()
     assert [got[d + 5] for d in (0, 15, 16, 20, 32, 64, 127, 128, 1999)] == [0, 15, 16, 17, 21, 26, 31, 31, 31]
     assert got[:5] == [0] * 5  # future keys (masked anyway) count as distance 0
-    assert t5_bucket(torch.arange(40), 8, 20).tolist() == [hf_bucket(-d, 8, 20) for d in range(40)]
 
 
 def test_bias_is_the_table_entry_shared_by_layers():

@@ -1,9 +1,7 @@
 """RoPE context extension: each method's equation, checked directly (see model/pe/rope_scaling.py), and its
-frequencies against Hugging Face transformers' own (tests/reference/hf_rope_scaling.json)."""
+frequencies against Hugging Face transformers' own (tests/hf_references.py)."""
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +9,7 @@ from omegaconf import OmegaConf
 
 from experiment.config import Config, EvalConfig, validate
 from core.errors import PosGPTError
+from hf_references import HF_REFERENCES
 from model.pe import ModelDims
 from model.pe.alibi import ALiBiConfig
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
@@ -18,7 +17,6 @@ from model.pe.rope_scaling import (ROPE_SCALINGS, RoPEScalingConfig, parse_scali
                                    yarn_pair_index)
 
 BASE = 10000.0
-HF_REFERENCE = json.loads((Path(__file__).parent / "reference" / "hf_rope_scaling.json").read_text())
 
 
 def scaled(kind, factor, head_dim=64, train_len=1024, seq_len=1024, **betas):
@@ -170,7 +168,7 @@ def test_eval_scalings_are_validated_with_the_config():
             validate(eval_config(untempered, scalings=scalings))
 
 
-@pytest.mark.parametrize("case", HF_REFERENCE["cases"], ids=lambda case: case["name"])
+@pytest.mark.parametrize("case", HF_REFERENCES["rope_scaling"], ids=lambda case: case["name"])
 def test_frequencies_and_attention_factor_equal_hugging_faces(case):
     # Hugging Face computes in float32; posgpt in float64, so they agree to float32's precision.
     d, base = case["rotated_dims"], case["base"]

@@ -1,12 +1,18 @@
-"""Writes hf_rope_scaling.json: Hugging Face transformers' own RoPE frequencies and attention factors
-(``modeling_rope_utils``), for tests/test_rope_scaling.py to compare posgpt's scalings with.
+"""Writes hf_references.json: numbers computed by Hugging Face transformers' own code, for the tests to compare
+posgpt's schemes with (reference numbers, not a transcription of ours):
+
+- ``rope_scaling``: RoPE frequencies and attention factors (``modeling_rope_utils``), tests/test_rope_scaling.py;
+- ``alibi_slopes``: ALiBi's head slopes (BLOOM's ``build_alibi_tensor``, which follows Press et al.'s
+  ``get_slopes``), tests/test_pe_math.py;
+- ``t5_buckets``: T5's relative-position buckets (``T5Attention._relative_position_bucket``, causal),
+  tests/test_pe_t5.py.
 
 Not run by the tests (transformers is not a dependency of posgpt). To regenerate:
 
     python -m venv --system-site-packages /tmp/hfenv && /tmp/hfenv/bin/pip install transformers
-    /tmp/hfenv/bin/python tests/reference/make_hf_rope_scaling.py
+    /tmp/hfenv/bin/python tests/reference/make_hf_references.py
 
-Each case gives posgpt's scaling (type, factor, betas, attention factor), the rotated head dimension d, the
+Each RoPE case gives posgpt's scaling (type, factor, betas, attention factor), the rotated head dimension d, the
 base, the training length L and the current length; ``hf`` is the rope_parameters Hugging Face was called with.
 posgpt's static ``ntk`` has no Hugging Face type of its own: it is Hugging Face's ``dynamic`` with factor 1 at
 the length s L, whose base is base (s L / L)^(d / (d - 2)), NTK-aware scaling's base.
@@ -15,9 +21,12 @@ the length s L, whose base is base (s L / L)^(d / (d - 2)), NTK-aware scaling's 
 import json
 from pathlib import Path
 
+import torch
 import transformers
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+from transformers.models.t5.modeling_t5 import T5Attention
 
 # (name, posgpt scaling, rotated dims d, head dim, base, L, current length)
 CASES = [
@@ -53,7 +62,12 @@ def hf_parameters(scaling: dict, base: float, train_len: int, length: int) -> tu
     return params, length
 
 
-def main() -> None:
+ALIBI_HEADS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32]
+T5_SETTINGS = [(32, 128), (8, 20)]  # (num_buckets, max_distance)
+T5_DISTANCES = 2000  # query - key = 0 .. 1999, and -5 .. -1 (future keys)
+
+
+def rope_scaling_cases() -> list[dict]:
     cases = []
     for name, scaling, rotated, head_dim, base, train_len, length in CASES:
         params, seq_len = hf_parameters(scaling, base, train_len, length)
@@ -64,9 +78,29 @@ def main() -> None:
         cases.append(dict(name=name, scaling=scaling, rotated_dims=rotated, base=base, train_len=train_len,
                           seq_len=length, hf=dict(rope_parameters=params, seq_len=seq_len),
                           inv_freq=inv_freq.tolist(), attention_factor=float(attention_factor)))
-    out = Path(__file__).with_name("hf_rope_scaling.json")
-    out.write_text(json.dumps({"transformers": transformers.__version__, "cases": cases}, indent=1) + "\n")
-    print(f"wrote {out} ({len(cases)} cases, transformers {transformers.__version__})")
+    return cases
+
+
+def alibi_slopes() -> dict[str, list[float]]:
+    """n_head -> slopes: BLOOM's bias at key position 1 is slope x 1."""
+    positions = torch.ones(1, 2, dtype=torch.long)
+    return {str(n): build_alibi_tensor(positions, n, torch.float64)[:, 0, 1].tolist() for n in ALIBI_HEADS}
+
+
+def t5_buckets() -> list[dict]:
+    relative_position = torch.arange(-T5_DISTANCES + 1, 6)  # key - query: the past, then 5 future keys
+    return [dict(num_buckets=n, max_distance=m, relative_position=relative_position.tolist(),
+                 bucket=T5Attention._relative_position_bucket(relative_position, bidirectional=False,
+                                                              num_buckets=n, max_distance=m).tolist())
+            for n, m in T5_SETTINGS]
+
+
+def main() -> None:
+    out = Path(__file__).with_name("hf_references.json")
+    document = {"transformers": transformers.__version__, "rope_scaling": rope_scaling_cases(),
+                "alibi_slopes": alibi_slopes(), "t5_buckets": t5_buckets()}
+    out.write_text(json.dumps(document) + "\n")
+    print(f"wrote {out} (transformers {transformers.__version__})")
 
 
 if __name__ == "__main__":
