@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core.errors import PosGPTError
-from hf_references import HF_REFERENCES
+from reference_numbers import REFERENCE_NUMBERS
 from model.pe import SCHEMES, ModelDims
 from model.pe.alibi import ALiBiConfig, alibi_slopes
 from model.pe.learned import LearnedConfig
@@ -110,7 +110,7 @@ def test_rope_rejects_odd_head_dimension():
 
 def test_alibi_slopes_equal_hugging_faces():
     # BLOOM's build_alibi_tensor (transformers), which follows Press et al.'s get_slopes, for 1 to 32 heads
-    for n_head, slopes in HF_REFERENCES["alibi_slopes"].items():
+    for n_head, slopes in REFERENCE_NUMBERS["alibi_slopes"].items():
         assert alibi_slopes(int(n_head)) == pytest.approx(slopes, rel=1e-6)
 
 

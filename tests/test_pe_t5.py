@@ -2,7 +2,7 @@
 
 import torch
 
-from hf_references import HF_REFERENCES
+from reference_numbers import REFERENCE_NUMBERS
 from model.pe import SCHEMES, ModelDims
 from model.pe.t5 import T5Config, t5_bucket
 
@@ -11,7 +11,7 @@ DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.0
 
 def test_buckets_match_hugging_faces():
     # transformers' T5Attention._relative_position_bucket, causal, over key - query = -1999 .. 5
-    for case in HF_REFERENCES["t5_buckets"]:
+    for case in REFERENCE_NUMBERS["t5_buckets"]:
         query_minus_key = -torch.tensor(case["relative_position"])
         assert t5_bucket(query_minus_key, case["num_buckets"], case["max_distance"]).tolist() == case["bucket"]
     # A few by hand: exact below 16, then log-spaced; 128 and beyond share the last bucket.

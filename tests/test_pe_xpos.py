@@ -7,6 +7,7 @@ import torch
 
 from model.pe import SCHEMES, ModelDims
 from model.pe.rope import RoPEConfig
+from reference_numbers import REFERENCE_NUMBERS
 from model.pe.xpos import XPosConfig, xpos_zeta
 
 D = 8
@@ -18,6 +19,23 @@ def test_zeta_matches_torchscale():
     expected = [(2 * i + 0.4 * D) / (1.4 * D) for i in range(D // 2)]
     assert xpos_zeta(D).tolist() == pytest.approx(expected)
     assert expected[0] == pytest.approx(0.4 / 1.4)
+
+
+@pytest.mark.parametrize("case", REFERENCE_NUMBERS["xpos_scores"], ids=lambda case: f"from position {case['first_position']}")
+def test_scores_equal_torchscales(case):
+    """Every score q'_n . k'_m of a sequence equals microsoft/torchscale's XPOS (the paper's code), whose pair i is
+    coordinates 2i, 2i + 1 where posgpt's is i, i + d/2: the same vectors, reordered."""
+    d, q, k = case["head_dim"], torch.tensor(case["q"]), torch.tensor(case["k"])
+    length = q.shape[0]
+    ours_from_theirs = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2)))
+    dims = ModelDims(n_embd=4 * d, n_head=4, head_dim=d, train_seq_len=16, init_std=0.02)
+    positions = torch.arange(case["first_position"], case["first_position"] + length)
+    rq, rk = SCHEMES["xpos"](XPosConfig(), dims).rotate(q[:, ours_from_theirs].view(1, 1, length, d),
+                                                      k[:, ours_from_theirs].view(1, 1, length, d), positions, length)
+    # torchscale computes the angles in float32 (5000 x float32's 6e-8: ~3e-4 rad there); posgpt in float64
+    tolerance = 1e-5 if case["first_position"] == 0 else 2e-3
+    torch.testing.assert_close(rq[0, 0].double() @ rk[0, 0].double().T,
+                               torch.tensor(case["scores"], dtype=torch.float64), rtol=0.0, atol=tolerance)
 
 
 def score(pe, q, k, n, m, centre_positions):

@@ -1,5 +1,5 @@
 """RoPE context extension: each method's equation, checked directly (see model/pe/rope_scaling.py), and its
-frequencies against Hugging Face transformers' own (tests/hf_references.py)."""
+frequencies against Hugging Face transformers' own (tests/reference_numbers.py)."""
 
 import math
 
@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from experiment.config import Config, EvalConfig, validate
 from core.errors import PosGPTError
-from hf_references import HF_REFERENCES
+from reference_numbers import REFERENCE_NUMBERS
 from model.pe import ModelDims
 from model.pe.alibi import ALiBiConfig
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
@@ -168,7 +168,7 @@ def test_eval_scalings_are_validated_with_the_config():
             validate(eval_config(untempered, scalings=scalings))
 
 
-@pytest.mark.parametrize("case", HF_REFERENCES["rope_scaling"], ids=lambda case: case["name"])
+@pytest.mark.parametrize("case", REFERENCE_NUMBERS["rope_scaling"], ids=lambda case: case["name"])
 def test_frequencies_and_attention_factor_equal_hugging_faces(case):
     # Hugging Face computes in float32; posgpt in float64, so they agree to float32's precision.
     d, base = case["rotated_dims"], case["base"]

@@ -1,16 +1,19 @@
-"""Writes hf_references.json: numbers computed by Hugging Face transformers' own code, for the tests to compare
-posgpt's schemes with (reference numbers, not a transcription of ours):
+"""Writes reference_numbers.json: numbers computed by the schemes' reference code, for the tests to compare
+posgpt's schemes with (the reference's own numbers, not a transcription of our reading):
 
 - ``rope_scaling``: RoPE frequencies and attention factors (``modeling_rope_utils``), tests/test_rope_scaling.py;
 - ``alibi_slopes``: ALiBi's head slopes (BLOOM's ``build_alibi_tensor``, which follows Press et al.'s
   ``get_slopes``), tests/test_pe_math.py;
 - ``t5_buckets``: T5's relative-position buckets (``T5Attention._relative_position_bucket``, causal),
-  tests/test_pe_t5.py.
+  tests/test_pe_t5.py;
+- ``xpos_scores``: xPos attention scores q'_n . k'_m (microsoft/torchscale's ``XPOS``, the paper's code: the
+  query scaled up, the key down), tests/test_pe_xpos.py.
 
-Not run by the tests (transformers is not a dependency of posgpt). To regenerate:
+Not run by the tests (neither package is a dependency of posgpt). To regenerate:
 
-    python -m venv --system-site-packages /tmp/hfenv && /tmp/hfenv/bin/pip install transformers
-    /tmp/hfenv/bin/python tests/reference/make_hf_references.py
+    python -m venv --system-site-packages /tmp/refenv && /tmp/refenv/bin/pip install transformers
+    /tmp/refenv/bin/pip install --no-deps torchscale   # only its XPOS module is used, which needs torch alone
+    /tmp/refenv/bin/python tests/reference/make_reference_numbers.py
 
 Each RoPE case gives posgpt's scaling (type, factor, betas, attention factor), the rotated head dimension d, the
 base, the training length L and the current length; ``hf`` is the rope_parameters Hugging Face was called with.
@@ -27,6 +30,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.t5.modeling_t5 import T5Attention
+from torchscale.component.xpos_relative_position import XPOS
 
 # (name, posgpt scaling, rotated dims d, head dim, base, L, current length)
 CASES = [
@@ -65,6 +69,7 @@ def hf_parameters(scaling: dict, base: float, train_len: int, length: int) -> tu
 ALIBI_HEADS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32]
 T5_SETTINGS = [(32, 128), (8, 20)]  # (num_buckets, max_distance)
 T5_DISTANCES = 2000  # query - key = 0 .. 1999, and -5 .. -1 (future keys)
+XPOS_CASES = [(8, 16, 0), (16, 12, 5000)]  # (head_dim, sequence length, position of its first token)
 
 
 def rope_scaling_cases() -> list[dict]:
@@ -95,12 +100,29 @@ def t5_buckets() -> list[dict]:
             for n, m in T5_SETTINGS]
 
 
+def xpos_scores() -> list[dict]:
+    """Random q and k (torchscale's layout: pair i is coordinates 2i, 2i + 1) and their scores q'_n . k'_m."""
+    cases = []
+    generator = torch.Generator().manual_seed(0)
+    for head_dim, length, first in XPOS_CASES:
+        q, k = (torch.randn(1, length, head_dim, generator=generator, dtype=torch.float64) for _ in range(2))
+        xpos = XPOS(head_dim).double()
+        # offset: the sequence's positions are first .. first + length - 1 (torchscale slices the last length)
+        rotated_q, rotated_k = xpos(q, offset=first), xpos(k, offset=first, downscale=True)
+        cases.append(dict(head_dim=head_dim, first_position=first, q=q[0].tolist(), k=k[0].tolist(),
+                          scores=(rotated_q[0] @ rotated_k[0].T).tolist()))
+    return cases
+
+
 def main() -> None:
-    out = Path(__file__).with_name("hf_references.json")
-    document = {"transformers": transformers.__version__, "rope_scaling": rope_scaling_cases(),
-                "alibi_slopes": alibi_slopes(), "t5_buckets": t5_buckets()}
+    from importlib.metadata import version
+
+    out = Path(__file__).with_name("reference_numbers.json")
+    document = {"versions": {"transformers": transformers.__version__, "torchscale": version("torchscale")},
+                "rope_scaling": rope_scaling_cases(), "alibi_slopes": alibi_slopes(), "t5_buckets": t5_buckets(),
+                "xpos_scores": xpos_scores()}
     out.write_text(json.dumps(document) + "\n")
-    print(f"wrote {out} (transformers {transformers.__version__})")
+    print(f"wrote {out} ({document['versions']})")
 
 
 if __name__ == "__main__":
