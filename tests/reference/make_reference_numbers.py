@@ -22,6 +22,7 @@ the length s L, whose base is base (s L / L)^(d / (d - 2)), NTK-aware scaling's 
 """
 
 import json
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -115,8 +116,6 @@ def xpos_scores() -> list[dict]:
 
 
 def main() -> None:
-    from importlib.metadata import version
-
     out = Path(__file__).with_name("reference_numbers.json")
     document = {"versions": {"transformers": transformers.__version__, "torchscale": version("torchscale")},
                 "rope_scaling": rope_scaling_cases(), "alibi_slopes": alibi_slopes(), "t5_buckets": t5_buckets(),
