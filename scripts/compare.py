@@ -6,6 +6,7 @@
     python scripts/compare.py runs/*/ --ratios                          # also ppl@kL / ppl@L per setting
     python scripts/compare.py runs/*/ --entropy entropy.png            # attention entropy (inspect_attention.py)
     python scripts/compare.py runs/*/ --val-curve val.png              # validation loss during training, per setting
+    python scripts/compare.py runs/*/ --baseline rope                   # paired differences against rope, not the lowest
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
 eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
@@ -16,7 +17,8 @@ threads, ...) are seeds of one setting. Table rows: one per setting and RoPE sca
 the mean perplexity over seeds ± the half-width of its 95% Student-t confidence interval (one seed: the
 value alone), the lowest mean of each column in bold; "n/a" where the scheme cannot run at that length
 (learned beyond its table), "-" where it was not evaluated. Below the table: which differences exceed their
-intervals, the protocol, the data and the scored token ranges (cells scored on different tokens are flagged).
+intervals, the protocol, the data and the scored token ranges (cells scored on different tokens are flagged);
+paired by seed, every setting against the lowest in each column, or against ``--baseline`` (a row's label).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--entropy", type=Path, default=None,
                         help="also overlay the runs' attention entropy by position (eval/attention.json, written "
                              "by scripts/inspect_attention.py), one colour per scheme, to this path")
+    parser.add_argument("--baseline", default=None,
+                        help="pair every setting by seed with this one (a row label, e.g. rope or 'rope yarn:16') "
+                             "instead of the lowest in each column")
     return parser.parse_args(argv)
 
 
@@ -245,26 +250,41 @@ def paired_estimate(entry: Entry, reference: Entry, column: Any,
     return mean_ci([own[seed] / theirs[seed] - 1 for seed in shared]) if len(shared) >= 2 else None
 
 
+def find_baseline(entries: list[Entry], label: str | None) -> Entry | None:
+    """The entry labelled ``label`` (None: no baseline); a PosGPTError listing the labels when there is none, or
+    when it has one seed."""
+    if label is None:
+        return None
+    for entry in entries:
+        if entry.label == label and len(entry.per_seed) < 2:
+            raise PosGPTError(f"--baseline {label!r} has one seed: there is nothing to pair by seed")
+        if entry.label == label:
+            return entry
+    raise PosGPTError(f"--baseline {label!r} is not a setting of these runs; they are: "
+                      f"{', '.join(repr(entry.label) for entry in entries)}")
+
+
 def paired_report(entries: list[Entry], columns: list[Any], header: list[str],
-                  values: Callable[[Entry, Any], dict[int, float]]) -> list[str]:
-    """Per column, every setting against the one with the lowest mean there, paired by seed: a table of the
-    relative difference (mean ± 95% CI over shared seeds) and, per column, which exceed their interval. The
-    reference is the lowest mean among the settings with at least two seeds (one seed cannot be paired)."""
+                  values: Callable[[Entry, Any], dict[int, float]], baseline: Entry | None = None) -> list[str]:
+    """Per column, every setting against a reference, paired by seed: a table of the relative difference
+    (mean ± 95% CI over shared seeds) and, per column, which exceed their interval. The reference is
+    ``baseline`` or else, per column, the lowest mean among the settings with at least two seeds (one seed
+    cannot be paired)."""
     body, claims = [[entry.label] for entry in entries], []
     for column, title in zip(columns, header):
         means = {id(entry): mean_ci(list(v.values())).mean
                  for entry in entries if len(v := values(entry, column)) > 1}
-        if len(means) < 2:
+        if len(means) < 2 or (baseline is not None and id(baseline) not in means):
             for row in body:
                 row.append("-")
             continue
-        lowest = next(entry for entry in entries if means.get(id(entry)) == min(means.values()))
+        reference = baseline or next(entry for entry in entries if means.get(id(entry)) == min(means.values()))
         worse, close = [], []
         for entry, row in zip(entries, body):
-            if entry is lowest:
-                row.append("lowest")
+            if entry is reference:
+                row.append("baseline" if baseline else "lowest")
                 continue
-            estimate = paired_estimate(entry, lowest, column, values)
+            estimate = paired_estimate(entry, reference, column, values)
             if estimate is None:
                 row.append("-")
                 continue
@@ -272,10 +292,12 @@ def paired_report(entries: list[Entry], columns: list[Any], header: list[str],
             (worse if apart else close).append(entry.label)
             bold = "**" if apart else ""
             row.append(f"{bold}{estimate.mean:+.1%} ± {estimate.half_width:.1%}{bold}")
-        claims.append(f"- {title}: lowest {lowest.label}; interval excludes 0 (clearly different): "
-                      f"{', '.join(worse) or 'none'}; interval includes 0: {', '.join(close) or 'none'}")
+        claims.append(f"- {title}: {'baseline' if baseline else 'lowest'} {reference.label}; interval excludes 0 "
+                      f"(clearly different): {', '.join(worse) or 'none'}; interval includes 0: "
+                      f"{', '.join(close) or 'none'}")
+    reference_text = f"the baseline's ({baseline.label})" if baseline else "the lowest setting's"
     return ["", "Paired by seed (runs with the same train.seed train on the same batches): per "
-            "seed, a setting's value / the lowest setting's value − 1, mean over the shared seeds ± 95% CI; "
+            f"seed, a setting's value / {reference_text} value − 1, mean over the shared seeds ± 95% CI; "
             "bold where the interval excludes 0.", "",
             render_table(["setting"] + header, body, markdown=True), "", *claims]
 
@@ -335,7 +357,8 @@ def differences(entries: list[Entry], columns: list[Any], header: list[str],
     return lines
 
 
-def markdown_report(entries: list[Entry], protocol: str, stride: int | None, data: str, ratios: bool) -> str:
+def markdown_report(entries: list[Entry], protocol: str, stride: int | None, data: str, ratios: bool,
+                    baseline: Entry | None = None) -> str:
     lengths = sorted({length for entry in entries for seed in entry.per_seed for length in seed})
     train_lens = {entry.train_len for entry in entries}
     common_train_len = next(iter(train_lens)) if len(train_lens) == 1 else None
@@ -366,7 +389,7 @@ def markdown_report(entries: list[Entry], protocol: str, stride: int | None, dat
             "overlap (a conservative rule).")
     if any(len(entry.per_seed) > 1 for entry in entries):
         parts += ["", rule, *differences(entries, lengths, header, ppl_estimate)]
-        parts += paired_report(entries, lengths, header, ppl_values)
+        parts += paired_report(entries, lengths, header, ppl_values, baseline)
     else:
         parts += ["", "One seed per setting: no intervals, so no difference is claimed (train more seeds, e.g. "
                   "train.seed=1,2,3)."]
@@ -379,7 +402,7 @@ def markdown_report(entries: list[Entry], protocol: str, stride: int | None, dat
         if any(len(entry.per_seed) > 1 for entry in entries):
             parts += ["", rule.replace("at a length", "at a multiple"),
                       *differences(entries, multiples, ratio_header, ratio_estimate)]
-            parts += paired_report(entries, multiples, ratio_header, ratio_values)
+            parts += paired_report(entries, multiples, ratio_header, ratio_values, baseline)
     return "\n".join(parts) + "\n"
 
 
@@ -472,7 +495,8 @@ def main(argv: list[str]) -> None:
     data = choose_data(runs, args.data)
     groups = group_by_seed(runs)
     entries = entries_of(groups, args.protocol, args.stride, data)
-    report = markdown_report(entries, args.protocol, args.stride, data, args.ratios)
+    report = markdown_report(entries, args.protocol, args.stride, data, args.ratios,
+                             find_baseline(entries, args.baseline))
     curves = validation_curves(groups) if args.val_curve is not None else []
     if curves:
         report += "\n" + validation_report(curves)

@@ -366,6 +366,42 @@ def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
     assert "| d | - |" in "\n".join(lines) and "| a | lowest |" in "\n".join(lines)
 
 
+def test_paired_differences_against_a_baseline_instead_of_the_lowest():
+    def entry(label, ppl_by_length_and_seed):
+        seeds = sorted(next(iter(ppl_by_length_and_seed.values())))
+        per_seed = [{length: {"ppl": by_seed[seed]} for length, by_seed in ppl_by_length_and_seed.items()}
+                    for seed in seeds]
+        return compare.Entry(label, label, 64, per_seed, seeds)
+
+    rope = entry("rope", {64: {1: 10.0, 2: 12.0}, 128: {1: 20.0, 2: 24.0}})
+    alibi = entry("alibi", {64: {1: 11.0, 2: 13.2}, 128: {1: 11.0, 2: 13.2}})  # +10% at 1x, -45% at 2x
+    lines = compare.paired_report([rope, alibi], [64, 128], ["64 (1×)", "128 (2×)"], compare.ppl_values,
+                                  baseline=compare.find_baseline([rope, alibi], "rope"))
+    text = "\n".join(lines)
+    assert "| rope | baseline | baseline |" in text
+    assert "| alibi | **+10.0% ± 0.0%** | **-45.0% ± 0.0%** |" in text  # the lowest at 2x is still paired with rope
+    assert "value / the baseline's (rope) value − 1" in text
+    assert lines[-1] == "- 128 (2×): baseline rope; interval excludes 0 (clearly different): alibi; interval includes 0: none"
+    with pytest.raises(PosGPTError, match=r"--baseline 'xpos' is not a setting of these runs; they are: 'rope', 'alibi'"):
+        compare.find_baseline([rope, alibi], "xpos")
+    with pytest.raises(PosGPTError, match="has one seed"):
+        compare.find_baseline([entry("t5", {64: {1: 9.0}})], "t5")
+
+
+def test_compare_baseline_through_the_command_line(study, tmp_path, capsys):
+    _, study_dir, _, _, _ = study
+    runs = [str(study_dir / f"rope-s{seed}") for seed in (1, 2)]  # settings: rope, and rope yarn:4
+    md = tmp_path / "c.md"
+    compare.main(runs + ["--baseline", "rope yarn:4", "--markdown", str(md), "--plot", str(tmp_path / "c.png")])
+    report = md.read_text()
+    assert "| rope yarn:4 | baseline |" in report and "(1×): baseline rope yarn:4; interval" in report
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main(runs + ["--baseline", "nope", "--markdown", str(tmp_path / "d.md"),
+                             "--plot", str(tmp_path / "d.png")])
+    assert exit_info.value.code == 2 and "--baseline 'nope' is not a setting" in capsys.readouterr().err
+    assert not (tmp_path / "d.md").exists()
+
+
 def test_export_refuses_two_runs_of_one_name(tmp_path):
     """They would land in one folder: refused with one line, before anything is read or written."""
     runs = [tmp_path / "a" / "rope-s1", tmp_path / "b" / "rope-s1"]
