@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from core.errors import PosGPTError
-from reference_numbers import REFERENCE_NUMBERS
 from model.pe import SCHEMES, ModelDims
 from model.pe.alibi import ALiBiConfig, alibi_slopes
 from model.pe.learned import LearnedConfig
 from model.pe.rope import RoPEConfig
 from model.pe.sinusoidal import SinusoidalConfig, sinusoid_table
+from reference_numbers import REFERENCE_NUMBERS
 
 DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02)
 

@@ -7,8 +7,8 @@ import torch
 
 from model.pe import SCHEMES, ModelDims
 from model.pe.rope import RoPEConfig
-from reference_numbers import REFERENCE_NUMBERS
 from model.pe.xpos import XPosConfig, xpos_zeta
+from reference_numbers import REFERENCE_NUMBERS
 
 D = 8
 DIMS = ModelDims(n_embd=4 * D, n_head=4, head_dim=D, train_seq_len=16, init_std=0.02)

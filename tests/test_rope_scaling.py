@@ -9,12 +9,12 @@ from omegaconf import OmegaConf
 
 from experiment.config import Config, EvalConfig, validate
 from core.errors import PosGPTError
-from reference_numbers import REFERENCE_NUMBERS
 from model.pe import ModelDims
 from model.pe.alibi import ALiBiConfig
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
 from model.pe.rope_scaling import (ROPE_SCALINGS, RoPEScalingConfig, parse_scaling, rope_inv_freq, scaling_label,
                                    yarn_pair_index)
+from reference_numbers import REFERENCE_NUMBERS
 
 BASE = 10000.0
 
