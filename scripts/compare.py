@@ -255,13 +255,13 @@ def find_baseline(entries: list[Entry], label: str | None) -> Entry | None:
     when it has one seed."""
     if label is None:
         return None
-    for entry in entries:
-        if entry.label == label and len(entry.per_seed) < 2:
-            raise PosGPTError(f"--baseline {label!r} has one seed: there is nothing to pair by seed")
-        if entry.label == label:
-            return entry
-    raise PosGPTError(f"--baseline {label!r} is not a setting of these runs; they are: "
-                      f"{', '.join(repr(entry.label) for entry in entries)}")
+    baseline = next((entry for entry in entries if entry.label == label), None)
+    if baseline is None:
+        raise PosGPTError(f"--baseline {label!r} is not a setting of these runs; they are: "
+                          f"{', '.join(repr(entry.label) for entry in entries)}")
+    if len(baseline.per_seed) < 2:
+        raise PosGPTError(f"--baseline {label!r} has one seed: there is nothing to pair by seed")
+    return baseline
 
 
 def paired_report(entries: list[Entry], columns: list[Any], header: list[str],
