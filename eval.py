@@ -40,10 +40,21 @@ def main(argv: list[str]) -> None:
     # data.eval_split: the val split of the training corpus, all of another one
     val_tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
     wandb_run = init_wandb(cfg, run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
-    print(f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
-          flush=True)
-    run_extrapolation_eval(cfg, run.model, val_tokens, run.dir, run.device, run.dtype, checkpoint["config"],
-                           wandb_run, step=checkpoint["step"])
+    print(
+        f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
+        flush=True,
+    )
+    run_extrapolation_eval(
+        cfg,
+        run.model,
+        val_tokens,
+        run.dir,
+        run.device,
+        run.dtype,
+        checkpoint["config"],
+        wandb_run,
+        step=checkpoint["step"],
+    )
     if wandb_run is not None:
         wandb_run.finish()
 

@@ -85,10 +85,13 @@ def main(argv: list[str]) -> None:
     s = cfg.sample
     check_length(model, len(ids) + s.max_new_tokens)
     scaling = getattr(model.pe.cfg, "scaling", None)
-    print(f"sample: {run.dir} (pe={cfg.pe.name}{' ' + scaling_label(scaling) if scaling else ''}, step "
-          f"{run.checkpoint['step']}, trained at length {cfg.train.seq_len}): {len(ids)} prompt tokens + "
-          f"{s.max_new_tokens} new, temperature {s.temperature}, top_k {s.top_k}, seed {s.seed}", file=sys.stderr,
-          flush=True)
+    print(
+        f"sample: {run.dir} (pe={cfg.pe.name}{' ' + scaling_label(scaling) if scaling else ''}, step "
+        f"{run.checkpoint['step']}, trained at length {cfg.train.seq_len}): {len(ids)} prompt tokens + "
+        f"{s.max_new_tokens} new, temperature {s.temperature}, top_k {s.top_k}, seed {s.seed}",
+        file=sys.stderr,
+        flush=True,
+    )
     generator = torch.Generator(device=device).manual_seed(s.seed)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     for number in range(1, s.num_samples + 1):
@@ -96,8 +99,15 @@ def main(argv: list[str]) -> None:
         stream = TextStream()
         stream.write(ids)
         with autocast(device, dtype):
-            generate(model, prompt, s.max_new_tokens, s.temperature, s.top_k, generator,
-                     on_token=lambda token: stream.write(token[0].tolist()))
+            generate(
+                model,
+                prompt,
+                s.max_new_tokens,
+                s.temperature,
+                s.top_k,
+                generator,
+                on_token=lambda token, stream=stream: stream.write(token[0].tolist()),
+            )
         stream.close()
 
 

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+
 from core.errors import PosGPTError
 
 # Dense bf16 peak FLOP/s per GPU (no sparsity, fp32 accumulation), for MFU. Matched against
@@ -116,4 +117,3 @@ def flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> f
     it to a posgpt GPT; the training loop and scripts/bench.py both report MFU with that one count.
     """
     return 6 * n_params + 12 * n_layer * n_embd * seq_len
-

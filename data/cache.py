@@ -104,8 +104,10 @@ def check_corpus(recorded: dict | None, splits: Mapping[str, TokenArray], cfg: D
     if recorded is None or recorded == now:
         return
     changed = [split for split in sorted(now.keys() | recorded.keys()) if now.get(split) != recorded.get(split)]
-    shown = "; ".join(f"{split}: {_summary(recorded.get(split))} in the checkpoint, {_summary(now.get(split))} now"
-                      for split in changed)
+    shown = "; ".join(
+        f"{split}: {_summary(recorded.get(split))} in the checkpoint, {_summary(now.get(split))} now"
+        for split in changed
+    )
     raise PosGPTError(
         f"data {cfg.name!r} ({describe_corpus(cfg)}) holds other tokens than the checkpoint was trained on ({shown}). "
         "Restore that corpus to resume, or start a new run in another hydra.run.dir"
@@ -158,8 +160,11 @@ def _load(cfg: DataConfig) -> dict[str, TokenArray]:
     if not reused:
         if manifest is not None and manifest["complete"]:
             bad = sorted(shard["file"] for shard in listed if shard["file"] not in trusted)
-            print(f"data: {len(bad)} shard(s) of {folder} do not match the manifest ({', '.join(bad[:3])}"
-                  f"{', ...' if len(bad) > 3 else ''}): tokenizing them again", flush=True)
+            print(
+                f"data: {len(bad)} shard(s) of {folder} do not match the manifest ({', '.join(bad[:3])}"
+                f"{', ...' if len(bad) > 3 else ''}): tokenizing them again",
+                flush=True,
+            )
         try:
             manifest = _tokenize(corpus, folder, cfg, key, trusted)
         except OSError as e:
@@ -209,9 +214,14 @@ def _manifest_problem(manifest: object, key: str) -> str | None:
         return "complete, but lists no shards"
     for stream, entries in shards.items():
         for shard in entries:
-            if not (isinstance(shard, dict) and isinstance(shard.get("file"), str)
-                    and SHARD_NAME.fullmatch(shard["file"]) and shard["file"].startswith(f"{stream}_")
-                    and isinstance(shard.get("tokens"), int) and isinstance(shard.get("sha256"), str)):
+            if not (
+                isinstance(shard, dict)
+                and isinstance(shard.get("file"), str)
+                and SHARD_NAME.fullmatch(shard["file"])
+                and shard["file"].startswith(f"{stream}_")
+                and isinstance(shard.get("tokens"), int)
+                and isinstance(shard.get("sha256"), str)
+            ):
                 return f"a malformed shard entry in {stream!r}: {str(shard)[:80]}"
     return None
 
@@ -249,8 +259,11 @@ def _streams(manifest: dict, folder: Path, val_fraction: float) -> dict[str, Tok
     if ALL in shards:
         total = sum(s["tokens"] for s in shards[ALL])
         cut = int(total * (1 - val_fraction))
-        return {"train": array(shards[ALL], "train", 0, cut), "val": array(shards[ALL], "val", cut, total),
-                ALL: array(shards[ALL], ALL)}
+        return {
+            "train": array(shards[ALL], "train", 0, cut),
+            "val": array(shards[ALL], "val", cut, total),
+            ALL: array(shards[ALL], ALL),
+        }
     train, val = shards.get("train", []), shards.get("val", [])
     return {"train": array(train, "train"), "val": array(val, "val"), ALL: array(train + val, ALL)}
 
@@ -298,9 +311,10 @@ def _tokenize(corpus: Corpus, folder: Path, cfg: DataConfig, key: str, trusted: 
                 else:
                     yield folder / name, docs, corpus.end_with_eot
 
-        with _signals_stop_workers() as check_signals, contextlib.closing(
-            _parallel_map(_write_shard, missing_shards(), cfg.num_proc)
-        ) as results:
+        with (
+            _signals_stop_workers() as check_signals,
+            contextlib.closing(_parallel_map(_write_shard, missing_shards(), cfg.num_proc)) as results,
+        ):
             for name, n_docs, tokens, sha256 in results:
                 check_signals()
                 record(name.split("_")[0], {"file": name, "tokens": tokens, "sha256": sha256})

@@ -115,8 +115,11 @@ def _local_corpus(documents: Callable[[], Iterator[tuple[str, str]]], cfg: DataC
             fingerprint.update(digest)
     duplicates = len(keep) - len(labels)
     if duplicates:
-        print(f"data: {cfg.name}: dropped {duplicates} of {len(keep)} documents whose text repeats an earlier one "
-              "(so that no text is in both train and val)", flush=True)
+        print(
+            f"data: {cfg.name}: dropped {duplicates} of {len(keep)} documents whose text repeats an earlier one "
+            "(so that no text is in both train and val)",
+            flush=True,
+        )
     if not {"train", "val"} <= set(labels):
         labels = [ALL] * len(labels)
     fingerprint.update(json.dumps(labels).encode())
@@ -147,8 +150,10 @@ class RowCount:
                 f"{where}: {self.missing:,} of {self.rows:,} rows have no {field!r} value: set data.text_field "
                 "to the column that holds the text, or fill in the rows"
             )
-        print(f"data: warning: {where}: skipped {self.missing:,} of {self.rows:,} rows that have no {field!r} "
-              "value", flush=True)
+        print(
+            f"data: warning: {where}: skipped {self.missing:,} of {self.rows:,} rows that have no {field!r} value",
+            flush=True,
+        )
 
 
 def _load_files(cfg: DataConfig) -> list[tuple[str, str, Callable[[RowCount], Iterator[str]]]]:
@@ -193,8 +198,10 @@ def _read_utf8(path: Path) -> str:
 
 
 def _not_utf8(path: Path | str, offset: int, reason: str) -> PosGPTError:
-    return PosGPTError(f"data.files: could not read {path}: not valid UTF-8 at byte {offset} ({reason}); "
-                       "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it")
+    return PosGPTError(
+        f"data.files: could not read {path}: not valid UTF-8 at byte {offset} ({reason}); "
+        "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it"
+    )
 
 
 def _content_digest(files: list[str], utf8: bool) -> str:
@@ -304,8 +311,9 @@ def _check_field(table: datasets.Dataset | datasets.IterableDataset, field: str,
         raise PosGPTError(f"{where}: column {field!r} holds {feature}, not text; set data.text_field to a text column")
 
 
-def _texts(table: datasets.Dataset | datasets.IterableDataset, field: str, counts: RowCount,
-           limit: int | None = None) -> Iterator[str]:
+def _texts(
+    table: datasets.Dataset | datasets.IterableDataset, field: str, counts: RowCount, limit: int | None = None
+) -> Iterator[str]:
     """The texts of the first `limit` rows, skipping empty ones (they hold nothing to learn) and rows without
     a text, which `counts` counts."""
     batches = table.select_columns([field]).iter(batch_size=1024)

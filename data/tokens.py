@@ -23,8 +23,14 @@ class TokenArray:
     not the corpus's.
     """
 
-    def __init__(self, shards: Sequence[Path | str], start: int = 0, stop: int | None = None, name: str = "tokens",
-                 checksums: Sequence[str] | None = None):
+    def __init__(
+        self,
+        shards: Sequence[Path | str],
+        start: int = 0,
+        stop: int | None = None,
+        name: str = "tokens",
+        checksums: Sequence[str] | None = None,
+    ):
         self.shards = [Path(shard) for shard in shards]
         self.name = name  # the split's name, for error messages and result rows
         self.checksums = list(checksums) if checksums is not None else None  # the shards' sha256, as the cache recorded

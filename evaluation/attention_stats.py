@@ -72,8 +72,11 @@ class LayerSums:
     @classmethod
     def zeros(cls, n_head: int, length: int) -> LayerSums:
         z = torch.zeros
-        return cls(z(n_head, length, dtype=torch.float64), z(n_head, length, dtype=torch.float64),
-                   z(n_head, dtype=torch.float64))
+        return cls(
+            z(n_head, length, dtype=torch.float64),
+            z(n_head, length, dtype=torch.float64),
+            z(n_head, dtype=torch.float64),
+        )
 
     def add(self, probs: torch.Tensor) -> None:
         """probs: (B, H, T, T) for B windows of length T."""
@@ -100,8 +103,9 @@ class LengthStats:
 
         def binned(values: torch.Tensor, weights: torch.Tensor) -> list:
             """Weighted mean of values (..., T) within each bin of the last axis."""
-            return torch.stack([values[..., lo - 1 : hi - 1].sum(-1) / weights[lo - 1 : hi - 1].sum()
-                                for lo, hi in bins], dim=-1).tolist()
+            return torch.stack(
+                [values[..., lo - 1 : hi - 1].sum(-1) / weights[lo - 1 : hi - 1].sum() for lo, hi in bins], dim=-1
+            ).tolist()
 
         return {
             "length": T,
@@ -111,15 +115,17 @@ class LengthStats:
             "mean_weight": [binned(layer.weight, pairs) for layer in self.layers],
             "mean_distance": [(layer.distance / (windows * T)).tolist() for layer in self.layers],
             "position_bins": [[lo, hi] for lo, hi in bins],
-            "entropy": [binned(layer.entropy, torch.full((T,), float(windows), dtype=torch.float64))
-                        for layer in self.layers],
+            "entropy": [
+                binned(layer.entropy, torch.full((T,), float(windows), dtype=torch.float64)) for layer in self.layers
+            ],
             "uniform_entropy": binned(positions.log(), torch.ones(T, dtype=torch.float64)),
         }
 
 
 @torch.no_grad()
-def attention_statistics(model: torch.nn.Module, tokens: TokenArray, length: int, windows: int,
-                         device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def attention_statistics(
+    model: torch.nn.Module, tokens: TokenArray, length: int, windows: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
     """Statistics over up to ``windows`` consecutive windows of ``length`` tokens from the start of ``tokens``;
     an entry with a ``reason`` (and nothing else) where the scheme or the data cannot provide one window."""
     limit = model.pe.max_positions()
@@ -127,8 +133,11 @@ def attention_statistics(model: torch.nn.Module, tokens: TokenArray, length: int
         return {"length": length, "windows": 0, "reason": f"pe={model.pe.name} encodes at most {limit} positions"}
     n_windows = min(windows, len(tokens) // length)
     if n_windows == 0:
-        return {"length": length, "windows": 0,
-                "reason": f"the validation split has {len(tokens)} tokens, fewer than one window"}
+        return {
+            "length": length,
+            "windows": 0,
+            "reason": f"the validation split has {len(tokens)} tokens, fewer than one window",
+        }
     stats = LengthStats(length)
     for w in range(n_windows):
         window = torch.from_numpy(tokens.read(w * length, length).astype(np.int64)).to(device)
@@ -217,8 +226,9 @@ def plot_entropy_comparison(documents: list[tuple[str, dict[str, Any]]], path) -
         entry = _longest(document)
         x = _bin_centres(entry["position_bins"])
         for layer, heads in enumerate(entry["entropy"]):
-            axes[0, layer].plot(x, np.mean(heads, axis=0), color=scheme_colour(document["pe"]),
-                                label=f"{label} (L={entry['length']})")
+            axes[0, layer].plot(
+                x, np.mean(heads, axis=0), color=scheme_colour(document["pe"]), label=f"{label} (L={entry['length']})"
+            )
     for layer, ax in enumerate(axes[0]):
         for train_len in sorted({doc["train_seq_len"] for _, doc in documents}):
             ax.axvline(train_len, color="grey", linestyle="--", linewidth=1)

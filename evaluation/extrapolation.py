@@ -97,8 +97,9 @@ def _batches(plan: list[Window], per_batch: int) -> list[list[Window]]:
     return batches
 
 
-def _device_batch(tokens: TokenArray, windows: list[Window], rows: int,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _device_batch(
+    tokens: TokenArray, windows: list[Window], rows: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of the windows (targets -100 where not scored), padded to ``rows`` rows."""
     length = windows[0].length
     data = np.stack([tokens.read(w.start, length + 1).astype(np.int64) for w in windows])
@@ -113,16 +114,22 @@ def _device_batch(tokens: TokenArray, windows: list[Window], rows: int,
 
 
 @torch.inference_mode()
-def score_windows(model: torch.nn.Module, tokens: TokenArray, plan: list[Window], batch_tokens: int,
-                  device: torch.device, dtype: torch.dtype, progress: bool = False,
-                  description: str = "") -> dict[str, Any]:
+def score_windows(
+    model: torch.nn.Module,
+    tokens: TokenArray,
+    plan: list[Window],
+    batch_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: bool = False,
+    description: str = "",
+) -> dict[str, Any]:
     """Scored-token count, mean loss, perplexity and per-position mean loss over the windows of ``plan``."""
     length = max(w.length for w in plan)
     per_batch = max(1, batch_tokens // length)
     loss_sum = torch.zeros(length, dtype=torch.float64, device=device)
     counts = torch.zeros(length, dtype=torch.float64, device=device)
-    for batch in tqdm(_batches(plan, per_batch), desc=description, disable=not progress, leave=False,
-                      unit="batch"):
+    for batch in tqdm(_batches(plan, per_batch), desc=description, disable=not progress, leave=False, unit="batch"):
         # On CUDA, compiled kernels (FlexAttention) specialise on shapes: a short last batch would recompile.
         full = min(per_batch, len(plan))
         rows = full if device.type == "cuda" and batch[0].length == length else len(batch)
@@ -134,18 +141,22 @@ def score_windows(model: torch.nn.Module, tokens: TokenArray, plan: list[Window]
         counts[: x.shape[1]] += scored.sum(0)
     loss, n = float(loss_sum.sum()) / float(counts.sum()), int(counts.sum())
     # JSON has no NaN or inf: positions never scored, or a model whose loss is not finite, give null.
-    per_position = [s / c if c > 0 and math.isfinite(s) else None
-                    for s, c in zip(loss_sum.tolist(), counts.tolist())]
-    result = {"tokens": n, "loss": loss, "ppl": math.exp(loss) if math.isfinite(loss) else None,
-              "per_position_loss": per_position,
-              "per_position_bins": position_bins(loss_sum.tolist(), counts.tolist())}
+    per_position = [s / c if c > 0 and math.isfinite(s) else None for s, c in zip(loss_sum.tolist(), counts.tolist())]
+    result = {
+        "tokens": n,
+        "loss": loss,
+        "ppl": math.exp(loss) if math.isfinite(loss) else None,
+        "per_position_loss": per_position,
+        "per_position_bins": position_bins(loss_sum.tolist(), counts.tolist()),
+    }
     if not math.isfinite(loss):
         result.update(loss=None, reason="the loss is not finite")
     return result
 
 
-def position_bins(loss_sums: list[float], counts: list[float],
-                  min_tokens: int = MIN_BIN_TOKENS) -> list[dict[str, Any]]:
+def position_bins(
+    loss_sums: list[float], counts: list[float], min_tokens: int = MIN_BIN_TOKENS
+) -> list[dict[str, Any]]:
     """Per-position losses pooled over bins of 1-based window positions [lo, hi).
 
     Bins start log-spaced (BINS_PER_OCTAVE per doubling, so equally wide on a log axis), then neighbours
@@ -174,13 +185,29 @@ def position_bins(loss_sums: list[float], counts: list[float],
             last[1:] = [pending[1], last[2] + pending[2], last[3] + pending[3]]
         else:
             bins.append(pending)
-    return [{"positions": [int(lo), int(hi)], "loss": total / tokens if math.isfinite(total) else None,
-             "tokens": int(tokens)} for lo, hi, total, tokens in bins]
+    return [
+        {
+            "positions": [int(lo), int(hi)],
+            "loss": total / tokens if math.isfinite(total) else None,
+            "tokens": int(tokens),
+        }
+        for lo, hi, total, tokens in bins
+    ]
 
 
-def evaluate_extrapolation(model: torch.nn.Module, tokens: TokenArray, lengths: list[int], protocols: list[str],
-                           stride: int | None, max_tokens: int, batch_tokens: int, device: torch.device,
-                           dtype: torch.dtype, progress: bool = True, description: str = "") -> list[dict[str, Any]]:
+def evaluate_extrapolation(
+    model: torch.nn.Module,
+    tokens: TokenArray,
+    lengths: list[int],
+    protocols: list[str],
+    stride: int | None,
+    max_tokens: int,
+    batch_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: bool = True,
+    description: str = "",
+) -> list[dict[str, Any]]:
     """One row per (length, protocol). Lengths that cannot be scored get loss and ppl None and a reason."""
     model.eval()
     limit = model.pe.max_positions()
@@ -188,22 +215,34 @@ def evaluate_extrapolation(model: torch.nn.Module, tokens: TokenArray, lengths: 
     rows = []
     jobs = [(length, protocol) for length in dict.fromkeys(lengths) for protocol in dict.fromkeys(protocols)]
     for length, protocol in tqdm(jobs, desc=f"eval {description}".strip(), disable=not progress, unit="length"):
-        row: dict[str, Any] = {"length": length, "protocol": protocol,
-                               "stride": effective_stride(length, stride) if protocol == "sliding" else None}
+        row: dict[str, Any] = {
+            "length": length,
+            "protocol": protocol,
+            "stride": effective_stride(length, stride) if protocol == "sliding" else None,
+        }
         if limit is not None and length > limit:
             row.update(tokens=0, loss=None, ppl=None, reason=f"pe={model.pe.name} encodes at most {limit} positions")
         elif span is None or length > span[0]:  # span[0] is the longest length that fits
-            row.update(tokens=0, loss=None, ppl=None,
-                       reason=f"needs 2x{length} tokens in the split ({len(tokens)}) and "
-                              f"eval.max_tokens ({max_tokens}) >= {length}")
+            row.update(
+                tokens=0,
+                loss=None,
+                ppl=None,
+                reason=f"needs 2x{length} tokens in the split ({len(tokens)}) and "
+                f"eval.max_tokens ({max_tokens}) >= {length}",
+            )
         else:
             first, n_targets = span
             plan = window_plan(first, n_targets, length, protocol, stride)
             started = time.perf_counter()
             with PeakMemory(device) as memory:
-                row.update(score_windows(model, tokens, plan, batch_tokens, device, dtype, progress,
-                                         f"L={length} {protocol}"))
-            row.update(target_range=[first, first + n_targets], peak_memory_mb=memory.peak_mb,
-                       memory_metric=memory.metric, seconds=round(time.perf_counter() - started, 3))
+                row.update(
+                    score_windows(model, tokens, plan, batch_tokens, device, dtype, progress, f"L={length} {protocol}")
+                )
+            row.update(
+                target_range=[first, first + n_targets],
+                peak_memory_mb=memory.peak_mb,
+                memory_metric=memory.metric,
+                seconds=round(time.perf_counter() - started, 3),
+            )
         rows.append(row)
     return rows

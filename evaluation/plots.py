@@ -24,9 +24,18 @@ from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 
 # The ten schemes posgpt ships, one each of matplotlib's ten default colours (so no two share one in a
 # study's plots); others get a colour from their name.
-SCHEME_COLOURS = {"rope": "#1f77b4", "alibi": "#ff7f0e", "sinusoidal": "#2ca02c", "learned": "#d62728",
-                  "none": "#9467bd", "t5": "#8c564b", "kerple": "#e377c2", "fire": "#7f7f7f", "xpos": "#bcbd22",
-                  "cope": "#17becf"}
+SCHEME_COLOURS = {
+    "rope": "#1f77b4",
+    "alibi": "#ff7f0e",
+    "sinusoidal": "#2ca02c",
+    "learned": "#d62728",
+    "none": "#9467bd",
+    "t5": "#8c564b",
+    "kerple": "#e377c2",
+    "fire": "#7f7f7f",
+    "xpos": "#bcbd22",
+    "cope": "#17becf",
+}
 LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (10, 3)), "v"), ((0, (5, 2, 1, 2, 1, 2)), "P")]
 
 
@@ -73,8 +82,14 @@ def _draw(ax, series: list[Series]) -> None:
         ax.plot(line.x, line.y, color=colour, linestyle=style, marker=marker, markersize=3, label=line.label)
         if line.half_width and any(h is not None for h in line.half_width):
             widths = [h or 0.0 for h in line.half_width]
-            ax.fill_between(line.x, [y - h for y, h in zip(line.y, widths)], [y + h for y, h in zip(line.y, widths)],
-                            color=colour, alpha=0.2, linewidth=0)
+            ax.fill_between(
+                line.x,
+                [y - h for y, h in zip(line.y, widths)],
+                [y + h for y, h in zip(line.y, widths)],
+                color=colour,
+                alpha=0.2,
+                linewidth=0,
+            )
 
 
 def _label_log_axis(axis, low: float, high: float) -> None:
@@ -87,14 +102,14 @@ def _label_log_axis(axis, low: float, high: float) -> None:
 
     wide = high / low > 20
     axis.set_major_formatter(FuncFormatter(lambda value, _: plain(value)))
-    axis.set_minor_formatter(FuncFormatter(
-        lambda value, _: plain(value) if not wide or f"{value:e}"[0] in "25" else ""))
+    axis.set_minor_formatter(
+        FuncFormatter(lambda value, _: plain(value) if not wide or f"{value:e}"[0] in "25" else "")
+    )
 
 
 def _mark_training_length(ax, train_lens: set[int]) -> None:
     for i, length in enumerate(sorted(train_lens)):
-        ax.axvline(length, color="grey", linestyle="--", linewidth=1,
-                   label="training length" if i == 0 else None)
+        ax.axvline(length, color="grey", linestyle="--", linewidth=1, label="training length" if i == 0 else None)
 
 
 def plot_ppl_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
@@ -120,8 +135,9 @@ def plot_per_position(series: list[Series], train_lens: set[int], path: str | Pa
     _mark_training_length(ax, train_lens)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(ScalarFormatter())
-    return _label_and_save(fig, ax, "position in the window (1 = first token; log scale)", "mean loss (nats)", title,
-                           path)
+    return _label_and_save(
+        fig, ax, "position in the window (1 = first token; log scale)", "mean loss (nats)", title, path
+    )
 
 
 def plot_training_curves(series: list[Series], path: str | Path, title: str) -> Path:

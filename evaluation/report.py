@@ -33,8 +33,21 @@ from model.pe.rope_scaling import scaling_label
 
 JSON_FILE = "extrapolation.json"
 CSV_FILE = "extrapolation.csv"
-CSV_COLUMNS = ["data", "length", "multiple", "protocol", "stride", "scaling", "tokens", "loss", "ppl",
-               "peak_memory_mb", "memory_metric", "seconds", "reason"]
+CSV_COLUMNS = [
+    "data",
+    "length",
+    "multiple",
+    "protocol",
+    "stride",
+    "scaling",
+    "tokens",
+    "loss",
+    "ppl",
+    "peak_memory_mb",
+    "memory_metric",
+    "seconds",
+    "reason",
+]
 ROW_REQUIRED = {"length", "protocol", "stride", "ppl"}  # what every reader of a row relies on
 
 
@@ -52,8 +65,14 @@ def row_key(row: dict[str, Any]) -> tuple:
 
 def _sort_key(row: dict[str, Any]) -> tuple:
     scaling = scaling_label(row.get("scaling"))
-    return (str(row.get("data")), scaling not in ("", "none"), scaling, row["protocol"], row["length"],
-            row["stride"] or 0)
+    return (
+        str(row.get("data")),
+        scaling not in ("", "none"),
+        scaling,
+        row["protocol"],
+        row["length"],
+        row["stride"] or 0,
+    )
 
 
 def merge_documents(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -123,11 +142,14 @@ def write_results(document: dict[str, Any], eval_dir: str | Path) -> Path:
 
 def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows as flat records with CSV_COLUMNS (no per-position losses; scaling as a label)."""
-    return [{
-        **{column: row.get(column) for column in CSV_COLUMNS},
-        "multiple": round(row["length"] / document["train_seq_len"], 4),
-        "scaling": scaling_label(row.get("scaling")),
-    } for row in document["results"]]
+    return [
+        {
+            **{column: row.get(column) for column in CSV_COLUMNS},
+            "multiple": round(row["length"] / document["train_seq_len"], 4),
+            "scaling": scaling_label(row.get("scaling")),
+        }
+        for row in document["results"]
+    ]
 
 
 def write_csv(document: dict[str, Any], path: str | Path) -> Path:
@@ -178,12 +200,16 @@ def render_table(header: list[str], body: list[list[str]], markdown: bool = Fals
     """The one results-table layout: the first column left-aligned labels, the others right-aligned values,
     as aligned plain text (eval.py's console table) or as a markdown table (scripts/compare.py)."""
     if markdown:
-        return "\n".join(["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-                         + ["| " + " | ".join(line) + " |" for line in body])
+        return "\n".join(
+            ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+            + ["| " + " | ".join(line) + " |" for line in body]
+        )
     lines = [header] + body
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                               for i, (cell, w) in enumerate(zip(line, widths))).rstrip() for line in lines)
+    return "\n".join(
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))).rstrip()
+        for line in lines
+    )
 
 
 def format_table(document: dict[str, Any]) -> str:
@@ -196,12 +222,20 @@ def format_table(document: dict[str, Any]) -> str:
     for row in rows:
         by_setting.setdefault(setting_label(row, with_data), {})[row["length"]] = row
     header = [f"pe={document['pe']} ppl"] + length_header(lengths, train_len)
-    body = [[label] + [format_ppl(cells[L]["ppl"]) if L in cells else "-" for L in lengths]
-            for label, cells in by_setting.items()]
+    body = [
+        [label] + [format_ppl(cells[L]["ppl"]) if L in cells else "-" for L in lengths]
+        for label, cells in by_setting.items()
+    ]
     text = render_table(header, body)
     spans = sorted({(str(row.get("data")), *row["target_range"]) for row in rows if row["ppl"] is not None})
     if len(spans) == len({data for data, _, _ in spans}):  # one token range per corpus
-        return text + "\n(each cell scores the same targets: " + "; ".join(
-            (f"{data} " if with_data else "") + f"[{start}, {stop})" for data, start, stop in spans) + ")"
-    return text + ("\n(cells come from evaluations of different token ranges: compare rows with the same "
-                   "target_range in extrapolation.json)")
+        return (
+            text
+            + "\n(each cell scores the same targets: "
+            + "; ".join((f"{data} " if with_data else "") + f"[{start}, {stop})" for data, start, stop in spans)
+            + ")"
+        )
+    return text + (
+        "\n(cells come from evaluations of different token ranges: compare rows with the same "
+        "target_range in extrapolation.json)"
+    )

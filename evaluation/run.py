@@ -24,8 +24,19 @@ from core.errors import PosGPTError
 from data import TokenArray, describe_corpus
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
-from evaluation.report import (CSV_COLUMNS, CSV_FILE, csv_rows, format_table, load_results, merge_documents,
-                               read_results, results_document, setting_label, write_csv, write_results)
+from evaluation.report import (
+    CSV_COLUMNS,
+    CSV_FILE,
+    csv_rows,
+    format_table,
+    load_results,
+    merge_documents,
+    read_results,
+    results_document,
+    setting_label,
+    write_csv,
+    write_results,
+)
 from experiment.config import eval_lengths
 
 EVAL_DIR = "eval"
@@ -38,9 +49,17 @@ def _as_plain(value: Any) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
-def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: TokenArray, run_dir: str | Path,
-                           device: torch.device, dtype: torch.dtype, trained_config: dict[str, Any], wandb_run=None,
-                           step: int | None = None) -> dict[str, Any]:
+def run_extrapolation_eval(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    val_tokens: TokenArray,
+    run_dir: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    trained_config: dict[str, Any],
+    wandb_run=None,
+    step: int | None = None,
+) -> dict[str, Any]:
     """Evaluate, merge into ``<run_dir>/eval/extrapolation.json``, write the CSV and plots, log to W&B.
 
     ``trained_config`` is the checkpoint's config (what the weights were trained with; ``cfg`` may differ in
@@ -52,17 +71,32 @@ def run_extrapolation_eval(cfg: DictConfig, model: torch.nn.Module, val_tokens: 
     for label, settings in model.pe.eval_variations(list(cfg.eval.scalings or [])):
         with model.pe.evaluated_with(settings):
             new_rows = evaluate_extrapolation(
-                model, val_tokens, eval_lengths(cfg), list(cfg.eval.protocols), cfg.eval.stride,
-                cfg.eval.max_tokens, cfg.eval.batch_tokens, device, dtype, progress=cfg.logging.progress,
+                model,
+                val_tokens,
+                eval_lengths(cfg),
+                list(cfg.eval.protocols),
+                cfg.eval.stride,
+                cfg.eval.max_tokens,
+                cfg.eval.batch_tokens,
+                device,
+                dtype,
+                progress=cfg.logging.progress,
                 description=label,
             )
-        setting = {"scaling": None, **{name: _as_plain(value) for name, value in settings.items()},
-                   "data": cfg.data.name, "corpus": describe_corpus(cfg.data), "split": val_tokens.name}
-        rows += [{"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r}
-                 for r in new_rows]
+        setting = {
+            "scaling": None,
+            **{name: _as_plain(value) for name, value in settings.items()},
+            "data": cfg.data.name,
+            "corpus": describe_corpus(cfg.data),
+            "split": val_tokens.name,
+        }
+        rows += [
+            {"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r} for r in new_rows
+        ]
     step = cfg.train.max_steps if step is None else step
-    document = results_document(cfg.pe.name, cfg.train.seq_len, rows, step=step, data=cfg.data.name,
-                                config=trained_config)
+    document = results_document(
+        cfg.pe.name, cfg.train.seq_len, rows, step=step, data=cfg.data.name, config=trained_config
+    )
     eval_dir = Path(run_dir) / EVAL_DIR
     document = merge_documents(read_results(eval_dir), document)
     path = write_results(document, eval_dir)
@@ -102,20 +136,31 @@ def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: 
         if row["ppl"] is not None:  # not evaluable there: left out
             line.x.append(row["length"])
             line.y.append(row["ppl"])
-    plots = {"ppl_vs_length": plot_ppl_vs_length(
-        list(curves.values()), {train_len}, eval_dir / PPL_PLOT,
-        f"pe={pe}, trained at length {train_len} (step {document['step']})")}
+    plots = {
+        "ppl_vs_length": plot_ppl_vs_length(
+            list(curves.values()),
+            {train_len},
+            eval_dir / PPL_PLOT,
+            f"pe={pe}, trained at length {train_len} (step {document['step']})",
+        )
+    }
     position_rows = per_position_rows(document, per_position_lengths)
     several_lengths = len({row["length"] for row in position_rows}) > 1
     position_series = [
-        Series(setting_label(row, with_data) + (f" L={row['length']}" if several_lengths else ""), pe,
-               [bin_centre(*b["positions"]) for b in row["per_position_bins"] if b["loss"] is not None],
-               [b["loss"] for b in row["per_position_bins"] if b["loss"] is not None])
+        Series(
+            setting_label(row, with_data) + (f" L={row['length']}" if several_lengths else ""),
+            pe,
+            [bin_centre(*b["positions"]) for b in row["per_position_bins"] if b["loss"] is not None],
+            [b["loss"] for b in row["per_position_bins"] if b["loss"] is not None],
+        )
         for row in position_rows
     ]
     plots["per_position"] = plot_per_position(
-        position_series, {train_len}, eval_dir / PER_POSITION_PLOT,
-        f"pe={pe}: loss by position, trained at length {train_len}\n{bins_note(position_rows)}")
+        position_series,
+        {train_len},
+        eval_dir / PER_POSITION_PLOT,
+        f"pe={pe}: loss by position, trained at length {train_len}\n{bins_note(position_rows)}",
+    )
     return plots
 
 
@@ -124,8 +169,12 @@ def _log_to_wandb(wandb_run, document: dict[str, Any], plots: dict[str, Path]) -
     import wandb
 
     table = wandb.Table(columns=CSV_COLUMNS, data=[[r[c] for c in CSV_COLUMNS] for r in csv_rows(document)])
-    wandb_run.log({"extrapolation/table": table,
-                   **{f"extrapolation/{name}": wandb.Image(str(path)) for name, path in plots.items()}})
+    wandb_run.log(
+        {
+            "extrapolation/table": table,
+            **{f"extrapolation/{name}": wandb.Image(str(path)) for name, path in plots.items()},
+        }
+    )
     with_data = len({row.get("data") for row in document["results"]}) > 1
     for row in document["results"]:
         if row["ppl"] is not None:

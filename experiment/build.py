@@ -37,8 +37,10 @@ def parse_run_dir(argv: list[str], usage: str) -> tuple[Path, list[str]]:
     run_dir = Path(run_dirs[0].split("=", 1)[1])
     if run_dir.is_file():  # results are written next to the checkpoints, so the directory is needed
         hint = f"run_dir={run_dir.parent.parent}" if run_dir.parent.name == CHECKPOINT_DIR else "its run directory"
-        raise PosGPTError(f"run_dir={run_dir} is a file; pass the training run's directory ({hint}), which holds "
-                          f"{CHECKPOINT_DIR}/last.pt")
+        raise PosGPTError(
+            f"run_dir={run_dir} is a file; pass the training run's directory ({hint}), which holds "
+            f"{CHECKPOINT_DIR}/last.pt"
+        )
     return run_dir, [a for a in argv if not a.startswith("run_dir=")]
 
 

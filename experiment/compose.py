@@ -26,8 +26,10 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 # Lines of Hydra's and OmegaConf's messages that help a developer, not a user (or, like Hydra's "To append to
 # your config use +key=...", suggest what experiment.config.validate then refuses).
-_NOISE = re.compile(r"^\s*(full_key:|object_type=|reference_type=|To append to your config use|Set the environment "
-                    r"variable HYDRA_FULL_ERROR)")
+_NOISE = re.compile(
+    r"^\s*(full_key:|object_type=|reference_type=|To append to your config use|Set the environment "
+    r"variable HYDRA_FULL_ERROR)"
+)
 
 
 def one_line(error: BaseException) -> str:

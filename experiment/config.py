@@ -100,6 +100,7 @@ class SampleConfig:
 @dataclass
 class InspectConfig:
     """scripts/inspect_attention.py's settings."""
+
     length_multipliers: list[int] = field(default_factory=lambda: [1, 8])  # window lengths, x train.seq_len
     windows: int = 4  # evaluation windows per length (consecutive, from the start of the validation split)
 
@@ -166,12 +167,22 @@ def validate(cfg: DictConfig) -> None:
     """Checks that types alone cannot express; raises PosGPTError saying what to change."""
     unknown = unknown_keys(cfg, schema(cfg.pe.name))
     if unknown:
-        raise PosGPTError(f"unknown config key {unknown[0]}: it is not in the schema (experiment/config.py, "
-                          "model/pe/); check its spelling with `python train.py --cfg job`")
+        raise PosGPTError(
+            f"unknown config key {unknown[0]}: it is not in the schema (experiment/config.py, "
+            "model/pe/); check its spelling with `python train.py --cfg job`"
+        )
     validate_model_config(OmegaConf.to_object(cfg.model))
     t = cfg.train
-    for key in ("seq_len", "batch_size", "grad_accum_steps", "max_steps", "log_every", "val_every",
-                "val_batches", "checkpoint_every"):
+    for key in (
+        "seq_len",
+        "batch_size",
+        "grad_accum_steps",
+        "max_steps",
+        "log_every",
+        "val_every",
+        "val_batches",
+        "checkpoint_every",
+    ):
         if t[key] <= 0:
             raise PosGPTError(f"train.{key} must be positive (got {t[key]})")
     for key in ("warmup_steps", "keep_checkpoints", "num_threads", "weight_decay", "grad_clip"):
@@ -184,8 +195,10 @@ def validate(cfg: DictConfig) -> None:
     if str(t.compile).lower() not in COMPILE_SETTINGS:
         raise PosGPTError(f"train.compile must be auto, true or false (got {t.compile!r})")
     if t.random_positions is not None and t.random_positions < t.seq_len:
-        raise PosGPTError(f"train.random_positions={t.random_positions} must be at least train.seq_len={t.seq_len} "
-                          "(each sequence draws seq_len distinct positions from [0, N))")
+        raise PosGPTError(
+            f"train.random_positions={t.random_positions} must be at least train.seq_len={t.seq_len} "
+            "(each sequence draws seq_len distinct positions from [0, N))"
+        )
     if t.distributed not in ("ddp", "fsdp"):
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
     lengths = eval_lengths(cfg)
@@ -193,7 +206,9 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(f"evaluation lengths must be positive (got {lengths})")
     unknown = set(cfg.eval.protocols) - {"nonoverlapping", "sliding"}
     if unknown or not cfg.eval.protocols:
-        raise PosGPTError(f"eval.protocols must be a non-empty subset of [nonoverlapping, sliding] (got {list(cfg.eval.protocols)})")
+        raise PosGPTError(
+            f"eval.protocols must be a non-empty subset of [nonoverlapping, sliding] (got {list(cfg.eval.protocols)})"
+        )
     if cfg.eval.stride is not None and cfg.eval.stride <= 0:
         raise PosGPTError(f"eval.stride must be positive (got {cfg.eval.stride})")
     if cfg.eval.max_tokens <= 0 or cfg.eval.batch_tokens <= 0:
@@ -206,10 +221,16 @@ def validate(cfg: DictConfig) -> None:
         for spec in cfg.eval.scalings:
             parse_scaling(spec)
     scaling = cfg.pe.get("scaling")
-    if scaling is not None and scaling.type == "none" and scaling.attention_factor is not None and \
-            not any(parse_scaling(spec).type == "yarn" for spec in cfg.eval.scalings or []):
-        raise PosGPTError("pe.scaling.attention_factor is YaRN's temperature: it needs pe.scaling.type=yarn or a "
-                          "yarn entry in eval.scalings")
+    if (
+        scaling is not None
+        and scaling.type == "none"
+        and scaling.attention_factor is not None
+        and not any(parse_scaling(spec).type == "yarn" for spec in cfg.eval.scalings or [])
+    ):
+        raise PosGPTError(
+            "pe.scaling.attention_factor is YaRN's temperature: it needs pe.scaling.type=yarn or a "
+            "yarn entry in eval.scalings"
+        )
     if any(length <= 0 for length in cfg.eval.per_position_plot_lengths or []):
         raise PosGPTError(f"eval.per_position_plot_lengths must be positive (got {cfg.eval.per_position_plot_lengths})")
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):

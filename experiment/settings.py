@@ -22,17 +22,37 @@ from model.pe import SCHEMES
 
 # Where and how fast a run computes, and what it reports: never what the weights compute.
 RUNTIME_SETTINGS = (
-    "train.device", "train.dtype", "train.compile", "train.num_threads", "model.attn_backend", "model.fused_ce",
-    "data.cache_dir", "data.num_proc", "logging.",
+    "train.device",
+    "train.dtype",
+    "train.compile",
+    "train.num_threads",
+    "model.attn_backend",
+    "model.fused_ce",
+    "data.cache_dir",
+    "data.num_proc",
+    "logging.",
 )
 # An evaluation may also score another corpus, at other lengths, with the scheme's declared variations
 # (pe.<field> for field in the scheme's eval_time_settings, e.g. RoPE's pe.scaling).
 EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.", "sample.", "inspect.")
 # A resumed run may train longer and log, validate, save and evaluate differently; its data and optimizer stay.
 RESUME_SETTINGS = (
-    *RUNTIME_SETTINGS, "eval.", "sample.", "inspect.", "data.eval_split", "train.max_steps", "train.resume", "train.log_every", "train.val_every",
-    "train.val_batches", "train.checkpoint_every", "train.keep_checkpoints", "train.grad_accum_steps",
-    "train.skip_nonfinite", "train.distributed", "train.eval_after",
+    *RUNTIME_SETTINGS,
+    "eval.",
+    "sample.",
+    "inspect.",
+    "data.eval_split",
+    "train.max_steps",
+    "train.resume",
+    "train.log_every",
+    "train.val_every",
+    "train.val_batches",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.grad_accum_steps",
+    "train.skip_nonfinite",
+    "train.distributed",
+    "train.eval_after",
 )
 
 
@@ -44,8 +64,9 @@ def eval_settings(pe_name: str) -> tuple[str, ...]:
 
 def may_change(key: str, allowed: tuple[str, ...]) -> bool:
     """Whether dotted ``key`` (or a whole group such as ``data``) is, or lies under, one of ``allowed``."""
-    return any(key == name.rstrip(".") or key.startswith(name if name.endswith(".") else name + ".")
-               for name in allowed)
+    return any(
+        key == name.rstrip(".") or key.startswith(name if name.endswith(".") else name + ".") for name in allowed
+    )
 
 
 def flatten_config(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -62,8 +83,11 @@ def flatten_config(tree: dict, prefix: str = "") -> dict[str, Any]:
 def changed_settings(saved: dict, now: dict, allowed: tuple[str, ...]) -> list[str]:
     """The keys whose value differs between two resolved configs (plain dicts), less those in ``allowed``."""
     saved, now = flatten_config(saved), flatten_config(now)
-    return [key for key in sorted(saved.keys() | now.keys())
-            if saved.get(key) != now.get(key) and not may_change(key, allowed)]
+    return [
+        key
+        for key in sorted(saved.keys() | now.keys())
+        if saved.get(key) != now.get(key) and not may_change(key, allowed)
+    ]
 
 
 def overridden_keys(overrides: list[str]) -> list[str]:
@@ -107,8 +131,10 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
         if not may_change(key, allowed):
             current = OmegaConf.select(cfg, key, default=None)
             was = f" (it has {key}={current})" if current is not None and not OmegaConf.is_config(current) else ""
-            raise PosGPTError(f"{key} cannot be changed for an evaluation: the model is the one the checkpoint's "
-                              f"config describes{was}. An evaluation may change {_describe(allowed)}")
+            raise PosGPTError(
+                f"{key} cannot be changed for an evaluation: the model is the one the checkpoint's "
+                f"config describes{was}. An evaluation may change {_describe(allowed)}"
+            )
     if not keys:
         return cfg
     composed = compose_config([f"pe={cfg.pe.name}", *overrides])
@@ -122,6 +148,9 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
 
 def _describe(allowed: tuple[str, ...]) -> str:
     """``data.*, eval.*, train.device, ...``: each setting once (data.cache_dir lies under data.*)."""
-    shown = [name for name in allowed if not any(other != name and other.endswith(".") and name.startswith(other)
-                                                  for other in allowed)]
+    shown = [
+        name
+        for name in allowed
+        if not any(other != name and other.endswith(".") and name.startswith(other) for other in allowed)
+    ]
     return ", ".join(name + "*" if name.endswith(".") else name for name in dict.fromkeys(shown))

@@ -65,13 +65,18 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) 
     return backend
 
 
-def default_state(pe: PositionalEncoding, n_queries: int, n_keys: int, device: torch.device,
-                  memo: dict | None = None) -> PositionState:
+def default_state(
+    pe: PositionalEncoding, n_queries: int, n_keys: int, device: torch.device, memo: dict | None = None
+) -> PositionState:
     """Queries at positions n_keys - n_queries .. n_keys - 1 over keys at 0 .. n_keys - 1 (no explicit positions)."""
     q_offset = n_keys - n_queries
     positions = torch.arange(q_offset, n_keys, device=device)
-    return PositionState(positions, torch.arange(n_keys, device=device), q_offset,
-                         pe.prepare(positions, n_keys, {} if memo is None else memo))
+    return PositionState(
+        positions,
+        torch.arange(n_keys, device=device),
+        q_offset,
+        pe.prepare(positions, n_keys, {} if memo is None else memo),
+    )
 
 
 def attend(
@@ -107,8 +112,16 @@ def attend(
     return _blockwise_sdpa(q, k, v, pe, state, layer)
 
 
-def _bias_and_mask(pe: PositionalEncoding, state: PositionState, start: int, stop: int, k_stop: int, layer: int,
-                   dtype: torch.dtype, whole: bool) -> torch.Tensor:
+def _bias_and_mask(
+    pe: PositionalEncoding,
+    state: PositionState,
+    start: int,
+    stop: int,
+    k_stop: int,
+    layer: int,
+    dtype: torch.dtype,
+    whole: bool,
+) -> torch.Tensor:
     """Additive mask for queries start..stop-1 over keys 0..k_stop-1: the scheme's bias where key <= query,
     -inf elsewhere; (H, Tq, Tk), (B, H, Tq, Tk) with per-row positions, or (1, Tq, Tk) without a bias.
 
@@ -206,6 +219,7 @@ def _score_mod(pe: PositionalEncoding, state: PositionState, layer: int):
     tensors through the closure: FlexAttention lifts such captured tensors into inputs of its kernel, so
     gradients reach learnable bias parameters."""
     if not state.explicit:
+
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + pe.score_bias(q_idx, kv_idx, h, layer)
     elif state.positions.dim() == 1:
@@ -218,6 +232,7 @@ def _score_mod(pe: PositionalEncoding, state: PositionState, layer: int):
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + pe.score_bias(positions[b, q_idx], positions[b, kv_idx], h, layer)
+
     return score_mod
 
 

@@ -53,7 +53,7 @@ EMBEDDINGS = ("fairseq", "gpt2")
 def token_embedding_convention(cfg: ModelConfig) -> tuple[float, float]:
     """(std of the token embedding table at initialisation, its multiplier in the forward pass)."""
     if cfg.embedding == "fairseq":
-        return cfg.n_embd ** -0.5, math.sqrt(cfg.n_embd)
+        return cfg.n_embd**-0.5, math.sqrt(cfg.n_embd)
     return cfg.init_std, 1.0
 
 
@@ -127,8 +127,9 @@ class CausalSelfAttention(nn.Module):
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     @staticmethod
-    def _extend_cache(k: torch.Tensor, v: torch.Tensor, cache: KVCache,
-                      layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _extend_cache(
+        k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys and values to the layer's cache; return all of them."""
         if cache.keys[layer] is not None:
             k = torch.cat((cache.keys[layer], k), dim=2)
@@ -168,8 +169,16 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
         self.token_init_std, self.token_scale = token_embedding_convention(cfg)
-        dims = ModelDims(cfg.n_embd, cfg.n_head, cfg.n_embd // cfg.n_head, train_seq_len, cfg.init_std, cfg.n_layer,
-                         token_init_std=self.token_init_std, token_scale=self.token_scale)
+        dims = ModelDims(
+            cfg.n_embd,
+            cfg.n_head,
+            cfg.n_embd // cfg.n_head,
+            train_seq_len,
+            cfg.init_std,
+            cfg.n_layer,
+            token_init_std=self.token_init_std,
+            token_scale=self.token_scale,
+        )
         self.pe = build_positional_encoding(pe_cfg, dims)
         self.token_embedding = nn.Embedding(padded_vocab_size(cfg.vocab_size), cfg.n_embd)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -204,8 +213,9 @@ class GPT(nn.Module):
         """Matrices AdamW must not decay: the scheme declares them (e.g. T5's bias table)."""
         return self.pe.no_weight_decay()
 
-    def _position_state(self, idx: torch.Tensor, cache: KVCache | None,
-                        positions: torch.Tensor | None) -> PositionState:
+    def _position_state(
+        self, idx: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None
+    ) -> PositionState:
         """Positions of this forward pass, computed once for all layers."""
         T = idx.shape[1]
         if positions is None:
@@ -220,13 +230,15 @@ class GPT(nn.Module):
         if cache is not None:
             raise PosGPTError("explicit positions cannot be combined with a KV cache (they are a training setting)")
         if positions.shape not in ((T,), (idx.shape[0], T)):
-            raise PosGPTError(f"positions must have shape (T,) or (B, T) = {tuple(idx.shape)}; "
-                              f"got {tuple(positions.shape)}")
+            raise PosGPTError(
+                f"positions must have shape (T,) or (B, T) = {tuple(idx.shape)}; got {tuple(positions.shape)}"
+            )
         positions = positions.to(idx.device)
         return PositionState(positions, positions, 0, self.pe.prepare(positions, T, {}), explicit=True)
 
-    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None,
-                      positions: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(
+        self, idx: torch.Tensor, cache: KVCache | None = None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, T) token ids -> (B, T, C) final hidden states (after the last LayerNorm).
 
         ``positions``: (T,) or (B, T) increasing integer positions of the tokens (randomized positions in
@@ -255,5 +267,6 @@ class GPT(nn.Module):
         hidden = self.hidden_states(idx, cache, positions)
         if targets is None:
             return (hidden @ self.head_weight.t())[..., : self.vocab_size]
-        return lm_head_cross_entropy(hidden, self.head_weight, targets, reduction, vocab_size=self.vocab_size,
-                                     fused=self.cfg.fused_ce)
+        return lm_head_cross_entropy(
+            hidden, self.head_weight, targets, reduction, vocab_size=self.vocab_size, fused=self.cfg.fused_ce
+        )

@@ -75,8 +75,9 @@ def lm_head_cross_entropy(
         total = losses.sum()
         return total / (flat_targets != -100).sum() if reduction == "mean" else total
     if reduction != "none" and use_fused(fused, hidden.device):
-        return _FusedLinearCrossEntropy.apply(flat_hidden, weight, flat_targets, vocab_size, reduction == "mean",
-                                              chunk or FUSED_CHUNK)
+        return _FusedLinearCrossEntropy.apply(
+            flat_hidden, weight, flat_targets, vocab_size, reduction == "mean", chunk or FUSED_CHUNK
+        )
     logits = _hide_padding(_upcast(flat_hidden @ weight.t()), vocab_size)
     losses = F.cross_entropy(logits, flat_targets, ignore_index=-100, reduction=reduction)
     return losses.view_as(targets) if reduction == "none" else losses
@@ -101,14 +102,17 @@ def _hide_padding(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return logits
 
 
-def _chunked_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                    chunk: int) -> torch.Tensor:
+def _chunked_losses(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int, chunk: int
+) -> torch.Tensor:
     """Per-row losses without gradients, never holding more than ``chunk`` logits at once."""
     rows = max(1, chunk // weight.shape[0])
-    return torch.cat([
-        F.cross_entropy(_hide_padding(_upcast(h @ weight.t()), vocab_size), t, ignore_index=-100, reduction="none")
-        for h, t in zip(hidden.split(rows), targets.split(rows))
-    ])
+    return torch.cat(
+        [
+            F.cross_entropy(_hide_padding(_upcast(h @ weight.t()), vocab_size), t, ignore_index=-100, reduction="none")
+            for h, t in zip(hidden.split(rows), targets.split(rows))
+        ]
+    )
 
 
 def _compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
@@ -127,8 +131,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int, mean: bool,
-                chunk: int) -> torch.Tensor:
+    def forward(
+        ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int, mean: bool, chunk: int
+    ) -> torch.Tensor:
         dtype = _compute_dtype(hidden.device, weight.dtype)
         accumulate = torch.promote_types(dtype, torch.float32)
         with torch.autocast(hidden.device.type, enabled=False):

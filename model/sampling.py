@@ -30,8 +30,9 @@ def check_length(model: GPT, total_tokens: int) -> None:
         )
 
 
-def next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+def next_token(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """(B, V) logits -> (B, 1) token ids: argmax when temperature is 0, else a draw as in the module docstring."""
     logits = logits.float()
     if temperature == 0:
@@ -44,9 +45,15 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
 
 
 @torch.inference_mode()
-def generate(model: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None,
-             on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+def generate(
+    model: GPT,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
     """(B, T) prompt ids -> (B, T + max_new_tokens) ids; ``on_token`` sees each new (B, 1) step (streaming)."""
     check_length(model, prompt.shape[1] + max_new_tokens)
     cache = KVCache()

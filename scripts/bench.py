@@ -1,6 +1,7 @@
 """Training throughput of posgpt, one JSON line per positional scheme (and optionally long-context evaluation).
 
-    python scripts/bench.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 train.batch_size=8
+    python scripts/bench.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 \
+        train.batch_size=8
     python scripts/bench.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,learned,sinusoidal,none,alibi
     python scripts/bench.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,alibi --eval-length 16384
 
@@ -23,8 +24,11 @@ the training loop logs) and core.runtime's peak table; it is null on CPU and unk
 
 from __future__ import annotations
 
+import _repo
+
 import argparse
 import datetime
+import functools
 import json
 import shlex
 import sys
@@ -33,32 +37,34 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from core.cli import exit_on_user_error
+from core.errors import PosGPTError
+from core.runtime import autocast, peak_flops, set_up_runtime
+from evaluation.memory import PeakMemory
+from experiment.build import build_model, model_flops_per_token
+from experiment.compose import compose_config
+from experiment.config import compile_enabled, validate
+from model.attention import resolve_backend
+from model.loss import use_fused
+from training.optim import build_optimizer, build_scheduler
+from training.step import TrainStep
 
-from omegaconf import DictConfig  # noqa: E402
-
-from core.cli import exit_on_user_error  # noqa: E402
-from core.errors import PosGPTError  # noqa: E402
-from core.runtime import autocast, peak_flops, set_up_runtime  # noqa: E402
-from evaluation.memory import PeakMemory  # noqa: E402
-from experiment.build import build_model, model_flops_per_token  # noqa: E402
-from experiment.compose import compose_config  # noqa: E402
-from experiment.config import compile_enabled, validate  # noqa: E402
-from model.attention import resolve_backend  # noqa: E402
-from model.loss import use_fused  # noqa: E402
-from training.optim import build_optimizer, build_scheduler  # noqa: E402
-from training.step import TrainStep  # noqa: E402
+REPO = _repo.ROOT
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     """The options shared with scripts/bench_nanogpt.py, so both time and record the same way."""
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps")
-    parser.add_argument("--record", type=Path, default=None,
-                        help="also append this run (command line, date, JSON lines) to a results file, "
-                             "e.g. bench/results/<date>-<device>.json")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="also append this run (command line, date, JSON lines) to a results file, "
+        "e.g. bench/results/<date>-<device>.json",
+    )
 
 
 def print_record(record: dict) -> None:
@@ -68,8 +74,13 @@ def print_record(record: dict) -> None:
 def save_run(path: Path, script: str, argv: list[str], records: list[dict]) -> None:
     """Append a run (date, exact command line, its JSON lines) to a results file (``--record``)."""
     results = json.loads(path.read_text()) if path.exists() else {"runs": []}
-    results["runs"].append({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                            "command": shlex.join(["python", script, *argv]), "output": records})
+    results["runs"].append(
+        {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": shlex.join(["python", script, *argv]),
+            "output": records,
+        }
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
 
@@ -101,8 +112,11 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
+    names = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
     return f"{names[0] if names else 'CPU'}, {torch.get_num_threads()} threads"
 
 
@@ -129,9 +143,16 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     with PeakMemory(device) as train_memory:
         raw_model = build_model(cfg).to(device)
         optimizer = build_optimizer(raw_model, t, device)
-        train_step = TrainStep(torch.compile(raw_model) if compiled else raw_model, optimizer,
-                               build_scheduler(optimizer, t), t.grad_accum_steps, t.grad_clip, device, dtype)
-        step_s, cpu_share = seconds_per_step(lambda: train_step(x, y), args.warmup, args.steps, device)
+        train_step = TrainStep(
+            torch.compile(raw_model) if compiled else raw_model,
+            optimizer,
+            build_scheduler(optimizer, t),
+            t.grad_accum_steps,
+            t.grad_clip,
+            device,
+            dtype,
+        )
+        step_s, cpu_share = seconds_per_step(functools.partial(train_step, x, y), args.warmup, args.steps, device)
     tokens_per_s = t.batch_size * t.seq_len / step_s
     peak = peak_flops(device)
     record = {
@@ -144,12 +165,22 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
         "step_ms": round(step_s * 1e3, 2),
         "cpu_share": round(cpu_share, 3),
         "config": {
-            "n_layer": cfg.model.n_layer, "n_head": cfg.model.n_head, "n_embd": cfg.model.n_embd,
-            "vocab_size": vocab, "n_params": raw_model.num_params(), "seq_len": t.seq_len,
-            "batch_size": t.batch_size, "grad_accum_steps": t.grad_accum_steps, "dtype": str(dtype).split(".")[-1],
-            "compile": compiled, "attn_backend": resolve_backend(cfg.model.attn_backend, raw_model.pe, device),
-            "fused_ce": use_fused(cfg.model.fused_ce, device), "threads": torch.get_num_threads(),
-            "warmup": args.warmup, "steps": args.steps, "torch": torch.__version__,
+            "n_layer": cfg.model.n_layer,
+            "n_head": cfg.model.n_head,
+            "n_embd": cfg.model.n_embd,
+            "vocab_size": vocab,
+            "n_params": raw_model.num_params(),
+            "seq_len": t.seq_len,
+            "batch_size": t.batch_size,
+            "grad_accum_steps": t.grad_accum_steps,
+            "dtype": str(dtype).split(".")[-1],
+            "compile": compiled,
+            "attn_backend": resolve_backend(cfg.model.attn_backend, raw_model.pe, device),
+            "fused_ce": use_fused(cfg.model.fused_ce, device),
+            "threads": torch.get_num_threads(),
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "torch": torch.__version__,
         },
     }
     del train_step, optimizer
@@ -159,8 +190,9 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     return record
 
 
-def bench_eval(raw_model: torch.nn.Module, cfg: DictConfig, args: argparse.Namespace, device: torch.device,
-               dtype: torch.dtype) -> dict:
+def bench_eval(
+    raw_model: torch.nn.Module, cfg: DictConfig, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
+) -> dict:
     """Scoring at ``--eval-length`` as evaluation/extrapolation.py does it (per-token losses, no grad)."""
     length = args.eval_length
     rows = max(1, cfg.eval.batch_tokens // length)
@@ -178,16 +210,25 @@ def bench_eval(raw_model: torch.nn.Module, cfg: DictConfig, args: argparse.Names
             step_s, _ = seconds_per_step(score, 1, args.eval_steps, device)
     except PosGPTError as error:  # e.g. a learned position table shorter than the length
         return result | {"error": str(error)}
-    return result | {"tokens_per_s": round(rows * length / step_s, 1), "peak_memory_mb": memory.peak_mb,
-                     "step_ms": round(step_s * 1e3, 2)}
+    return result | {
+        "tokens_per_s": round(rows * length / step_s, 1),
+        "peak_memory_mb": memory.peak_mb,
+        "step_ms": round(step_s * 1e3, 2),
+    }
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=rope,alibi]")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=rope,alibi]",
+    )
     add_common_args(parser)
-    parser.add_argument("--eval-length", type=int, default=None,
-                        help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len")
+    parser.add_argument(
+        "--eval-length",
+        type=int,
+        default=None,
+        help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len",
+    )
     parser.add_argument("--eval-steps", type=int, default=2, help="timed evaluation batches (after one untimed)")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("-")]

@@ -2,7 +2,8 @@
 
     python scripts/bench_nanogpt.py --model-py /tmp/nanogpt/model.py --n-layer 4 --n-head 4 --n-embd 256 \
         --seq-len 256 --batch-size 8
-    python scripts/bench.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 train.batch_size=8
+    python scripts/bench.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 \
+        train.batch_size=8
 
 nanoGPT (github.com/karpathy/nanoGPT, MIT) is not part of posgpt: fetch its model.py yourself and pass its
 path. The step follows nanoGPT's train.py: GPT(GPTConfig(...)) with vocab 50304, dropout 0 and bias=True (its
@@ -69,8 +70,15 @@ def main(argv: list[str]) -> None:
     y = torch.randint(0, VOCAB_SIZE, (args.batch_size, args.seq_len), device=device)
 
     with PeakMemory(device) as memory:
-        config = nanogpt.GPTConfig(block_size=args.seq_len, vocab_size=VOCAB_SIZE, n_layer=args.n_layer,
-                                   n_head=args.n_head, n_embd=args.n_embd, dropout=0.0, bias=True)
+        config = nanogpt.GPTConfig(
+            block_size=args.seq_len,
+            vocab_size=VOCAB_SIZE,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            n_embd=args.n_embd,
+            dropout=0.0,
+            bias=True,
+        )
         model = nanogpt.GPT(config).to(device)
         optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)
         net = torch.compile(model) if device.type == "cuda" else model
@@ -100,11 +108,19 @@ def main(argv: list[str]) -> None:
         "step_ms": round(step_s * 1e3, 2),
         "cpu_share": round(cpu_share, 3),
         "config": {
-            "n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "vocab_size": VOCAB_SIZE,
-            "n_params": sum(p.numel() for p in model.parameters()), "seq_len": args.seq_len,
-            "batch_size": args.batch_size, "dtype": "bfloat16" if bf16 else "float32",
-            "compile": device.type == "cuda", "threads": torch.get_num_threads(), "warmup": args.warmup,
-            "steps": args.steps, "torch": torch.__version__,
+            "n_layer": args.n_layer,
+            "n_head": args.n_head,
+            "n_embd": args.n_embd,
+            "vocab_size": VOCAB_SIZE,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "seq_len": args.seq_len,
+            "batch_size": args.batch_size,
+            "dtype": "bfloat16" if bf16 else "float32",
+            "compile": device.type == "cuda",
+            "threads": torch.get_num_threads(),
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "torch": torch.__version__,
             "model_py_sha256": hashlib.sha256(args.model_py.read_bytes()).hexdigest(),
         },
     }

@@ -6,7 +6,7 @@
     python scripts/compare.py runs/*/ --ratios                          # also ppl@kL / ppl@L per setting
     python scripts/compare.py runs/*/ --entropy entropy.png            # attention entropy (inspect_attention.py)
     python scripts/compare.py runs/*/ --val-curve val.png              # validation loss during training, per setting
-    python scripts/compare.py runs/*/ --baseline rope                   # paired differences against rope, not the lowest
+    python scripts/compare.py runs/*/ --baseline rope                   # paired differences against rope
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
 eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
@@ -32,52 +32,72 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from omegaconf import OmegaConf
 
-from omegaconf import OmegaConf  # noqa: E402
-from core.checkpoint import last_checkpoint_path, load_checkpoint  # noqa: E402
-from core.cli import exit_on_user_error  # noqa: E402
-from core.errors import PosGPTError  # noqa: E402
-from core.tracking import METRICS_FILE, read_metrics  # noqa: E402
-from evaluation.attention_stats import plot_entropy_comparison, read_attention  # noqa: E402
-from evaluation.extrapolation import PROTOCOLS, effective_stride  # noqa: E402
-from evaluation.plots import (Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length,  # noqa: E402
-                              plot_training_curves)
-from evaluation.report import format_estimate, length_header, render_table  # noqa: E402
-from evaluation.run import EVAL_DIR, load_run_results  # noqa: E402
-from evaluation.stats import Estimate, clearly_different, mean_ci  # noqa: E402
-from model.pe.rope_scaling import scaling_label  # noqa: E402
-from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config  # noqa: E402
+from core.checkpoint import last_checkpoint_path, load_checkpoint
+from core.cli import exit_on_user_error
+from core.errors import PosGPTError
+from core.tracking import METRICS_FILE, read_metrics
+from evaluation.attention_stats import plot_entropy_comparison, read_attention
+from evaluation.extrapolation import PROTOCOLS, effective_stride
+from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length, plot_training_curves
+from evaluation.report import format_estimate, length_header, render_table
+from evaluation.run import EVAL_DIR, load_run_results
+from evaluation.stats import Estimate, clearly_different, mean_ci
+from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
+from model.pe.rope_scaling import scaling_label
 
 # Config keys that do not make two runs different settings: the seed, and what a resumed run may change
 # (logging, evaluation, threads, ...) except what changes the trained model (its length, its precision).
-NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key not in ("train.max_steps",
-                                                                                       "train.dtype"))
+NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key not in ("train.max_steps", "train.dtype"))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dirs", nargs="+", type=Path, help="training run directories")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="nonoverlapping")
-    parser.add_argument("--stride", type=int, default=None,
-                        help="sliding protocol: the stride evaluated (default: half of each length, eval's default)")
+    parser.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="sliding protocol: the stride evaluated (default: half of each length, eval's default)",
+    )
     parser.add_argument("--data", default=None, help="compare results on this data (default: the only one)")
     parser.add_argument("--markdown", type=Path, default=Path("comparison.md"), help="table output path")
     parser.add_argument("--plot", type=Path, default=Path("comparison.png"), help="plot output path")
-    parser.add_argument("--per-position", type=Path, default=None,
-                        help="also plot loss by position at the longest evaluated length to this path")
-    parser.add_argument("--ratios", action="store_true",
-                        help="also tabulate ppl@kL / ppl@L (L: the training length), per seed then mean ± CI")
-    parser.add_argument("--val-curve", type=Path, default=None,
-                        help="also plot the validation loss logged during training (metrics.jsonl), mean ± CI over "
-                             "seeds per setting, to this path, and tabulate it in the markdown")
-    parser.add_argument("--entropy", type=Path, default=None,
-                        help="also overlay the runs' attention entropy by position (eval/attention.json, written "
-                             "by scripts/inspect_attention.py), one colour per scheme, to this path")
-    parser.add_argument("--baseline", default=None,
-                        help="pair every setting by seed with this one (a row label, e.g. rope or 'rope yarn:16') "
-                             "instead of the lowest in each column")
+    parser.add_argument(
+        "--per-position",
+        type=Path,
+        default=None,
+        help="also plot loss by position at the longest evaluated length to this path",
+    )
+    parser.add_argument(
+        "--ratios",
+        action="store_true",
+        help="also tabulate ppl@kL / ppl@L (L: the training length), per seed then mean ± CI",
+    )
+    parser.add_argument(
+        "--val-curve",
+        type=Path,
+        default=None,
+        help="also plot the validation loss logged during training (metrics.jsonl), mean ± CI over "
+        "seeds per setting, to this path, and tabulate it in the markdown",
+    )
+    parser.add_argument(
+        "--entropy",
+        type=Path,
+        default=None,
+        help="also overlay the runs' attention entropy by position (eval/attention.json, written "
+        "by scripts/inspect_attention.py), one colour per scheme, to this path",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="pair every setting by seed with this one (a row label, e.g. rope or 'rope yarn:16') "
+        "instead of the lowest in each column",
+    )
     return parser.parse_args(argv)
 
 
@@ -92,8 +112,10 @@ def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
     if last_checkpoint_path(run_dir).is_file():
         saved = load_checkpoint(run_dir)["config"]
     elif document.get("config") is None:
-        raise PosGPTError(f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json (written before "
-                          "posgpt recorded the trained config there) does not say how the run was trained")
+        raise PosGPTError(
+            f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json (written before "
+            "posgpt recorded the trained config there) does not say how the run was trained"
+        )
     else:
         saved = document["config"]
     return OmegaConf.to_container(trained_config(saved), resolve=True)
@@ -128,8 +150,11 @@ def load_runs(run_dirs: list[Path]) -> list[Run]:
 
 def setting(config: dict[str, Any]) -> dict[str, str]:
     """The flattened config without the keys that do not make a different setting (NOT_A_SETTING)."""
-    return {key: json.dumps(value, sort_keys=True) for key, value in flatten_config(config).items()
-            if not may_change(key, NOT_A_SETTING)}
+    return {
+        key: json.dumps(value, sort_keys=True)
+        for key, value in flatten_config(config).items()
+        if not may_change(key, NOT_A_SETTING)
+    }
 
 
 def group_by_seed(runs: list[Run]) -> list[list[Run]]:
@@ -140,8 +165,10 @@ def group_by_seed(runs: list[Run]) -> list[list[Run]]:
         group = groups.setdefault(tuple(sorted(setting(run.config).items())), [])
         for other in group:
             if other.config["train"]["seed"] == run.config["train"]["seed"]:
-                raise PosGPTError(f"{other.dir} and {run.dir} are the same setting with the same train.seed "
-                                  f"({run.config['train']['seed']}): pass each run once, one per seed")
+                raise PosGPTError(
+                    f"{other.dir} and {run.dir} are the same setting with the same train.seed "
+                    f"({run.config['train']['seed']}): pass each run once, one per seed"
+                )
         group.append(run)
     return list(groups.values())
 
@@ -161,13 +188,16 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
         scheme = group[0].document["pe"]
         siblings = [other for g, other in zip(groups, settings) if g[0].document["pe"] == scheme]
         differing = sorted(key for key in own if any(other.get(key) != own[key] for other in siblings))
-        details.append(None if len(differing) > MAX_LABEL_KEYS
-                       else [f"{key}={json.loads(own[key])}" for key in differing])
+        details.append(
+            None if len(differing) > MAX_LABEL_KEYS else [f"{key}={json.loads(own[key])}" for key in differing]
+        )
     named_by_dir = [i for i, detail in enumerate(details) if detail is None]
     for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
         details[i] = [name]
-    return [" ".join(["none (NoPE)" if group[0].document["pe"] == "none" else group[0].document["pe"]] + detail)
-            for group, detail in zip(groups, details)]  # "none (NoPE)": not "no scaling"
+    return [
+        " ".join(["none (NoPE)" if group[0].document["pe"] == "none" else group[0].document["pe"]] + detail)
+        for group, detail in zip(groups, details)
+    ]  # "none (NoPE)": not "no scaling"
 
 
 def unique_dir_names(dirs: list[Path]) -> list[str]:
@@ -206,8 +236,15 @@ def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data:
             per_scaling[""] = [{} for _ in group]
         for scaling, per_seed in sorted(per_scaling.items(), key=lambda item: (item[0] not in ("", "none"), item[0])):
             document = group[0].document
-            entries.append(Entry(label + ("" if scaling in ("", "none") else f" {scaling}"), document["pe"],
-                                 document["train_seq_len"], per_seed, [run.config["train"]["seed"] for run in group]))
+            entries.append(
+                Entry(
+                    label + ("" if scaling in ("", "none") else f" {scaling}"),
+                    document["pe"],
+                    document["train_seq_len"],
+                    per_seed,
+                    [run.config["train"]["seed"] for run in group],
+                )
+            )
     if not any(seed for entry in entries for seed in entry.per_seed):
         raise PosGPTError(f"no {protocol} results on data {data} in these runs (try --protocol or --stride)")
     return entries
@@ -215,16 +252,24 @@ def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data:
 
 def ppl_values(entry: Entry, length: int) -> dict[int, float]:
     """{train.seed: perplexity at ``length``} over the seeds that have one there."""
-    return {seed: rows[length]["ppl"] for seed, rows in zip(entry.seeds, entry.per_seed)
-            if length in rows and rows[length]["ppl"] is not None}
+    return {
+        seed: rows[length]["ppl"]
+        for seed, rows in zip(entry.seeds, entry.per_seed)
+        if length in rows and rows[length]["ppl"] is not None
+    }
 
 
 def ratio_values(entry: Entry, multiple: float) -> dict[int, float]:
     """{train.seed: ppl@kL / ppl@L}, each seed's ratio from its own two perplexities."""
     length = round(multiple * entry.train_len)
-    return {seed: rows[length]["ppl"] / rows[entry.train_len]["ppl"] for seed, rows in zip(entry.seeds, entry.per_seed)
-            if length in rows and entry.train_len in rows
-            and rows[length]["ppl"] is not None and rows[entry.train_len]["ppl"] is not None}
+    return {
+        seed: rows[length]["ppl"] / rows[entry.train_len]["ppl"]
+        for seed, rows in zip(entry.seeds, entry.per_seed)
+        if length in rows
+        and entry.train_len in rows
+        and rows[length]["ppl"] is not None
+        and rows[entry.train_len]["ppl"] is not None
+    }
 
 
 def ppl_estimate(entry: Entry, length: int) -> Estimate | None:
@@ -239,8 +284,9 @@ def ratio_estimate(entry: Entry, multiple: float) -> Estimate | None:
     return mean_ci(list(values.values())) if values else None
 
 
-def paired_estimate(entry: Entry, reference: Entry, column: Any,
-                    values: Callable[[Entry, Any], dict[int, float]]) -> Estimate | None:
+def paired_estimate(
+    entry: Entry, reference: Entry, column: Any, values: Callable[[Entry, Any], dict[int, float]]
+) -> Estimate | None:
     """Mean ± CI over the seeds both settings ran of entry's value / reference's value − 1. Runs with the same
     train.seed train on the same batches (the same tokens in the same order: training/batches.py draws them
     from a generator of their own), so the ratio cancels what the choice of training tokens does to both.
@@ -257,23 +303,29 @@ def find_baseline(entries: list[Entry], label: str | None) -> Entry | None:
         return None
     baseline = next((entry for entry in entries if entry.label == label), None)
     if baseline is None:
-        raise PosGPTError(f"--baseline {label!r} is not a setting of these runs; they are: "
-                          f"{', '.join(repr(entry.label) for entry in entries)}")
+        raise PosGPTError(
+            f"--baseline {label!r} is not a setting of these runs; they are: "
+            f"{', '.join(repr(entry.label) for entry in entries)}"
+        )
     if len(baseline.per_seed) < 2:
         raise PosGPTError(f"--baseline {label!r} has one seed: there is nothing to pair by seed")
     return baseline
 
 
-def paired_report(entries: list[Entry], columns: list[Any], header: list[str],
-                  values: Callable[[Entry, Any], dict[int, float]], baseline: Entry | None = None) -> list[str]:
+def paired_report(
+    entries: list[Entry],
+    columns: list[Any],
+    header: list[str],
+    values: Callable[[Entry, Any], dict[int, float]],
+    baseline: Entry | None = None,
+) -> list[str]:
     """Per column, every setting against a reference, paired by seed: a table of the relative difference
     (mean ± 95% CI over shared seeds) and, per column, which exceed their interval. The reference is
     ``baseline`` or else, per column, the lowest mean among the settings with at least two seeds (one seed
     cannot be paired)."""
     body, claims = [[entry.label] for entry in entries], []
     for column, title in zip(columns, header):
-        means = {id(entry): mean_ci(list(v.values())).mean
-                 for entry in entries if len(v := values(entry, column)) > 1}
+        means = {id(entry): mean_ci(list(v.values())).mean for entry in entries if len(v := values(entry, column)) > 1}
         if len(means) < 2 or (baseline is not None and id(baseline) not in means):
             for row in body:
                 row.append("-")
@@ -292,22 +344,31 @@ def paired_report(entries: list[Entry], columns: list[Any], header: list[str],
             (worse if apart else close).append(entry.label)
             bold = "**" if apart else ""
             row.append(f"{bold}{estimate.mean:+.1%} ± {estimate.half_width:.1%}{bold}")
-        claims.append(f"- {title}: {'baseline' if baseline else 'lowest'} {reference.label}; interval excludes 0 "
-                      f"(clearly different): {', '.join(worse) or 'none'}; interval includes 0: "
-                      f"{', '.join(close) or 'none'}")
+        claims.append(
+            f"- {title}: {'baseline' if baseline else 'lowest'} {reference.label}; interval excludes 0 "
+            f"(clearly different): {', '.join(worse) or 'none'}; interval includes 0: "
+            f"{', '.join(close) or 'none'}"
+        )
     reference_text = f"the baseline's ({baseline.label})" if baseline else "the lowest setting's"
-    return ["", "Paired by seed (runs with the same train.seed train on the same batches): per "
-            f"seed, a setting's value / {reference_text} value − 1, mean over the shared seeds ± 95% CI; "
-            "bold where the interval excludes 0.", "",
-            render_table(["setting"] + header, body, markdown=True), "", *claims]
+    return [
+        "",
+        "Paired by seed (runs with the same train.seed train on the same batches): per "
+        f"seed, a setting's value / {reference_text} value − 1, mean over the shared seeds ± 95% CI; "
+        "bold where the interval excludes 0.",
+        "",
+        render_table(["setting"] + header, body, markdown=True),
+        "",
+        *claims,
+    ]
 
 
-def estimate_table(rows: list[tuple[str, int, list[Estimate | None | str]]], header: list[str],
-                   digits: int = 2) -> str:
+def estimate_table(rows: list[tuple[str, int, list[Estimate | None | str]]], header: list[str], digits: int = 2) -> str:
     """A markdown table: a row per (label, number of seeds, cells), the lowest mean of each column in bold.
     A cell is an Estimate, None (n/a: not evaluable there) or a string shown as is ("-": not evaluated)."""
-    best = [min((cells[i].mean for _, _, cells in rows if isinstance(cells[i], Estimate)), default=None)
-            for i in range(len(header))]
+    best = [
+        min((cells[i].mean for _, _, cells in rows if isinstance(cells[i], Estimate)), default=None)
+        for i in range(len(header))
+    ]
     body = []
     for label, seeds, cells in rows:
         texts = []
@@ -318,12 +379,25 @@ def estimate_table(rows: list[tuple[str, int, list[Estimate | None | str]]], hea
     return render_table(["setting", "seeds"] + header, body, markdown=True)
 
 
-def table(entries: list[Entry], columns: list[Any], header: list[str], estimate: Callable[[Entry, Any], Estimate | None],
-          digits: int = 2) -> str:
+def table(
+    entries: list[Entry],
+    columns: list[Any],
+    header: list[str],
+    estimate: Callable[[Entry, Any], Estimate | None],
+    digits: int = 2,
+) -> str:
     """A row per entry: its number of seeds and, per column, the estimate ("-" where no seed was evaluated)."""
-    rows = [(entry.label, len(entry.per_seed),
-             [estimate(entry, column) if any(column_key(column, entry) in seed for seed in entry.per_seed) else "-"
-              for column in columns]) for entry in entries]
+    rows = [
+        (
+            entry.label,
+            len(entry.per_seed),
+            [
+                estimate(entry, column) if any(column_key(column, entry) in seed for seed in entry.per_seed) else "-"
+                for column in columns
+            ],
+        )
+        for entry in entries
+    ]
     return estimate_table(rows, header, digits)
 
 
@@ -332,8 +406,9 @@ def column_key(column: Any, entry: Entry) -> int:
     return column if isinstance(column, int) else round(column * entry.train_len)
 
 
-def differences(entries: list[Entry], columns: list[Any], header: list[str],
-                estimate: Callable[[Entry, Any], Estimate | None]) -> list[str]:
+def differences(
+    entries: list[Entry], columns: list[Any], header: list[str], estimate: Callable[[Entry, Any], Estimate | None]
+) -> list[str]:
     """Per column: which settings' 95% intervals do not overlap the best one's (the rule in the README)."""
     lines = []
     for column, title in zip(columns, header):
@@ -346,19 +421,26 @@ def differences(entries: list[Entry], columns: list[Any], header: list[str],
             lines.append(f"- {title}: lowest {best_entry.label}, one seed: no interval, no difference claimed")
             continue
         worse = [e.label for e, v in scored if e is not best_entry and clearly_different(v, best)]
-        close = [e.label for e, v in scored if e is not best_entry and v.half_width is not None
-                 and not clearly_different(v, best)]
+        close = [
+            e.label
+            for e, v in scored
+            if e is not best_entry and v.half_width is not None and not clearly_different(v, best)
+        ]
         unseeded = [e.label for e, v in scored if v.half_width is None]
-        parts = [f"lowest {best_entry.label}", f"intervals apart (clearly worse): {', '.join(worse) or 'none'}",
-                 f"intervals overlap (not distinguishable): {', '.join(close) or 'none'}"]
+        parts = [
+            f"lowest {best_entry.label}",
+            f"intervals apart (clearly worse): {', '.join(worse) or 'none'}",
+            f"intervals overlap (not distinguishable): {', '.join(close) or 'none'}",
+        ]
         if unseeded:
             parts.append(f"one seed, not compared: {', '.join(unseeded)}")
         lines.append(f"- {title}: " + "; ".join(parts))
     return lines
 
 
-def markdown_report(entries: list[Entry], protocol: str, stride: int | None, data: str, ratios: bool,
-                    baseline: Entry | None = None) -> str:
+def markdown_report(
+    entries: list[Entry], protocol: str, stride: int | None, data: str, ratios: bool, baseline: Entry | None = None
+) -> str:
     lengths = sorted({length for entry in entries for seed in entry.per_seed for length in seed})
     train_lens = {entry.train_len for entry in entries}
     common_train_len = next(iter(train_lens)) if len(train_lens) == 1 else None
@@ -373,8 +455,10 @@ def markdown_report(entries: list[Entry], protocol: str, stride: int | None, dat
         start, stop, tokens = next(iter(ranges))
         tokens_note = f"every cell scores the same {tokens:,} tokens (targets [{start:,}, {stop:,}) of the split)"
     else:
-        tokens_note = ("**cells scored different token ranges** "
-                       f"({', '.join(f'[{a:,}, {b:,})' for a, b, _ in sorted(ranges))}): compare with care")
+        tokens_note = (
+            "**cells scored different token ranges** "
+            f"({', '.join(f'[{a:,}, {b:,})' for a, b, _ in sorted(ranges))}): compare with care"
+        )
     parts = [
         f"Perplexity by evaluation length ({protocol} protocol{stride_note}; data: {data}; "
         f"training length {common_train_len or 'per row'}): mean over seeds ± half-width of the 95% confidence "
@@ -385,23 +469,42 @@ def markdown_report(entries: list[Entry], protocol: str, stride: int | None, dat
         "",
         f"Scored tokens: {tokens_note}.",
     ]
-    rule = ("Differences: a setting differs from the lowest one at a length when their 95% intervals do not "
-            "overlap (a conservative rule).")
+    rule = (
+        "Differences: a setting differs from the lowest one at a length when their 95% intervals do not "
+        "overlap (a conservative rule)."
+    )
     if any(len(entry.per_seed) > 1 for entry in entries):
         parts += ["", rule, *differences(entries, lengths, header, ppl_estimate)]
         parts += paired_report(entries, lengths, header, ppl_values, baseline)
     else:
-        parts += ["", "One seed per setting: no intervals, so no difference is claimed (train more seeds, e.g. "
-                  "train.seed=1,2,3)."]
+        parts += [
+            "",
+            "One seed per setting: no intervals, so no difference is claimed (train more seeds, e.g. "
+            "train.seed=1,2,3).",
+        ]
     if ratios:
-        multiples = sorted({length / entry.train_len for entry in entries for seed in entry.per_seed
-                            for length in seed if length > entry.train_len})
+        multiples = sorted(
+            {
+                length / entry.train_len
+                for entry in entries
+                for seed in entry.per_seed
+                for length in seed
+                if length > entry.train_len
+            }
+        )
         ratio_header = [f"{k:g}×" for k in multiples]
-        parts += ["", "Extrapolation ratio ppl@kL / ppl@L (L: the training length; per seed, then mean ± 95% CI):",
-                  "", table(entries, multiples, ratio_header, ratio_estimate, digits=3)]
+        parts += [
+            "",
+            "Extrapolation ratio ppl@kL / ppl@L (L: the training length; per seed, then mean ± 95% CI):",
+            "",
+            table(entries, multiples, ratio_header, ratio_estimate, digits=3),
+        ]
         if any(len(entry.per_seed) > 1 for entry in entries):
-            parts += ["", rule.replace("at a length", "at a multiple"),
-                      *differences(entries, multiples, ratio_header, ratio_estimate)]
+            parts += [
+                "",
+                rule.replace("at a length", "at a multiple"),
+                *differences(entries, multiples, ratio_header, ratio_estimate),
+            ]
             parts += paired_report(entries, multiples, ratio_header, ratio_values, baseline)
     return "\n".join(parts) + "\n"
 
@@ -411,8 +514,15 @@ def ppl_series(entries: list[Entry]) -> list[Series]:
     for entry in entries:
         lengths = sorted({length for seed in entry.per_seed for length in seed})
         points = [(length, value) for length in lengths if (value := ppl_estimate(entry, length)) is not None]
-        series.append(Series(entry.label, entry.scheme, [p[0] for p in points], [p[1].mean for p in points],
-                             [p[1].half_width for p in points]))
+        series.append(
+            Series(
+                entry.label,
+                entry.scheme,
+                [p[0] for p in points],
+                [p[1].mean for p in points],
+                [p[1].half_width for p in points],
+            )
+        )
     return series
 
 
@@ -424,8 +534,10 @@ def per_position_series(entries: list[Entry], length: int) -> list[Series]:
         if not rows:
             continue
         if any("per_position_bins" not in row for row in rows):
-            raise PosGPTError(f"{entry.label}: results without per_position_bins (from an older posgpt); "
-                              "evaluate the runs again with eval.py")
+            raise PosGPTError(
+                f"{entry.label}: results without per_position_bins (from an older posgpt); "
+                "evaluate the runs again with eval.py"
+            )
         bins = [[(b["positions"], b["loss"]) for b in row["per_position_bins"]] for row in rows]
         if any([p for p, _ in seed] != [p for p, _ in bins[0]] for seed in bins):
             raise PosGPTError(f"{entry.label}: the seeds' position bins differ (evaluated with other settings)")
@@ -457,18 +569,31 @@ def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
     for group, label in zip(groups, group_labels(groups)):
         per_seed = []
         for run in group:
-            logged = {record["step"]: record["val_loss"] for record in read_metrics(run.dir)
-                      if record.get("val_loss") is not None}  # a resumed run's repeated step: its last record
+            logged = {
+                record["step"]: record["val_loss"]
+                for record in read_metrics(run.dir)
+                if record.get("val_loss") is not None
+            }  # a resumed run's repeated step: its last record
             if not logged:
-                raise PosGPTError(f"{run.dir / METRICS_FILE} has no validation loss (train.val_every); "
-                                  "leave out --val-curve or this run")
+                raise PosGPTError(
+                    f"{run.dir / METRICS_FILE} has no validation loss (train.val_every); "
+                    "leave out --val-curve or this run"
+                )
             per_seed.append(logged)
         steps = sorted(set.intersection(*(set(logged) for logged in per_seed)))
         if not steps:
-            raise PosGPTError(f"{label}: its seeds logged validation loss at no common step (train.val_every "
-                              "differs); leave out --val-curve or compare runs logged alike")
-        curves.append(ValidationCurve(label, group[0].document["pe"], len(group),
-                                      {step: mean_ci([logged[step] for logged in per_seed]) for step in steps}))
+            raise PosGPTError(
+                f"{label}: its seeds logged validation loss at no common step (train.val_every "
+                "differs); leave out --val-curve or compare runs logged alike"
+            )
+        curves.append(
+            ValidationCurve(
+                label,
+                group[0].document["pe"],
+                len(group),
+                {step: mean_ci([logged[step] for logged in per_seed]) for step in steps},
+            )
+        )
     return curves
 
 
@@ -476,10 +601,17 @@ def validation_report(curves: list[ValidationCurve]) -> str:
     """The validation-loss table: a column per logged step, the lowest mean of each column in bold."""
     steps = sorted({step for curve in curves for step in curve.by_step})
     rows = [(curve.label, curve.seeds, [curve.by_step.get(step, "-") for step in steps]) for curve in curves]
-    return "\n".join([
-        "Validation loss during training (nats; the run's validation split at the training length, "
-        "train.val_batches batches; mean over seeds ± half-width of the 95% CI), by training step:", "",
-        estimate_table(rows, [str(step) for step in steps], digits=3)]) + "\n"
+    return (
+        "\n".join(
+            [
+                "Validation loss during training (nats; the run's validation split at the training length, "
+                "train.val_batches batches; mean over seeds ± half-width of the 95% CI), by training step:",
+                "",
+                estimate_table(rows, [str(step) for step in steps], digits=3),
+            ]
+        )
+        + "\n"
+    )
 
 
 def longest_evaluated_length(entries: list[Entry]) -> int | None:
@@ -495,8 +627,9 @@ def main(argv: list[str]) -> None:
     data = choose_data(runs, args.data)
     groups = group_by_seed(runs)
     entries = entries_of(groups, args.protocol, args.stride, data)
-    report = markdown_report(entries, args.protocol, args.stride, data, args.ratios,
-                             find_baseline(entries, args.baseline))
+    report = markdown_report(
+        entries, args.protocol, args.stride, data, args.ratios, find_baseline(entries, args.baseline)
+    )
     curves = validation_curves(groups) if args.val_curve is not None else []
     if curves:
         report += "\n" + validation_report(curves)
@@ -507,24 +640,42 @@ def main(argv: list[str]) -> None:
     seeds = sorted({len(entry.per_seed) for entry in entries})
     band = " (band: 95% CI over seeds)" if seeds[-1] > 1 else ""
     args.plot.parent.mkdir(parents=True, exist_ok=True)
-    plot_ppl_vs_length(ppl_series(entries), train_lens, args.plot,
-                       f"Length extrapolation ({args.protocol}, {data}){band}")
+    plot_ppl_vs_length(
+        ppl_series(entries), train_lens, args.plot, f"Length extrapolation ({args.protocol}, {data}){band}"
+    )
     written = [args.markdown, args.plot]
     if args.per_position is not None:
         length = longest_evaluated_length(entries)
         args.per_position.parent.mkdir(parents=True, exist_ok=True)
-        rows = [seed[length] for entry in entries for seed in entry.per_seed
-                if length in seed and seed[length]["ppl"] is not None]
-        plot_per_position(per_position_series(entries, length), train_lens, args.per_position,
-                          f"Loss by position in windows of {length} ({args.protocol}, {data}){band}\n"
-                          f"{bins_note(rows)} per seed")
+        rows = [
+            seed[length]
+            for entry in entries
+            for seed in entry.per_seed
+            if length in seed and seed[length]["ppl"] is not None
+        ]
+        plot_per_position(
+            per_position_series(entries, length),
+            train_lens,
+            args.per_position,
+            f"Loss by position in windows of {length} ({args.protocol}, {data}){band}\n{bins_note(rows)} per seed",
+        )
         written.append(args.per_position)
     if curves:
         args.val_curve.parent.mkdir(parents=True, exist_ok=True)
-        plot_training_curves([Series(curve.label, curve.scheme, list(curve.by_step),
-                                     [estimate.mean for estimate in curve.by_step.values()],
-                                     [estimate.half_width for estimate in curve.by_step.values()]) for curve in curves],
-                             args.val_curve, f"Validation loss during training{band}")
+        plot_training_curves(
+            [
+                Series(
+                    curve.label,
+                    curve.scheme,
+                    list(curve.by_step),
+                    [estimate.mean for estimate in curve.by_step.values()],
+                    [estimate.half_width for estimate in curve.by_step.values()],
+                )
+                for curve in curves
+            ],
+            args.val_curve,
+            f"Validation loss during training{band}",
+        )
         written.append(args.val_curve)
     if args.entropy is not None:
         args.entropy.parent.mkdir(parents=True, exist_ok=True)

@@ -19,21 +19,20 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from core.checkpoint import load_checkpoint  # noqa: E402
-from core.cli import exit_on_user_error  # noqa: E402
-from core.errors import PosGPTError  # noqa: E402
-from core.tracking import METRICS_FILE  # noqa: E402
-from evaluation.report import CSV_FILE, write_csv, write_results  # noqa: E402
-from evaluation.run import EVAL_DIR, load_run_results  # noqa: E402
+from core.checkpoint import load_checkpoint
+from core.cli import exit_on_user_error
+from core.errors import PosGPTError
+from core.tracking import METRICS_FILE
+from evaluation.report import CSV_FILE, write_csv, write_results
+from evaluation.run import EVAL_DIR, load_run_results
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dirs", nargs="+", type=Path, help="training run directories")
     parser.add_argument("--to", type=Path, required=True, help="the folder to export into")
     return parser.parse_args(argv)
@@ -47,7 +46,8 @@ def results_with_config(run_dir: Path) -> dict:
         if checkpoint["step"] != document["step"]:
             raise PosGPTError(
                 f"{run_dir}: its results scored step {document['step']}, its checkpoint is at step "
-                f"{checkpoint['step']}: evaluate it again (python eval.py run_dir={run_dir}) before exporting")
+                f"{checkpoint['step']}: evaluate it again (python eval.py run_dir={run_dir}) before exporting"
+            )
         document["config"] = checkpoint["config"]
     return document
 

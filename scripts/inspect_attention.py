@@ -29,18 +29,16 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from core.cli import exit_on_user_error  # noqa: E402
-from core.errors import PosGPTError  # noqa: E402
-from core.tracking import init_wandb  # noqa: E402
-from data import eval_tokens  # noqa: E402
-from experiment.build import load_trained_run, parse_run_dir  # noqa: E402
-from evaluation.attention_stats import ATTENTION_FILE, attention_statistics, plot_distance, plot_entropy  # noqa: E402
-from evaluation.run import EVAL_DIR  # noqa: E402
-from model.pe.rope_scaling import scaling_label  # noqa: E402
+from core.cli import exit_on_user_error
+from core.errors import PosGPTError
+from core.tracking import init_wandb
+from data import eval_tokens
+from evaluation.attention_stats import ATTENTION_FILE, attention_statistics, plot_distance, plot_entropy
+from evaluation.run import EVAL_DIR
+from experiment.build import load_trained_run, parse_run_dir
+from model.pe.rope_scaling import scaling_label
 
 USAGE = "usage: python scripts/inspect_attention.py run_dir=<training run directory> [inspect.* and other overrides]"
 
@@ -56,27 +54,40 @@ def main(argv: list[str]) -> None:
     cfg, checkpoint, model, device, dtype, run_dir = run.cfg, run.checkpoint, run.model, run.device, run.dtype, run.dir
     multipliers = list(cfg.inspect.length_multipliers)
     if not multipliers or min(multipliers) <= 0 or cfg.inspect.windows <= 0:
-        raise PosGPTError("inspect.length_multipliers must be a non-empty list of positive numbers, "
-                          "and inspect.windows positive")
+        raise PosGPTError(
+            "inspect.length_multipliers must be a non-empty list of positive numbers, and inspect.windows positive"
+        )
     tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
     scaling = scaling_label(getattr(model.pe.cfg, "scaling", None))
     entries = []
     for length in sorted({m * cfg.train.seq_len for m in multipliers}):
         entries.append(attention_statistics(model, tokens, length, cfg.inspect.windows, device, dtype))
         done = entries[-1]
-        print(f"inspect: length {length}: " + (f"{done['windows']} windows" if done["reason"] is None
-                                               else f"skipped ({done['reason']})"), flush=True)
+        print(
+            f"inspect: length {length}: "
+            + (f"{done['windows']} windows" if done["reason"] is None else f"skipped ({done['reason']})"),
+            flush=True,
+        )
     if all(entry["reason"] is not None for entry in entries):
         raise PosGPTError(f"no length could be inspected: {entries[0]['reason']}")
-    document = {"pe": cfg.pe.name, "train_seq_len": cfg.train.seq_len, "step": checkpoint["step"],
-                "scaling": scaling or None, "data": cfg.data.name, "n_layer": cfg.model.n_layer,
-                "n_head": cfg.model.n_head, "lengths": entries}
+    document = {
+        "pe": cfg.pe.name,
+        "train_seq_len": cfg.train.seq_len,
+        "step": checkpoint["step"],
+        "scaling": scaling or None,
+        "data": cfg.data.name,
+        "n_layer": cfg.model.n_layer,
+        "n_head": cfg.model.n_head,
+        "lengths": entries,
+    }
     eval_dir = Path(run_dir) / EVAL_DIR
     eval_dir.mkdir(parents=True, exist_ok=True)
     suffix = output_suffix(scaling)
-    paths = {"json": eval_dir / ATTENTION_FILE.replace(".json", f"{suffix}.json"),
-             "distance": eval_dir / f"attention_distance{suffix}.png",
-             "entropy": eval_dir / f"attention_entropy{suffix}.png"}
+    paths = {
+        "json": eval_dir / ATTENTION_FILE.replace(".json", f"{suffix}.json"),
+        "distance": eval_dir / f"attention_distance{suffix}.png",
+        "entropy": eval_dir / f"attention_entropy{suffix}.png",
+    }
     paths["json"].write_text(json.dumps(document, indent=1) + "\n")
     plot_distance(document, paths["distance"])
     plot_entropy(document, paths["entropy"])

@@ -23,9 +23,20 @@ REPO = Path(__file__).resolve().parents[1]
 # function of the step alone, so runs that end at different max_steps train identically up to their end.
 # pe=learned: the reference run then also serves the test of evaluating beyond the learned table.
 TINY = [
-    "pe=learned", "data=text", "model.n_layer=1", "model.n_embd=16", "model.n_head=2",
-    "train.seq_len=16", "train.batch_size=4", "train.num_threads=1", "train.log_every=1", "train.warmup_steps=1000",
-    "train.val_batches=2", "train.eval_after=false", "logging.wandb.mode=disabled", "logging.progress=false",
+    "pe=learned",
+    "data=text",
+    "model.n_layer=1",
+    "model.n_embd=16",
+    "model.n_head=2",
+    "train.seq_len=16",
+    "train.batch_size=4",
+    "train.num_threads=1",
+    "train.log_every=1",
+    "train.warmup_steps=1000",
+    "train.val_batches=2",
+    "train.eval_after=false",
+    "logging.wandb.mode=disabled",
+    "logging.progress=false",
 ]
 STEPS = 40  # the reference run's length
 TIMEOUT_S = 300  # generous: the 2 CPU cores are shared
@@ -51,15 +62,30 @@ class Runner:
         return self.run([sys.executable, "train.py", *self.overrides(run_dir, *extra)])
 
     def torchrun(self, run_dir: Path, *extra: str, nproc: int = 2) -> subprocess.CompletedProcess:
-        return self.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                         "train.py", *self.overrides(run_dir, *extra)])
+        return self.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={nproc}",
+                "train.py",
+                *self.overrides(run_dir, *extra),
+            ]
+        )
 
     def eval(self, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
         return self.run([sys.executable, "eval.py", f"run_dir={run_dir}", *extra])
 
     def start_train(self, run_dir: Path, *extra: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "train.py", *self.overrides(run_dir, *extra)], cwd=REPO,
-                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, "train.py", *self.overrides(run_dir, *extra)],
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
 
 _REFERENCES: dict[Path, Path] = {}

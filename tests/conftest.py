@@ -6,6 +6,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))  # scripts import _repo, as when run as python scripts/<name>.py
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
@@ -13,3 +14,6 @@ os.environ.setdefault("WANDB_SILENT", "true")
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Token caches go to one per-session temporary directory, never to the user's ~/.cache."""
     monkeypatch.setenv("POSGPT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "posgpt-cache"))
+
+
+from cli_runs import cli  # noqa: E402, F401  (the `cli` fixture, for every test module)

@@ -11,17 +11,23 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from cli_runs import REPO, Runner
+from tiny_checkpoint import make_run
+
 from core.errors import PosGPTError
 from data import TokenArray
-from evaluation.attention_stats import (LayerSums, LengthStats, attention_statistics, log_bins, read_attention,
-                                        weights_by_distance)
+from evaluation.attention_stats import (
+    LayerSums,
+    LengthStats,
+    attention_statistics,
+    log_bins,
+    read_attention,
+    weights_by_distance,
+)
 from model import GPT, ModelConfig
 from model.attention import capture_attention
 from model.pe import SCHEMES
 from model.pe.alibi import alibi_slopes
-from tiny_checkpoint import make_run
 
 SEQ_LEN = 16
 CPU = torch.device("cpu")
@@ -59,8 +65,10 @@ def test_captured_rows_by_distance_sum_to_one_over_the_distances_they_see(name):
 
 def test_weights_by_distance_of_cached_queries():
     """Queries that are the last Tq of Tk keys (a KV cache) see distances up to their own position."""
-    probs = torch.softmax(torch.randn(1, 1, 3, 6).masked_fill(
-        torch.arange(6)[None, :] > torch.arange(3, 6)[:, None], float("-inf")), dim=-1)
+    probs = torch.softmax(
+        torch.randn(1, 1, 3, 6).masked_fill(torch.arange(6)[None, :] > torch.arange(3, 6)[:, None], float("-inf")),
+        dim=-1,
+    )
     weights = weights_by_distance(probs)
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 1, 3))
     assert weights[0, 0, 0, 3] == probs[0, 0, 0, 0] and (weights[0, 0, 0, 4:] == 0).all()
@@ -100,6 +108,7 @@ def test_alibi_heads_with_steeper_slopes_look_closer(tmp_path):
 
 
 # --- the command line and compare.py ---
+
 
 @pytest.fixture(scope="module")
 def inspected(tmp_path_factory):
@@ -154,8 +163,17 @@ def test_compare_overlays_the_entropy_of_several_runs(inspected, tmp_path):
     sys.modules["compare"] = compare  # compare.py defines dataclasses, which look their module up
     spec.loader.exec_module(compare)
     path = tmp_path / "entropy.png"
-    compare.main([*map(str, runs), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png"),
-                  "--entropy", str(path)])
+    compare.main(
+        [
+            *map(str, runs),
+            "--markdown",
+            str(tmp_path / "c.md"),
+            "--plot",
+            str(tmp_path / "c.png"),
+            "--entropy",
+            str(path),
+        ]
+    )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

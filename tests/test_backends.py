@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 
 import model.attention as attention
 import model.loss as loss_module
-from experiment.config import TrainConfig
 from core.errors import PosGPTError
+from experiment.config import TrainConfig
 from model import GPT, ModelConfig
 from model.attention import attend, resolve_backend
 from model.pe import SCHEMES, ModelDims, PositionState, build_positional_encoding
@@ -98,8 +98,7 @@ def test_sdpa_matches_math_forward_and_backward(name, blocks, monkeypatch):
 def test_sdpa_matches_math_with_a_kv_cache(name):
     """Queries at positions 35..39 over 40 cached keys: the decoding case."""
     pe, (q, k, v) = scheme(name), qkv(tq=5)
-    assert_all_close(output_and_grads("sdpa", pe, q, k, v), output_and_grads("math", pe, q, k, v),
-                     rtol=1e-4, atol=1e-5)
+    assert_all_close(output_and_grads("sdpa", pe, q, k, v), output_and_grads("math", pe, q, k, v), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS + CONTENT])
@@ -122,8 +121,9 @@ def test_flex_forward_runs_on_cpu_and_matches_math(name):
     """torch 2.13 runs FlexAttention forward on CPU (eager, unfused); there is no CPU backward."""
     pe, (q, k, v) = scheme(name), qkv(requires_grad=False)
     with torch.no_grad():
-        torch.testing.assert_close(attend(q, k, v, pe, "flex", layer=1), attend(q, k, v, pe, "math", layer=1),
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            attend(q, k, v, pe, "flex", layer=1), attend(q, k, v, pe, "math", layer=1), rtol=1e-4, atol=1e-5
+        )
 
 
 def test_flex_training_on_cpu_is_a_clear_error():
@@ -148,8 +148,12 @@ def test_sdpa_matches_math_with_per_row_positions(name, monkeypatch):
     monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", B * H * T * (T // 3 + 1))
     pe, (q, k, v) = scheme(name), qkv()
     positions = random_positions(B, T, 4 * T, torch.Generator().manual_seed(3))
-    assert_all_close(output_and_grads("sdpa", pe, q, k, v, 1, positions),
-                     output_and_grads("math", pe, q, k, v, 1, positions), rtol=1e-4, atol=1e-5)
+    assert_all_close(
+        output_and_grads("sdpa", pe, q, k, v, 1, positions),
+        output_and_grads("math", pe, q, k, v, 1, positions),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -158,8 +162,12 @@ def test_flex_forward_with_per_row_positions_matches_math_on_cpu(name):
     pe, (q, k, v) = scheme(name), qkv(requires_grad=False)
     positions = random_positions(B, T, 4 * T, torch.Generator().manual_seed(3))
     with torch.no_grad():
-        torch.testing.assert_close(attend_at("flex", pe, q, k, v, 1, positions),
-                                   attend_at("math", pe, q, k, v, 1, positions), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            attend_at("flex", pe, q, k, v, 1, positions),
+            attend_at("math", pe, q, k, v, 1, positions),
+            rtol=1e-4,
+            atol=1e-5,
+        )
 
 
 @CUDA
@@ -170,8 +178,12 @@ def test_cuda_flex_gradients_of_bias_parameters_with_per_row_positions(name):
     pe = scheme(name, "cuda")
     q, k, v = qkv(tq=256, tk=256, device="cuda")
     positions = random_positions(B, 256, 4096, torch.Generator().manual_seed(3)).cuda()
-    assert_all_close(output_and_grads("flex", pe, q, k, v, 1, positions),
-                     output_and_grads("math", pe, q, k, v, 1, positions), rtol=1e-3, atol=1e-3)
+    assert_all_close(
+        output_and_grads("flex", pe, q, k, v, 1, positions),
+        output_and_grads("math", pe, q, k, v, 1, positions),
+        rtol=1e-3,
+        atol=1e-3,
+    )
 
 
 SEQ_LEN, VOCAB = 16, 300
@@ -198,8 +210,15 @@ def test_fast_path_first_steps_match_the_reference(name, monkeypatch):
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
         optimizer = build_optimizer(model, train_cfg, torch.device("cpu"))
-        step = TrainStep(model, optimizer, build_scheduler(optimizer, train_cfg), 1, train_cfg.grad_clip,
-                         torch.device("cpu"), torch.float32)
+        step = TrainStep(
+            model,
+            optimizer,
+            build_scheduler(optimizer, train_cfg),
+            1,
+            train_cfg.grad_clip,
+            torch.device("cpu"),
+            torch.float32,
+        )
         losses = torch.stack([step(b[:, :-1], b[:, 1:])[0] for b in batches])
         results.append((grads, losses))
     (fast_grads, fast_losses), (ref_grads, ref_losses) = results

@@ -20,9 +20,20 @@ def run_script(*args: str) -> list[dict]:
 
 def test_bench_prints_one_json_line_per_scheme_with_eval():
     records = run_script(
-        "scripts/bench.py", "pe=alibi,learned", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
-        "model.vocab_size=512", "train.seq_len=32", "train.batch_size=2", "--warmup", "1", "--steps", "2",
-        "--eval-length", "128",
+        "scripts/bench.py",
+        "pe=alibi,learned",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "model.vocab_size=512",
+        "train.seq_len=32",
+        "train.batch_size=2",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--eval-length",
+        "128",
     )
     assert [r["pe"] for r in records] == ["alibi", "learned"]
     for record in records:
@@ -48,7 +59,7 @@ def test_bench_splits_schemes_and_rejects_unknown_flags(capsys):
     assert exit_info.value.code == 2 and "--stepz" in capsys.readouterr().err
 
 
-FAKE_NANOGPT = '''
+FAKE_NANOGPT = """
 from dataclasses import dataclass
 import torch
 
@@ -76,13 +87,26 @@ class GPT(torch.nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
-'''
+"""
 
 
 def test_bench_nanogpt_prints_the_same_fields(tmp_path):
     """A stand-in with nanoGPT's interface (the real model.py is not part of posgpt)."""
     model_py = tmp_path / "model.py"
     model_py.write_text(FAKE_NANOGPT)
-    (record,) = run_script("scripts/bench_nanogpt.py", "--model-py", str(model_py), "--n-embd", "8",
-                           "--seq-len", "8", "--batch-size", "2", "--warmup", "1", "--steps", "2")
+    (record,) = run_script(
+        "scripts/bench_nanogpt.py",
+        "--model-py",
+        str(model_py),
+        "--n-embd",
+        "8",
+        "--seq-len",
+        "8",
+        "--batch-size",
+        "2",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+    )
     assert FIELDS <= record.keys() and record["impl"] == "nanoGPT" and record["tokens_per_s"] > 0

@@ -7,10 +7,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
-
 import pytest
-
 from cli_runs import REPO, Runner, assert_user_error
+
 from core.tracking import read_metrics
 from model.pe import SCHEMES
 
@@ -36,11 +35,27 @@ def cli(tmp_path_factory) -> Runner:
 def small_run(files: list[str], run_dir: Path, *extra: str) -> list[str]:
     """train.py arguments for a model and run small enough for a few seconds of CPU."""
     return [
-        sys.executable, "train.py", "data=text", f"data.files=[{','.join(files)}]", "data.val_fraction=0.2",
-        "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.seq_len=16", "train.batch_size=16",
-        "train.max_steps=12", "train.warmup_steps=0", "train.lr=1e-2", "train.log_every=1", "train.val_every=4",
-        "train.val_batches=2", "train.checkpoint_every=4", "eval.max_tokens=256", "logging.progress=false",
-        f"hydra.run.dir={run_dir}", *extra,
+        sys.executable,
+        "train.py",
+        "data=text",
+        f"data.files=[{','.join(files)}]",
+        "data.val_fraction=0.2",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "train.seq_len=16",
+        "train.batch_size=16",
+        "train.max_steps=12",
+        "train.warmup_steps=0",
+        "train.lr=1e-2",
+        "train.log_every=1",
+        "train.val_every=4",
+        "train.val_batches=2",
+        "train.checkpoint_every=4",
+        "eval.max_tokens=256",
+        "logging.progress=false",
+        f"hydra.run.dir={run_dir}",
+        *extra,
     ]
 
 
@@ -51,8 +66,11 @@ def ok(done):
 
 def repository_copy(destination: Path) -> Path:
     """The code and configs/ of this checkout, to edit a YAML file without touching the real one."""
-    shutil.copytree(REPO, destination, ignore=shutil.ignore_patterns(".git", "tests", "outputs", "multirun",
-                                                                     "docs", "bench", "__pycache__"))
+    shutil.copytree(
+        REPO,
+        destination,
+        ignore=shutil.ignore_patterns(".git", "tests", "outputs", "multirun", "docs", "bench", "__pycache__"),
+    )
     return destination
 
 
@@ -101,9 +119,20 @@ def assert_evaluation_follows_the_checkpoint(cli, run_dir, tmp_path, rows):
     rope_yaml = copy / "configs" / "pe" / "rope.yaml"
     rope_yaml.write_text(rope_yaml.read_text().replace("base: 10000.0", "base: 500000.0"))
     assert "base: 500000.0" in rope_yaml.read_text()
-    again = ok(cli.run([sys.executable, str(copy / "eval.py"), f"run_dir={run_dir}", "eval.length_multipliers=[1,4]",
-                        "eval.max_tokens=256", "logging.progress=false", "pe.scaling.type=linear",
-                        "pe.scaling.factor=1.0"]))
+    again = ok(
+        cli.run(
+            [
+                sys.executable,
+                str(copy / "eval.py"),
+                f"run_dir={run_dir}",
+                "eval.length_multipliers=[1,4]",
+                "eval.max_tokens=256",
+                "logging.progress=false",
+                "pe.scaling.type=linear",
+                "pe.scaling.factor=1.0",
+            ]
+        )
+    )
     assert "pe=rope" in again.stdout
     document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
     linear = {(r["length"], r["protocol"]): r["ppl"] for r in document["results"] if r["scaling"]["type"] == "linear"}

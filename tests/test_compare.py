@@ -19,10 +19,22 @@ from evaluation.stats import Estimate, clearly_different
 from experiment.settings import config_for_evaluation
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["data=text", "data.val_fraction=0.2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
-        "train.seq_len=16", "train.batch_size=4", "train.max_steps=6", "train.val_batches=2", "train.num_threads=1",
-        "logging.wandb.mode=disabled", "logging.progress=false", "eval.max_tokens=256",
-        "eval.length_multipliers=[1,2,4,8]"]
+TINY = [
+    "data=text",
+    "data.val_fraction=0.2",
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "train.seq_len=16",
+    "train.batch_size=4",
+    "train.max_steps=6",
+    "train.val_batches=2",
+    "train.num_threads=1",
+    "logging.wandb.mode=disabled",
+    "logging.progress=false",
+    "eval.max_tokens=256",
+    "eval.length_multipliers=[1,2,4,8]",
+]
 
 
 def load_compare():
@@ -37,8 +49,13 @@ compare = load_compare()
 
 
 def run(*args, cache, env=None):
-    result = subprocess.run([*map(str, args)], cwd=REPO, capture_output=True, text=True,
-                            env={**os.environ, "POSGPT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1", **(env or {})})
+    result = subprocess.run(
+        [*map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "POSGPT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1", **(env or {})},
+    )
     assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
     return result
 
@@ -53,12 +70,23 @@ def study(tmp_path_factory):
     corpus.write_text("\n".join((stdlib / name).read_text() for name in ("textwrap.py", "string.py", "bisect.py")))
 
     def study_sh(*args):
-        return run("bash", "scripts/study.sh", *args, study_dir, f"data.files=[{corpus}]", *TINY, cache=tmp / "cache",
-                   env={"EVAL_SCALINGS": "[yarn:4]"})
+        return run(
+            "bash",
+            "scripts/study.sh",
+            *args,
+            study_dir,
+            f"data.files=[{corpus}]",
+            *TINY,
+            cache=tmp / "cache",
+            env={"EVAL_SCALINGS": "[yarn:4]"},
+        )
 
     study_sh("--seeds", "2", "--schemes", "rope")
     first_table = (study_dir / "comparison.md").read_text()
-    done_files = [study_dir / "rope-s1" / "checkpoints" / "last.pt", study_dir / "rope-s1" / "eval" / "extrapolation.json"]
+    done_files = [
+        study_dir / "rope-s1" / "checkpoints" / "last.pt",
+        study_dir / "rope-s1" / "eval" / "extrapolation.json",
+    ]
     before = [path.stat().st_mtime_ns for path in done_files]
     again = study_sh("--seed-list", "1", "--schemes", "rope,learned")
     unchanged = before == [path.stat().st_mtime_ns for path in done_files]
@@ -71,8 +99,12 @@ def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
         assert load_checkpoint(study_dir / f"rope-s{seed}")["config"]["train"]["seed"] == seed
     document = json.loads((study_dir / "rope-s2" / "eval" / "extrapolation.json").read_text())
     settings = {(r["protocol"], r["scaling"]["type"]) for r in document["results"]}
-    assert settings == {("nonoverlapping", "none"), ("sliding", "none"), ("nonoverlapping", "yarn"),
-                        ("sliding", "yarn")}
+    assert settings == {
+        ("nonoverlapping", "none"),
+        ("sliding", "none"),
+        ("nonoverlapping", "yarn"),
+        ("sliding", "yarn"),
+    }
     assert "| setting | seeds | 16 (1×) | 32 (2×) | 64 (4×) | 128 (8×) |" in first_table
     rows = table_rows(first_table)
     assert rows.keys() == {"rope", "rope yarn:4"} and all(cells[0] == "2" for cells in rows.values())
@@ -104,30 +136,52 @@ def test_study_lists_every_configured_scheme(tmp_path):
 def table_rows(markdown):
     """{label: [seeds, cell, ...]} of the first table in a comparison."""
     table = markdown.split("\n\n")[1]
-    return {cells[0]: cells[1:] for line in table.splitlines()[2:]
-            for cells in [[cell.strip() for cell in line.strip("|").split("|")]]}
+    return {
+        cells[0]: cells[1:]
+        for line in table.splitlines()[2:]
+        for cells in [[cell.strip() for cell in line.strip("|").split("|")]]
+    }
 
 
 def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
     _, study_dir, _, _, _ = study
     md = tmp_path / "one.md"
-    compare.main([str(study_dir / "rope-s1"), str(study_dir / "learned-s1"), "--protocol", "sliding",
-                  "--markdown", str(md), "--plot", str(tmp_path / "s.png"), "--ratios"])
+    compare.main(
+        [
+            str(study_dir / "rope-s1"),
+            str(study_dir / "learned-s1"),
+            "--protocol",
+            "sliding",
+            "--markdown",
+            str(md),
+            "--plot",
+            str(tmp_path / "s.png"),
+            "--ratios",
+        ]
+    )
     text = md.read_text()
     assert not any("±" in cell for cells in table_rows(text).values() for cell in cells)
     assert "no difference is claimed" in text
     assert "sliding protocol, stride L/2" in text
     document = json.loads((study_dir / "rope-s1" / "eval" / "extrapolation.json").read_text())
-    ppl = {r["length"]: r["ppl"] for r in document["results"]
-           if r["protocol"] == "sliding" and r["scaling"]["type"] == "none"}
+    ppl = {
+        r["length"]: r["ppl"]
+        for r in document["results"]
+        if r["protocol"] == "sliding" and r["scaling"]["type"] == "none"
+    }
     assert table_rows(text)["rope"][:2] == ["1", format_ppl(ppl[16])]
     ratios = text.split("ppl@kL / ppl@L")[1]
     assert f"| rope | 1 | {format_number(ppl[32] / ppl[16], 3)} |" in ratios.replace("**", "")
 
 
 def export(*args):
-    return subprocess.run([sys.executable, "scripts/export_results.py", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "scripts/export_results.py", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(study, tmp_path):
@@ -147,14 +201,29 @@ def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(s
     done = export(*runs, "--to", tmp_path / "exported")
     assert done.returncode == 0, done.stderr
     copies = [tmp_path / "exported" / name for name in ("rope-s1", "rope-s2")]
-    assert sorted(p.name for p in copies[1].rglob("*")) == ["eval", "extrapolation.csv", "extrapolation.json",
-                                                             "metrics.jsonl", "overrides.yaml"]
+    assert sorted(p.name for p in copies[1].rglob("*")) == [
+        "eval",
+        "extrapolation.csv",
+        "extrapolation.json",
+        "metrics.jsonl",
+        "overrides.yaml",
+    ]
     exported = json.loads((copies[1] / "eval" / "extrapolation.json").read_text())
     assert exported == {**document, "config": load_checkpoint(runs[1])["config"]}
     reports = []
     for name, dirs in (("runs", runs), ("copies", copies)):
-        compare.main([*map(str, dirs), "--ratios", "--markdown", str(tmp_path / f"{name}.md"),
-                      "--plot", str(tmp_path / f"{name}.png"), "--val-curve", str(tmp_path / f"{name}-val.png")])
+        compare.main(
+            [
+                *map(str, dirs),
+                "--ratios",
+                "--markdown",
+                str(tmp_path / f"{name}.md"),
+                "--plot",
+                str(tmp_path / f"{name}.png"),
+                "--val-curve",
+                str(tmp_path / f"{name}-val.png"),
+            ]
+        )
         reports.append((tmp_path / f"{name}.md").read_text())
     assert reports[0] == reports[1] and "| rope yarn:4 | 2 |" in reports[0]
 
@@ -198,9 +267,21 @@ def test_compare_refuses_results_without_checkpoint_or_recorded_config(study, tm
     document = json.loads(path.read_text())
     del document["config"]  # as written before posgpt recorded it
     path.write_text(json.dumps(document))
-    done = subprocess.run([sys.executable, "scripts/compare.py", str(copy), "--markdown", str(tmp_path / "c.md"),
-                           "--plot", str(tmp_path / "c.png")], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/compare.py",
+            str(copy),
+            "--markdown",
+            str(tmp_path / "c.md"),
+            "--plot",
+            str(tmp_path / "c.png"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert f"{copy} has no checkpoint" in done.stderr and "does not say how the run was trained" in done.stderr
     assert not (tmp_path / "c.md").exists()
@@ -224,8 +305,13 @@ def test_compare_names_a_corrupt_or_malformed_results_file(study, tmp_path):
             with pytest.raises(PosGPTError, match=r"malformed: expected a JSON object, found list"):
                 compare.load_runs([run_dir])
             continue
-        done = subprocess.run([sys.executable, "scripts/compare.py", str(study_dir / "rope-s1"), str(run_dir)],
-                              cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(
+            [sys.executable, "scripts/compare.py", str(study_dir / "rope-s1"), str(run_dir)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.strip().count("\n") == 0
         assert f"{run_dir}/eval/extrapolation.json is unreadable or not JSON" in done.stderr
@@ -246,26 +332,46 @@ def test_eval_py_rejects_a_scaling_for_a_scheme_without_one(study):
 
 # Hand-made runs: grouping, labels, interval tables and the difference rule, without training.
 
+
 def fake_run(pe, seed, ppls, pe_keys=None):
-    config = {"pe": {"name": pe, **(pe_keys or {})}, "train": {"seed": seed, "seq_len": 16, "num_threads": seed},
-              "model": {"n_layer": 1}, "logging": {"wandb": {"name": f"r{seed}"}}}
-    rows = [{"length": length, "protocol": "nonoverlapping", "stride": None, "scaling": None, "data": "d",
-             "ppl": ppl, "tokens": 64, "target_range": [64, 128]} for length, ppl in ppls.items()]
-    return compare.Run(Path(f"/runs/{pe}-{seed}"),
-                       {"pe": pe, "train_seq_len": 16, "results": rows}, config)
+    config = {
+        "pe": {"name": pe, **(pe_keys or {})},
+        "train": {"seed": seed, "seq_len": 16, "num_threads": seed},
+        "model": {"n_layer": 1},
+        "logging": {"wandb": {"name": f"r{seed}"}},
+    }
+    rows = [
+        {
+            "length": length,
+            "protocol": "nonoverlapping",
+            "stride": None,
+            "scaling": None,
+            "data": "d",
+            "ppl": ppl,
+            "tokens": 64,
+            "target_range": [64, 128],
+        }
+        for length, ppl in ppls.items()
+    ]
+    return compare.Run(Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "results": rows}, config)
 
 
 def test_runs_that_differ_only_in_seed_and_run_settings_are_one_group():
-    runs = [fake_run("rope", 1, {16: 10.0}), fake_run("alibi", 1, {16: 11.0}), fake_run("rope", 2, {16: 12.0}),
-            fake_run("rope", 3, {16: 9.0}, {"base": 500000})]
+    runs = [
+        fake_run("rope", 1, {16: 10.0}),
+        fake_run("alibi", 1, {16: 11.0}),
+        fake_run("rope", 2, {16: 12.0}),
+        fake_run("rope", 3, {16: 9.0}, {"base": 500000}),
+    ]
     groups = compare.group_by_seed(runs)
     assert [[r.config["train"]["seed"] for r in g] for g in groups] == [[1, 2], [1], [3]]
     assert compare.group_labels(groups) == ["rope", "alibi", "rope pe.base=500000"]
 
 
 def test_cells_are_mean_and_t_interval_and_the_rule_names_clear_differences():
-    runs = [fake_run("rope", s, {16: p16, 32: p32}) for s, p16, p32 in ((1, 10.0, 20.0), (2, 11.0, 22.0),
-                                                                         (3, 12.0, 24.0))]
+    runs = [
+        fake_run("rope", s, {16: p16, 32: p32}) for s, p16, p32 in ((1, 10.0, 20.0), (2, 11.0, 22.0), (3, 12.0, 24.0))
+    ]
     runs += [fake_run("alibi", s, {16: p, 32: p}) for s, p in ((1, 10.5), (2, 11.5), (3, 12.5))]
     entries = compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
     rope, alibi = entries
@@ -276,15 +382,17 @@ def test_cells_are_mean_and_t_interval_and_the_rule_names_clear_differences():
     report = compare.markdown_report(entries, "nonoverlapping", None, "d", ratios=True)
     assert "| rope | 3 | **11.00 ± 2.48** | 22.00 ± 4.97 |" in report
     assert "| alibi | 3 | 11.50 ± 2.48 | **11.50 ± 2.48** |" in report
-    assert "- 16 (1×): lowest rope; intervals apart (clearly worse): none; " \
-           "intervals overlap (not distinguishable): alibi" in report
+    assert (
+        "- 16 (1×): lowest rope; intervals apart (clearly worse): none; "
+        "intervals overlap (not distinguishable): alibi" in report
+    )
     assert "| rope | 3 | 2.000 ± 0.000 |" in report and "| alibi | 3 | **1.000 ± 0.000** |" in report
     assert "- 2×: lowest alibi; intervals apart (clearly worse): rope;" in report  # the ratios' intervals
 
 
 def test_a_seed_without_a_value_is_counted_in_its_cell():
     runs = [fake_run("rope", 1, {16: 10.0, 32: 20.0}), fake_run("rope", 2, {16: 12.0, 32: None})]
-    entry, = compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
+    (entry,) = compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
     report = compare.markdown_report([entry], "nonoverlapping", None, "d", ratios=False)
     assert "| rope | 2 | **11.00 ± 12.71** | **20.00 (n=1)** |" in report
 
@@ -293,11 +401,26 @@ def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study
     """--val-curve: per setting, the validation loss each seed logged (metrics.jsonl), mean ± t-interval."""
     _, study_dir, _, _, _ = study
     md, png = tmp_path / "val.md", tmp_path / "val.png"
-    compare.main([str(study_dir / "rope-s1"), str(study_dir / "rope-s2"), "--markdown", str(md),
-                  "--plot", str(tmp_path / "c.png"), "--val-curve", str(png)])
-    logged = [{json.loads(line)["step"]: json.loads(line)["val_loss"]
-               for line in (study_dir / f"rope-s{seed}" / "metrics.jsonl").read_text().splitlines()
-               if "val_loss" in line} for seed in (1, 2)]
+    compare.main(
+        [
+            str(study_dir / "rope-s1"),
+            str(study_dir / "rope-s2"),
+            "--markdown",
+            str(md),
+            "--plot",
+            str(tmp_path / "c.png"),
+            "--val-curve",
+            str(png),
+        ]
+    )
+    logged = [
+        {
+            json.loads(line)["step"]: json.loads(line)["val_loss"]
+            for line in (study_dir / f"rope-s{seed}" / "metrics.jsonl").read_text().splitlines()
+            if "val_loss" in line
+        }
+        for seed in (1, 2)
+    ]
     step = max(logged[0])
     a, b = logged[0][step], logged[1][step]
     half_width = 12.7062047 * abs(a - b) / 2  # t_{0.975, 1} * s / sqrt(2), s = |a - b| / sqrt(2)
@@ -308,7 +431,6 @@ def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-
 def test_compare_val_curve_refuses_a_run_without_logged_validation_loss(study, tmp_path):
     """Through the CLI: a run whose metrics.jsonl has no val_loss is refused with one line naming the file."""
     _, study_dir, _, _, _ = study
@@ -317,17 +439,26 @@ def test_compare_val_curve_refuses_a_run_without_logged_validation_loss(study, t
     metrics = run_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     metrics.write_text("".join(json.dumps(record) + "\n" for record in records if "val_loss" not in record))
-    done = subprocess.run([sys.executable, "scripts/compare.py", str(run_dir), "--val-curve", str(tmp_path / "v.png")],
-                          cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "scripts/compare.py", str(run_dir), "--val-curve", str(tmp_path / "v.png")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().count("\n") == 0
     assert f"{metrics} has no validation loss" in done.stderr
     assert not (tmp_path / "v.png").exists()
 
+
 def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tmp_path):
     def fake(name, **train):
-        config = {"model": {"n_embd": 64}, "pe": {"name": "rope", "base": 10000.0},
-                  "train": {"seed": 1, "seq_len": 64, "lr": 1e-3, "max_steps": 1200, "init_from": None, **train}}
+        config = {
+            "model": {"n_embd": 64},
+            "pe": {"name": "rope", "base": 10000.0},
+            "train": {"seed": 1, "seq_len": 64, "lr": 1e-3, "max_steps": 1200, "init_from": None, **train},
+        }
         return compare.Run(tmp_path / name, {"pe": "rope"}, config)
 
     parent, base = fake("rope-64-s1"), fake("rope-base-s1")
@@ -344,22 +475,26 @@ def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tm
 def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
     """Seeds move both settings together (same batches): the unpaired intervals overlap, yet every seed has
     B exactly 10% above A, which the paired report finds (+10.0% ± 0.0%), with a t-interval otherwise."""
+
     def entry(label, ppl_by_seed):
-        return compare.Entry(label, label, 64, [{64: {"ppl": ppl}} for ppl in ppl_by_seed.values()],
-                             list(ppl_by_seed))
+        return compare.Entry(label, label, 64, [{64: {"ppl": ppl}} for ppl in ppl_by_seed.values()], list(ppl_by_seed))
 
     a = entry("a", {1: 10.0, 2: 12.0, 3: 11.0})
     b = entry("b", {3: 12.1, 1: 11.0, 2: 13.2})  # seeds listed in another order: paired by train.seed
     c = entry("c", {1: 10.0, 2: 13.0, 3: 11.0})
     assert not clearly_different(compare.ppl_estimate(a, 64), compare.ppl_estimate(b, 64))
     lines = compare.paired_report([a, b, c], [64], ["64 (1×)"], compare.ppl_values)
-    rows = {cells[0]: cells[1] for line in "\n".join(lines).splitlines() if line.startswith("| ")
-            for cells in [[cell.strip() for cell in line.strip("|").split("|")]]}
+    rows = {
+        cells[0]: cells[1]
+        for line in "\n".join(lines).splitlines()
+        if line.startswith("| ")
+        for cells in [[cell.strip() for cell in line.strip("|").split("|")]]
+    }
     assert rows["a"] == "lowest" and rows["b"] == "**+10.0% ± 0.0%**"
     ratios = [1.0, 13 / 12, 1.0]  # c / a per seed: not significant with 3 seeds
     mean = sum(ratios) / 3 - 1
     sd = (sum((r - 1 - mean) ** 2 for r in ratios) / 2) ** 0.5
-    assert rows["c"] == f"{mean:+.1%} ± {4.30265273 * sd / 3 ** 0.5:.1%}"
+    assert rows["c"] == f"{mean:+.1%} ± {4.30265273 * sd / 3**0.5:.1%}"
     assert lines[-1] == "- 64 (1×): lowest a; interval excludes 0 (clearly different): b; interval includes 0: c"
     one_seed = entry("d", {1: 9.0})  # lower, but one seed: not the reference, not paired
     lines = compare.paired_report([a, b, one_seed], [64], ["64 (1×)"], compare.ppl_values)
@@ -369,20 +504,31 @@ def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
 def test_paired_differences_against_a_baseline_instead_of_the_lowest():
     def entry(label, ppl_by_length_and_seed):
         seeds = sorted(next(iter(ppl_by_length_and_seed.values())))
-        per_seed = [{length: {"ppl": by_seed[seed]} for length, by_seed in ppl_by_length_and_seed.items()}
-                    for seed in seeds]
+        per_seed = [
+            {length: {"ppl": by_seed[seed]} for length, by_seed in ppl_by_length_and_seed.items()} for seed in seeds
+        ]
         return compare.Entry(label, label, 64, per_seed, seeds)
 
     rope = entry("rope", {64: {1: 10.0, 2: 12.0}, 128: {1: 20.0, 2: 24.0}})
     alibi = entry("alibi", {64: {1: 11.0, 2: 13.2}, 128: {1: 11.0, 2: 13.2}})  # +10% at 1x, -45% at 2x
-    lines = compare.paired_report([rope, alibi], [64, 128], ["64 (1×)", "128 (2×)"], compare.ppl_values,
-                                  baseline=compare.find_baseline([rope, alibi], "rope"))
+    lines = compare.paired_report(
+        [rope, alibi],
+        [64, 128],
+        ["64 (1×)", "128 (2×)"],
+        compare.ppl_values,
+        baseline=compare.find_baseline([rope, alibi], "rope"),
+    )
     text = "\n".join(lines)
     assert "| rope | baseline | baseline |" in text
     assert "| alibi | **+10.0% ± 0.0%** | **-45.0% ± 0.0%** |" in text  # the lowest at 2x is still paired with rope
     assert "value / the baseline's (rope) value − 1" in text
-    assert lines[-1] == "- 128 (2×): baseline rope; interval excludes 0 (clearly different): alibi; interval includes 0: none"
-    with pytest.raises(PosGPTError, match=r"--baseline 'xpos' is not a setting of these runs; they are: 'rope', 'alibi'"):
+    assert (
+        lines[-1]
+        == "- 128 (2×): baseline rope; interval excludes 0 (clearly different): alibi; interval includes 0: none"
+    )
+    with pytest.raises(
+        PosGPTError, match=r"--baseline 'xpos' is not a setting of these runs; they are: 'rope', 'alibi'"
+    ):
         compare.find_baseline([rope, alibi], "xpos")
     with pytest.raises(PosGPTError, match="has one seed"):
         compare.find_baseline([entry("t5", {64: {1: 9.0}})], "t5")
@@ -396,8 +542,9 @@ def test_compare_baseline_through_the_command_line(study, tmp_path, capsys):
     report = md.read_text()
     assert "| rope yarn:4 | baseline |" in report and "(1×): baseline rope yarn:4; interval" in report
     with pytest.raises(SystemExit) as exit_info:
-        compare.main(runs + ["--baseline", "nope", "--markdown", str(tmp_path / "d.md"),
-                             "--plot", str(tmp_path / "d.png")])
+        compare.main(
+            runs + ["--baseline", "nope", "--markdown", str(tmp_path / "d.md"), "--plot", str(tmp_path / "d.png")]
+        )
     assert exit_info.value.code == 2 and "--baseline 'nope' is not a setting" in capsys.readouterr().err
     assert not (tmp_path / "d.md").exists()
 

@@ -368,8 +368,10 @@ def test_damaged_shard_is_tokenized_again_alone(tmp_path, shard_writes, capsys):
         ('{"key": "%s", "complete": true, "shards": []}', "'shards' is not an object of lists"),
         ('{"key": "%s", "complete": true, "shards": {}}', "complete, but lists no shards"),
         ('{"key": "%s", "shards": {"train": []}}', "no 'complete' flag"),
-        ('{"key": "%s", "complete": true, "shards": {"train": [{"file": "../x.bin", "tokens": 1, "sha256": ""}]}}',
-         "a malformed shard entry"),
+        (
+            '{"key": "%s", "complete": true, "shards": {"train": [{"file": "../x.bin", "tokens": 1, "sha256": ""}]}}',
+            "a malformed shard entry",
+        ),
         ('{"key": "other", "complete": true, "shards": {}}', "another cache key"),
         ('{"key": "%s", "comp', "is not readable JSON"),
     ],

@@ -30,8 +30,17 @@ def cli(tmp_path_factory) -> Runner:
 
 def train(cli: Runner, run_dir: Path, files: list[Path], *extra: str) -> subprocess.CompletedProcess:
     """train.py on `files` (instead of the runner's corpus), with this module's own token cache."""
-    return cli.run([sys.executable, "train.py", *TINY, f"data.files=[{','.join(map(str, files))}]",
-                    f"data.cache_dir={cli.base / 'cache'}", f"hydra.run.dir={run_dir}", *extra])
+    return cli.run(
+        [
+            sys.executable,
+            "train.py",
+            *TINY,
+            f"data.files=[{','.join(map(str, files))}]",
+            f"data.cache_dir={cli.base / 'cache'}",
+            f"hydra.run.dir={run_dir}",
+            *extra,
+        ]
+    )
 
 
 def entry(cli: Runner, name: str = "text") -> Path:
@@ -97,8 +106,12 @@ def test_corpus_edited_in_place_is_noticed_and_resume_refuses_it(cli, book, book
     try:
         done = train(cli, book_run, [book], "train.resume=true", "train.max_steps=4")
         assert "data: tokenizing text" in done.stdout  # a new cache entry: the content changed
-        assert_user_error(done, "data 'text' (files ", "book.txt) holds other tokens than the checkpoint was "
-                                "trained on", "Restore that corpus to resume")
+        assert_user_error(
+            done,
+            "data 'text' (files ",
+            "book.txt) holds other tokens than the checkpoint was trained on",
+            "Restore that corpus to resume",
+        )
     finally:
         book.write_text(text)  # the other tests use the original book
 
@@ -117,8 +130,11 @@ def test_eval_of_another_corpus_scores_all_of_it(cli, book_run):
 
 def test_duplicates_and_rows_without_text_are_reported(cli, tmp_path, book):
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"text": f"Row {i}: " + "words " * 40} if i % 4 else {"body": "x"}) + "\n"
-                            for i in range(40)))
+    rows.write_text(
+        "".join(
+            json.dumps({"text": f"Row {i}: " + "words " * 40} if i % 4 else {"body": "x"}) + "\n" for i in range(40)
+        )
+    )
     done = train(cli, tmp_path / "run", [book, book, rows], "train.max_steps=1")
     assert done.returncode == 0, done.stderr
     assert "data: text: dropped 1 of 32 documents whose text repeats an earlier one" in done.stdout
@@ -127,17 +143,21 @@ def test_duplicates_and_rows_without_text_are_reported(cli, tmp_path, book):
 
 def test_mostly_missing_text_is_refused(cli, tmp_path):
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"text": f"Row {i}."} if i % 4 == 0 else {"body": "x"}) + "\n"
-                            for i in range(40)))
-    assert_user_error(train(cli, tmp_path / "run", [rows]), f"{rows}: 30 of 40 rows have no 'text' value",
-                      "set data.text_field")
+    rows.write_text(
+        "".join(json.dumps({"text": f"Row {i}."} if i % 4 == 0 else {"body": "x"}) + "\n" for i in range(40))
+    )
+    assert_user_error(
+        train(cli, tmp_path / "run", [rows]), f"{rows}: 30 of 40 rows have no 'text' value", "set data.text_field"
+    )
 
 
 def test_invalid_utf8_names_the_file_and_byte(cli, tmp_path):
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("Ein schöner Tag.".encode("latin-1"))
-    assert_user_error(train(cli, tmp_path / "run", [latin]),
-                      f"data.files: could not read {latin}: not valid UTF-8 at byte 7 (invalid start byte)")
+    assert_user_error(
+        train(cli, tmp_path / "run", [latin]),
+        f"data.files: could not read {latin}: not valid UTF-8 at byte 7 (invalid start byte)",
+    )
 
 
 def _children(pid: int) -> set[int]:
@@ -162,13 +182,27 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 128 + signal.SIGINT)])
 def test_signal_while_tokenizing_stops_the_workers(cli, tmp_path, signum, code):
     """The standard library in small shards over 2 processes: a signal once the workers run ends them all."""
-    command = [sys.executable, "train.py", *[o for o in TINY if o != "data=text"], "data=python_stdlib",
-               "data.shard_chars=100000", "data.num_proc=2", f"data.cache_dir={tmp_path / 'cache'}",
-               f"hydra.run.dir={tmp_path / 'run'}"]
+    command = [
+        sys.executable,
+        "train.py",
+        *[o for o in TINY if o != "data=text"],
+        "data=python_stdlib",
+        "data.shard_chars=100000",
+        "data.num_proc=2",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     # Ctrl-C as a terminal delivers it, whatever this test inherits: a shell's background job (`pytest &`,
     # nohup) starts with SIGINT ignored, which Python and train.py keep (the run would rightly finish, exit 0).
-    process = subprocess.Popen(command, cwd=REPO, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while len(workers := _children(process.pid)) < 2:
@@ -188,8 +222,10 @@ def test_signal_while_tokenizing_stops_the_workers(cli, tmp_path, signum, code):
     assert manifest["complete"] is False
 
 
-@pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-                    reason="Ctrl-C has a custom handler here, which _signals_stop_workers leaves alone")
+@pytest.mark.skipif(
+    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+    reason="Ctrl-C has a custom handler here, which _signals_stop_workers leaves alone",
+)
 def test_a_signal_swallowed_after_the_last_result_is_delivered_when_tokenizing_ends():
     """A Ctrl-C whose KeyboardInterrupt was raised where Python ignores it (a callback), after the last result
     was checked, still ends the run: the block delivers the remembered signal on its way out."""

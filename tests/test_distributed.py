@@ -1,7 +1,7 @@
 """torchrun on CPU (gloo): two processes train like one with the same global batch, with DDP and FSDP2."""
 
 import torch
-from cli_runs import STEPS, cli, reference_run, train_losses  # noqa: F401
+from cli_runs import STEPS, reference_run, train_losses
 
 TOLERANCE = 1e-4  # summation order differs across processes; observed differences are ~1e-6
 
@@ -14,8 +14,9 @@ def test_ddp_then_fsdp_match_one_process(cli, tmp_path):
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     assert ddp.stdout.count("train: pe=") == 1 and "world=2" in ddp.stdout  # only rank 0 prints
     # The DDP checkpoint continues under FSDP2: checkpoints hold full state dicts whatever wrote them.
-    fsdp = cli.torchrun(run_dir, f"train.max_steps={STEPS}", "train.resume=true", "train.distributed=fsdp",
-                        "train.grad_accum_steps=2")
+    fsdp = cli.torchrun(
+        run_dir, f"train.max_steps={STEPS}", "train.resume=true", "train.distributed=fsdp", "train.grad_accum_steps=2"
+    )
     assert fsdp.returncode == 0, fsdp.stdout + fsdp.stderr
 
     losses = train_losses(run_dir)

@@ -3,13 +3,13 @@ overwritten (not even its record of how it was made, .hydra/, nor its console lo
 skips the step) and keeps its last good checkpoint. Every case is a real train.py or eval.py run."""
 
 import json
+import shutil
 import subprocess
 import sys
-import shutil
 
 import pytest
 import torch
-from cli_runs import REPO, STEPS, assert_one_line_error, assert_user_error, cli, reference_run  # noqa: F401
+from cli_runs import REPO, STEPS, assert_one_line_error, assert_user_error, reference_run
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +29,19 @@ def existing_run(cli, tmp_path_factory):
 
 def test_unknown_scheme_lists_the_options(cli, existing_run):
     done = cli.train(existing_run, "pe=fourier")
-    assert_one_line_error(done, "Could not find 'pe/fourier'",
-                          "Available options in 'pe': alibi, cope, fire, kerple, learned")
+    assert_one_line_error(
+        done, "Could not find 'pe/fourier'", "Available options in 'pe': alibi, cope, fire, kerple, learned"
+    )
 
 
-@pytest.mark.parametrize("override, message", [
-    ("+train.lerning_rate=3e-4", "unknown config key train.lerning_rate"),  # the `+` Hydra's own message suggests
-    ("train.lerning_rate=3e-4", "Key 'lerning_rate' not in 'TrainConfig'"),
-    ("train.max_steps=abc", "could not be converted to Integer"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+train.lerning_rate=3e-4", "unknown config key train.lerning_rate"),  # the `+` Hydra's own message suggests
+        ("train.lerning_rate=3e-4", "Key 'lerning_rate' not in 'TrainConfig'"),
+        ("train.max_steps=abc", "could not be converted to Integer"),
+    ],
+)
 def test_config_typos_never_train(cli, existing_run, override, message):
     assert_one_line_error(cli.train(existing_run, override), message)
 
@@ -48,21 +52,27 @@ def test_eval_of_a_checkpoint_file_says_to_pass_the_run_directory(cli, existing_
     assert "eval:" not in done.stdout  # refused before any work
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["model.n_embd=33"], "model.n_embd=33 is not divisible by model.n_head=2"),
-    (["pe=rope", "model.n_embd=18"], "head dimension must be even"),  # 18 / 2 heads = 9
-    (["train.max_steps=0"], "train.max_steps must be positive"),
-    (["train.seq_len=-16"], "train.seq_len must be positive"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.n_embd=33"], "model.n_embd=33 is not divisible by model.n_head=2"),
+        (["pe=rope", "model.n_embd=18"], "head dimension must be even"),  # 18 / 2 heads = 9
+        (["train.max_steps=0"], "train.max_steps must be positive"),
+        (["train.seq_len=-16"], "train.seq_len must be positive"),
+    ],
+)
 def test_bad_config(cli, existing_run, overrides, message):
     assert_user_error(cli.train(existing_run, *overrides), message)
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("missing.txt", None, "does not exist"),
-    ("empty.txt", b"", "is empty"),
-    ("binary.txt", b"\xff\xfe\x00\x81 not UTF-8 text", "could not read"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("missing.txt", None, "does not exist"),
+        ("empty.txt", b"", "is empty"),
+        ("binary.txt", b"\xff\xfe\x00\x81 not UTF-8 text", "could not read"),
+    ],
+)
 def test_bad_data_file(cli, tmp_path, name, content, message):
     path = tmp_path / name
     if content is not None:
@@ -132,8 +142,14 @@ def test_skip_nonfinite_skips_the_step(cli, tmp_path):
 
 def test_output_piped_to_a_reader_that_stops_early_ends_quietly(cli, existing_run):
     """`eval.py ... | head -0`: the reader is gone before the first line; no traceback, exit 1."""
-    process = subprocess.Popen([sys.executable, "eval.py", f"run_dir={existing_run}"], cwd=REPO, env=cli.env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "eval.py", f"run_dir={existing_run}"],
+        cwd=REPO,
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     process.stdout.close()  # before the command writes anything
     stderr = process.stderr.read()
     assert process.wait(timeout=120) == 1 and "Traceback" not in stderr, stderr

@@ -14,20 +14,34 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiment.build import build_model
-from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from data import DataConfig, load_splits
 from evaluation import plots
 from evaluation.plots import SCHEME_COLOURS, Series, scheme_colour
 from evaluation.report import CSV_COLUMNS, format_ppl, format_table
 from evaluation.run import EVAL_DIR, per_position_rows, run_extrapolation_eval
+from experiment.build import build_model
+from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from model import ModelConfig
 from model.pe.learned import LearnedConfig
 from model.pe.rope import RoPEConfig
 
 CPU = torch.device("cpu")
-ROW_KEYS = {"length", "protocol", "stride", "scaling", "data", "tokens", "loss", "ppl", "per_position_loss",
-            "per_position_bins", "target_range", "peak_memory_mb", "memory_metric", "seconds"}
+ROW_KEYS = {
+    "length",
+    "protocol",
+    "stride",
+    "scaling",
+    "data",
+    "tokens",
+    "loss",
+    "ppl",
+    "per_position_loss",
+    "per_position_bins",
+    "target_range",
+    "peak_memory_mb",
+    "memory_metric",
+    "seconds",
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,26 +50,42 @@ def val_tokens(tmp_path_factory):
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     corpus.write_text("\n".join((stdlib / name).read_text() for name in ("textwrap.py", "string.py", "bisect.py")))
-    data = DataConfig(name="tiny", source="text", files=[str(corpus)], val_fraction=0.5, num_proc=1,
-                      cache_dir=str(tmp_path_factory.mktemp("cache")))
+    data = DataConfig(
+        name="tiny",
+        source="text",
+        files=[str(corpus)],
+        val_fraction=0.5,
+        num_proc=1,
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+    )
     return load_splits(data)["val"]
 
 
 def config(pe=None, **eval_keys):
-    return OmegaConf.structured(Config(
-        model=ModelConfig(n_layer=1, n_head=2, n_embd=32),
-        pe=pe or RoPEConfig(),
-        data=DataConfig(name="tiny"),
-        train=TrainConfig(seq_len=8, max_steps=5),
-        eval=EvalConfig(**{"length_multipliers": [1, 2, 4], "max_tokens": 64, "batch_tokens": 256, **eval_keys}),
-        logging=LoggingConfig(progress=False, wandb=WandbConfig(mode="disabled")),
-    ))
+    return OmegaConf.structured(
+        Config(
+            model=ModelConfig(n_layer=1, n_head=2, n_embd=32),
+            pe=pe or RoPEConfig(),
+            data=DataConfig(name="tiny"),
+            train=TrainConfig(seq_len=8, max_steps=5),
+            eval=EvalConfig(**{"length_multipliers": [1, 2, 4], "max_tokens": 64, "batch_tokens": 256, **eval_keys}),
+            logging=LoggingConfig(progress=False, wandb=WandbConfig(mode="disabled")),
+        )
+    )
 
 
 def evaluate(cfg, tokens, run_dir, **kwargs):
     torch.manual_seed(0)
-    return run_extrapolation_eval(cfg, build_model(cfg).eval(), tokens, run_dir, CPU, torch.float32,
-                                  OmegaConf.to_container(cfg, resolve=True), **kwargs)
+    return run_extrapolation_eval(
+        cfg,
+        build_model(cfg).eval(),
+        tokens,
+        run_dir,
+        CPU,
+        torch.float32,
+        OmegaConf.to_container(cfg, resolve=True),
+        **kwargs,
+    )
 
 
 def read_document(run_dir):
@@ -71,14 +101,24 @@ def assert_png(path):
 def test_outputs_exist_and_follow_the_schema(val_tokens, tmp_path):
     document = evaluate(config(), val_tokens, tmp_path)
     assert read_document(tmp_path) == document
-    assert {k: document[k] for k in ("pe", "train_seq_len", "step", "data")} == \
-        {"pe": "rope", "train_seq_len": 8, "step": 5, "data": "tiny"}
+    assert {k: document[k] for k in ("pe", "train_seq_len", "step", "data")} == {
+        "pe": "rope",
+        "train_seq_len": 8,
+        "step": 5,
+        "data": "tiny",
+    }
     rows = document["results"]
     assert len(rows) == 3 * 2  # lengths x protocols
     for row in rows:
         assert ROW_KEYS <= row.keys()
-        assert row["scaling"] == {"type": "none", "factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                  "attention_factor": None, "original_seq_len": None}
+        assert row["scaling"] == {
+            "type": "none",
+            "factor": 1.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "attention_factor": None,
+            "original_seq_len": None,
+        }
         assert row["tokens"] == 64 and row["ppl"] == pytest.approx(torch.tensor(row["loss"]).exp().item())
         assert len(row["per_position_loss"]) == row["length"]
         bins = row["per_position_bins"]
@@ -154,8 +194,10 @@ def test_the_table_and_plots_go_to_wandb(val_tokens, tmp_path):
     assert isinstance(run.logged["extrapolation/ppl_vs_length"], wandb.Image)
     assert isinstance(run.logged["extrapolation/per_position"], wandb.Image)
     assert run.summary["extrapolation/sliding yarn:4/ppl@32"] == next(
-        r["ppl"] for r in document["results"]
-        if r["length"] == 32 and r["protocol"] == "sliding" and r["scaling"]["type"] == "yarn")
+        r["ppl"]
+        for r in document["results"]
+        if r["length"] == 32 and r["protocol"] == "sliding" and r["scaling"]["type"] == "yarn"
+    )
 
 
 def test_the_printed_table_has_a_row_per_setting_and_a_column_per_length(val_tokens, tmp_path):
@@ -177,13 +219,20 @@ def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
     assert re.fullmatch("#[0-9a-f]{6}", new) and new not in SCHEME_COLOURS.values() and new != scheme_colour("other")
     other_process = subprocess.run(
         [sys.executable, "-c", "from evaluation.plots import scheme_colour; print(scheme_colour('myscheme'))"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        check=True,
+    )
     assert other_process.stdout.strip() == new
 
     drawn = {}
     monkeypatch.setattr(plots, "_label_and_save", lambda fig, ax, *args: drawn.setdefault(args[-2], ax))
-    series = [Series("rope", "rope", [8, 16], [20.0, 25.0], [1.0, 2.0]), Series("mine", "myscheme", [8, 16], [21.0, 22.0]),
-              Series("rope yarn:4", "rope", [8, 16], [22.0, 23.0], [0.5, 0.5])]
+    series = [
+        Series("rope", "rope", [8, 16], [20.0, 25.0], [1.0, 2.0]),
+        Series("mine", "myscheme", [8, 16], [21.0, 22.0]),
+        Series("rope yarn:4", "rope", [8, 16], [22.0, 23.0], [0.5, 0.5]),
+    ]
     plots.plot_ppl_vs_length(series, {8}, tmp_path / "a.png", "by length")
     plots.plot_per_position(series, {8}, tmp_path / "b.png", "by position")
     for ax in drawn.values():

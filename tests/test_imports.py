@@ -48,8 +48,9 @@ def test_every_package_is_checked():
     assert on_disk == set(LAYERS), "add the new package to LAYERS (and to the README's layout)"
 
 
-@pytest.mark.parametrize("path, layer", sources(), ids=lambda value: str(value.relative_to(REPO))
-                         if isinstance(value, Path) else None)
+@pytest.mark.parametrize(
+    "path, layer", sources(), ids=lambda value: str(value.relative_to(REPO)) if isinstance(value, Path) else None
+)
 def test_imports_go_down_the_layers(path, layer):
     assert layer_violations(path, layer) == []
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from cli_runs import assert_user_error, cli, reference_run  # noqa: F401
+from cli_runs import assert_user_error, reference_run
 
 from core.errors import PosGPTError
 from core.tracking import read_metrics
@@ -35,7 +35,9 @@ def test_extended_frequencies_are_the_parents_under_the_same_scaling(kind):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     if kind != "linear":  # L matters to yarn's ramp and dynamic NTK's threshold: without it they would differ
         forgetful = rope(CHILD_LEN, RoPEScalingConfig(kind, 4.0))
-        assert not torch.equal(forgetful.cos_sin(positions, 2 * CHILD_LEN)[0], parent.cos_sin(positions, 2 * CHILD_LEN)[0])
+        assert not torch.equal(
+            forgetful.cos_sin(positions, 2 * CHILD_LEN)[0], parent.cos_sin(positions, 2 * CHILD_LEN)[0]
+        )
 
 
 def test_a_learned_table_cannot_be_extended():
@@ -64,8 +66,18 @@ def parent_run(cli):
 def child_run(cli, parent_run):
     """One step at a learning rate (1e-30) below float32's resolution: the saved weights are the starting ones."""
     run_dir = cli.base / "init-from-child"
-    done = cli.train(run_dir, "pe=rope", f"train.init_from={parent_run}", "train.seq_len=32", "train.max_steps=1",
-                     "train.lr=1e-30", "pe.scaling.type=yarn", "pe.scaling.factor=2", "train.eval_after=true", *EVAL)
+    done = cli.train(
+        run_dir,
+        "pe=rope",
+        f"train.init_from={parent_run}",
+        "train.seq_len=32",
+        "train.max_steps=1",
+        "train.lr=1e-30",
+        "pe.scaling.type=yarn",
+        "pe.scaling.factor=2",
+        "train.eval_after=true",
+        *EVAL,
+    )
     assert done.returncode == 0, done.stderr
     return run_dir
 
@@ -81,8 +93,12 @@ def test_child_starts_from_the_parents_weights_and_nothing_else(parent_run, chil
     recorded = child["config"]
     assert recorded["train"]["init_from"] == str(parent_run.resolve()) and recorded["train"]["seq_len"] == 32
     assert recorded["pe"]["scaling"]["original_seq_len"] == 16  # the parent's length, filled in
-    assert read_metrics(child_run)[0] == {"step": 0, "init_from": str(parent_run.resolve()), "parent_step": 20,
-                                          "parent_seq_len": 16}
+    assert read_metrics(child_run)[0] == {
+        "step": 0,
+        "init_from": str(parent_run.resolve()),
+        "parent_step": 20,
+        "parent_seq_len": 16,
+    }
 
 
 def test_child_evaluation_measures_the_extended_model(cli, child_run):
@@ -98,10 +114,13 @@ def test_child_evaluation_measures_the_extended_model(cli, child_run):
     assert {row["length"]: row["ppl"] for row in again["results"]} == {n: row["ppl"] for n, row in rows.items()}
 
 
-@pytest.mark.parametrize("parent, overrides, message", [
-    ("rope", ["pe=rope", "model.n_embd=32"], "train.init_from: model.n_embd=16 in"),
-    ("learned", ["train.seq_len=32"], "pe.table.weight has shape [16, 16]"),
-])
+@pytest.mark.parametrize(
+    "parent, overrides, message",
+    [
+        ("rope", ["pe=rope", "model.n_embd=32"], "train.init_from: model.n_embd=16 in"),
+        ("learned", ["train.seq_len=32"], "pe.table.weight has shape [16, 16]"),
+    ],
+)
 def test_another_architecture_is_refused(cli, parent_run, tmp_path, parent, overrides, message):
     source = parent_run if parent == "rope" else reference_run(cli)
     done = cli.train(tmp_path / "child", f"train.init_from={source}", "train.max_steps=1", *overrides)

@@ -36,8 +36,9 @@ def reference(hidden, weight, targets, reduction):
 
 
 def ours(fused, chunk=None):
-    return lambda h, w, t, reduction: lm_head_cross_entropy(h, w, t, reduction, vocab_size=VOCAB, fused=fused,
-                                                            chunk=chunk)
+    return lambda h, w, t, reduction: lm_head_cross_entropy(
+        h, w, t, reduction, vocab_size=VOCAB, fused=fused, chunk=chunk
+    )
 
 
 def loss_and_grads(fn, hidden, weight, targets, reduction, scale=2.5):
@@ -54,9 +55,16 @@ def assert_matches(got, want, names=("loss", "grad hidden", "grad weight")):
 
 
 @pytest.mark.parametrize("ignore", [(), IGNORED], ids=["all-scored", "some-ignored"])
-@pytest.mark.parametrize("path, reduction", [
-    ("fused", "mean"), ("fused", "sum"), ("plain", "mean"), ("plain", "sum"), ("plain", "none"),
-])
+@pytest.mark.parametrize(
+    "path, reduction",
+    [
+        ("fused", "mean"),
+        ("fused", "sum"),
+        ("plain", "mean"),
+        ("plain", "sum"),
+        ("plain", "none"),
+    ],
+)
 def test_training_paths_match_cross_entropy_over_the_real_vocabulary(path, reduction, ignore):
     hidden, weight, targets = inputs(ignore)
     fn = ours("always", FUSED_CHUNK) if path == "fused" else ours("never")
@@ -141,8 +149,9 @@ def test_auto_fuses_on_cpu_only_and_other_modes_are_refused():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_on_cuda_under_bf16_autocast_matches_plain():
-    hidden, weight, targets = (t.detach().cuda().requires_grad_(t.requires_grad)
-                               for t in inputs(IGNORED, dtype=torch.float32))
+    hidden, weight, targets = (
+        t.detach().cuda().requires_grad_(t.requires_grad) for t in inputs(IGNORED, dtype=torch.float32)
+    )
     results = []
     for mode in ("always", "never"):
         with torch.autocast("cuda", dtype=torch.bfloat16):

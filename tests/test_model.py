@@ -36,11 +36,7 @@ def test_vocab_padded_and_head_tied():
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-
-
 @pytest.mark.parametrize("name", ALL)
-
-
 def test_changing_token_t_never_changes_earlier_outputs(name, backend):
     model = tiny(name, backend)
     idx = torch.randint(0, 300, (2, SEQ_LEN))
@@ -53,8 +49,6 @@ def test_changing_token_t_never_changes_earlier_outputs(name, backend):
 
 
 @pytest.mark.parametrize("name", ALL)
-
-
 def test_sdpa_backend_matches_math_forward_and_backward(name):
     idx = torch.randint(0, 300, (2, SEQ_LEN))
     results = []
@@ -70,8 +64,6 @@ def test_sdpa_backend_matches_math_forward_and_backward(name):
 
 
 @pytest.mark.parametrize("name", ALL)
-
-
 def test_blockwise_bias_path_matches_math_at_long_length(name, monkeypatch):
     """The sdpa path materialises bias in query blocks; force tiny blocks and compare with the formula."""
     import model.attention as attention
@@ -85,17 +77,13 @@ def test_blockwise_bias_path_matches_math_at_long_length(name, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-
-
 @pytest.mark.parametrize("name", ALL)
-
-
 def test_cached_decoding_equals_full_forward(name, backend):
     model = tiny(name, backend)
     idx = torch.randint(0, 300, (2, SEQ_LEN))
     full = model(idx)
     cache = KVCache()
-    pieces = [model(idx[:, :5], cache=cache)] + [model(idx[:, i:i + 1], cache=cache) for i in range(5, SEQ_LEN)]
+    pieces = [model(idx[:, :5], cache=cache)] + [model(idx[:, i : i + 1], cache=cache) for i in range(5, SEQ_LEN)]
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-5)
 
 
@@ -117,8 +105,6 @@ def test_learned_beyond_its_table_is_a_clear_error():
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if n != "learned"])
-
-
 def test_other_schemes_run_beyond_training_length(name):
     out = tiny(name, "sdpa")(torch.zeros(1, 4 * SEQ_LEN, dtype=torch.long))
     assert torch.isfinite(out).all()
@@ -144,11 +130,7 @@ def with_loud_padding(model):
 
 
 @pytest.mark.parametrize("fused_ce", ["always", "never"])
-
-
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-
-
 def test_forward_loss_is_cross_entropy_over_the_real_vocabulary(reduction, fused_ce):
     model = with_loud_padding(tiny("rope", fused_ce=fused_ce)).double().train()
     idx = torch.randint(0, VOCAB, (2, SEQ_LEN))
@@ -160,18 +142,21 @@ def test_forward_loss_is_cross_entropy_over_the_real_vocabulary(reduction, fused
     for grad in (True, False):  # the training paths, then the no-grad chunked path of evaluation
         with torch.set_grad_enabled(grad):
             got = model(idx, targets, reduction=reduction)
-        torch.testing.assert_close(got, want.view_as(got).detach() if reduction == "none" else want.detach(),
-                                   rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            got, want.view_as(got).detach() if reduction == "none" else want.detach(), rtol=1e-6, atol=1e-6
+        )
 
 
 def test_generate_never_samples_padding():
     model = with_loud_padding(tiny("rope"))
-    out = generate(model, torch.randint(0, VOCAB, (4, 2)), max_new_tokens=SEQ_LEN - 2,
-                   generator=torch.Generator().manual_seed(0))
+    out = generate(
+        model, torch.randint(0, VOCAB, (4, 2)), max_new_tokens=SEQ_LEN - 2, generator=torch.Generator().manual_seed(0)
+    )
     assert out.max() < VOCAB
 
 
 # --- The token-embedding convention (model.embedding), shared by every scheme ------------------------------
+
 
 def first_block_input(model, idx):
     seen = []
@@ -181,9 +166,7 @@ def first_block_input(model, idx):
     return seen[0]
 
 
-@pytest.mark.parametrize("embedding, std, multiplier", [("fairseq", 32 ** -0.5, 32 ** 0.5), ("gpt2", 0.02, 1.0)])
-
-
+@pytest.mark.parametrize("embedding, std, multiplier", [("fairseq", 32**-0.5, 32**0.5), ("gpt2", 0.02, 1.0)])
 def test_token_embedding_convention(embedding, std, multiplier):
     """fairseq: table N(0, d^-1/2), looked-up rows times sqrt(d); gpt2: N(0, 0.02), as is. The tied head uses the
     table as is under both. 320 x 32 samples: the sample std is within 2% of the true one (5 standard errors)."""
@@ -201,15 +184,11 @@ def test_fairseq_convention_gives_tokens_and_unscaled_sinusoid_comparable_size()
     tokens = model.token_embedding.weight[:VOCAB] * math.sqrt(32)
     positions = model.pe.embed(torch.arange(SEQ_LEN))
     assert tokens.pow(2).mean().sqrt().item() == pytest.approx(1.0, rel=0.05)
-    assert positions.pow(2).mean().sqrt().item() == pytest.approx(2 ** -0.5, rel=0.05)
+    assert positions.pow(2).mean().sqrt().item() == pytest.approx(2**-0.5, rel=0.05)
 
 
 @pytest.mark.parametrize("embedding", ["fairseq", "gpt2"])
-
-
 @pytest.mark.parametrize("name", ALL)
-
-
 def test_every_scheme_trains_under_both_conventions(name, embedding):
     model = tiny(name, "sdpa", embedding=embedding).train()
     idx = torch.randint(0, VOCAB, (2, SEQ_LEN))
@@ -226,8 +205,6 @@ def test_unknown_convention_and_fused_mode_are_user_errors():
 
 
 @pytest.mark.parametrize("name", ALL)
-
-
 def test_capture_attention_records_every_layer_without_changing_the_output(name):
     from model.attention import capture_attention
 
@@ -268,8 +245,6 @@ def test_weight_decay_follows_the_scheme_declaration():
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].has_score_bias])
-
-
 def test_bias_is_built_once_per_forward_unless_it_depends_on_the_layer(name, monkeypatch):
     model = tiny(name, "sdpa")
     calls = []

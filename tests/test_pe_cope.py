@@ -18,7 +18,7 @@ def reference_bias(q, k, e):
     for i in range(T):
         gates = [1 / (1 + math.exp(-(q[i] @ k[j]).item() / math.sqrt(D))) for j in range(i + 1)]
         for j in range(i + 1):
-            p = min(sum(gates[j:i + 1]), NPOS - 1)
+            p = min(sum(gates[j : i + 1]), NPOS - 1)
             lo, hi = math.floor(p), math.ceil(p)
             z_lo, z_hi = (q[i] @ e[:, lo]).item(), (q[i] @ e[:, hi]).item()
             out[i, j] = z_lo * (1 - (p - lo)) + z_hi * (p - lo)

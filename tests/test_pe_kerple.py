@@ -35,7 +35,7 @@ def test_power_kernel_is_minus_a_distance_to_the_p():
     bias = pe.score_bias(Q, K, HEADS, 1)
     for h in range(4):
         a, p = pe.bias_a[1, h].item(), pe.bias_p[1, h].item()
-        assert bias[h, 9, 2].item() == pytest.approx(-a * 7 ** p, rel=1e-5)
+        assert bias[h, 9, 2].item() == pytest.approx(-a * 7**p, rel=1e-5)
         assert bias[h, 3, 3].item() == 0.0
 
 
@@ -45,7 +45,7 @@ def test_parameters_are_clamped_as_in_the_reference_but_keep_their_gradient():
         pe.bias_a.fill_(-1.0)  # used as 1e-2
         pe.bias_p.fill_(3.0)  # used as 2
     bias = pe.score_bias(Q, K, HEADS, 0)
-    torch.testing.assert_close(bias[0, 10, 0], torch.tensor(-1e-2 * 10 ** 2.0))
+    torch.testing.assert_close(bias[0, 10, 0], torch.tensor(-1e-2 * 10**2.0))
     bias.sum().backward()
     assert (pe.bias_a.grad[0] != 0).all() and (pe.bias_p.grad[0] != 0).all()  # straight through the clamp
     assert torch.isfinite(pe.bias_p.grad).all()  # 0^p at distance 0 has a finite gradient

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from reference_numbers import REFERENCE_NUMBERS
 
 from core.errors import PosGPTError
 from model.pe import SCHEMES, ModelDims
@@ -11,7 +12,6 @@ from model.pe.alibi import ALiBiConfig, alibi_slopes
 from model.pe.learned import LearnedConfig
 from model.pe.rope import RoPEConfig
 from model.pe.sinusoidal import SinusoidalConfig, sinusoid_table
-from reference_numbers import REFERENCE_NUMBERS
 
 DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02)
 
@@ -34,8 +34,9 @@ def test_sinusoid_equals_vaswani_formula():
 
 
 # The token signal under model.embedding=fairseq (model/gpt.py): N(0, d^-1/2) times sqrt(d).
-FAIRSEQ_DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02,
-                         token_init_std=32 ** -0.5, token_scale=32 ** 0.5)
+FAIRSEQ_DIMS = ModelDims(
+    n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02, token_init_std=32**-0.5, token_scale=32**0.5
+)
 
 
 def test_sinusoidal_default_is_the_papers_unscaled_vectors():
@@ -61,7 +62,9 @@ def test_sinusoidal_is_defined_far_beyond_training_length():
 
 def random_qk(T=12, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(2, DIMS.n_head, T, DIMS.head_dim, generator=g), torch.randn(2, DIMS.n_head, T, DIMS.head_dim, generator=g)
+    return torch.randn(2, DIMS.n_head, T, DIMS.head_dim, generator=g), torch.randn(
+        2, DIMS.n_head, T, DIMS.head_dim, generator=g
+    )
 
 
 def test_rope_preserves_norms_and_leaves_position_zero_unchanged():
@@ -115,11 +118,11 @@ def test_alibi_slopes_equal_hugging_faces():
 
 
 def test_alibi_slopes_match_the_paper():
-    assert alibi_slopes(8) == pytest.approx([1 / 2 ** i for i in range(1, 9)])
+    assert alibi_slopes(8) == pytest.approx([1 / 2**i for i in range(1, 9)])
     # 12 heads: the 8 slopes of n=8, then every other slope of n=16 (2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5).
-    expected_12 = [2 ** -i for i in range(1, 9)] + [2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5]
+    expected_12 = [2**-i for i in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
     assert alibi_slopes(12) == pytest.approx(expected_12)
-    assert alibi_slopes(16)[0] == pytest.approx(2 ** -0.5)
+    assert alibi_slopes(16)[0] == pytest.approx(2**-0.5)
 
 
 def test_alibi_bias_is_linear_in_distance_per_head():
@@ -139,7 +142,7 @@ def test_learned_table_size_is_training_length_by_default():
     assert pe.max_positions() == DIMS.train_seq_len
 
 
-@pytest.mark.parametrize("dims, std", [(DIMS, 0.02), (FAIRSEQ_DIMS, 32 ** -0.5)], ids=["gpt2", "fairseq"])
+@pytest.mark.parametrize("dims, std", [(DIMS, 0.02), (FAIRSEQ_DIMS, 32**-0.5)], ids=["gpt2", "fairseq"])
 def test_learned_table_starts_like_the_token_table(dims, std):
     """fairseq: N(0, d^-1/2) (its PositionalEmbedding(learned=True)); GPT-2: N(0, 0.02). 131K samples: the
     sample std is within 0.5% of the true one (4 standard errors), so 2% tells the conventions apart."""

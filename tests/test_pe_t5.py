@@ -1,10 +1,10 @@
 """T5 relative buckets: the bucket function against Hugging Face's numbers, and the bias built from it."""
 
 import torch
+from reference_numbers import REFERENCE_NUMBERS
 
 from model.pe import SCHEMES, ModelDims
 from model.pe.t5 import T5Config, t5_bucket
-from reference_numbers import REFERENCE_NUMBERS
 
 DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02, n_layer=2)
 

@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
+from reference_numbers import REFERENCE_NUMBERS
 
 from model.pe import SCHEMES, ModelDims
 from model.pe.rope import RoPEConfig
 from model.pe.xpos import XPosConfig, xpos_zeta
-from reference_numbers import REFERENCE_NUMBERS
 
 D = 8
 DIMS = ModelDims(n_embd=4 * D, n_head=4, head_dim=D, train_seq_len=16, init_std=0.02)
@@ -21,7 +21,9 @@ def test_zeta_matches_torchscale():
     assert expected[0] == pytest.approx(0.4 / 1.4)
 
 
-@pytest.mark.parametrize("case", REFERENCE_NUMBERS["xpos_scores"], ids=lambda case: f"from position {case['first_position']}")
+@pytest.mark.parametrize(
+    "case", REFERENCE_NUMBERS["xpos_scores"], ids=lambda case: f"from position {case['first_position']}"
+)
 def test_scores_equal_torchscales(case):
     """Every score q'_n . k'_m of a sequence equals microsoft/torchscale's XPOS (the paper's code), whose pair i is
     coordinates 2i, 2i + 1 where posgpt's is i, i + d/2: the same vectors, reordered."""
@@ -30,20 +32,30 @@ def test_scores_equal_torchscales(case):
     ours_from_theirs = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2)))
     dims = ModelDims(n_embd=4 * d, n_head=4, head_dim=d, train_seq_len=16, init_std=0.02)
     positions = torch.arange(case["first_position"], case["first_position"] + length)
-    rq, rk = SCHEMES["xpos"](XPosConfig(), dims).rotate(q[:, ours_from_theirs].view(1, 1, length, d),
-                                                      k[:, ours_from_theirs].view(1, 1, length, d), positions, length)
+    rq, rk = SCHEMES["xpos"](XPosConfig(), dims).rotate(
+        q[:, ours_from_theirs].view(1, 1, length, d), k[:, ours_from_theirs].view(1, 1, length, d), positions, length
+    )
     # torchscale computes the angles in float32 (5000 x float32's 6e-8: ~3e-4 rad there); posgpt in float64
     tolerance = 1e-5 if case["first_position"] == 0 else 2e-3
-    torch.testing.assert_close(rq[0, 0].double() @ rk[0, 0].double().T,
-                               torch.tensor(case["scores"], dtype=torch.float64), rtol=0.0, atol=tolerance)
+    torch.testing.assert_close(
+        rq[0, 0].double() @ rk[0, 0].double().T,
+        torch.tensor(case["scores"], dtype=torch.float64),
+        rtol=0.0,
+        atol=tolerance,
+    )
 
 
 def score(pe, q, k, n, m, centre_positions):
     """q at position n and k at position m, rotated in one forward pass whose positions are centre_positions."""
     positions = torch.tensor(centre_positions)
     prepared = pe.prepare(positions, len(centre_positions), {})
-    qs, ks = pe.rotate(q.expand(1, 1, len(centre_positions), D), k.expand(1, 1, len(centre_positions), D),
-                       positions, len(centre_positions), prepared)
+    qs, ks = pe.rotate(
+        q.expand(1, 1, len(centre_positions), D),
+        k.expand(1, 1, len(centre_positions), D),
+        positions,
+        len(centre_positions),
+        prepared,
+    )
     return (qs[0, 0, centre_positions.index(n)].double() * ks[0, 0, centre_positions.index(m)].double()).sum().item()
 
 

@@ -7,8 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evaluation.extrapolation import (MIN_BIN_TOKENS, _device_batch, effective_stride, evaluate_extrapolation,
-                                      position_bins, score_windows, scored_range, window_plan)
+from evaluation.extrapolation import (
+    MIN_BIN_TOKENS,
+    _device_batch,
+    effective_stride,
+    evaluate_extrapolation,
+    position_bins,
+    score_windows,
+    scored_range,
+    window_plan,
+)
 from model import GPT, ModelConfig
 from model.pe import SCHEMES
 
@@ -47,8 +55,9 @@ def targets_scored(plan, n_tokens):
 
 
 @pytest.mark.parametrize("length", [4, 6, 8, 16])
-@pytest.mark.parametrize("protocol, stride", [("nonoverlapping", None), ("sliding", None), ("sliding", 1),
-                                              ("sliding", 3), ("sliding", 100)])
+@pytest.mark.parametrize(
+    "protocol, stride", [("nonoverlapping", None), ("sliding", None), ("sliding", 1), ("sliding", 3), ("sliding", 100)]
+)
 def test_every_target_is_scored_exactly_once_with_the_promised_context(length, protocol, stride):
     first, n = scored_range(1000, [4, 6, 8, 16], max_tokens=200)
     assert (first, n) == (16, 192)  # the longest length, and N the largest multiple of it within 200
@@ -124,9 +133,18 @@ def test_batching_does_not_change_results():
 
 
 def test_all_lengths_and_protocols_score_the_same_tokens():
-    rows = evaluate_extrapolation(tiny("alibi"), Tokens(500), [8, 12, 16, 32], ["nonoverlapping", "sliding"],
-                                  stride=None, max_tokens=100, batch_tokens=64, device=CPU, dtype=torch.float32,
-                                  progress=False)
+    rows = evaluate_extrapolation(
+        tiny("alibi"),
+        Tokens(500),
+        [8, 12, 16, 32],
+        ["nonoverlapping", "sliding"],
+        stride=None,
+        max_tokens=100,
+        batch_tokens=64,
+        device=CPU,
+        dtype=torch.float32,
+        progress=False,
+    )
     assert len(rows) == 8
     assert {row["tokens"] for row in rows} == {96}  # 3 windows of the longest length, 32
     assert {tuple(row["target_range"]) for row in rows} == {(32, 128)}
@@ -137,15 +155,17 @@ def test_all_lengths_and_protocols_score_the_same_tokens():
 
 
 def test_learned_beyond_its_table_is_reported_not_evaluated():
-    rows = evaluate_extrapolation(tiny("learned"), Tokens(300), [8, 16], ["nonoverlapping"], None, 64, 64, CPU,
-                                  torch.float32, progress=False)
+    rows = evaluate_extrapolation(
+        tiny("learned"), Tokens(300), [8, 16], ["nonoverlapping"], None, 64, 64, CPU, torch.float32, progress=False
+    )
     assert rows[0]["ppl"] is not None and "reason" not in rows[0]
     assert rows[1]["ppl"] is None and rows[1]["loss"] is None and "at most 8 positions" in rows[1]["reason"]
 
 
 def test_lengths_the_data_cannot_hold_are_reported():
-    rows = evaluate_extrapolation(tiny(), Tokens(40), [8, 32], ["sliding"], None, 64, 64, CPU, torch.float32,
-                                  progress=False)
+    rows = evaluate_extrapolation(
+        tiny(), Tokens(40), [8, 32], ["sliding"], None, 64, 64, CPU, torch.float32, progress=False
+    )
     assert rows[0]["ppl"] is not None
     assert rows[1]["ppl"] is None and "tokens in the split" in rows[1]["reason"]
 
@@ -176,7 +196,7 @@ def test_position_bins_partition_the_positions_and_keep_every_token():
         lo, hi = b["positions"]
         assert b["tokens"] == 32 * (hi - lo) and b["loss"] == pytest.approx(sum(sums[lo - 1 : hi - 1]) / b["tokens"])
     assert sum(b["loss"] * b["tokens"] for b in bins) == pytest.approx(sum(sums))
-    assert 10 <= len(bins) <= 20 and edges[-1][1] / edges[-1][0] == pytest.approx(2 ** 0.25, rel=0.02)
+    assert 10 <= len(bins) <= 20 and edges[-1][1] / edges[-1][0] == pytest.approx(2**0.25, rel=0.02)
 
 
 def test_position_bins_are_log_spaced_and_skip_unscored_positions():

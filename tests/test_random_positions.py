@@ -4,15 +4,15 @@ refusals, and one training run through train.py."""
 import numpy as np
 import pytest
 import torch
-
 from cli_runs import Runner, train_losses
-from training.distributed import DistInfo
+
 from core.errors import PosGPTError
 from data import TokenArray
 from model import GPT, ModelConfig
 from model.pe import SCHEMES
 from model.pe.learned import LearnedConfig
 from training.batches import BatchStream, random_positions
+from training.distributed import DistInfo
 
 POSITIONAL = sorted(name for name in SCHEMES if SCHEMES[name].uses_positions())
 T, N = 12, 64
@@ -55,7 +55,9 @@ def test_per_row_positions_equal_each_row_on_its_own(name):
     positions = random_positions(3, T, N, torch.Generator().manual_seed(1))
     together = model(idx, positions=positions)
     for b in range(3):
-        torch.testing.assert_close(together[b:b + 1], model(idx[b:b + 1], positions=positions[b]), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            together[b : b + 1], model(idx[b : b + 1], positions=positions[b]), rtol=1e-4, atol=1e-5
+        )
     assert not torch.allclose(together, model(idx), atol=1e-4)  # the positions matter
     torch.testing.assert_close(model(idx, positions=torch.arange(T)), model(idx), rtol=1e-5, atol=1e-6)
     grads = []
@@ -77,6 +79,7 @@ def test_schemes_that_cannot_use_random_positions_refuse_clearly():
     tiny("rope").pe.check_random_positions(10**6)  # defined everywhere: fine
     with pytest.raises(PosGPTError, match="KV cache"):
         from model import KVCache
+
         model(torch.zeros(1, 2, dtype=torch.long), cache=KVCache(), positions=torch.arange(2))
 
 

@@ -7,9 +7,9 @@ import signal
 import time
 
 import torch
+from cli_runs import STEPS, TIMEOUT_S, assert_user_error, reference_run, train_losses, wait_for_step
 
 from core.checkpoint import load_checkpoint
-from cli_runs import STEPS, TIMEOUT_S, assert_user_error, cli, reference_run, train_losses, wait_for_step  # noqa: F401
 
 
 def load_last(run_dir):
@@ -18,8 +18,9 @@ def load_last(run_dir):
 
 def test_resume_continues_bit_identically(cli, tmp_path):
     run_dir = tmp_path / "run"
-    first = cli.train(run_dir, f"train.max_steps={STEPS // 2}", "train.checkpoint_every=7",
-                      "logging.wandb.mode=offline")
+    first = cli.train(
+        run_dir, f"train.max_steps={STEPS // 2}", "train.checkpoint_every=7", "logging.wandb.mode=offline"
+    )
     assert first.returncode == 0, first.stderr
     checkpoint = load_last(run_dir)
     assert checkpoint["step"] == STEPS // 2
@@ -27,8 +28,13 @@ def test_resume_continues_bit_identically(cli, tmp_path):
     run_id = checkpoint["wandb_run_id"]
     assert run_id
 
-    resumed = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true", "train.checkpoint_every=7",
-                        "logging.wandb.mode=offline")
+    resumed = cli.train(
+        run_dir,
+        f"train.max_steps={STEPS}",
+        "train.resume=true",
+        "train.checkpoint_every=7",
+        "logging.wandb.mode=offline",
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {run_dir} from step {STEPS // 2}" in resumed.stdout
     assert f"train.max_steps is now {STEPS} (was {STEPS // 2})" in resumed.stdout
@@ -38,7 +44,10 @@ def test_resume_continues_bit_identically(cli, tmp_path):
     assert len(list((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
     # keep_checkpoints=2 step files besides last.pt
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "last.pt", "step_00000035.pt", f"step_{STEPS:08d}.pt"]
+        "last.pt",
+        "step_00000035.pt",
+        f"step_{STEPS:08d}.pt",
+    ]
 
 
 def test_sigterm_saves_a_checkpoint_and_exits(cli, tmp_path):

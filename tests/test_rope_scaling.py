@@ -6,15 +6,21 @@ import math
 import pytest
 import torch
 from omegaconf import OmegaConf
+from reference_numbers import REFERENCE_NUMBERS
 
-from experiment.config import Config, EvalConfig, validate
 from core.errors import PosGPTError
+from experiment.config import Config, EvalConfig, validate
 from model.pe import ModelDims
 from model.pe.alibi import ALiBiConfig
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
-from model.pe.rope_scaling import (ROPE_SCALINGS, RoPEScalingConfig, parse_scaling, rope_inv_freq, scaling_label,
-                                   yarn_pair_index)
-from reference_numbers import REFERENCE_NUMBERS
+from model.pe.rope_scaling import (
+    ROPE_SCALINGS,
+    RoPEScalingConfig,
+    parse_scaling,
+    rope_inv_freq,
+    scaling_label,
+    yarn_pair_index,
+)
 
 BASE = 10000.0
 
@@ -63,8 +69,9 @@ def test_dynamic_ntk_is_unchanged_up_to_the_training_length_then_follows_the_len
         torch.testing.assert_close(scaled("dynamic_ntk", 1.0, seq_len=k * L)[0], scaled("ntk", k)[0])
     # through the module: seq_len is the number of keys, so a window no longer than L is not rescaled
     q = torch.randn(1, 4, 16, 8)
-    torch.testing.assert_close(rope("dynamic_ntk", 4.0).rotate(q, q, torch.arange(16), 16)[0],
-                               rope().rotate(q, q, torch.arange(16), 16)[0])
+    torch.testing.assert_close(
+        rope("dynamic_ntk", 4.0).rotate(q, q, torch.arange(16), 16)[0], rope().rotate(q, q, torch.arange(16), 16)[0]
+    )
 
 
 def test_yarn_pair_index_inverts_the_rotation_count():
@@ -113,7 +120,10 @@ def test_yarn_attention_factor_replaces_the_temperature_and_nothing_else():
     torch.testing.assert_close(inv_freq, default_freq)
     assert (factor, default_factor) == (1.0, pytest.approx(0.1 * math.log(16) + 1))
     # Only YaRN has a temperature: setting one elsewhere, or a non-positive one, is refused.
-    for bad in [RoPEScalingConfig("ntk", 2.0, attention_factor=1.0), RoPEScalingConfig("yarn", 2.0, attention_factor=0.0)]:
+    for bad in [
+        RoPEScalingConfig("ntk", 2.0, attention_factor=1.0),
+        RoPEScalingConfig("yarn", 2.0, attention_factor=0.0),
+    ]:
         with pytest.raises(PosGPTError, match="attention_factor"):
             rope().set_scaling(bad)
 
@@ -132,8 +142,10 @@ def test_scaling_specs_parse_and_label():
     assert parse_scaling("none") == RoPEScalingConfig()
     assert parse_scaling("yarn:4", RoPEScalingConfig(beta_fast=16.0)).beta_fast == 16.0
     assert scaling_label(RoPEScalingConfig("ntk", 8.0)) == "ntk:8"
-    assert scaling_label({"type": "yarn", "factor": 2.5, "beta_fast": 16.0, "beta_slow": 1.0}) == \
-        "yarn:2.5(beta_fast=16,beta_slow=1)"
+    assert (
+        scaling_label({"type": "yarn", "factor": 2.5, "beta_fast": 16.0, "beta_slow": 1.0})
+        == "yarn:2.5(beta_fast=16,beta_slow=1)"
+    )
     assert scaling_label(None) == ""
     # eval.scalings take the run's yarn settings; the other types, which have no temperature, leave it out.
     untempered = RoPEScalingConfig(attention_factor=1.0)
@@ -173,6 +185,7 @@ def test_frequencies_and_attention_factor_equal_hugging_faces(case):
     # Hugging Face computes in float32; posgpt in float64, so they agree to float32's precision.
     d, base = case["rotated_dims"], case["base"]
     inv_freq, attention_factor = ROPE_SCALINGS[case["scaling"]["type"]](
-        rope_inv_freq(d, base), RoPEScalingConfig(**case["scaling"]), base, d, case["train_len"], case["seq_len"])
+        rope_inv_freq(d, base), RoPEScalingConfig(**case["scaling"]), base, d, case["train_len"], case["seq_len"]
+    )
     torch.testing.assert_close(inv_freq, torch.tensor(case["inv_freq"], dtype=torch.float64), rtol=1e-6, atol=0.0)
     assert attention_factor == pytest.approx(case["attention_factor"], rel=1e-12)

@@ -7,14 +7,14 @@ import sys
 
 import pytest
 import torch
-
 from cli_runs import Runner
+from tiny_checkpoint import make_run
+
 from core.errors import PosGPTError
 from model import GPT, KVCache, ModelConfig
 from model.pe import SCHEMES
 from model.pe.rope_scaling import ROPE_SCALINGS, RoPEScalingConfig
 from model.sampling import generate
-from tiny_checkpoint import make_run
 
 SEQ_LEN = 16
 VOCAB = 300  # padded to 320 inside the model
@@ -100,8 +100,9 @@ def test_greedy_is_deterministic_and_equals_repeated_full_forwards(name, scaling
     model = tiny(name, scaling)
     prompt = torch.randint(0, VOCAB, (1, 4))
     steps = longest(model) - 4
-    outs = [generate(model, prompt, steps, temperature=0, generator=torch.Generator().manual_seed(seed))
-            for seed in (0, 1)]
+    outs = [
+        generate(model, prompt, steps, temperature=0, generator=torch.Generator().manual_seed(seed)) for seed in (0, 1)
+    ]
     assert torch.equal(outs[0], outs[1])
     expected = prompt
     with torch.inference_mode():
@@ -116,8 +117,9 @@ def test_a_fixed_seed_gives_the_same_text(name, scaling):
     prompt = torch.randint(0, VOCAB, (1, 4))
 
     def draw(seed: int) -> torch.Tensor:
-        return generate(model, prompt, longest(model) - 4, temperature=1.0, top_k=50,
-                        generator=torch.Generator().manual_seed(seed))
+        return generate(
+            model, prompt, longest(model) - 4, temperature=1.0, top_k=50, generator=torch.Generator().manual_seed(seed)
+        )
 
     first = draw(0)
     assert torch.equal(first, draw(0))
@@ -136,8 +138,9 @@ def test_only_the_real_vocabulary_is_drawn(monkeypatch):
     monkeypatch.setattr(model, "forward", padded_forward)
     out = generate(model, torch.zeros(1, 1, dtype=torch.long), 30, temperature=0.0)
     assert out.max() < VOCAB
-    out = generate(model, torch.zeros(1, 1, dtype=torch.long), 30, temperature=5.0,
-                   generator=torch.Generator().manual_seed(0))
+    out = generate(
+        model, torch.zeros(1, 1, dtype=torch.long), 30, temperature=5.0, generator=torch.Generator().manual_seed(0)
+    )
     assert out.max() < VOCAB
 
 
@@ -148,6 +151,7 @@ def test_learned_beyond_its_table_is_refused_before_generating():
 
 
 # --- the command line ---
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -170,9 +174,19 @@ def sample_main(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_cli_samples_past_the_training_length_with_yarn(runs):
     runner, run_dirs = runs
-    done = runner.run([sys.executable, "sample.py", f"run_dir={run_dirs['rope']}", "sample.prompt=def main",
-                       "sample.max_new_tokens=40", "sample.num_samples=2", "sample.seed=0",
-                       "pe.scaling.type=yarn", "pe.scaling.factor=4"])
+    done = runner.run(
+        [
+            sys.executable,
+            "sample.py",
+            f"run_dir={run_dirs['rope']}",
+            "sample.prompt=def main",
+            "sample.max_new_tokens=40",
+            "sample.num_samples=2",
+            "sample.seed=0",
+            "pe.scaling.type=yarn",
+            "pe.scaling.factor=4",
+        ]
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(" sample ") == 2, done.stdout
     assert [line for line in done.stdout.splitlines() if line.startswith("def main")], done.stdout
@@ -192,13 +206,16 @@ def test_a_seed_gives_the_same_text_through_the_cli_and_greedy_ignores_it(runs, 
     assert greedy[0] == greedy[1]
 
 
-@pytest.mark.parametrize(("pe", "args", "message"), [
-    ("learned", ["sample.max_new_tokens=20"], "encodes at most 16 positions"),
-    ("rope", ["model.n_layer=2"], "model.n_layer cannot be changed for an evaluation"),
-    ("rope", ["sample.temperature=-1"], "sample.temperature must be >= 0"),
-    ("rope", ["sample.prompt=a", "sample.prompt_file=/nonexistent"], "not both"),
-    ("rope", ["sample.prompt_file=/nonexistent"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    ("pe", "args", "message"),
+    [
+        ("learned", ["sample.max_new_tokens=20"], "encodes at most 16 positions"),
+        ("rope", ["model.n_layer=2"], "model.n_layer cannot be changed for an evaluation"),
+        ("rope", ["sample.temperature=-1"], "sample.temperature must be >= 0"),
+        ("rope", ["sample.prompt=a", "sample.prompt_file=/nonexistent"], "not both"),
+        ("rope", ["sample.prompt_file=/nonexistent"], "does not exist"),
+    ],
+)
 def test_cli_refusals_are_one_clear_line(runs, capsys, pe, args, message):
     code, out, err = sample_main(capsys, f"run_dir={runs[1][pe]}", *args)
     assert code == 2 and message in err and "sample 1" not in out, err

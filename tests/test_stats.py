@@ -8,8 +8,24 @@ import pytest
 from evaluation.stats import Estimate, clearly_different, mean_ci, t_critical, t_two_sided_probability
 
 # t_{0.975, df} from standard tables (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2), and the normal 1.95996.
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         15: 2.131, 20: 2.086, 29: 2.045, 30: 2.042, 60: 2.000, 100: 1.984}
+T_975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    15: 2.131,
+    20: 2.086,
+    29: 2.045,
+    30: 2.042,
+    60: 2.000,
+    100: 1.984,
+}
 
 
 @pytest.mark.parametrize("df, expected", T_975.items())
@@ -39,7 +55,9 @@ def test_mean_ci_on_known_data():
     estimate = mean_ci(values)
     assert estimate.n == 4 and estimate.mean == pytest.approx(20.45)
     half = 3.182446 * statistics.stdev(values) / 2
-    assert estimate.half_width == pytest.approx(half, rel=1e-6) and estimate.half_width == pytest.approx(1.0434, abs=1e-4)
+    assert estimate.half_width == pytest.approx(half, rel=1e-6) and estimate.half_width == pytest.approx(
+        1.0434, abs=1e-4
+    )
     assert (estimate.low, estimate.high) == pytest.approx((20.45 - half, 20.45 + half))
 
 

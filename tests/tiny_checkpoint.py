@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from cli_runs import TINY
 from omegaconf import OmegaConf
 
-from cli_runs import TINY
 from core.checkpoint import save_checkpoint
 from experiment.build import build_model
 from experiment.compose import compose_config
@@ -23,7 +23,12 @@ def make_run(run_dir: Path, corpus: Path, *overrides: str, seed: int = 0) -> Pat
     cfg = compose_config(overrides)
     torch.manual_seed(seed)
     model = build_model(cfg)
-    state = {"model": model.state_dict(), "step": 0, "config": OmegaConf.to_container(cfg, resolve=True),
-             "overrides": overrides, "wandb_run_id": None}
+    state = {
+        "model": model.state_dict(),
+        "step": 0,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "overrides": overrides,
+        "wandb_run_id": None,
+    }
     save_checkpoint(state, run_dir, keep=0)
     return run_dir

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from training.distributed import DistInfo
 from data import TokenArray, sample_batch
+from training.distributed import DistInfo
 
 
 def random_positions(batch: int, seq_len: int, n_positions: int, generator: torch.Generator) -> torch.Tensor:
@@ -29,8 +29,17 @@ def rank_rows(global_batch: int, dist: DistInfo) -> slice:
 
 
 class BatchStream:
-    def __init__(self, tokens: TokenArray, global_batch: int, seq_len: int, seed: int, dist: DistInfo,
-                 device: torch.device, state: torch.Tensor | None = None, random_positions: int | None = None) -> None:
+    def __init__(
+        self,
+        tokens: TokenArray,
+        global_batch: int,
+        seq_len: int,
+        seed: int,
+        dist: DistInfo,
+        device: torch.device,
+        state: torch.Tensor | None = None,
+        random_positions: int | None = None,
+    ) -> None:
         self.tokens, self.global_batch, self.seq_len = tokens, global_batch, seq_len
         self.random_positions = random_positions
         self.device, self.rows = device, rank_rows(global_batch, dist)

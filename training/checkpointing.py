@@ -60,8 +60,15 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
 class Checkpointer:
     """Saves the training state of one run (only weights that are finite on every rank), and restores it."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, overrides: list[str], checkpoint: dict | None,
-                 dist: distributed.DistInfo, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: Path,
+        overrides: list[str],
+        checkpoint: dict | None,
+        dist: distributed.DistInfo,
+        device: torch.device,
+    ) -> None:
         self.cfg, self.run_dir, self.overrides, self.dist, self.device = cfg, run_dir, overrides, dist, device
         self.last_saved: int | None = checkpoint["step"] if checkpoint else None
         self.wandb_run_id: str | None = None  # set once the W&B run has started (training.metrics)
@@ -105,24 +112,43 @@ class Checkpointer:
             print(f"train: resuming {self.run_dir} from step {step}", flush=True)
             planned = checkpoint["config"]["train"]["max_steps"]
             if planned != self.cfg.train.max_steps:
-                print(f"train: train.max_steps is now {self.cfg.train.max_steps} (was {planned}): the learning-rate "
-                      "schedule follows the new value from here on", flush=True)
+                print(
+                    f"train: train.max_steps is now {self.cfg.train.max_steps} (was {planned}): the learning-rate "
+                    "schedule follows the new value from here on",
+                    flush=True,
+                )
         return step
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
-             sampler_state: torch.Tensor) -> None:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        sampler_state: torch.Tensor,
+    ) -> None:
         """Write last.pt (collective under torchrun); refuses weights that are not finite."""
         if not _weights_finite(model, self.dist, self.device):
-            raise PosGPTError(f"the weights became non-finite by step {step} and were not saved; {self.kept()}. "
-                              f"Lower train.lr (now {self.cfg.train.lr})")
+            raise PosGPTError(
+                f"the weights became non-finite by step {step} and were not saved; {self.kept()}. "
+                f"Lower train.lr (now {self.cfg.train.lr})"
+            )
         model_state, optim_state = distributed.full_state_dicts(model, optimizer)
         if self.dist.is_main:
             state: dict[str, Any] = {
-                "model": model_state, "optimizer": optim_state, "scheduler": scheduler.state_dict(), "step": step,
-                "config": OmegaConf.to_container(self.cfg, resolve=True), "overrides": list(self.overrides),
-                "rng": {"torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
-                "sampler_state": sampler_state, "wandb_run_id": self.wandb_run_id, "corpus": self.corpus,
+                "model": model_state,
+                "optimizer": optim_state,
+                "scheduler": scheduler.state_dict(),
+                "step": step,
+                "config": OmegaConf.to_container(self.cfg, resolve=True),
+                "overrides": list(self.overrides),
+                "rng": {
+                    "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+                },
+                "sampler_state": sampler_state,
+                "wandb_run_id": self.wandb_run_id,
+                "corpus": self.corpus,
             }
             save_checkpoint(state, self.run_dir, keep=self.cfg.train.keep_checkpoints)
         self.last_saved = step

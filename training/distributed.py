@@ -83,8 +83,9 @@ def wrap_model(model: nn.Module, info: DistInfo, strategy: str, device: torch.de
         try:
             from torch.distributed.fsdp import fully_shard
         except ImportError:  # torch < 2.6 has FSDP2 only under a private name
-            raise PosGPTError(f"train.distributed=fsdp needs torch >= 2.6 (this is {torch.__version__}); "
-                              "use train.distributed=ddp") from None
+            raise PosGPTError(
+                f"train.distributed=fsdp needs torch >= 2.6 (this is {torch.__version__}); use train.distributed=ddp"
+            ) from None
 
         for block in model.blocks:
             fully_shard(block)
@@ -163,10 +164,16 @@ def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tupl
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
-                          optim_state: dict) -> None:
+def load_full_state_dicts(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optim_state: dict
+) -> None:
     """Load what ``full_state_dicts`` returned (every rank passes the full dicts; FSDP2 keeps its shard)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
-                   options=StateDictOptions(full_state_dict=True))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=optim_state,
+        options=StateDictOptions(full_state_dict=True),
+    )

@@ -68,8 +68,10 @@ class Parent:
                 )
         missing, unexpected = set(ours) - set(self.state), set(self.state) - set(ours)
         if missing or unexpected:
-            raise PosGPTError(f"train.init_from: {self.path} does not hold this model's weights "
-                              f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+            raise PosGPTError(
+                f"train.init_from: {self.path} does not hold this model's weights "
+                f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+            )
         model.load_state_dict(self.state)
         self.state = {}  # not kept for the rest of the run
 
@@ -101,8 +103,10 @@ def load_parent(cfg: DictConfig) -> Parent | None:
 def check_same_architecture(now: dict, parent: dict, where: str) -> None:
     """PosGPTError naming the first ``model.*`` or ``pe.*`` key that differs, except those a child may change."""
     if now["pe"]["name"] != parent["pe"]["name"]:
-        raise PosGPTError(f"train.init_from: {where} was trained with pe={parent['pe']['name']}, this run has "
-                          f"pe={now['pe']['name']}; a run can only start from weights of its own scheme")
+        raise PosGPTError(
+            f"train.init_from: {where} was trained with pe={parent['pe']['name']}, this run has "
+            f"pe={now['pe']['name']}; a run can only start from weights of its own scheme"
+        )
     changeable = (*CHANGEABLE_MODEL_KEYS, *(f"pe.{name}" for name in SCHEMES[now["pe"]["name"]].eval_time_settings))
     architecture = ("model", "pe")
     changed = changed_settings({k: parent[k] for k in architecture}, {k: now[k] for k in architecture}, changeable)

@@ -30,8 +30,8 @@ from core.tracking import init_wandb
 from data import load_splits, sample_batch
 from data import validate as validate_data
 from experiment.build import build_model
-from model import GPT
 from experiment.config import compile_enabled, validate
+from model import GPT
 from training import distributed
 from training.batches import BatchStream, rank_rows
 from training.checkpointing import Checkpointer, resume_checkpoint
@@ -75,8 +75,14 @@ class StopRequested:
 
 
 @torch.no_grad()
-def estimate_val_loss(model: torch.nn.Module, tokens, cfg: DictConfig, device: torch.device, dtype: torch.dtype,
-                      dist: distributed.DistInfo) -> float:
+def estimate_val_loss(
+    model: torch.nn.Module,
+    tokens,
+    cfg: DictConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    dist: distributed.DistInfo,
+) -> float:
     """Mean loss on the same val_batches x batch_size windows every time (a fixed-seed generator)."""
     model.eval()
     generator = torch.Generator().manual_seed(0)
@@ -142,9 +148,16 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     start_step = checkpointer.restore(checkpoint, raw_model, optimizer, scheduler) if checkpoint else 0
     if compile_enabled(t.compile, device.type):
         model = torch.compile(model)
-    batches = BatchStream(splits["train"], t.batch_size, t.seq_len, t.seed, dist, device,
-                          state=checkpoint["sampler_state"] if checkpoint else None,
-                          random_positions=t.random_positions)
+    batches = BatchStream(
+        splits["train"],
+        t.batch_size,
+        t.seq_len,
+        t.seed,
+        dist,
+        device,
+        state=checkpoint["sampler_state"] if checkpoint else None,
+        random_positions=t.random_positions,
+    )
     step_fn = TrainStep(model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype)
     window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
     checkpointer.wandb_run_id = window.wandb_run_id
@@ -161,23 +174,34 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
             window.add(step, loss, skipped)
             stopping = _stop_agreed(stop, dist, step, t.log_every, device)
             last = step == t.max_steps
-            record = window.close_window(step, scheduler.get_last_lr()[0], grad_norm) if (
-                step % t.log_every == 0 or last or stopping) else {}
+            record = (
+                window.close_window(step, scheduler.get_last_lr()[0], grad_norm)
+                if (step % t.log_every == 0 or last or stopping)
+                else {}
+            )
             if step % t.val_every == 0 or last:
-                record = {"step": step, **record, "val_loss": estimate_val_loss(model, splits["val"], cfg, device,
-                                                                                 dtype, dist)}
+                record = {
+                    "step": step,
+                    **record,
+                    "val_loss": estimate_val_loss(model, splits["val"], cfg, device, dtype, dist),
+                }
             window.write(record)
             if not finite(record) and not t.skip_nonfinite:  # alike on every rank: the loss is averaged over them
-                raise PosGPTError(f"the training loss became non-finite by step {step}; {checkpointer.kept()}. "
-                                  f"Lower train.lr (now {t.lr}), or pass train.skip_nonfinite=true to skip such steps")
+                raise PosGPTError(
+                    f"the training loss became non-finite by step {step}; {checkpointer.kept()}. "
+                    f"Lower train.lr (now {t.lr}), or pass train.skip_nonfinite=true to skip such steps"
+                )
             if step % t.checkpoint_every == 0 or last or stopping:
                 checkpointer.save(step, raw_model, optimizer, scheduler, batches.sampler_state)
             stopped_by = stop.signal if stopping else None
     window.close()
 
     if stopped_by is not None and dist.is_main:
-        print(f"train: stopped by {signal.Signals(stopped_by).name} at step {step}; checkpoint saved. "
-              "Continue with train.resume=true", flush=True)
+        print(
+            f"train: stopped by {signal.Signals(stopped_by).name} at step {step}; checkpoint saved. "
+            "Continue with train.resume=true",
+            flush=True,
+        )
     elif stopped_by is None and t.eval_after:
         _evaluate(cfg, raw_model, optimizer, splits["val"], run_dir, device, dtype, dist, window.wandb_run)
     window.finish()
@@ -200,8 +224,15 @@ def _initial_model(cfg: DictConfig, run_dir: Path, device: torch.device) -> tupl
     return model, None, parent
 
 
-def _finish_trained(cfg: DictConfig, run_dir: Path, checkpoint: dict, model: torch.nn.Module,
-                    dist: distributed.DistInfo, device: torch.device, dtype: torch.dtype) -> None:
+def _finish_trained(
+    cfg: DictConfig,
+    run_dir: Path,
+    checkpoint: dict,
+    model: torch.nn.Module,
+    dist: distributed.DistInfo,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> None:
     """Resuming a run that has trained all its steps: run its end-of-training evaluation if that never finished
     (it was stopped, or it was stopped at the last step); otherwise there is nothing to do."""
     from evaluation.report import read_results
@@ -211,25 +242,40 @@ def _finish_trained(cfg: DictConfig, run_dir: Path, checkpoint: dict, model: tor
     evaluated = (read_results(run_dir / EVAL_DIR) or {}).get("step") == step
     if not t.eval_after or evaluated:
         if dist.is_main:
-            print(f"train: {run_dir} has already trained {step} steps (train.max_steps={t.max_steps}); nothing to "
-                  "do. Raise train.max_steps to train longer", flush=True)
+            print(
+                f"train: {run_dir} has already trained {step} steps (train.max_steps={t.max_steps}); nothing to "
+                "do. Raise train.max_steps to train longer",
+                flush=True,
+            )
         return None
     if dist.is_main:
-        print(f"train: {run_dir} has trained {step} steps, but its end-of-training evaluation did not finish: "
-              "running it", flush=True)
+        print(
+            f"train: {run_dir} has trained {step} steps, but its end-of-training evaluation did not finish: running it",
+            flush=True,
+        )
     model.load_state_dict(checkpoint["model"])
     val_tokens = _load_data(cfg, dist)["val"]
     if dist.is_main:
         wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"))
-        run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype, checkpoint["config"], wandb_run,
-                               step=step)
+        run_extrapolation_eval(
+            cfg, model, val_tokens, run_dir, device, dtype, checkpoint["config"], wandb_run, step=step
+        )
         if wandb_run is not None:
             wandb_run.finish()
     return None
 
 
-def _evaluate(cfg: DictConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer, val_tokens,
-              run_dir: Path, device: torch.device, dtype: torch.dtype, dist: distributed.DistInfo, wandb_run) -> None:
+def _evaluate(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    val_tokens,
+    run_dir: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    dist: distributed.DistInfo,
+    wandb_run,
+) -> None:
     """The extrapolation eval, on rank 0 alone: with FSDP it gets an unsharded copy of the model (the same
     memory eval.py needs)."""
     from evaluation.run import run_extrapolation_eval  # imports matplotlib (1 s): only when it is needed
@@ -241,12 +287,12 @@ def _evaluate(cfg: DictConfig, model: torch.nn.Module, optimizer: torch.optim.Op
             model.load_state_dict(state)
     if dist.is_main:
         # the config the checkpoints of this run hold (Checkpointer saves the same)
-        run_extrapolation_eval(cfg, model, val_tokens, run_dir, device, dtype,
-                               OmegaConf.to_container(cfg, resolve=True), wandb_run)
+        run_extrapolation_eval(
+            cfg, model, val_tokens, run_dir, device, dtype, OmegaConf.to_container(cfg, resolve=True), wandb_run
+        )
 
 
-def _stop_agreed(stop: StopRequested, dist: distributed.DistInfo, step: int, every: int,
-                 device: torch.device) -> bool:
+def _stop_agreed(stop: StopRequested, dist: distributed.DistInfo, step: int, every: int, device: torch.device) -> bool:
     """Single process: stop at once. Several processes must stop at the same step, so they agree at logging
     intervals (one tiny all-reduce): a signal waits at most log_every steps."""
     if not dist.enabled:

@@ -22,8 +22,17 @@ class MetricsWindow:
     """Opened once the run's state is ready: starts (or, resuming, continues) the W&B run and metrics.jsonl
     and prints the run's first console line."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, start_step: int, checkpoint: dict | None, model: GPT,
-                 dist: distributed.DistInfo, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: Path,
+        start_step: int,
+        checkpoint: dict | None,
+        model: GPT,
+        dist: distributed.DistInfo,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         t = cfg.train
         self.dist, self.device = dist, device
         self.tokens_per_step, self.peak = t.batch_size * t.seq_len, peak_flops(device)
@@ -32,10 +41,19 @@ class MetricsWindow:
         if dist.is_main:
             self.wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)
             self.metrics = MetricsFile(run_dir, resume_step=start_step if checkpoint else None)
-            print(f"train: pe={cfg.pe.name} params={model.num_params() / 1e6:.2f}M device={device} dtype={dtype} "
-                  f"world={dist.world_size} run_dir={run_dir}", flush=True)
-        self.progress = tqdm(total=t.max_steps, initial=start_step, desc=f"train pe={cfg.pe.name}", unit="step",
-                             disable=not (dist.is_main and cfg.logging.progress), dynamic_ncols=True)
+            print(
+                f"train: pe={cfg.pe.name} params={model.num_params() / 1e6:.2f}M device={device} dtype={dtype} "
+                f"world={dist.world_size} run_dir={run_dir}",
+                flush=True,
+            )
+        self.progress = tqdm(
+            total=t.max_steps,
+            initial=start_step,
+            desc=f"train pe={cfg.pe.name}",
+            unit="step",
+            disable=not (dist.is_main and cfg.logging.progress),
+            dynamic_ncols=True,
+        )
         self._reset()
 
     @property
@@ -62,9 +80,14 @@ class MetricsWindow:
         # 0/0 is NaN: a window whose steps were all skipped logs a null loss
         train_loss = float(distributed.all_reduce_mean(self.loss / self.counted, self.dist))
         tokens_per_s = self.steps * self.tokens_per_step / (time.perf_counter() - self.started)
-        record = {"step": step, "train_loss": train_loss, "lr": lr, "grad_norm": float(grad_norm),
-                  "tokens_per_s": tokens_per_s,
-                  "mfu": self.flops_per_token * tokens_per_s / self.peak if self.peak else None}
+        record = {
+            "step": step,
+            "train_loss": train_loss,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens_per_s": tokens_per_s,
+            "mfu": self.flops_per_token * tokens_per_s / self.peak if self.peak else None,
+        }
         self.progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         self._reset()
         return record
@@ -73,8 +96,9 @@ class MetricsWindow:
         if record and self.dist.is_main:
             self.metrics.write(record)
             if self.wandb_run is not None:
-                self.wandb_run.log({f"train/{k}": v for k, v in record.items() if k != "step" and v is not None},
-                                   step=record["step"])
+                self.wandb_run.log(
+                    {f"train/{k}": v for k, v in record.items() if k != "step" and v is not None}, step=record["step"]
+                )
 
     def close(self) -> None:
         self.progress.close()

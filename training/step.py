@@ -5,19 +5,28 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.distributed import local_tensor, no_grad_sync
 from core.runtime import autocast
+from training.distributed import local_tensor, no_grad_sync
 
 
 class TrainStep:
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, grad_accum_steps: int,
-                 grad_clip: float, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        grad_accum_steps: int,
+        grad_clip: float,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.grad_accum_steps, self.grad_clip = grad_accum_steps, grad_clip
         self.device, self.dtype = device, dtype
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False,
-                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Train on this rank's rows (split into micro-batches), at ``positions`` (B, T) if given.
 
         Returns (mean loss, grad norm) as device tensors, and whether the step was skipped: with

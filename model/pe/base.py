@@ -130,12 +130,16 @@ class PositionalEncoding(nn.Module):
     def check_random_positions(self, n_positions: int) -> None:
         """PosGPTError unless training with positions drawn from [0, n_positions) makes sense for this scheme."""
         if not self.uses_positions():
-            raise PosGPTError(f"train.random_positions: pe={self.name} does not use token positions, so there is "
-                              "nothing to randomize; drop train.random_positions")
+            raise PosGPTError(
+                f"train.random_positions: pe={self.name} does not use token positions, so there is "
+                "nothing to randomize; drop train.random_positions"
+            )
         limit = self.max_positions()
         if limit is not None and n_positions > limit:
-            raise PosGPTError(f"train.random_positions={n_positions}: pe={self.name} encodes at most {limit} "
-                              "positions (its table size); enlarge the table or lower train.random_positions")
+            raise PosGPTError(
+                f"train.random_positions={n_positions}: pe={self.name} encodes at most {limit} "
+                "positions (its table size); enlarge the table or lower train.random_positions"
+            )
 
     def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
         """Evaluation-time variants asked for on the command line (``eval.scalings`` for RoPE) -> a list of
@@ -150,8 +154,10 @@ class PositionalEncoding(nn.Module):
         """Apply eval-time settings (from ``eval_variations``) inside the block; the previous ones after it."""
         unknown = set(settings) - set(self.eval_time_settings)
         if unknown:
-            raise PosGPTError(f"pe={self.name}: {sorted(unknown)} cannot change at evaluation time "
-                              f"(allowed: {list(self.eval_time_settings)})")
+            raise PosGPTError(
+                f"pe={self.name}: {sorted(unknown)} cannot change at evaluation time "
+                f"(allowed: {list(self.eval_time_settings)})"
+            )
         previous = {name: getattr(self.cfg, name) for name in settings}
         for name, value in settings.items():
             self.apply_eval_setting(name, value)
@@ -179,8 +185,9 @@ class PositionalEncoding(nn.Module):
         """(T,) integer positions -> (T, n_embd) vectors added to the token embeddings, or None."""
         return None
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int,
-               prepared: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int, prepared: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Transform the new q and k, both (B, H, T, D), at integer positions (T,) or (B, T).
 
         ``seq_len`` is the number of keys attended to (cached ones included), for schemes that adapt to it;

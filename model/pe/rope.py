@@ -28,8 +28,14 @@ import torch
 
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
-from model.pe.rope_scaling import (ROPE_SCALINGS, RoPEScalingConfig, check_scaling, parse_scaling, rope_inv_freq,
-                                   scaling_label)
+from model.pe.rope_scaling import (
+    ROPE_SCALINGS,
+    RoPEScalingConfig,
+    check_scaling,
+    parse_scaling,
+    rope_inv_freq,
+    scaling_label,
+)
 
 
 @dataclass
@@ -125,8 +131,14 @@ class RotaryPositionalEncoding(PositionalEncoding):
     def prepare(self, positions: torch.Tensor, seq_len: int, memo: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos_sin(positions, seq_len)
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int,
-               prepared: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        seq_len: int,
+        prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = prepared if prepared is not None else self.cos_sin(positions, seq_len)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return rotate_pairs(q, cos, sin, self.rotated), rotate_pairs(k, cos, sin, self.rotated)

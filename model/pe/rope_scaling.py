@@ -135,8 +135,10 @@ def check_scaling(cfg: RoPEScalingConfig, where: str = "pe.scaling") -> None:
         raise PosGPTError(f"{where}: original_seq_len must be positive or null (got {cfg.original_seq_len})")
     # Type none may hold YaRN's settings: they are the defaults of eval.scalings' yarn entries (parse_scaling).
     if cfg.attention_factor is not None and (cfg.type not in ("yarn", "none") or cfg.attention_factor <= 0):
-        raise PosGPTError(f"{where}: attention_factor is YaRN's temperature, a positive number for type yarn "
-                          f"(got {cfg.attention_factor} with type {cfg.type})")
+        raise PosGPTError(
+            f"{where}: attention_factor is YaRN's temperature, a positive number for type yarn "
+            f"(got {cfg.attention_factor} with type {cfg.type})"
+        )
     if cfg.type == "yarn" and not 0 < cfg.beta_slow < cfg.beta_fast:
         raise PosGPTError(f"{where}: yarn needs 0 < beta_slow < beta_fast (got {cfg.beta_slow}, {cfg.beta_fast})")
 
@@ -154,8 +156,9 @@ def parse_scaling(spec: str, defaults: RoPEScalingConfig | None = None) -> RoPES
     except ValueError:
         raise PosGPTError(f"eval.scalings: {spec!r} is not TYPE or TYPE:FACTOR (e.g. yarn:8)") from None
     kind = kind.strip()
-    cfg = dataclasses.replace(defaults, type=kind, factor=value,
-                              attention_factor=defaults.attention_factor if kind == "yarn" else None)
+    cfg = dataclasses.replace(
+        defaults, type=kind, factor=value, attention_factor=defaults.attention_factor if kind == "yarn" else None
+    )
     check_scaling(cfg, where=f"eval.scalings entry {spec!r}")
     return cfg
 

@@ -55,9 +55,11 @@ class T5PositionalEncoding(PositionalEncoding):
     def __init__(self, cfg: T5Config, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
         if cfg.num_buckets < 2 or cfg.max_distance <= cfg.num_buckets // 2:
-            raise PosGPTError(f"pe=t5 needs num_buckets >= 2 and max_distance > num_buckets/2 "
-                              f"(got {cfg.num_buckets}, {cfg.max_distance})")
-        self.table = nn.Parameter(torch.randn(cfg.num_buckets, dims.n_head) * dims.n_embd ** -0.5)
+            raise PosGPTError(
+                f"pe=t5 needs num_buckets >= 2 and max_distance > num_buckets/2 "
+                f"(got {cfg.num_buckets}, {cfg.max_distance})"
+            )
+        self.table = nn.Parameter(torch.randn(cfg.num_buckets, dims.n_head) * dims.n_embd**-0.5)
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         return [self.table]

@@ -48,8 +48,10 @@ class XPosPositionalEncoding(PositionalEncoding):
     def __init__(self, cfg: XPosConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
         if dims.head_dim % 2:
-            raise PosGPTError(f"pe=xpos rotates pairs of coordinates, so the head dimension must be even; "
-                              f"n_embd/n_head = {dims.head_dim}. Change model.n_embd or model.n_head.")
+            raise PosGPTError(
+                f"pe=xpos rotates pairs of coordinates, so the head dimension must be even; "
+                f"n_embd/n_head = {dims.head_dim}. Change model.n_embd or model.n_head."
+            )
         if cfg.scale_base <= 0:
             raise PosGPTError(f"pe.scale_base must be positive (got {cfg.scale_base})")
         self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, cfg.base), persistent=False)
@@ -68,8 +70,9 @@ class XPosPositionalEncoding(PositionalEncoding):
         cos, sin = angles.cos(), angles.sin()
         return tuple(t.float() for t in (cos * q_scale, sin * q_scale, cos * k_scale, sin * k_scale))
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int,
-               prepared: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int, prepared: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         q_cos, q_sin, k_cos, k_sin = (t.to(q.dtype) for t in (prepared or self.prepare(positions, seq_len, {})))
         d = q.shape[-1]
         return rotate_pairs(q, q_cos, q_sin, d), rotate_pairs(k, k_cos, k_sin, d)

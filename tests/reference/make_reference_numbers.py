@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 import transformers
+from torchscale.component.xpos_relative_position import XPOS
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.t5.modeling_t5 import T5Attention
-from torchscale.component.xpos_relative_position import XPOS
 
 # (name, posgpt scaling, rotated dims d, head dim, base, L, current length)
 CASES = [
@@ -44,11 +44,25 @@ CASES = [
     ("yarn, d=128, base 5e5, L=4096, s=16", dict(type="yarn", factor=16.0), 128, 128, 500000.0, 4096, 4096),
     ("yarn, d=64, L=64, s=16 (model=tiny_wide)", dict(type="yarn", factor=16.0), 64, 64, 10000.0, 64, 64),
     ("yarn, d=16, L=64, s=16 (model=tiny)", dict(type="yarn", factor=16.0), 16, 16, 10000.0, 64, 64),
-    ("yarn, d=64, L=64, s=16, attention_factor=1",
-     dict(type="yarn", factor=16.0, attention_factor=1.0), 64, 64, 10000.0, 64, 64),
+    (
+        "yarn, d=64, L=64, s=16, attention_factor=1",
+        dict(type="yarn", factor=16.0, attention_factor=1.0),
+        64,
+        64,
+        10000.0,
+        64,
+        64,
+    ),
     ("yarn, d=64, L=64, s=16, beta_fast=4", dict(type="yarn", factor=16.0, beta_fast=4.0), 64, 64, 10000.0, 64, 64),
-    ("yarn, d=64, L=512, s=4, beta_fast=16, beta_slow=2",
-     dict(type="yarn", factor=4.0, beta_fast=16.0, beta_slow=2.0), 64, 64, 10000.0, 512, 512),
+    (
+        "yarn, d=64, L=512, s=4, beta_fast=16, beta_slow=2",
+        dict(type="yarn", factor=4.0, beta_fast=16.0, beta_slow=2.0),
+        64,
+        64,
+        10000.0,
+        512,
+        512,
+    ),
     ("yarn, 32 of 64 dims rotated, L=256, s=8", dict(type="yarn", factor=8.0), 32, 64, 10000.0, 256, 256),
 ]
 
@@ -60,8 +74,11 @@ def hf_parameters(scaling: dict, base: float, train_len: int, length: int) -> tu
         return {"rope_type": "dynamic", "rope_theta": base, "factor": 1.0}, int(scaling["factor"] * train_len)
     params = {"rope_type": {"dynamic_ntk": "dynamic"}.get(kind, kind), "rope_theta": base, "factor": scaling["factor"]}
     if kind == "yarn":
-        params.update(original_max_position_embeddings=train_len, beta_fast=scaling.get("beta_fast", 32.0),
-                      beta_slow=scaling.get("beta_slow", 1.0))
+        params.update(
+            original_max_position_embeddings=train_len,
+            beta_fast=scaling.get("beta_fast", 32.0),
+            beta_slow=scaling.get("beta_slow", 1.0),
+        )
         if "attention_factor" in scaling:
             params["attention_factor"] = scaling["attention_factor"]
     return params, length
@@ -78,12 +95,27 @@ def rope_scaling_cases() -> list[dict]:
     for name, scaling, rotated, head_dim, base, train_len, length in CASES:
         params, seq_len = hf_parameters(scaling, base, train_len, length)
         params["partial_rotary_factor"] = rotated / head_dim
-        config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
-                             max_position_embeddings=train_len, rope_parameters=params)
+        config = LlamaConfig(
+            hidden_size=4 * head_dim,
+            num_attention_heads=4,
+            head_dim=head_dim,
+            max_position_embeddings=train_len,
+            rope_parameters=params,
+        )
         inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu", seq_len)
-        cases.append(dict(name=name, scaling=scaling, rotated_dims=rotated, base=base, train_len=train_len,
-                          seq_len=length, hf=dict(rope_parameters=params, seq_len=seq_len),
-                          inv_freq=inv_freq.tolist(), attention_factor=float(attention_factor)))
+        cases.append(
+            dict(
+                name=name,
+                scaling=scaling,
+                rotated_dims=rotated,
+                base=base,
+                train_len=train_len,
+                seq_len=length,
+                hf=dict(rope_parameters=params, seq_len=seq_len),
+                inv_freq=inv_freq.tolist(),
+                attention_factor=float(attention_factor),
+            )
+        )
     return cases
 
 
@@ -95,10 +127,17 @@ def alibi_slopes() -> dict[str, list[float]]:
 
 def t5_buckets() -> list[dict]:
     relative_position = torch.arange(-T5_DISTANCES + 1, 6)  # key - query: the past, then 5 future keys
-    return [dict(num_buckets=n, max_distance=m, relative_position=relative_position.tolist(),
-                 bucket=T5Attention._relative_position_bucket(relative_position, bidirectional=False,
-                                                              num_buckets=n, max_distance=m).tolist())
-            for n, m in T5_SETTINGS]
+    return [
+        dict(
+            num_buckets=n,
+            max_distance=m,
+            relative_position=relative_position.tolist(),
+            bucket=T5Attention._relative_position_bucket(
+                relative_position, bidirectional=False, num_buckets=n, max_distance=m
+            ).tolist(),
+        )
+        for n, m in T5_SETTINGS
+    ]
 
 
 def xpos_scores() -> list[dict]:
@@ -110,16 +149,27 @@ def xpos_scores() -> list[dict]:
         xpos = XPOS(head_dim).double()
         # offset: the sequence's positions are first .. first + length - 1 (torchscale slices the last length)
         rotated_q, rotated_k = xpos(q, offset=first), xpos(k, offset=first, downscale=True)
-        cases.append(dict(head_dim=head_dim, first_position=first, q=q[0].tolist(), k=k[0].tolist(),
-                          scores=(rotated_q[0] @ rotated_k[0].T).tolist()))
+        cases.append(
+            dict(
+                head_dim=head_dim,
+                first_position=first,
+                q=q[0].tolist(),
+                k=k[0].tolist(),
+                scores=(rotated_q[0] @ rotated_k[0].T).tolist(),
+            )
+        )
     return cases
 
 
 def main() -> None:
     out = Path(__file__).with_name("reference_numbers.json")
-    document = {"versions": {"transformers": transformers.__version__, "torchscale": version("torchscale")},
-                "rope_scaling": rope_scaling_cases(), "alibi_slopes": alibi_slopes(), "t5_buckets": t5_buckets(),
-                "xpos_scores": xpos_scores()}
+    document = {
+        "versions": {"transformers": transformers.__version__, "torchscale": version("torchscale")},
+        "rope_scaling": rope_scaling_cases(),
+        "alibi_slopes": alibi_slopes(),
+        "t5_buckets": t5_buckets(),
+        "xpos_scores": xpos_scores(),
+    }
     out.write_text(json.dumps(document) + "\n")
     print(f"wrote {out} ({document['versions']})")
 

@@ -1,0 +1,11 @@
+"""Puts the repository root on ``sys.path``, so ``python scripts/<name>.py`` can import posgpt's packages.
+
+Each script imports this module first (``import _repo``: the script's own folder is on the path already).
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
