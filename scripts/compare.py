@@ -104,7 +104,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
     """The resolved config a run was trained with, from its checkpoint: the one source of truth (Hydra's
     .hydra/config.yaml can be rewritten by a later command aimed at the run). A directory without checkpoints
-    (results copied elsewhere, as in docs/) is read from the config its extrapolation.json records, which is
+    (results copied elsewhere, as in results/) is read from the config its extrapolation.json records, which is
     the checkpoint's (evaluation/run.py). compare reads configs only here.
 
     The config is typed by today's schema, so that a setting added since a run was trained (absent from its

@@ -69,7 +69,9 @@ def repository_copy(destination: Path) -> Path:
     shutil.copytree(
         REPO,
         destination,
-        ignore=shutil.ignore_patterns(".git", "tests", "outputs", "multirun", "docs", "bench", "__pycache__"),
+        ignore=shutil.ignore_patterns(
+            ".git", "tests", "outputs", "multirun", "docs", "results", "bench", "__pycache__"
+        ),
     )
     return destination
 
