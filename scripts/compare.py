@@ -409,7 +409,7 @@ def column_key(column: Any, entry: Entry) -> int:
 def differences(
     entries: list[Entry], columns: list[Any], header: list[str], estimate: Callable[[Entry, Any], Estimate | None]
 ) -> list[str]:
-    """Per column: which settings' 95% intervals do not overlap the best one's (the rule in the README)."""
+    """Per column: which settings' 95% intervals do not overlap the best one's (the rule in docs/evaluation.md)."""
     lines = []
     for column, title in zip(columns, header):
         scored = [(entry, estimate(entry, column)) for entry in entries]
