@@ -23,6 +23,8 @@ paired by seed, every setting against the lowest in each column, or against ``--
 
 from __future__ import annotations
 
+import _repo  # noqa: F401  (puts the repository on sys.path)
+
 import argparse
 import json
 import re
