@@ -8,7 +8,7 @@
     torchrun --standalone --nproc_per_node=2 train.py # DDP (train.distributed=fsdp for FSDP2)
     python train.py -m hydra/launcher=slurm pe=rope,alibi hydra.launcher.partition=gpu   # one SLURM job each
 
-Everything lands in the Hydra run directory (hydra.run.dir=...): see README.md. SIGTERM or Ctrl-C save a
+Everything lands in the Hydra run directory (hydra.run.dir=...): see docs/configuration.md. SIGTERM or Ctrl-C save a
 checkpoint and exit with 128 + the signal's number. Any mistake in the command (a misspelt key, a wrong type,
 an unknown option) is one line, ``error: ...``, exit code 2, and leaves the run directory as it was.
 """

@@ -114,7 +114,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None and pe.rotation_depends_on_length():
             # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
             # them are rotated for the current length at every step, so each new token sees every key rotated
-            # as a full forward of its length would (README, "Dynamic NTK with a cache"). Hugging Face reuses
+            # as a full forward of its length would (docs/sampling.md, "Dynamic NTK with a cache"). Hugging Face reuses
             # keys rotated for shorter lengths instead (transformers issue #25104).
             k, v = self._extend_cache(k, v, cache, layer)
             q = pe.rotate(q, q, state.positions, state.seq_len, state.prepared)[0]

@@ -106,7 +106,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
     """The resolved config a run was trained with, from its checkpoint: the one source of truth (Hydra's
     .hydra/config.yaml can be rewritten by a later command aimed at the run). A directory without checkpoints
-    (results copied elsewhere, as in docs/) is read from the config its extrapolation.json records, which is
+    (results copied elsewhere, as in results/) is read from the config its extrapolation.json records, which is
     the checkpoint's (evaluation/run.py). compare reads configs only here.
 
     The config is typed by today's schema, so that a setting added since a run was trained (absent from its
@@ -411,7 +411,7 @@ def column_key(column: Any, entry: Entry) -> int:
 def differences(
     entries: list[Entry], columns: list[Any], header: list[str], estimate: Callable[[Entry, Any], Estimate | None]
 ) -> list[str]:
-    """Per column: which settings' 95% intervals do not overlap the best one's (the rule in the README)."""
+    """Per column: which settings' 95% intervals do not overlap the best one's (the rule in docs/evaluation.md)."""
     lines = []
     for column, title in zip(columns, header):
         scored = [(entry, estimate(entry, column)) for entry in entries]

@@ -1,8 +1,8 @@
 """Copy what scripts/compare.py reads from training runs into a folder, without their checkpoints: results to
 commit or publish beside a paper.
 
-    python scripts/export_results.py multirun/study/*/ --to docs/my-study
-    python scripts/compare.py docs/my-study/*/ --ratios          # the same report as on the runs themselves
+    python scripts/export_results.py multirun/study/*/ --to results/my-study
+    python scripts/compare.py results/my-study/*/ --ratios          # the same report as on the runs themselves
 
 Per run, ``<to>/<run directory's name>/`` gets ``eval/extrapolation.json`` (and its ``.csv``), ``metrics.jsonl``
 (for ``compare.py --val-curve``) and ``overrides.yaml`` (the run's command line, from ``.hydra/``).

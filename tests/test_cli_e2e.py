@@ -69,7 +69,9 @@ def repository_copy(destination: Path) -> Path:
     shutil.copytree(
         REPO,
         destination,
-        ignore=shutil.ignore_patterns(".git", "tests", "outputs", "multirun", "docs", "bench", "__pycache__"),
+        ignore=shutil.ignore_patterns(
+            ".git", "tests", "outputs", "multirun", "docs", "results", "bench", "__pycache__"
+        ),
     )
     return destination
 
@@ -77,7 +79,7 @@ def repository_copy(destination: Path) -> Path:
 @pytest.mark.parametrize("pe", sorted(SCHEMES))
 def test_train_then_eval_every_scheme(pe, corpus, cli, tmp_path):
     run_dir = tmp_path / "run"
-    # train.compile=false exactly as the README documents it (Hydra makes it a boolean)
+    # train.compile=false exactly as docs/configuration.md documents it (Hydra makes it a boolean)
     ok(cli.run(small_run(corpus, run_dir, f"pe={pe}", "train.eval_after=false", "train.compile=false")))
 
     assert (run_dir / "checkpoints" / "last.pt").is_file()

@@ -1,4 +1,4 @@
-"""Imports run one way, down the layers the data flows through (README, "Layout and design"):
+"""Imports run one way, down the layers the data flows through (README, "Map of the code"; docs/design.md):
 
     core  <  data, model  <  experiment  <  evaluation  <  training  <  train.py, eval.py, scripts/
 
@@ -45,7 +45,7 @@ def layer_violations(path: Path, layer: int, root: Path = REPO) -> list[str]:
 
 def test_every_package_is_checked():
     on_disk = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
-    assert on_disk == set(LAYERS), "add the new package to LAYERS (and to the README's layout)"
+    assert on_disk == set(LAYERS), "add the new package to LAYERS (and to the README's map and docs/design.md)"
 
 
 @pytest.mark.parametrize(

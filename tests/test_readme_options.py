@@ -1,5 +1,6 @@
-"""Every documented value of every option works as a user types it: the README's key tables are parsed, and
-each default and each listed choice (`a` | `b`) is composed through Hydra and validated, as train.py would."""
+"""Every documented value of every option works as a user types it: the key tables of docs/configuration.md are
+parsed, and each default and each listed choice (`a` | `b`) is composed through Hydra and validated, as train.py
+would."""
 
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ from core.errors import PosGPTError
 from experiment.compose import compose_config
 from experiment.config import validate
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 _CODE = re.compile(r"`([^`]+)`")
 
 
@@ -19,10 +20,10 @@ def _cells(line: str) -> list[str]:
 
 
 def documented_values() -> list[tuple[str, str]]:
-    """(override prefix, value) for each key of the README's "### Keys" tables: its default, and each choice
-    the meaning column lists as `a` \\| `b` (they belong to the row's first key). The pe.* table's first column
-    names the scheme."""
-    text = README.read_text().split("### Keys", 1)[1].split("\n## ", 1)[0]
+    """(override prefix, value) for each key of the "## Keys" tables of docs/configuration.md: its default, and
+    each choice the meaning column lists as `a` \\| `b` (they belong to the row's first key). The pe.* table's
+    first column names the scheme."""
+    text = CONFIGURATION.read_text().split("\n## Keys\n", 1)[1].split("\n## ", 1)[0]
     values, section = [], None
     for line in text.splitlines():
         heading = re.fullmatch(r"`(\w+)\.\*`.*", line.strip())
@@ -45,7 +46,7 @@ def documented_values() -> list[tuple[str, str]]:
     return values
 
 
-def test_the_readme_tables_are_found():
+def test_the_key_tables_are_found():
     overrides = [override for _, override in documented_values()]
     assert "train.compile=true" in overrides and "train.compile=false" in overrides
     assert "pe.scaling.type=yarn" in overrides and "logging.wandb.mode=disabled" in overrides

@@ -17,7 +17,7 @@ halves, frequencies 10000^(-i/(d/2 - 1))); posgpt keeps the paper's interleaved 
 Under GPT-2's convention (``model.embedding=gpt2``: tokens N(0, 0.02), no multiplier) the unscaled sinusoid
 swamps the tokens ~35x. ``scale: null`` is posgpt's remedy for that case, not a scheme from the literature:
 the sinusoid is scaled to the token signal's RMS at initialisation (``token_rms * sqrt(2)``), the starting
-magnitude a learned table has. Measured (README, Results): under GPT-2's convention the remedy trains like
+magnitude a learned table has. Measured (docs/results.md): under GPT-2's convention the remedy trains like
 NoPE and extrapolates like NoPE; the literature's pattern (close to RoPE at 1x, worse past it) needs the
 unscaled sinusoid under fairseq's convention.
 """

@@ -1,0 +1,50 @@
+"""Every committed comparison under results/ is what scripts/compare.py writes from the raw results beside it, so
+a table quoted in the docs can be redone from the repository alone (each study's README gives the command)."""
+
+from pathlib import Path
+
+import compare
+import pytest
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+# (the committed report, the run folders in the order compare.py was given them, its options)
+REPORTS = [
+    ("study-width256/comparison.md", ["study-width256/*/"], ["--ratios", "--val-curve", "v.png"]),
+    ("study-width256/comparison_vs_rope.md", ["study-width256/*/"], ["--ratios", "--baseline", "rope"]),
+    ("study-width64/comparison.md", ["study-width64/*/"], ["--ratios", "--val-curve", "v.png"]),
+    ("rope-extensions/comparison_width64.md", ["rope-extensions/width64-*/"], ["--ratios", "--baseline", "rope"]),
+    ("rope-extensions/comparison_width256.md", ["rope-extensions/width256-*/"], ["--ratios", "--baseline", "rope"]),
+    (
+        "rope-finetune/comparison.md",
+        [f"rope-finetune/{name}/" for name in ("rope-64", "rope-256-plain", "rope-256-pi", "rope-256-yarn")],
+        ["--ratios"],
+    ),
+    ("shakespeare-width64/comparison.md", ["shakespeare-width64/*/"], ["--ratios", "--data", "tinyshakespeare"]),
+    (
+        "shakespeare-probes/comparison.md",
+        [f"shakespeare-probes/{probe}/*-s1/" for probe in ("h2", "w128", "s2400", "L256", "d6", "w256")],
+        ["--ratios", "--data", "tinyshakespeare"],
+    ),
+    (
+        "shakespeare-probes/comparison_width256.md",
+        ["shakespeare-probes/w256/*/"],
+        ["--ratios", "--data", "tinyshakespeare"],
+    ),
+]
+
+
+def test_every_committed_report_is_listed():
+    assert sorted(str(path.relative_to(RESULTS)) for path in RESULTS.glob("*/comparison*.md")) == sorted(
+        report for report, _, _ in REPORTS
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("report, patterns, options", REPORTS, ids=[report for report, _, _ in REPORTS])
+def test_a_committed_report_reproduces_from_its_raw_results(report, patterns, options, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative output paths (v.png) land here
+    runs = [str(run) for pattern in patterns for run in sorted(RESULTS.glob(pattern))]
+    assert runs, patterns
+    compare.main([*runs, *options, "--markdown", "out.md", "--plot", "out.png"])
+    assert (tmp_path / "out.md").read_text() == (RESULTS / report).read_text()
