@@ -27,6 +27,7 @@ import torch
 from core.cli import exit_on_user_error
 from core.tracking import init_wandb
 from data import eval_tokens
+from evaluation.checks import check_eval_settings
 from evaluation.run import run_extrapolation_eval
 from experiment.build import load_trained_run, parse_run_dir
 
@@ -37,6 +38,7 @@ USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides
 def main(argv: list[str]) -> None:
     run = load_trained_run(*parse_run_dir(argv, USAGE))
     cfg, checkpoint = run.cfg, run.checkpoint
+    check_eval_settings(cfg)
     # data.eval_split: the val split of the training corpus, all of another one
     val_tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
     wandb_run = init_wandb(cfg, run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
