@@ -35,6 +35,8 @@ recorded. A seed whose perplexity overflows (a diverged run: ppl inf) makes its 
 
 from __future__ import annotations
 
+import _repo  # noqa: F401  (puts the repository on sys.path)
+
 import argparse
 import json
 import math
