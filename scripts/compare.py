@@ -555,7 +555,14 @@ def markdown_report(
     stride_note = f", stride {stride or 'L/2'}" if protocol == "sliding" else ""
     rows = [row for entry in entries for seed in entry.per_seed for row in seed.values() if row_ppl(row) is not None]
     ranges = {tuple(row["target_range"]) + (row["tokens"],) for row in rows}
-    if len(ranges) == 1:
+    classes = token_classes(entries)
+    if len(classes) > 1:
+        tokens_note = (
+            "**rows marked [...] scored other tokens** (another corpus, split or target range): each is its own "
+            "row, never averaged with the others, and differences are claimed only between rows that scored the "
+            "same tokens"
+        )
+    elif len(ranges) == 1:
         start, stop, tokens = next(iter(ranges))
         tokens_note = f"every cell scores the same {tokens:,} tokens (targets [{start:,}, {stop:,}) of the split)"
     else:
@@ -573,12 +580,6 @@ def markdown_report(
         "",
         f"Scored tokens: {tokens_note}.",
     ]
-    classes = token_classes(entries)
-    if len(classes) > 1:
-        parts[-1] += (
-            " Rows marked [...] scored other tokens (another corpus, split or target range): they are never "
-            "averaged with the others, and differences are claimed only between rows that scored the same tokens."
-        )
     note = runtime_note(entries)
     if note:
         parts += ["", note]
@@ -630,9 +631,12 @@ def by_class(classes: list[list[Entry]], report: Callable[[list[Entry]], list[st
     if len(classes) == 1:
         return report(classes[0])
     lines = []
-    for members in classes:
+    for members in (members for members in classes if len(members) > 1):
         lines += ["", f"Among the rows that scored the tokens of {', '.join(entry.label for entry in members)}:"]
         lines += report(members)
+    alone = [members[0].label for members in classes if len(members) == 1]
+    if alone:
+        lines += ["", f"Not compared (no other row scored their tokens): {', '.join(alone)}."]
     return lines
 
 
