@@ -51,11 +51,12 @@ def other_corpus(tmp_path_factory):
     return corpus_splits(tmp_path_factory, "heapq.py", "glob.py", "fnmatch.py")
 
 
-def evaluate(tokens, run_dir, **eval_keys):
-    cfg = OmegaConf.structured(
+def eval_config(pe=None, **eval_keys):
+    """A tiny model's config (RoPE by default, trained at length 8), evaluated at 8 and 16 on 64 targets."""
+    return OmegaConf.structured(
         Config(
             model=ModelConfig(n_layer=1, n_head=2, n_embd=32),
-            pe=RoPEConfig(),
+            pe=pe or RoPEConfig(),
             data=DataConfig(name="tiny"),
             train=TrainConfig(seq_len=8, max_steps=5),
             eval=EvalConfig(
@@ -64,8 +65,14 @@ def evaluate(tokens, run_dir, **eval_keys):
             logging=LoggingConfig(progress=False, wandb=WandbConfig(mode="disabled")),
         )
     )
+
+
+def evaluate(tokens, run_dir, cfg=None, prepare=lambda model: None, **eval_keys):
+    """run_extrapolation_eval of a freshly initialised model (``prepare`` may alter it first)."""
+    cfg = cfg or eval_config(**eval_keys)
     torch.manual_seed(0)
     model = build_model(cfg).eval()
+    prepare(model)
     return run_extrapolation_eval(
         cfg, model, tokens, run_dir, torch.device("cpu"), torch.float32, OmegaConf.to_container(cfg, resolve=True)
     )
