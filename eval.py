@@ -15,7 +15,10 @@ evaluation/report.py) and in the training run's W&B run.
 
 The training corpus is scored on its validation split; another corpus is scored whole (up to
 eval.max_tokens), in rows labelled with data.name ("text" for data=text unless set: name each corpus).
-data.eval_split=val|train|all chooses the split instead; each row records its corpus, split and tokens.
+data.eval_split=val|train|all chooses the split instead; each row records its corpus (by name and by the
+digest of its tokens), split, targets, and the attention backend and dtype that computed it. Rows of earlier
+evaluations are replaced only by rows of the same measurement (the console says which), never by rows of
+another corpus, split or target range, whatever data.name says.
 """
 
 from __future__ import annotations

@@ -701,19 +701,21 @@ class ValidationCurve:
     scheme: str
     seeds: int
     by_step: dict[int, Estimate]
+    runtimes: list[str] = field(default_factory=list)  # the attention backends and dtypes its seeds trained with
 
 
 def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
     """Per setting, the validation loss each seed logged (metrics.jsonl), at the steps every seed logged."""
     curves = []
     for group, label in zip(groups, group_labels(groups)):
-        per_seed = []
+        per_seed, runtimes = [], {}
         for run in group:
+            records = read_metrics(run.dir)
             logged = {
-                record["step"]: record["val_loss"]
-                for record in read_metrics(run.dir)
-                if record.get("val_loss") is not None
+                record["step"]: record["val_loss"] for record in records if record.get("val_loss") is not None
             }  # a resumed run's repeated step: its last record
+            # each start of a run records its backend and dtype (training/metrics.py); none before 2026-11-24
+            runtimes.update({f"{r['attn_backend']}, {r['dtype']}": None for r in records if "attn_backend" in r})
             if not logged:
                 raise PosGPTError(
                     f"{run.dir / METRICS_FILE} has no validation loss (train.val_every); "
@@ -732,6 +734,7 @@ def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
                 group[0].document["pe"],
                 len(group),
                 {step: mean_ci([logged[step] for logged in per_seed]) for step in steps},
+                list(runtimes),
             )
         )
     return curves
@@ -748,10 +751,33 @@ def validation_report(curves: list[ValidationCurve]) -> str:
                 "train.val_batches batches; mean over seeds ± half-width of the 95% CI), by training step:",
                 "",
                 estimate_table(rows, [str(step) for step in steps], digits=3),
+                *training_runtime_note(curves),
             ]
         )
         + "\n"
     )
+
+
+def training_runtime_note(curves: list[ValidationCurve]) -> list[str]:
+    """The attention backend and dtype each setting trained with (metrics.jsonl), where recorded; a setting
+    whose seeds trained otherwise is named (they are seeds of one setting: neither changes the trained model's
+    definition, but a dtype changes its numbers)."""
+    recorded = [curve for curve in curves if curve.runtimes]
+    if not recorded:
+        return []
+    kinds = {runtime for curve in recorded for runtime in curve.runtimes}
+    if len(kinds) == 1:
+        return ["", f"Trained with attention backend and dtype {next(iter(kinds))} (every run that records it)."]
+    return [
+        "",
+        "Trained with attention backend and dtype: "
+        + "; ".join(
+            f"{curve.label}: {' / '.join(curve.runtimes)}"
+            + (" (its seeds differ: pooled above)" if len(curve.runtimes) > 1 else "")
+            for curve in recorded
+        )
+        + ".",
+    ]
 
 
 def longest_evaluated_length(entries: list[Entry]) -> int | None:

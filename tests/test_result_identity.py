@@ -15,6 +15,7 @@ from core.tracking import read_metrics
 from data import DataConfig, load_splits
 from evaluation.report import format_table, group_by_scored, scored_identity
 from evaluation.run import EVAL_DIR, run_extrapolation_eval
+from evaluation.stats import Estimate
 from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from model import ModelConfig
@@ -270,3 +271,19 @@ def test_train_records_its_backend_and_eval_of_another_corpus_keeps_the_validati
     assert [row for row in rows if row["split"] == "val"] == validation and len(rows) == 2 * len(validation)
     done = cli.eval(run_dir, f"data.files=[{other}]", "logging.progress=false")
     assert "eval: replaced 2 earlier rows of the same measurement (data text" in done.stdout
+
+
+def test_compare_val_curve_names_the_backends_and_dtypes_runs_trained_with():
+    def curve(label, *runtimes):
+        return compare.ValidationCurve(label, label, 2, {10: Estimate(3.0, 0.1, 2)}, list(runtimes))
+
+    assert compare.training_runtime_note([curve("rope"), curve("alibi")]) == []  # not recorded (older runs)
+    same = compare.validation_report([curve("rope", "sdpa, float32"), curve("alibi", "sdpa, float32")])
+    assert "Trained with attention backend and dtype sdpa, float32 (every run that records it)." in same
+    mixed = compare.validation_report(
+        [curve("rope", "sdpa, float32", "sdpa, bfloat16"), curve("alibi", "flex, float32")]
+    )
+    assert (
+        "Trained with attention backend and dtype: rope: sdpa, float32 / sdpa, bfloat16 (its seeds differ: pooled "
+        "above); alibi: flex, float32." in mixed
+    )
