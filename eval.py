@@ -15,7 +15,10 @@ evaluation/report.py) and in the training run's W&B run.
 
 The training corpus is scored on its validation split; another corpus is scored whole (up to
 eval.max_tokens), in rows labelled with data.name ("text" for data=text unless set: name each corpus).
-data.eval_split=val|train|all chooses the split instead; each row records its corpus, split and tokens.
+data.eval_split=val|train|all chooses the split instead; each row records its corpus (by name and by the
+digest of its tokens), split, targets, and the attention backend and dtype that computed it. Rows of earlier
+evaluations are replaced only by rows of the same measurement (the console says which), never by rows of
+another corpus, split or target range, whatever data.name says.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from core.cli import exit_on_user_error
 from core.tracking import init_wandb
 from data import eval_tokens
+from evaluation.checks import check_eval_settings
 from evaluation.run import run_extrapolation_eval
 from experiment.build import load_trained_run, parse_run_dir
 
@@ -37,6 +41,7 @@ USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides
 def main(argv: list[str]) -> None:
     run = load_trained_run(*parse_run_dir(argv, USAGE))
     cfg, checkpoint = run.cfg, run.checkpoint
+    check_eval_settings(cfg)
     # data.eval_split: the val split of the training corpus, all of another one
     val_tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
     wandb_run = init_wandb(cfg, run.dir, checkpoint.get("wandb_run_id"), job_type="eval")

@@ -145,13 +145,23 @@ def score_windows(
     result = {
         "tokens": n,
         "loss": loss,
-        "ppl": math.exp(loss) if math.isfinite(loss) else None,
+        "ppl": perplexity(loss),
         "per_position_loss": per_position,
         "per_position_bins": position_bins(loss_sum.tolist(), counts.tolist()),
     }
     if not math.isfinite(loss):
-        result.update(loss=None, reason="the loss is not finite")
+        result.update(loss=None, ppl=None, reason="the loss is not finite")
+    elif math.isinf(result["ppl"]):  # stored as null beside its finite loss: readers take it as inf (row_ppl)
+        result.update(ppl=None, reason=f"perplexity exp({loss:.4g}) is too large for a float: inf")
     return result
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss); inf where that exceeds the float range (a loss above ~709.8 nats: a diverged model)."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 def position_bins(

@@ -11,23 +11,36 @@ The JSON document describes one checkpoint:
 The top-level "data" is the latest evaluation's; each row names its own. "config" is the checkpoint's: the
 resolved configuration the model was trained with (model, scheme, data, seed, ...), so that the file says
 what produced its numbers without the checkpoint (absent in files written before 2026-11-23). A row that
-could not be scored (learned beyond its table, too little data) has ``"loss"`` and ``"ppl"`` null and a
-``"reason"``.
-Accumulation: each evaluation of the same checkpoint replaces the rows with the
-same (data, length, protocol, stride, scaling) and keeps the others, so ``eval.py`` runs with different
-scalings, strides or data add up; an evaluation of another checkpoint (another training step) starts the
-file afresh, since the old rows describe another model.
+could not be scored (learned beyond its table, too little data, a loss that is not finite) has ``"ppl"``
+null and a ``"reason"``; a row whose loss is finite but whose perplexity exp(loss) is too large for a float
+(a diverged model) keeps its ``"loss"``, has ``"ppl"`` null and a reason, and is read as ppl = inf
+(row_ppl).
+
+What a row scored (its identity, beyond length and setting): ``"data"`` (the corpus's name), ``"corpus"``
+(where it comes from, in words), ``"split"`` (val, train or all), ``"split_digest"`` (sha256 of the scored
+split's token shards and range, from the token cache's checksums: the content itself) and
+``"target_range"`` (the targets [F, F + N) of the split every length is scored on); and what computed it:
+``"attn_backend"`` (the backend that ran, model/attention.py's resolve_backend) and ``"dtype"``. Rows
+written before 2026-11-24 lack the digest, backend and dtype: their content is "unrecorded", identified by
+their data name and corpus description, and never taken to equal a row whose digest is known.
+
+Accumulation: each evaluation of the same checkpoint replaces the rows with the same key (row_key: what
+they scored, by content, split and targets; backend and dtype; length, protocol, stride and scaling) and
+keeps the others, so ``eval.py`` runs with different scalings, strides, data or lengths add up, and a row
+of another corpus or split is never replaced; an evaluation of another checkpoint (another training step)
+starts the file afresh, since the old rows describe another model. ``eval.py`` prints what it replaced.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from core.errors import PosGPTError
-from evaluation.extrapolation import effective_stride
+from evaluation.extrapolation import effective_stride, perplexity
 from evaluation.stats import Estimate
 from model.pe.rope_scaling import scaling_label
 
@@ -47,6 +60,10 @@ CSV_COLUMNS = [
     "memory_metric",
     "seconds",
     "reason",
+    "split",
+    "split_digest",
+    "attn_backend",
+    "dtype",
 ]
 ROW_REQUIRED = {"length", "protocol", "stride", "ppl"}  # what every reader of a row relies on
 
@@ -60,7 +77,77 @@ def row_key(row: dict[str, Any]) -> tuple:
     scaling = row.get("scaling")
     if scaling is not None:  # a setting left at null is the same measurement as one from before it existed
         scaling = {name: value for name, value in scaling.items() if value is not None}
-    return (row.get("data"), row["length"], row["protocol"], row["stride"], json.dumps(scaling, sort_keys=True))
+    return (
+        scored_identity(row),
+        row["length"],
+        row["protocol"],
+        row["stride"],
+        json.dumps(scaling, sort_keys=True),
+    )
+
+
+def scored_identity(row: dict[str, Any]) -> tuple:
+    """What a row measured beyond its length and setting: (content, split, backend, dtype, targets).
+
+    The content is the split's digest; without one (a row from before 2026-11-24) it is "unrecorded",
+    named by the row's data name and corpus description, and so never equal to a recorded one. The targets
+    are the row's target_range, None for a row that scored nothing (not evaluable at its length)."""
+    digest = row.get("split_digest")
+    content = ("digest", digest) if digest else ("unrecorded", row.get("data"), row.get("corpus"))
+    targets = tuple(row["target_range"]) if row.get("target_range") else None
+    return (content, row.get("split"), row.get("attn_backend"), row.get("dtype"), targets)
+
+
+def group_by_scored(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """Rows by scored_identity. A row that scored nothing (no targets: the scheme cannot run at its length,
+    or the split is too short for it) could be scored on no targets of its split, so it joins every group
+    of its content, split, backend and dtype (one of its own where there is none)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda row: not row.get("target_range")):  # scored rows first
+        identity = scored_identity(row)
+        if identity[-1] is not None:
+            groups.setdefault(identity, []).append(row)
+            continue
+        same_split = [key for key in groups if key[:-1] == identity[:-1]]
+        for key in same_split or [identity]:
+            groups.setdefault(key, []).append(row)
+    return groups
+
+
+def provenance(row: dict[str, Any]) -> dict[str, str | None]:
+    """What a row scored and what computed it, as short words for labels (targets None: nothing scored)."""
+    digest, targets = row.get("split_digest"), row.get("target_range")
+    return {
+        "data": str(row.get("data")),
+        "corpus": f"corpus {digest[:10]}" if digest else f"corpus unrecorded ({row.get('corpus')})",
+        "split": f"split {row.get('split')}",
+        "targets": f"targets [{targets[0]}, {targets[1]})" if targets else None,
+        "backend": row.get("attn_backend") or "backend unrecorded",
+        "dtype": row.get("dtype") or "dtype unrecorded",
+    }
+
+
+SCORED_FIELDS = ("data", "corpus", "split", "targets")  # provenance(): what was scored
+RUNTIME_FIELDS = ("backend", "dtype")  # provenance(): what computed it
+
+
+def provenance_tags(
+    representatives: list[dict[str, Any]], fields: tuple[str, ...] = SCORED_FIELDS + RUNTIME_FIELDS
+) -> list[str]:
+    """Per row, the words of provenance() among ``fields`` that tell it from the others (each field that takes
+    more than one value among them); "" for every row when they all agree."""
+    described = [provenance(row) for row in representatives]
+    differing = [field for field in fields if len({d[field] for d in described if d[field] is not None}) > 1]
+    return [" ".join(d[field] for field in differing if d[field] is not None) for d in described]
+
+
+def row_ppl(row: dict[str, Any]) -> float | None:
+    """A row's perplexity: inf where it scored a finite loss whose exp overflows a float (stored as null
+    beside the loss), None where nothing was scored or the loss is not finite."""
+    if row["ppl"] is not None:
+        return row["ppl"]
+    loss = row.get("loss")
+    return perplexity(loss) if isinstance(loss, (int, float)) else None
 
 
 def _sort_key(row: dict[str, Any]) -> tuple:
@@ -75,14 +162,28 @@ def _sort_key(row: dict[str, Any]) -> tuple:
     )
 
 
-def merge_documents(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """``new`` plus the rows of ``old`` it does not replace, when both describe the same checkpoint."""
-    same_checkpoint = old is not None and all(old.get(k) == new.get(k) for k in ("pe", "train_seq_len", "step"))
-    if not same_checkpoint:
-        return new
-    replaced = {row_key(row) for row in new["results"]}
-    rows = [row for row in old["results"] if row_key(row) not in replaced] + new["results"]
-    return {**new, "results": sorted(rows, key=_sort_key)}
+def merge_documents(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``new`` plus the rows of ``old`` it does not replace (row_key), when both describe the same checkpoint;
+    and one line saying what of ``old`` was replaced or dropped (None when nothing was)."""
+    if old is None or not old["results"]:
+        return new, None
+    if not all(old.get(k) == new.get(k) for k in ("pe", "train_seq_len", "step")):
+        return new, (
+            f"the {len(old['results'])} earlier rows scored another checkpoint (step {old.get('step')}; now "
+            f"{new.get('step')}) and were dropped"
+        )
+    keys = {row_key(row) for row in new["results"]}
+    replaced = [row for row in old["results"] if row_key(row) in keys]
+    rows = [row for row in old["results"] if row_key(row) not in keys] + new["results"]
+    merged = {**new, "results": sorted(rows, key=_sort_key)}
+    if not replaced:
+        return merged, None
+    where = provenance(replaced[0])
+    lengths = ", ".join(str(length) for length in sorted({row["length"] for row in replaced}))
+    return merged, (
+        f"replaced {len(replaced)} earlier rows of the same measurement (data {where['data']}, {where['corpus']}, "
+        f"{where['split']}, the same targets, backend, dtype and settings; lengths {lengths})"
+    )
 
 
 def load_results(eval_dir: str | Path) -> dict[str, Any] | None:
@@ -147,6 +248,7 @@ def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
             **{column: row.get(column) for column in CSV_COLUMNS},
             "multiple": round(row["length"] / document["train_seq_len"], 4),
             "scaling": scaling_label(row.get("scaling")),
+            "ppl": row_ppl(row),
         }
         for row in document["results"]
     ]
@@ -161,7 +263,7 @@ def write_csv(document: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def setting_label(row: dict[str, Any], with_data: bool = False) -> str:
+def setting_label(row: dict[str, Any]) -> str:
     """``sliding yarn:8``: what distinguishes a row at a given length. A sliding stride is shown when it is
     not the default L/2, so default-stride rows of all lengths share a label."""
     label = row["protocol"]
@@ -169,7 +271,7 @@ def setting_label(row: dict[str, Any], with_data: bool = False) -> str:
         label += f" (S={row['stride']})"
     if scaling_label(row.get("scaling")) not in ("", "none"):
         label += " " + scaling_label(row["scaling"])
-    return f"[{row.get('data')}] {label}" if with_data else label
+    return label
 
 
 def format_number(value: float, digits: int = 2) -> str:
@@ -181,12 +283,13 @@ def format_ppl(ppl: float | None) -> str:
 
 
 def format_estimate(estimate: Estimate | None, n_expected: int = 1, digits: int = 2) -> str:
-    """A results cell: "n/a" for None, the value alone for one seed, else "mean ± half-width of the 95% CI";
+    """A results cell: "n/a" for None, the value alone for one seed (or "inf" where a seed diverged), else
+    "mean ± half-width of the 95% CI";
     "(n=k)" when fewer values than the row's n_expected seeds went into it."""
     if estimate is None:
         return "n/a"
     value = format_number(estimate.mean, digits)
-    if estimate.half_width is not None:
+    if estimate.half_width is not None and math.isfinite(estimate.mean):  # inf: a diverged seed, no interval
         value += f" ± {format_number(estimate.half_width, digits)}"
     return value + (f" (n={estimate.n})" if estimate.n != n_expected else "")
 
@@ -212,30 +315,41 @@ def render_table(header: list[str], body: list[list[str]], markdown: bool = Fals
     )
 
 
+def labelled_rows(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, row) per row: its setting (setting_label) and, where the rows scored more than one thing
+    (group_by_scored), " [...]" naming what tells its group apart (provenance_tags): "sliding [split all]".
+    A row that scored nothing is listed in every group it joins, so each line shows where it is n/a."""
+    groups = group_by_scored(rows)
+    tags = provenance_tags([members[0] for members in groups.values()])  # scored rows come first
+    return [
+        (setting_label(row) + (f" [{tag}]" if tag else ""), row)
+        for members, tag in zip(groups.values(), tags)
+        for row in sorted(members, key=_sort_key)
+    ]
+
+
 def format_table(document: dict[str, Any]) -> str:
-    """Rows: settings (protocol, stride, scaling); columns: lengths and their multiple of the training length."""
+    """Rows: settings (protocol, stride, scaling, and what was scored where that differs: labelled_rows);
+    columns: lengths and their multiple of the training length."""
     rows = sorted(document["results"], key=_sort_key)
     train_len = document["train_seq_len"]
-    with_data = len({row.get("data") for row in rows}) > 1
     lengths = sorted({row["length"] for row in rows})
     by_setting: dict[str, dict[int, dict[str, Any]]] = {}
-    for row in rows:
-        by_setting.setdefault(setting_label(row, with_data), {})[row["length"]] = row
+    for label, row in labelled_rows(rows):
+        by_setting.setdefault(label, {})[row["length"]] = row
     header = [f"pe={document['pe']} ppl"] + length_header(lengths, train_len)
     body = [
-        [label] + [format_ppl(cells[L]["ppl"]) if L in cells else "-" for L in lengths]
+        [label] + [format_ppl(row_ppl(cells[L])) if L in cells else "-" for L in lengths]
         for label, cells in by_setting.items()
     ]
     text = render_table(header, body)
-    spans = sorted({(str(row.get("data")), *row["target_range"]) for row in rows if row["ppl"] is not None})
-    if len(spans) == len({data for data, _, _ in spans}):  # one token range per corpus
-        return (
-            text
-            + "\n(each cell scores the same targets: "
-            + "; ".join((f"{data} " if with_data else "") + f"[{start}, {stop})" for data, start, stop in spans)
-            + ")"
+    if len(group_by_scored(rows)) > 1:
+        return text + (
+            "\n(each line's cells score the same targets; [...] says what differs between lines: the data, its "
+            "content (corpus digest), split or targets, or the attention backend or dtype)"
         )
-    return text + (
-        "\n(cells come from evaluations of different token ranges: compare rows with the same "
-        "target_range in extrapolation.json)"
-    )
+    spans = {tuple(row["target_range"]) for row in rows if row.get("target_range")}  # one group: one at most
+    if not spans:
+        return text + "\n(no length could be scored: extrapolation.json gives each row's reason)"
+    start, stop = next(iter(spans))
+    return text + f"\n(each cell scores the same targets: [{start}, {stop}))"

@@ -8,12 +8,15 @@ Outputs, in ``<run_dir>/eval/``:
 and the same table and plots in the run's W&B run.
 
 Each of the scheme's declared evaluation-time variations is evaluated (RoPE: ``pe.scaling``, or each of
-``eval.scalings``), with its settings recorded in the rows.
+``eval.scalings``), with its settings recorded in the rows, beside what the rows scored (the corpus by
+content, the split, the targets) and what computed them (the attention backend that ran, the dtype): see
+report.py. The console says what earlier rows were replaced, and when no length could be scored at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +32,17 @@ from evaluation.report import (
     CSV_FILE,
     csv_rows,
     format_table,
+    labelled_rows,
     load_results,
     merge_documents,
     read_results,
     results_document,
-    setting_label,
+    row_ppl,
     write_csv,
     write_results,
 )
 from experiment.config import eval_lengths
+from model.attention import resolve_backend
 
 EVAL_DIR = "eval"
 PPL_PLOT = "ppl_vs_length.png"
@@ -89,16 +94,28 @@ def run_extrapolation_eval(
             "data": cfg.data.name,
             "corpus": describe_corpus(cfg.data),
             "split": val_tokens.name,
+            "split_digest": val_tokens.digest,
+            "attn_backend": resolve_backend(cfg.model.attn_backend, model.pe, device),
+            "dtype": str(dtype).removeprefix("torch."),
         }
         rows += [
             {"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r} for r in new_rows
         ]
+    if all(row_ppl(row) is None for row in rows):
+        shortest = min(rows, key=lambda row: row["length"])
+        print(
+            f"eval: nothing could be scored on {cfg.data.name} ({val_tokens.name} split, {len(val_tokens):,} "
+            f"tokens); at the shortest length, {shortest['length']}: {shortest['reason']}",
+            flush=True,
+        )
     step = cfg.train.max_steps if step is None else step
     document = results_document(
         cfg.pe.name, cfg.train.seq_len, rows, step=step, data=cfg.data.name, config=trained_config
     )
     eval_dir = Path(run_dir) / EVAL_DIR
-    document = merge_documents(read_results(eval_dir), document)
+    document, replaced = merge_documents(read_results(eval_dir), document)
+    if replaced:
+        print(f"eval: {replaced}", flush=True)
     path = write_results(document, eval_dir)
     write_csv(document, eval_dir / CSV_FILE)
     plots = write_plots(document, eval_dir, cfg.eval.per_position_plot_lengths)
@@ -120,7 +137,7 @@ def load_run_results(run_dir: Path) -> dict[str, Any]:
 def per_position_rows(document: dict[str, Any], lengths: list[int] | None = None) -> list[dict[str, Any]]:
     """The rows per_position.png draws: nonoverlapping (where evaluated), at ``lengths`` or the longest scored.
     Rows without position bins (written by an older posgpt, before bins were stored) are not drawn."""
-    scored = [row for row in document["results"] if row["ppl"] is not None and "per_position_bins" in row]
+    scored = [row for row in document["results"] if row_ppl(row) is not None and "per_position_bins" in row]
     protocol = "nonoverlapping" if any(r["protocol"] == "nonoverlapping" for r in scored) else "sliding"
     scored = [row for row in scored if row["protocol"] == protocol]
     lengths = lengths or ([max(row["length"] for row in scored)] if scored else [])
@@ -129,13 +146,14 @@ def per_position_rows(document: dict[str, Any], lengths: list[int] | None = None
 
 def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: list[int] | None) -> dict[str, Path]:
     pe, train_len = document["pe"], document["train_seq_len"]
-    with_data = len({row.get("data") for row in document["results"]}) > 1
+    labelled = labelled_rows(document["results"])
     curves: dict[str, Series] = {}
-    for row in sorted(document["results"], key=lambda row: row["length"]):
-        line = curves.setdefault(setting_label(row, with_data), Series(setting_label(row, with_data), pe, [], []))
-        if row["ppl"] is not None:  # not evaluable there: left out
+    for label, row in sorted(labelled, key=lambda item: item[1]["length"]):
+        line = curves.setdefault(label, Series(label, pe, [], []))
+        ppl = row_ppl(row)
+        if ppl is not None and math.isfinite(ppl):  # not evaluable there, or inf (a diverged model): left out
             line.x.append(row["length"])
-            line.y.append(row["ppl"])
+            line.y.append(ppl)
     plots = {
         "ppl_vs_length": plot_ppl_vs_length(
             list(curves.values()),
@@ -145,10 +163,14 @@ def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: 
         )
     }
     position_rows = per_position_rows(document, per_position_lengths)
+    missing = sorted(set(per_position_lengths or []) - {row["length"] for row in position_rows})
+    if missing:
+        print(f"eval: {PER_POSITION_PLOT} has no line at lengths {missing}: nothing was scored there", flush=True)
+    labels = {id(row): label for label, row in reversed(labelled)}  # a row in several lines: its first label
     several_lengths = len({row["length"] for row in position_rows}) > 1
     position_series = [
         Series(
-            setting_label(row, with_data) + (f" L={row['length']}" if several_lengths else ""),
+            labels[id(row)] + (f" L={row['length']}" if several_lengths else ""),
             pe,
             [bin_centre(*b["positions"]) for b in row["per_position_bins"] if b["loss"] is not None],
             [b["loss"] for b in row["per_position_bins"] if b["loss"] is not None],
@@ -175,7 +197,7 @@ def _log_to_wandb(wandb_run, document: dict[str, Any], plots: dict[str, Path]) -
             **{f"extrapolation/{name}": wandb.Image(str(path)) for name, path in plots.items()},
         }
     )
-    with_data = len({row.get("data") for row in document["results"]}) > 1
-    for row in document["results"]:
-        if row["ppl"] is not None:
-            wandb_run.summary[f"extrapolation/{setting_label(row, with_data)}/ppl@{row['length']}"] = row["ppl"]
+    for label, row in labelled_rows(document["results"]):
+        ppl = row_ppl(row)
+        if ppl is not None and math.isfinite(ppl):
+            wandb_run.summary[f"extrapolation/{label}/ppl@{row['length']}"] = ppl

@@ -6,7 +6,9 @@ confidence interval of the mean is
     m ± t_{0.975, n-1} · s / √n
 
 where t_{0.975, ν} is the quantile of Student's t with ν degrees of freedom that leaves 2.5% in each tail.
-One value has no interval: it is reported as such, never with a made-up width.
+One value has no interval: it is reported as such, never with a made-up width. A value that is inf (the
+perplexity of a diverged run, too large for a float) makes the mean inf and the interval unbounded on both
+sides, so it is never "clearly different" from anything: a diverged seed is shown, not averaged away.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class Estimate:
 
     @property
     def low(self) -> float:
+        if self.half_width == math.inf:  # inf - inf would be nan: an unbounded interval reaches -inf
+            return -math.inf
         return self.mean - (self.half_width or 0.0)
 
     @property
@@ -81,6 +85,8 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Estimate:
     n = len(values)
     if n == 0:
         raise ValueError("no values to average")
+    if any(math.isinf(value) for value in values):
+        return Estimate(math.inf, math.inf if n > 1 else None, n)
     mean = math.fsum(values) / n
     if n == 1:
         return Estimate(mean, None, 1)

@@ -19,6 +19,18 @@ value alone), the lowest mean of each column in bold; "n/a" where the scheme can
 (learned beyond its table), "-" where it was not evaluated. Below the table: which differences exceed their
 intervals, the protocol, the data and the scored token ranges (cells scored on different tokens are flagged);
 paired by seed, every setting against the lowest in each column, or against ``--baseline`` (a row's label).
+
+What is averaged: the rows of a setting's seeds are pooled only where they scored the same thing and were
+computed alike, as evaluation/report.py's group_by_scored tells: the same corpus content (each row's
+split_digest), the same split, the same targets (target_range), the same attention backend and dtype.
+Otherwise they are separate table rows, each with only its own seeds, and labelled by what differs:
+"rope [corpus 3fa2c1d9e0]", "rope [split all]", "rope [targets [2048, 34816))", "rope [math float32]"
+(backend and dtype are named when they differ within a setting; across settings, a note lists them, since
+e.g. ALiBi runs flex and RoPE sdpa by default on a GPU). Differences and paired ratios are computed only
+between rows that scored the same tokens. Rows written before posgpt recorded the corpus's digest, backend
+and dtype (before 2026-11-24) read as "unrecorded": they pool with each other when their data name, corpus
+description, split and targets agree (a study evaluated alike, as before), never with rows whose digest is
+recorded. A seed whose perplexity overflows (a diverged run: ppl inf) makes its cell inf, with no interval.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import _repo  # noqa: F401  (puts the repository on sys.path)
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -43,7 +56,17 @@ from core.tracking import METRICS_FILE, read_metrics
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
 from evaluation.extrapolation import PROTOCOLS, effective_stride
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length, plot_training_curves
-from evaluation.report import format_estimate, length_header, render_table
+from evaluation.report import (
+    RUNTIME_FIELDS,
+    SCORED_FIELDS,
+    format_estimate,
+    group_by_scored,
+    length_header,
+    provenance,
+    provenance_tags,
+    render_table,
+    row_ppl,
+)
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.stats import Estimate, clearly_different, mean_ci
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
@@ -132,14 +155,30 @@ class Run:
 
 @dataclass
 class Entry:
-    """A table row: one setting (seeds pooled) and RoPE scaling; per_seed holds {length: row} per seed, and
-    seeds the train.seed of each (what pairs it with other settings' runs)."""
+    """A table row: one setting (seeds pooled), RoPE scaling and what was scored (report.scored_identity);
+    per_seed holds {length: row} per seed, and seeds the train.seed of each (what pairs it with other
+    settings' runs)."""
 
     label: str
     scheme: str
     train_len: int
     per_seed: list[dict[int, dict[str, Any]]] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
+    scored: tuple | None = None
+
+    def example(self) -> dict[str, Any] | None:
+        """A row that shows what this entry scored (a scored one where there is one)."""
+        rows = [row for seed in self.per_seed for row in seed.values()]
+        return next((row for row in rows if row.get("target_range")), rows[0] if rows else None)
+
+    def same_tokens(self, other: Entry) -> bool:
+        """Whether both scored the same corpus content, split and targets (backend and dtype aside)."""
+        return self.scored is None or other.scored is None or _tokens(self.scored) == _tokens(other.scored)
+
+
+def _tokens(scored: tuple) -> tuple:
+    content, split, _, _, targets = scored  # report.scored_identity: (content, split, backend, dtype, targets)
+    return content, split, targets
 
 
 def load_runs(run_dirs: list[Path]) -> list[Run]:
@@ -224,54 +263,117 @@ def choose_data(runs: list[Run], data: str | None) -> str:
 
 
 def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data: str) -> list[Entry]:
-    """One entry per (setting, scaling), each holding every seed's rows of the chosen protocol and data."""
+    """One entry per (setting, scaling, what was scored): the rows of the chosen protocol and data, pooled over
+    the setting's seeds only where they scored the same tokens with the same backend and dtype (report.py's
+    group_by_scored), so a seed that scored something else is an entry of its own, never averaged in. Entries
+    are labelled by what differs (tag_entries)."""
     entries = []
     for group, label in zip(groups, group_labels(groups)):
-        per_scaling: dict[str, list[dict[int, dict[str, Any]]]] = {}
+        cells: dict[tuple, dict[int, dict[int, dict[str, Any]]]] = {}  # (scaling, scored) -> run -> length -> row
         for i, run in enumerate(group):
-            for row in run.document["results"]:
-                wanted_stride = effective_stride(row["length"], stride) if protocol == "sliding" else None
-                if row["protocol"] == protocol and row["stride"] == wanted_stride and str(row.get("data")) == data:
-                    seeds = per_scaling.setdefault(scaling_label(row.get("scaling")), [{} for _ in group])
-                    seeds[i][row["length"]] = row
-        if not per_scaling:  # shown as a row of "-" rather than silently left out
-            per_scaling[""] = [{} for _ in group]
-        for scaling, per_seed in sorted(per_scaling.items(), key=lambda item: (item[0] not in ("", "none"), item[0])):
-            document = group[0].document
+            rows = [row for row in run.document["results"] if _wanted(row, protocol, stride, data)]
+            for scored, members in group_by_scored(rows).items():
+                for row in members:
+                    key = (scaling_label(row.get("scaling")), scored)
+                    cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
+        if not cells:  # shown as a row of "-" rather than silently left out
+            cells[("", None)] = {i: {} for i in range(len(group))}
+        document = group[0].document
+        for (scaling, scored), by_run in sorted(
+            cells.items(), key=lambda item: (item[0][0] not in ("", "none"), item[0][0])
+        ):
+            runs = sorted(by_run)
             entries.append(
                 Entry(
                     label + ("" if scaling in ("", "none") else f" {scaling}"),
                     document["pe"],
                     document["train_seq_len"],
-                    per_seed,
-                    [run.config["train"]["seed"] for run in group],
+                    [by_run[i] for i in runs],
+                    [group[i].config["train"]["seed"] for i in runs],
+                    scored,
                 )
             )
     if not any(seed for entry in entries for seed in entry.per_seed):
         raise PosGPTError(f"no {protocol} results on data {data} in these runs (try --protocol or --stride)")
+    tag_entries(entries)
     return entries
+
+
+def _wanted(row: dict[str, Any], protocol: str, stride: int | None, data: str) -> bool:
+    wanted_stride = effective_stride(row["length"], stride) if protocol == "sliding" else None
+    return row["protocol"] == protocol and row["stride"] == wanted_stride and str(row.get("data")) == data
+
+
+def tag_entries(entries: list[Entry]) -> None:
+    """Add "[...]" to the labels of entries that scored other tokens than the rest of the table (corpus
+    content, split, targets), or that were computed otherwise (backend, dtype) than other entries of the same
+    setting: what tells them apart, so no reader takes them for one measurement."""
+    shown = [entry for entry in entries if entry.example() is not None]
+    examples = [entry.example() for entry in shown]
+    scored_tags = provenance_tags(examples, SCORED_FIELDS)
+    runtime_tags = [""] * len(shown)
+    for label in {entry.label for entry in shown}:
+        same = [i for i, entry in enumerate(shown) if entry.label == label]
+        for i, tag in zip(same, provenance_tags([examples[i] for i in same], RUNTIME_FIELDS)):
+            runtime_tags[i] = tag
+    for entry, *tags in zip(shown, scored_tags, runtime_tags):
+        tag = " ".join(t for t in tags if t)
+        entry.label += f" [{tag}]" if tag else ""
+
+
+def runtime_note(entries: list[Entry]) -> str | None:
+    """Which attention backend and dtype computed the rows, by setting where they differ; None when no row
+    records them (results written before 2026-11-24)."""
+    by_runtime: dict[str, list[str]] = {}
+    for entry in entries:
+        example = entry.example()
+        if example is not None and (example.get("attn_backend") or example.get("dtype")):
+            where = provenance(example)
+            by_runtime.setdefault(f"{where['backend']}, {where['dtype']}", []).append(entry.label)
+    if not by_runtime:
+        return None
+    if len(by_runtime) == 1:
+        return f"Attention backend and dtype: {next(iter(by_runtime))} for every row."
+    return (
+        "Attention backend and dtype: "
+        + "; ".join(f"{runtime} ({', '.join(labels)})" for runtime, labels in by_runtime.items())
+        + ". A setting's seeds computed otherwise are separate rows, never averaged."
+    )
+
+
+def token_classes(entries: list[Entry]) -> list[list[Entry]]:
+    """The entries in classes that scored the same tokens (Entry.same_tokens), in order of first appearance:
+    differences and paired ratios are only computed within a class."""
+    classes: list[list[Entry]] = []
+    for entry in entries:
+        home = next((c for c in classes if c[0].same_tokens(entry)), None)
+        if home is None:
+            classes.append([entry])
+        else:
+            home.append(entry)
+    return classes
 
 
 def ppl_values(entry: Entry, length: int) -> dict[int, float]:
     """{train.seed: perplexity at ``length``} over the seeds that have one there."""
     return {
-        seed: rows[length]["ppl"]
+        seed: row_ppl(rows[length])
         for seed, rows in zip(entry.seeds, entry.per_seed)
-        if length in rows and rows[length]["ppl"] is not None
+        if length in rows and row_ppl(rows[length]) is not None
     }
 
 
 def ratio_values(entry: Entry, multiple: float) -> dict[int, float]:
-    """{train.seed: ppl@kL / ppl@L}, each seed's ratio from its own two perplexities."""
+    """{train.seed: ppl@kL / ppl@L}, each seed's ratio from its own two perplexities (none where ppl@L is inf:
+    a seed diverged at its own length has no ratio)."""
     length = round(multiple * entry.train_len)
-    return {
-        seed: rows[length]["ppl"] / rows[entry.train_len]["ppl"]
-        for seed, rows in zip(entry.seeds, entry.per_seed)
-        if length in rows
-        and entry.train_len in rows
-        and rows[length]["ppl"] is not None
-        and rows[entry.train_len]["ppl"] is not None
-    }
+    ratios = {}
+    for seed, rows in zip(entry.seeds, entry.per_seed):
+        if length in rows and entry.train_len in rows:
+            ppl, base = row_ppl(rows[length]), row_ppl(rows[entry.train_len])
+            if ppl is not None and base is not None and math.isfinite(base):
+                ratios[seed] = ppl / base
+    return ratios
 
 
 def ppl_estimate(entry: Entry, length: int) -> Estimate | None:
@@ -292,9 +394,9 @@ def paired_estimate(
     """Mean ± CI over the seeds both settings ran of entry's value / reference's value − 1. Runs with the same
     train.seed train on the same batches (the same tokens in the same order: training/batches.py draws them
     from a generator of their own), so the ratio cancels what the choice of training tokens does to both.
-    None with fewer than two shared seeds."""
+    None with fewer than two shared seeds. A seed where both are inf (both diverged) has no ratio."""
     own, theirs = values(entry, column), values(reference, column)
-    shared = sorted(set(own) & set(theirs))
+    shared = sorted(seed for seed in set(own) & set(theirs) if not (math.isinf(own[seed]) and math.isinf(theirs[seed])))
     return mean_ci([own[seed] / theirs[seed] - 1 for seed in shared]) if len(shared) >= 2 else None
 
 
@@ -451,9 +553,16 @@ def markdown_report(
         for entry in entries:
             entry.label += f" (trained at {entry.train_len})"
     stride_note = f", stride {stride or 'L/2'}" if protocol == "sliding" else ""
-    rows = [row for entry in entries for seed in entry.per_seed for row in seed.values() if row["ppl"] is not None]
+    rows = [row for entry in entries for seed in entry.per_seed for row in seed.values() if row_ppl(row) is not None]
     ranges = {tuple(row["target_range"]) + (row["tokens"],) for row in rows}
-    if len(ranges) == 1:
+    classes = token_classes(entries)
+    if len(classes) > 1:
+        tokens_note = (
+            "**rows marked [...] scored other tokens** (another corpus, split or target range): each is its own "
+            "row, never averaged with the others, and differences are claimed only between rows that scored the "
+            "same tokens"
+        )
+    elif len(ranges) == 1:
         start, stop, tokens = next(iter(ranges))
         tokens_note = f"every cell scores the same {tokens:,} tokens (targets [{start:,}, {stop:,}) of the split)"
     else:
@@ -471,13 +580,16 @@ def markdown_report(
         "",
         f"Scored tokens: {tokens_note}.",
     ]
+    note = runtime_note(entries)
+    if note:
+        parts += ["", note]
     rule = (
         "Differences: a setting differs from the lowest one at a length when their 95% intervals do not "
         "overlap (a conservative rule)."
     )
     if any(len(entry.per_seed) > 1 for entry in entries):
-        parts += ["", rule, *differences(entries, lengths, header, ppl_estimate)]
-        parts += paired_report(entries, lengths, header, ppl_values, baseline)
+        parts += ["", rule, *by_class(classes, lambda c: differences(c, lengths, header, ppl_estimate))]
+        parts += by_class(classes, lambda c: paired_report(c, lengths, header, ppl_values, baseline_in(c, baseline)))
     else:
         parts += [
             "",
@@ -505,17 +617,43 @@ def markdown_report(
             parts += [
                 "",
                 rule.replace("at a length", "at a multiple"),
-                *differences(entries, multiples, ratio_header, ratio_estimate),
+                *by_class(classes, lambda c: differences(c, multiples, ratio_header, ratio_estimate)),
             ]
-            parts += paired_report(entries, multiples, ratio_header, ratio_values, baseline)
+            parts += by_class(
+                classes, lambda c: paired_report(c, multiples, ratio_header, ratio_values, baseline_in(c, baseline))
+            )
     return "\n".join(parts) + "\n"
+
+
+def by_class(classes: list[list[Entry]], report: Callable[[list[Entry]], list[str]]) -> list[str]:
+    """``report`` of each class of entries that scored the same tokens (token_classes); headed by what the
+    class scored where there are several."""
+    if len(classes) == 1:
+        return report(classes[0])
+    lines = []
+    for members in (members for members in classes if len(members) > 1):
+        lines += ["", f"Among the rows that scored the tokens of {', '.join(entry.label for entry in members)}:"]
+        lines += report(members)
+    alone = [members[0].label for members in classes if len(members) == 1]
+    if alone:
+        lines += ["", f"Not compared (no other row scored their tokens): {', '.join(alone)}."]
+    return lines
+
+
+def baseline_in(members: list[Entry], baseline: Entry | None) -> Entry | None:
+    """The baseline where it is among ``members``; else None (the lowest of the class is the reference)."""
+    return baseline if any(entry is baseline for entry in members) else None
 
 
 def ppl_series(entries: list[Entry]) -> list[Series]:
     series = []
     for entry in entries:
         lengths = sorted({length for seed in entry.per_seed for length in seed})
-        points = [(length, value) for length in lengths if (value := ppl_estimate(entry, length)) is not None]
+        points = [  # an inf mean (a diverged seed) cannot be drawn: left out of the line, shown in the table
+            (length, value)
+            for length in lengths
+            if (value := ppl_estimate(entry, length)) is not None and math.isfinite(value.mean)
+        ]
         series.append(
             Series(
                 entry.label,
@@ -532,7 +670,7 @@ def per_position_series(entries: list[Entry], length: int) -> list[Series]:
     """Per entry with rows at ``length``: per-bin mean loss over seeds, with its CI as the band."""
     series = []
     for entry in entries:
-        rows = [seed[length] for seed in entry.per_seed if length in seed and seed[length]["ppl"] is not None]
+        rows = [seed[length] for seed in entry.per_seed if length in seed and row_ppl(seed[length]) is not None]
         if not rows:
             continue
         if any("per_position_bins" not in row for row in rows):
@@ -563,19 +701,21 @@ class ValidationCurve:
     scheme: str
     seeds: int
     by_step: dict[int, Estimate]
+    runtimes: list[str] = field(default_factory=list)  # the attention backends and dtypes its seeds trained with
 
 
 def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
     """Per setting, the validation loss each seed logged (metrics.jsonl), at the steps every seed logged."""
     curves = []
     for group, label in zip(groups, group_labels(groups)):
-        per_seed = []
+        per_seed, runtimes = [], {}
         for run in group:
+            records = read_metrics(run.dir)
             logged = {
-                record["step"]: record["val_loss"]
-                for record in read_metrics(run.dir)
-                if record.get("val_loss") is not None
+                record["step"]: record["val_loss"] for record in records if record.get("val_loss") is not None
             }  # a resumed run's repeated step: its last record
+            # each start of a run records its backend and dtype (training/metrics.py); none before 2026-11-24
+            runtimes.update({f"{r['attn_backend']}, {r['dtype']}": None for r in records if "attn_backend" in r})
             if not logged:
                 raise PosGPTError(
                     f"{run.dir / METRICS_FILE} has no validation loss (train.val_every); "
@@ -594,6 +734,7 @@ def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
                 group[0].document["pe"],
                 len(group),
                 {step: mean_ci([logged[step] for logged in per_seed]) for step in steps},
+                list(runtimes),
             )
         )
     return curves
@@ -610,25 +751,67 @@ def validation_report(curves: list[ValidationCurve]) -> str:
                 "train.val_batches batches; mean over seeds ± half-width of the 95% CI), by training step:",
                 "",
                 estimate_table(rows, [str(step) for step in steps], digits=3),
+                *training_runtime_note(curves),
             ]
         )
         + "\n"
     )
 
 
+def training_runtime_note(curves: list[ValidationCurve]) -> list[str]:
+    """The attention backend and dtype each setting trained with (metrics.jsonl), where recorded; a setting
+    whose seeds trained otherwise is named (they are seeds of one setting: neither changes the trained model's
+    definition, but a dtype changes its numbers)."""
+    recorded = [curve for curve in curves if curve.runtimes]
+    if not recorded:
+        return []
+    kinds = {runtime for curve in recorded for runtime in curve.runtimes}
+    if len(kinds) == 1:
+        return ["", f"Trained with attention backend and dtype {next(iter(kinds))} (every run that records it)."]
+    return [
+        "",
+        "Trained with attention backend and dtype: "
+        + "; ".join(
+            f"{curve.label}: {' / '.join(curve.runtimes)}"
+            + (" (its seeds differ: pooled above)" if len(curve.runtimes) > 1 else "")
+            for curve in recorded
+        )
+        + ".",
+    ]
+
+
 def longest_evaluated_length(entries: list[Entry]) -> int | None:
     """The longest length any entry has a perplexity at (entries that cannot run there are left out)."""
-    lengths = [L for entry in entries for seed in entry.per_seed for L, row in seed.items() if row["ppl"] is not None]
+    lengths = [L for entry in entries for seed in entry.per_seed for L, row in seed.items() if row_ppl(row) is not None]
     return max(lengths, default=None)
+
+
+def check_outputs(args: argparse.Namespace, entries: list[Entry]) -> None:
+    """Refuse, before anything is written, an option asking for a table or plot these runs cannot fill."""
+    if args.per_position is not None and longest_evaluated_length(entries) is None:
+        raise PosGPTError("--per-position: no run has a scored row to draw; leave it out or evaluate the runs")
+    if args.ratios and not any(
+        length > entry.train_len and entry.train_len in seed
+        for entry in entries
+        for seed in entry.per_seed
+        for length in seed
+    ):
+        raise PosGPTError(
+            "--ratios: no run was evaluated both at its training length and beyond it; leave it out or evaluate "
+            "the runs at those lengths"
+        )
 
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    if args.stride is not None and args.protocol != "sliding":
+        raise PosGPTError(f"--stride is the sliding protocol's; pass --protocol sliding or drop --stride {args.stride}")
     runs = load_runs(args.run_dirs)
     data = choose_data(runs, args.data)
     groups = group_by_seed(runs)
     entries = entries_of(groups, args.protocol, args.stride, data)
+    check_outputs(args, entries)
     report = markdown_report(
         entries, args.protocol, args.stride, data, args.ratios, find_baseline(entries, args.baseline)
     )
@@ -653,7 +836,7 @@ def main(argv: list[str]) -> None:
             seed[length]
             for entry in entries
             for seed in entry.per_seed
-            if length in seed and seed[length]["ppl"] is not None
+            if length in seed and row_ppl(seed[length]) is not None
         ]
         plot_per_position(
             per_position_series(entries, length),

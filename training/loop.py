@@ -29,6 +29,7 @@ from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
 from data import load_splits, sample_batch
 from data import validate as validate_data
+from evaluation.checks import check_eval_settings
 from experiment.build import build_model
 from experiment.config import compile_enabled, validate
 from model import GPT
@@ -99,6 +100,8 @@ def estimate_val_loss(
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
     """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None."""
     validate(cfg)
+    if cfg.train.eval_after:
+        check_eval_settings(cfg)  # before training: the evaluation at its end would refuse them
     validate_data(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
     dist = distributed.init_distributed(cfg.train.device)
     try:
@@ -163,6 +166,7 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     checkpointer.wandb_run_id = window.wandb_run_id
     if parent is not None:
         window.write(parent.record())  # the run records its parent
+    window.record_runtime(start_step)
 
     model.train()
     step, stopped_by = start_step, None

@@ -15,6 +15,7 @@ from core.runtime import peak_flops
 from core.tracking import MetricsFile, init_wandb
 from experiment.build import model_flops_per_token
 from model import GPT
+from model.attention import resolve_backend
 from training import distributed
 
 
@@ -38,11 +39,17 @@ class MetricsWindow:
         self.tokens_per_step, self.peak = t.batch_size * t.seq_len, peak_flops(device)
         self.flops_per_token = model_flops_per_token(model, t.seq_len)
         self.wandb_run, self.metrics = None, None
+        # What computes this run (a resumed run may change either): recorded by record_runtime.
+        self.runtime = {
+            "attn_backend": resolve_backend(cfg.model.attn_backend, model.pe, device),
+            "dtype": str(dtype).removeprefix("torch."),
+        }
         if dist.is_main:
             self.wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)
             self.metrics = MetricsFile(run_dir, resume_step=start_step if checkpoint else None)
             print(
-                f"train: pe={cfg.pe.name} params={model.num_params() / 1e6:.2f}M device={device} dtype={dtype} "
+                f"train: pe={cfg.pe.name} params={model.num_params() / 1e6:.2f}M device={device} "
+                f"dtype={self.runtime['dtype']} attn_backend={self.runtime['attn_backend']} "
                 f"world={dist.world_size} run_dir={run_dir}",
                 flush=True,
             )
@@ -91,6 +98,14 @@ class MetricsWindow:
         self.progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         self._reset()
         return record
+
+    def record_runtime(self, step: int) -> None:
+        """metrics.jsonl's record of the attention backend that runs and the dtype, from ``step`` on (each start
+        of the run writes one), and the same in the W&B run's config."""
+        if self.dist.is_main:
+            self.metrics.write({"step": step, **self.runtime})
+            if self.wandb_run is not None:
+                self.wandb_run.config.update({"runtime": self.runtime}, allow_val_change=True)
 
     def write(self, record: dict) -> None:
         if record and self.dist.is_main:

@@ -1,0 +1,289 @@
+"""Result rows are keyed by what they scored (corpus content, split, targets) and what computed them (attention
+backend, dtype): eval.py replaces only rows of the same measurement and says so; compare.py pools as seeds
+only rows of one identity, labels the others, and reads results written before identities were recorded."""
+
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from test_compare import compare
+
+from core.tracking import read_metrics
+from data import DataConfig, load_splits
+from evaluation.report import format_table, group_by_scored, scored_identity
+from evaluation.run import EVAL_DIR, run_extrapolation_eval
+from evaluation.stats import Estimate
+from experiment.build import build_model
+from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
+from model import ModelConfig
+from model.pe.rope import RoPEConfig
+
+REPO = Path(__file__).resolve().parents[1]
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+IDENTITY = ("split_digest", "attn_backend", "dtype")
+
+
+def corpus_splits(tmp_path_factory, *modules: str) -> dict:
+    """The train and val splits of a corpus made of some standard-library modules, named "tiny" whatever
+    they hold (the case that used to mix corpora up)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "corpus.txt").write_text("\n".join((STDLIB / name).read_text() for name in modules))
+    data = DataConfig(
+        name="tiny",
+        source="text",
+        files=[str(folder / "corpus.txt")],
+        val_fraction=0.5,
+        num_proc=1,
+        cache_dir=str(folder),
+    )
+    return load_splits(data)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return corpus_splits(tmp_path_factory, "textwrap.py", "string.py", "bisect.py")
+
+
+@pytest.fixture(scope="module")
+def other_corpus(tmp_path_factory):
+    return corpus_splits(tmp_path_factory, "heapq.py", "glob.py", "fnmatch.py")
+
+
+def eval_config(pe=None, **eval_keys):
+    """A tiny model's config (RoPE by default, trained at length 8), evaluated at 8 and 16 on 64 targets."""
+    return OmegaConf.structured(
+        Config(
+            model=ModelConfig(n_layer=1, n_head=2, n_embd=32),
+            pe=pe or RoPEConfig(),
+            data=DataConfig(name="tiny"),
+            train=TrainConfig(seq_len=8, max_steps=5),
+            eval=EvalConfig(
+                **{"length_multipliers": [1, 2], "protocols": ["nonoverlapping"], "max_tokens": 64, **eval_keys}
+            ),
+            logging=LoggingConfig(progress=False, wandb=WandbConfig(mode="disabled")),
+        )
+    )
+
+
+def evaluate(tokens, run_dir, cfg=None, prepare=lambda model: None, **eval_keys):
+    """run_extrapolation_eval of a freshly initialised model (``prepare`` may alter it first)."""
+    cfg = cfg or eval_config(**eval_keys)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    prepare(model)
+    return run_extrapolation_eval(
+        cfg, model, tokens, run_dir, torch.device("cpu"), torch.float32, OmegaConf.to_container(cfg, resolve=True)
+    )
+
+
+def test_rows_record_what_they_scored_and_what_computed_them(corpus, tmp_path):
+    document = evaluate(corpus["val"], tmp_path)
+    for row in document["results"]:
+        assert row["split"] == "val" and row["split_digest"] == corpus["val"].digest and len(row["split_digest"]) == 64
+        assert row["attn_backend"] == "sdpa" and row["dtype"] == "float32"  # RoPE on CPU, backend auto
+    assert corpus["val"].digest != corpus["train"].digest
+
+
+def test_another_corpus_or_split_under_the_same_name_never_replaces_rows(corpus, other_corpus, tmp_path, capsys):
+    """The bug: a second file under the same data.name replaced the run's validation rows."""
+    first = evaluate(corpus["val"], tmp_path)["results"]
+    capsys.readouterr()
+    for tokens in (other_corpus["val"], corpus["train"]):
+        evaluate(tokens, tmp_path)
+    assert "replaced" not in capsys.readouterr().out
+    document = json.loads((tmp_path / EVAL_DIR / "extrapolation.json").read_text())
+    assert len(document["results"]) == 3 * len(first)
+    kept = [row for row in document["results"] if row["split_digest"] == corpus["val"].digest]
+    assert [(row["length"], row["ppl"]) for row in kept] == [(row["length"], row["ppl"]) for row in first]
+    table = format_table(document).splitlines()
+    labels = [line.split("  ")[0] for line in table[1:4]]
+    assert len(set(labels)) == 3 and all(label.startswith("nonoverlapping [corpus ") for label in labels)
+    assert any("split train" in label for label in labels) and "[...] says what differs" in table[-1]
+
+    evaluate(corpus["val"], tmp_path)  # the same measurement again: replaced, and said in one line
+    printed = [line for line in capsys.readouterr().out.splitlines() if "replaced" in line]
+    assert printed == [
+        f"eval: replaced 2 earlier rows of the same measurement (data tiny, corpus {corpus['val'].digest[:10]}, "
+        "split val, the same targets, backend, dtype and settings; lengths 8, 16)"
+    ]
+    assert len(json.loads((tmp_path / EVAL_DIR / "extrapolation.json").read_text())["results"]) == 3 * len(first)
+
+
+def test_rows_without_a_recorded_identity_are_kept_beside_new_ones(corpus, tmp_path, capsys):
+    """Rows from before identities were recorded may be of any corpus: never replaced, shown apart."""
+    evaluate(corpus["val"], tmp_path)
+    path = tmp_path / EVAL_DIR / "extrapolation.json"
+    document = json.loads(path.read_text())
+    for row in document["results"]:
+        for key in IDENTITY:
+            del row[key]
+    path.write_text(json.dumps(document))
+    capsys.readouterr()
+    document = evaluate(corpus["val"], tmp_path)
+    assert "replaced" not in capsys.readouterr().out and len(document["results"]) == 4
+    assert "nonoverlapping [corpus unrecorded (the standard library of this Python) backend unrecorded" in format_table(
+        document
+    )
+
+
+def test_a_row_that_scored_nothing_joins_every_group_of_its_split():
+    def row(length, digest="a", targets=(16, 80), split="val"):
+        return {"length": length, "split_digest": digest, "split": split, "target_range": targets}
+
+    rows = [row(16), row(16, targets=(32, 96)), row(64, targets=None), row(64, digest="b", targets=None)]
+    groups = group_by_scored(rows)
+    assert [[r["length"] for r in members] for members in groups.values()] == [[16, 64], [16, 64], [64]]
+    assert list(groups)[2] == scored_identity(rows[3])  # another corpus: a group of its own
+
+
+# compare.py on hand-made runs
+
+
+def fake_run(pe, seed, ppl, digest="a" * 64, backend="sdpa", dtype="float32", split="val", targets=(64, 128)):
+    row = {
+        "length": 16,
+        "protocol": "nonoverlapping",
+        "stride": None,
+        "scaling": None,
+        "data": "d",
+        "corpus": "files d.txt",
+        "split": split,
+        "split_digest": digest,
+        "attn_backend": backend,
+        "dtype": dtype,
+        "ppl": ppl,
+        "tokens": 64,
+        "target_range": list(targets),
+    }
+    config = {"pe": {"name": pe}, "train": {"seed": seed, "seq_len": 16}}
+    return compare.Run(Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "results": [row]}, config)
+
+
+def entries(runs):
+    return compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
+
+
+def table_row(report, label):
+    line = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")][1:]
+
+
+def test_compare_pools_seeds_only_over_rows_of_one_corpus_split_and_targets():
+    runs = [fake_run("rope", 1, 10.0), fake_run("rope", 2, 12.0), fake_run("rope", 3, 50.0, digest="b" * 64)]
+    rope_a, rope_b = entries(runs)
+    assert (rope_a.label, rope_a.seeds, rope_b.label, rope_b.seeds) == (
+        "rope [corpus aaaaaaaaaa]",
+        [1, 2],
+        "rope [corpus bbbbbbbbbb]",
+        [3],
+    )
+    assert compare.ppl_estimate(rope_a, 16).mean == 11.0  # seed 3 is not averaged in
+    for changed, tag in (({"split": "all"}, "split all"), ({"targets": (128, 192)}, "targets [128, 192)")):
+        labels = [entry.label for entry in entries([fake_run("rope", 1, 10.0), fake_run("rope", 2, 12.0, **changed)])]
+        assert labels[1] == f"rope [{tag}]" and len(labels) == 2
+    report = compare.markdown_report(entries(runs), "nonoverlapping", None, "d", ratios=False)
+    assert "**rows marked [...] scored other tokens**" in report
+    assert table_row(report, "rope [corpus aaaaaaaaaa]")[0] == "2"
+
+
+def test_compare_never_pools_unrecorded_rows_with_recorded_ones_but_pools_them_with_each_other():
+    unrecorded = [
+        fake_run("rope", seed, ppl, digest=None, backend=None, dtype=None) for seed, ppl in ((1, 10.0), (2, 12.0))
+    ]
+    (entry,) = entries(unrecorded)  # a study written before identities were recorded: as before
+    assert entry.label == "rope" and entry.seeds == [1, 2]
+    mixed = entries([unrecorded[0], fake_run("rope", 2, 12.0)])
+    assert [entry.label for entry in mixed] == [
+        "rope [corpus unrecorded (files d.txt) backend unrecorded dtype unrecorded]",
+        "rope [corpus aaaaaaaaaa sdpa float32]",
+    ]
+
+
+def test_compare_keeps_a_settings_seeds_of_another_backend_or_dtype_apart_and_names_backends_across_settings():
+    runs = [fake_run("rope", 1, 10.0), fake_run("rope", 2, 12.0, backend="math", dtype="bfloat16")]
+    assert [entry.label for entry in entries(runs)] == ["rope [sdpa float32]", "rope [math bfloat16]"]
+    # across settings a different backend is the default (flex for ALiBi on a GPU): noted, no label, compared
+    runs = [fake_run("rope", s, 10.0 + s) for s in (1, 2)] + [
+        fake_run("alibi", s, 11.0 + s, "a" * 64, "flex") for s in (1, 2)
+    ]
+    found = entries(runs)
+    assert [entry.label for entry in found] == ["rope", "alibi"]
+    report = compare.markdown_report(found, "nonoverlapping", None, "d", ratios=False)
+    assert "Attention backend and dtype: sdpa, float32 (rope); flex, float32 (alibi)." in report
+    assert "- 16 (1×): lowest rope; intervals apart (clearly worse): none" in report
+
+
+def test_compare_claims_differences_only_between_rows_that_scored_the_same_tokens():
+    runs = [fake_run("rope", s, 10.0 + s) for s in (1, 2)]
+    runs += [fake_run("alibi", s, 20.0 + s, digest="b" * 64) for s in (1, 2)]
+    runs += [fake_run("t5", s, 30.0 + s, digest="b" * 64) for s in (1, 2)]
+    report = compare.markdown_report(entries(runs), "nonoverlapping", None, "d", ratios=False)
+    assert "**rows marked [...] scored other tokens**" in report
+    assert "Among the rows that scored the tokens of alibi [corpus bbbbbbbbbb], t5 [corpus bbbbbbbbbb]:" in report
+    assert "- 16 (1×): lowest alibi [corpus bbbbbbbbbb]; intervals apart (clearly worse): none" in report
+    assert "| t5 [corpus bbbbbbbbbb] | **+46.5% ± 13.8%** |" in report  # paired with alibi, not with rope
+    assert "Not compared (no other row scored their tokens): rope [corpus aaaaaaaaaa]." in report
+    assert "lowest rope" not in report
+
+
+def test_compare_of_a_study_written_before_identities_reproduces_its_table(tmp_path):
+    """docs/study-width256: rows without digest, backend or dtype, all from one corpus: the same report."""
+    study = REPO / "docs" / "study-width256"
+    runs = sorted(str(path) for path in study.iterdir() if (path / "eval").is_dir())
+    md = tmp_path / "c.md"
+    compare.main(
+        [
+            *runs,
+            "--ratios",
+            "--markdown",
+            str(md),
+            "--plot",
+            str(tmp_path / "c.png"),
+            "--val-curve",
+            str(tmp_path / "v.png"),
+        ]
+    )
+    assert md.read_text() == (study / "comparison.md").read_text()
+
+
+@pytest.mark.slow
+def test_train_records_its_backend_and_eval_of_another_corpus_keeps_the_validation_rows(cli, tmp_path):
+    """Through the command lines: metrics.jsonl names the backend and dtype; eval.py of another file under
+    the training data's name adds rows beside the validation rows, and scoring the same again replaces them."""
+    run_dir = tmp_path / "run"
+    lengths = ["eval.length_multipliers=[1,2]", "eval.protocols=[nonoverlapping]", "eval.max_tokens=256"]
+    done = cli.train(run_dir, "train.max_steps=2", "train.eval_after=true", *lengths)
+    assert done.returncode == 0, done.stderr
+    assert "attn_backend=sdpa" in done.stdout
+    assert {"step": 0, "attn_backend": "sdpa", "dtype": "float32"} in read_metrics(run_dir)
+    path = run_dir / EVAL_DIR / "extrapolation.json"
+    validation = json.loads(path.read_text())["results"]
+    assert {(row["split"], row["attn_backend"], row["dtype"]) for row in validation} == {("val", "sdpa", "float32")}
+    other = tmp_path / "other.txt"
+    other.write_text((STDLIB / "difflib.py").read_text()[:20_000])
+    done = cli.eval(run_dir, f"data.files=[{other}]", "logging.progress=false")  # data.name is still "text"
+    assert done.returncode == 0, done.stderr
+    assert "replaced" not in done.stdout
+    rows = json.loads(path.read_text())["results"]
+    assert [row for row in rows if row["split"] == "val"] == validation and len(rows) == 2 * len(validation)
+    done = cli.eval(run_dir, f"data.files=[{other}]", "logging.progress=false")
+    assert "eval: replaced 2 earlier rows of the same measurement (data text" in done.stdout
+
+
+def test_compare_val_curve_names_the_backends_and_dtypes_runs_trained_with():
+    def curve(label, *runtimes):
+        return compare.ValidationCurve(label, label, 2, {10: Estimate(3.0, 0.1, 2)}, list(runtimes))
+
+    assert compare.training_runtime_note([curve("rope"), curve("alibi")]) == []  # not recorded (older runs)
+    same = compare.validation_report([curve("rope", "sdpa, float32"), curve("alibi", "sdpa, float32")])
+    assert "Trained with attention backend and dtype sdpa, float32 (every run that records it)." in same
+    mixed = compare.validation_report(
+        [curve("rope", "sdpa, float32", "sdpa, bfloat16"), curve("alibi", "flex, float32")]
+    )
+    assert (
+        "Trained with attention backend and dtype: rope: sdpa, float32 / sdpa, bfloat16 (its seeds differ: pooled "
+        "above); alibi: flex, float32." in mixed
+    )
