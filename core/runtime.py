@@ -70,6 +70,9 @@ def configure_backends(device: torch.device, num_threads: int = 0) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+MAX_SEED = 2**32 - 1  # numpy's seeds are 32-bit: the largest seed every RNG accepts
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -4,6 +4,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.domain import domain
 from core.errors import PosGPTError
 
 SOURCES = ("python_stdlib", "text", "hub")
@@ -34,7 +35,7 @@ class DataConfig:
     hub_split: str = "train"
     hub_val_split: str | None = None  # the dataset's own validation split; None: split by document hash
     streaming: bool = False  # read the hub dataset as a stream instead of downloading it whole first
-    max_documents: int | None = None  # read at most this many documents of each hub split
+    max_documents: int | None = domain(None, ge=1)  # read at most this many documents of each hub split
 
     # False for datasets whose rows are lines of one running text (wikitext): rows are then joined
     # instead of each being ended by <|endoftext|>. Give such data a hub_val_split, or its lines get split.
@@ -42,13 +43,13 @@ class DataConfig:
 
     # Share of documents (picked by a stable hash) that go to the validation split; when a local corpus
     # is too small for that to fill both splits (one book), the share of its tokens taken from the end.
-    val_fraction: float = 0.01
+    val_fraction: float = domain(0.01, gt=0, lt=1)
     # What eval.py scores: auto = the val split of the corpus the run was trained on, all of any other
     # corpus; or val | train | all (the whole corpus, up to eval.max_tokens). Training ignores it.
     eval_split: str = "auto"
     cache_dir: str | None = None  # None: $POSGPT_CACHE_DIR, else ~/.cache/posgpt
-    num_proc: int = 2  # processes that tokenize in parallel
-    shard_chars: int = 8_000_000  # characters of text per token shard (~2M tokens, 4 MB)
+    num_proc: int = domain(2, ge=1)  # processes that tokenize in parallel
+    shard_chars: int = domain(8_000_000, ge=1)  # characters of text per token shard (~2M tokens, 4 MB)
 
 
 def resolve_cache_dir(cfg: DataConfig) -> Path:
@@ -83,17 +84,12 @@ def _check_local_file(path: str) -> None:
 
 
 def validate(cfg: DataConfig) -> None:
-    """Raise PosGPTError, naming the setting to change, if cfg cannot describe a corpus."""
+    """Raise PosGPTError, naming the setting to change, if cfg cannot describe a corpus (each key's domain is
+    checked with the whole config: experiment/config.py)."""
     if cfg.source not in SOURCES:
         raise PosGPTError(f"data.source={cfg.source!r} is unknown: use one of {', '.join(SOURCES)}")
-    if not 0.0 < cfg.val_fraction < 1.0:
-        raise PosGPTError(f"data.val_fraction={cfg.val_fraction} must lie strictly between 0 and 1")
     if cfg.eval_split not in EVAL_SPLITS:
         raise PosGPTError(f"data.eval_split={cfg.eval_split!r} is unknown: use one of {', '.join(EVAL_SPLITS)}")
-    if cfg.num_proc < 1:
-        raise PosGPTError(f"data.num_proc={cfg.num_proc} must be at least 1")
-    if cfg.shard_chars < 1:
-        raise PosGPTError(f"data.shard_chars={cfg.shard_chars} must be at least 1")
     if cfg.source == "text":
         if not cfg.files:
             raise PosGPTError("data.source=text needs files: set data.files=[path/to/a.txt,...]")
@@ -104,5 +100,3 @@ def validate(cfg: DataConfig) -> None:
     if cfg.source == "hub":
         if not cfg.hub_path:
             raise PosGPTError("data.source=hub needs data.hub_path, e.g. data.hub_path=roneneldan/TinyStories")
-        if cfg.max_documents is not None and cfg.max_documents < 1:
-            raise PosGPTError(f"data.max_documents={cfg.max_documents} must be at least 1 (or null for all)")

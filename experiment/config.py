@@ -15,7 +15,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from core.domain import check_domains, domain
 from core.errors import PosGPTError
+from core.runtime import MAX_SEED
 from data.config import DataConfig
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
@@ -24,48 +26,48 @@ from model.pe.rope_scaling import parse_scaling
 
 @dataclass
 class TrainConfig:
-    seq_len: int = 64  # training context length: the "1x" of every extrapolation result
-    batch_size: int = 8  # sequences per optimizer step, over all processes and accumulation steps
-    grad_accum_steps: int = 1
-    max_steps: int = 1200
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # 0 disables clipping
-    log_every: int = 10
-    val_every: int = 200
-    val_batches: int = 20
-    checkpoint_every: int = 400
-    keep_checkpoints: int = 2  # step checkpoints kept besides last.pt
+    seq_len: int = domain(64, ge=1)  # training context length: the "1x" of every extrapolation result
+    batch_size: int = domain(8, ge=1)  # sequences per optimizer step, over all processes and accumulation steps
+    grad_accum_steps: int = domain(1, ge=1)
+    max_steps: int = domain(1200, ge=1)
+    lr: float = domain(1e-3, gt=0)
+    min_lr_ratio: float = domain(0.1, ge=0, le=1)  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = domain(100, ge=0)
+    weight_decay: float = domain(0.1, ge=0)
+    beta1: float = domain(0.9, ge=0, lt=1)
+    beta2: float = domain(0.95, ge=0, lt=1)
+    grad_clip: float = domain(1.0, ge=0)  # 0 disables clipping
+    log_every: int = domain(10, ge=1)
+    val_every: int = domain(200, ge=1)
+    val_batches: int = domain(20, ge=1)
+    checkpoint_every: int = domain(400, ge=1)
+    keep_checkpoints: int = domain(2, ge=0)  # step checkpoints kept besides last.pt
     resume: bool = False
     init_from: str | None = None  # a run directory (or .pt) whose weights start this run: training/init_from.py
-    seed: int = 1337
+    seed: int = domain(1337, ge=0, le=MAX_SEED)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
     compile: str = "auto"  # auto (on for CUDA) | true | false (typed true/false, Hydra passes "True"/"False")
-    num_threads: int = 0  # CPU threads for torch; 0 keeps torch's default
+    num_threads: int = domain(0, ge=0)  # CPU threads for torch; 0 keeps torch's default
     skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
     distributed: str = "ddp"  # ddp | fsdp (only used under torchrun)
     eval_after: bool = True  # run the extrapolation eval when training ends
     # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N)
-    random_positions: int | None = None
+    random_positions: int | None = domain(None, ge=1)
 
 
 @dataclass
 class EvalConfig:
-    lengths: list[int] | None = None  # absolute lengths; None: length_multipliers x train.seq_len
-    length_multipliers: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    lengths: list[int] | None = domain(None, ge=1)  # absolute lengths; None: length_multipliers x train.seq_len
+    length_multipliers: list[int] = domain(default_factory=lambda: [1, 2, 4, 8], ge=1)
     protocols: list[str] = field(default_factory=lambda: ["nonoverlapping", "sliding"])
-    stride: int | None = None  # sliding-window stride; None: half the window
-    max_tokens: int = 32768  # scored tokens per (length, protocol): the same token range for all
-    batch_tokens: int = 16384  # tokens per forward pass (windows are batched up to this)
+    stride: int | None = domain(None, ge=1)  # sliding-window stride; None: half the window
+    max_tokens: int = domain(32768, ge=1)  # scored tokens per (length, protocol): the same token range for all
+    batch_tokens: int = domain(16384, ge=1)  # tokens per forward pass (windows are batched up to this)
     # RoPE only: evaluate several context extensions in one go, e.g. [none,yarn:8,ntk:8] (TYPE or TYPE:FACTOR);
     # None: just the run's pe.scaling.
     scalings: list[str] | None = None
-    per_position_plot_lengths: list[int] | None = None  # lengths drawn in per_position.png; None: the longest
+    per_position_plot_lengths: list[int] | None = domain(None, ge=1)  # drawn in per_position.png; None: the longest
 
 
 @dataclass
@@ -86,23 +88,23 @@ class LoggingConfig:
 
 @dataclass
 class SampleConfig:
-    """sample.py's settings (checked in sample.py)."""
+    """sample.py's settings."""
 
     prompt: str = ""  # "" starts from <|endoftext|>
     prompt_file: str | None = None  # read the prompt from this file instead
-    max_new_tokens: int = 200
-    temperature: float = 0.8  # 0: greedy (argmax)
-    top_k: int | None = 200  # sample among the k most likely tokens; None: all
-    num_samples: int = 1
-    seed: int = 1337
+    max_new_tokens: int = domain(200, ge=1)
+    temperature: float = domain(0.8, ge=0)  # 0: greedy (argmax)
+    top_k: int | None = domain(200, ge=1)  # sample among the k most likely tokens; None: all
+    num_samples: int = domain(1, ge=1)
+    seed: int = domain(1337, ge=0, le=MAX_SEED)
 
 
 @dataclass
 class InspectConfig:
     """scripts/inspect_attention.py's settings."""
 
-    length_multipliers: list[int] = field(default_factory=lambda: [1, 8])  # window lengths, x train.seq_len
-    windows: int = 4  # evaluation windows per length (consecutive, from the start of the validation split)
+    length_multipliers: list[int] = domain(default_factory=lambda: [1, 8], ge=1)  # window lengths, x train.seq_len
+    windows: int = domain(4, ge=1)  # evaluation windows per length (consecutive, from the validation split's start)
 
 
 @dataclass
@@ -171,25 +173,10 @@ def validate(cfg: DictConfig) -> None:
             f"unknown config key {unknown[0]}: it is not in the schema (experiment/config.py, "
             "model/pe/); check its spelling with `python train.py --cfg job`"
         )
-    validate_model_config(OmegaConf.to_object(cfg.model))
+    config = OmegaConf.to_object(cfg)  # the dataclasses, which declare each numeric key's domain
+    check_domains(config)
+    validate_model_config(config.model)
     t = cfg.train
-    for key in (
-        "seq_len",
-        "batch_size",
-        "grad_accum_steps",
-        "max_steps",
-        "log_every",
-        "val_every",
-        "val_batches",
-        "checkpoint_every",
-    ):
-        if t[key] <= 0:
-            raise PosGPTError(f"train.{key} must be positive (got {t[key]})")
-    for key in ("warmup_steps", "keep_checkpoints", "num_threads", "weight_decay", "grad_clip"):
-        if t[key] < 0:
-            raise PosGPTError(f"train.{key} must be >= 0 (got {t[key]})")
-    if t.lr <= 0:
-        raise PosGPTError(f"train.lr must be positive (got {t.lr})")
     if t.dtype not in ("auto", "float32", "bfloat16"):
         raise PosGPTError(f"train.dtype must be auto, float32 or bfloat16 (got {t.dtype!r})")
     if str(t.compile).lower() not in COMPILE_SETTINGS:
@@ -201,18 +188,13 @@ def validate(cfg: DictConfig) -> None:
         )
     if t.distributed not in ("ddp", "fsdp"):
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
-    lengths = eval_lengths(cfg)
-    if not lengths or min(lengths) <= 0:
-        raise PosGPTError(f"evaluation lengths must be positive (got {lengths})")
+    if not eval_lengths(cfg):
+        raise PosGPTError("eval.lengths (or eval.length_multipliers) must name at least one length")
     unknown = set(cfg.eval.protocols) - {"nonoverlapping", "sliding"}
     if unknown or not cfg.eval.protocols:
         raise PosGPTError(
             f"eval.protocols must be a non-empty subset of [nonoverlapping, sliding] (got {list(cfg.eval.protocols)})"
         )
-    if cfg.eval.stride is not None and cfg.eval.stride <= 0:
-        raise PosGPTError(f"eval.stride must be positive (got {cfg.eval.stride})")
-    if cfg.eval.max_tokens <= 0 or cfg.eval.batch_tokens <= 0:
-        raise PosGPTError("eval.max_tokens and eval.batch_tokens must be positive")
     if cfg.eval.scalings:
         if "scaling" not in cfg.pe:
             raise PosGPTError(f"eval.scalings are RoPE context extensions; this run has pe={cfg.pe.name}")
@@ -231,7 +213,5 @@ def validate(cfg: DictConfig) -> None:
             "pe.scaling.attention_factor is YaRN's temperature: it needs pe.scaling.type=yarn or a "
             "yarn entry in eval.scalings"
         )
-    if any(length <= 0 for length in cfg.eval.per_position_plot_lengths or []):
-        raise PosGPTError(f"eval.per_position_plot_lengths must be positive (got {cfg.eval.per_position_plot_lengths})")
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")

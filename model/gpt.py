@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.domain import check_domains, domain
 from core.errors import PosGPTError
 from model.attention import BACKENDS, attend, default_state
 from model.loss import FUSED_MODES, lm_head_cross_entropy
@@ -35,13 +36,13 @@ from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, bui
 
 @dataclass
 class ModelConfig:
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 64
-    vocab_size: int = 50257  # GPT-2 BPE; padded up to a multiple of 64 inside the model
-    dropout: float = 0.0
+    n_layer: int = domain(2, ge=1)
+    n_head: int = domain(4, ge=1)
+    n_embd: int = domain(64, ge=1)
+    vocab_size: int = domain(50257, ge=1)  # GPT-2 BPE; padded up to a multiple of 64 inside the model
+    dropout: float = domain(0.0, ge=0, lt=1)
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
-    init_std: float = 0.02
+    init_std: float = domain(0.02, gt=0)
     attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/attention.py)
     embedding: str = "fairseq"  # token-embedding convention, shared by every scheme: fairseq | gpt2 (see above)
     fused_ce: str = "auto"  # the fused chunked loss: auto (on CPU) | always | never (see model/loss.py)
@@ -62,16 +63,12 @@ def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:
 
 
 def validate_model_config(cfg: ModelConfig) -> None:
-    for key in ("n_layer", "n_head", "n_embd", "vocab_size"):
-        if getattr(cfg, key) <= 0:
-            raise PosGPTError(f"model.{key} must be positive (got {getattr(cfg, key)})")
+    check_domains(cfg, "model.")  # the config's validation did this at start-up; model/ also runs without it
     if cfg.n_embd % cfg.n_head:
         raise PosGPTError(
             f"model.n_embd={cfg.n_embd} is not divisible by model.n_head={cfg.n_head}; "
             "each head gets n_embd/n_head dimensions"
         )
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise PosGPTError(f"model.dropout must be in [0, 1) (got {cfg.dropout})")
     if cfg.attn_backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={cfg.attn_backend!r}; choose one of {list(BACKENDS)}")
     if cfg.embedding not in EMBEDDINGS:

@@ -15,7 +15,7 @@ train.py does on CUDA and as its README's CPU example does not. The JSON line ha
 
 from __future__ import annotations
 
-import _repo  # noqa: F401  (puts the repository on sys.path)
+import _repo
 
 import argparse
 import contextlib

@@ -35,7 +35,7 @@ recorded. A seed whose perplexity overflows (a diverged run: ppl inf) makes its 
 
 from __future__ import annotations
 
-import _repo  # noqa: F401  (puts the repository on sys.path)
+import _repo
 
 import argparse
 import json

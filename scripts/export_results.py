@@ -14,7 +14,7 @@ results may have grown: more variations, more data).
 
 from __future__ import annotations
 
-import _repo  # noqa: F401  (puts the repository on sys.path)
+import _repo
 
 import argparse
 import shutil

@@ -130,12 +130,9 @@ def test_cache_dir_resolution(monkeypatch, cache_dir):
     "overrides, message",
     [
         ({"source": "ftp"}, "data.source='ftp' is unknown"),
-        ({"val_fraction": 0.0}, "val_fraction"),
-        ({"val_fraction": 1.0}, "val_fraction"),
         ({"source": "text"}, "needs files"),
         ({"source": "text", "files": ["notes.docx"]}, "notes.docx"),
         ({"source": "hub"}, "hub_path"),
-        ({"num_proc": 0}, "num_proc"),
     ],
 )
 def test_validate_rejects(overrides, message):

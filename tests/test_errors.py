@@ -57,8 +57,8 @@ def test_eval_of_a_checkpoint_file_says_to_pass_the_run_directory(cli, existing_
     [
         (["model.n_embd=33"], "model.n_embd=33 is not divisible by model.n_head=2"),
         (["pe=rope", "model.n_embd=18"], "head dimension must be even"),  # 18 / 2 heads = 9
-        (["train.max_steps=0"], "train.max_steps must be positive"),
-        (["train.seq_len=-16"], "train.seq_len must be positive"),
+        (["train.max_steps=0"], "train.max_steps=0 is out of its domain [1, inf)"),
+        (["train.seq_len=-16"], "train.seq_len=-16 is out of its domain [1, inf)"),
     ],
 )
 def test_bad_config(cli, existing_run, overrides, message):

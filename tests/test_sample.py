@@ -211,7 +211,7 @@ def test_a_seed_gives_the_same_text_through_the_cli_and_greedy_ignores_it(runs, 
     [
         ("learned", ["sample.max_new_tokens=20"], "encodes at most 16 positions"),
         ("rope", ["model.n_layer=2"], "model.n_layer cannot be changed for an evaluation"),
-        ("rope", ["sample.temperature=-1"], "sample.temperature must be >= 0"),
+        ("rope", ["sample.temperature=-1"], "sample.temperature=-1.0 is out of its domain [0, inf)"),
         ("rope", ["sample.prompt=a", "sample.prompt_file=/nonexistent"], "not both"),
         ("rope", ["sample.prompt_file=/nonexistent"], "does not exist"),
     ],

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from core.domain import check_domains
 from core.errors import PosGPTError
 
 
@@ -114,6 +115,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:
         super().__init__()
+        check_domains(cfg, "pe.")  # the config's validation did this at start-up; model/ also runs without it
         self.cfg = cfg
         self.dims = dims
 

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.errors import PosGPTError
+from core.domain import domain
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 
 
 @dataclass
 class CoPEConfig(PEConfig):
     name: str = "cope"
-    npos: int = 64  # integer positions with a vector; counts beyond npos - 1 are clamped
+    npos: int = domain(64, ge=2)  # integer positions with a vector; counts beyond npos - 1 are clamped
 
 
 class CoPEPositionalEncoding(PositionalEncoding):
@@ -43,8 +43,6 @@ class CoPEPositionalEncoding(PositionalEncoding):
 
     def __init__(self, cfg: CoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
-        if cfg.npos < 2:
-            raise PosGPTError(f"pe.npos must be at least 2 (got {cfg.npos})")
         self.pos_emb = nn.Parameter(torch.zeros(dims.n_layer, dims.head_dim, cfg.npos))
 
     def no_weight_decay(self) -> list[nn.Parameter]:

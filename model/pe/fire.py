@@ -20,15 +20,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from core.domain import domain
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 
 
 @dataclass
 class FireConfig(PEConfig):
     name: str = "fire"
-    mlp_width: int = 32
-    init_c: float = 0.1
-    init_L: float = 512.0
+    mlp_width: int = domain(32, ge=1)
+    init_c: float = domain(0.1, gt=0)
+    init_L: float = domain(512.0, gt=0)
 
 
 class FireLayer(nn.Module):

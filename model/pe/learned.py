@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from core.domain import domain
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 
 
 @dataclass
 class LearnedConfig(PEConfig):
     name: str = "learned"
-    max_positions: int | None = None  # None: the training sequence length
+    max_positions: int | None = domain(None, ge=1)  # None: the training sequence length
 
 
 class LearnedPositionalEncoding(PositionalEncoding):

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from core.domain import domain
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 from model.pe.rope_scaling import (
@@ -41,8 +42,8 @@ from model.pe.rope_scaling import (
 @dataclass
 class RoPEConfig(PEConfig):
     name: str = "rope"
-    base: float = 10000.0
-    rotary_fraction: float = 1.0  # share of each head's dimensions that is rotated
+    base: float = domain(10000.0, gt=1)
+    rotary_fraction: float = domain(1.0, gt=0, le=1)  # share of each head's dimensions that is rotated
     scaling: RoPEScalingConfig = field(default_factory=RoPEScalingConfig)
 
 
@@ -70,8 +71,6 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated:
 
 def rotated_dims(head_dim: int, fraction: float) -> int:
     """How many leading coordinates of a head RoPE rotates: head_dim * fraction, an even number >= 2."""
-    if not 0.0 < fraction <= 1.0:
-        raise PosGPTError(f"pe.rotary_fraction must be in (0, 1] (got {fraction})")
     if fraction == 1.0 and head_dim % 2:
         raise PosGPTError(
             f"pe=rope rotates pairs of coordinates, so the head dimension must be even; "

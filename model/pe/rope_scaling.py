@@ -49,19 +49,20 @@ from dataclasses import dataclass
 
 import torch
 
+from core.domain import check_domains, domain
 from core.errors import PosGPTError
 
 
 @dataclass
 class RoPEScalingConfig:
     type: str = "none"  # none | linear | ntk | dynamic_ntk | yarn
-    factor: float = 1.0  # s: how many times longer than the training length to reach
-    beta_fast: float = 32.0  # yarn only: pairs turning more than this many times over L are kept
-    beta_slow: float = 1.0  # yarn only: pairs turning fewer times are interpolated
-    attention_factor: float | None = None  # yarn only: a; null: the paper's 0.1 ln(s) + 1
+    factor: float = domain(1.0, ge=1)  # s: how many times longer than the training length to reach
+    beta_fast: float = domain(32.0, gt=0)  # yarn only: pairs turning more than this many times over L are kept
+    beta_slow: float = domain(1.0, gt=0)  # yarn only: pairs turning fewer times are interpolated
+    attention_factor: float | None = domain(None, gt=0)  # yarn only: a; null: the paper's 0.1 ln(s) + 1
     # L: the length the frequencies were learned at; null: train.seq_len. A run extended by fine-tuning
     # (train.init_from, training/init_from.py) keeps its parent's L: yarn and dynamic_ntk depend on it.
-    original_seq_len: int | None = None
+    original_seq_len: int | None = domain(None, ge=1)
 
 
 # (inv_freq, cfg, base, head_dim, train_len, seq_len) -> (inv_freq, attention_factor)
@@ -125,22 +126,19 @@ ROPE_SCALINGS: dict[str, ScalingFn] = {
 
 def check_scaling(cfg: RoPEScalingConfig, where: str = "pe.scaling") -> None:
     """PosGPTError unless cfg names a known method with a usable factor."""
+    check_domains(cfg, f"{where}: ")
     if cfg.type not in ROPE_SCALINGS:
         raise PosGPTError(f"unknown {where} type {cfg.type!r}; choose one of {sorted(ROPE_SCALINGS)}")
-    if cfg.factor < 1.0:
-        raise PosGPTError(f"{where}: the scaling factor must be >= 1 (got {cfg.factor})")
     if cfg.type == "none" and cfg.factor != 1.0:
         raise PosGPTError(f"{where}: type none takes no factor (got {cfg.factor}); pick a type, e.g. yarn")
-    if cfg.original_seq_len is not None and cfg.original_seq_len <= 0:
-        raise PosGPTError(f"{where}: original_seq_len must be positive or null (got {cfg.original_seq_len})")
     # Type none may hold YaRN's settings: they are the defaults of eval.scalings' yarn entries (parse_scaling).
-    if cfg.attention_factor is not None and (cfg.type not in ("yarn", "none") or cfg.attention_factor <= 0):
+    if cfg.attention_factor is not None and cfg.type not in ("yarn", "none"):
         raise PosGPTError(
-            f"{where}: attention_factor is YaRN's temperature, a positive number for type yarn "
+            f"{where}: attention_factor is YaRN's temperature, for type yarn "
             f"(got {cfg.attention_factor} with type {cfg.type})"
         )
-    if cfg.type == "yarn" and not 0 < cfg.beta_slow < cfg.beta_fast:
-        raise PosGPTError(f"{where}: yarn needs 0 < beta_slow < beta_fast (got {cfg.beta_slow}, {cfg.beta_fast})")
+    if cfg.type == "yarn" and not cfg.beta_slow < cfg.beta_fast:
+        raise PosGPTError(f"{where}: yarn needs beta_slow < beta_fast (got {cfg.beta_slow}, {cfg.beta_fast})")
 
 
 def parse_scaling(spec: str, defaults: RoPEScalingConfig | None = None) -> RoPEScalingConfig:

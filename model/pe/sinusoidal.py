@@ -29,14 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
+from core.domain import domain
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 
 
 @dataclass
 class SinusoidalConfig(PEConfig):
     name: str = "sinusoidal"
-    base: float = 10000.0
-    scale: float | None = 1.0  # 1.0: the paper's vectors; null: match the token signal's init RMS (see above)
+    base: float = domain(10000.0, gt=1)
+    # 1.0: the paper's vectors; null: match the token signal's init RMS (see above)
+    scale: float | None = domain(1.0, gt=0)
 
 
 def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:

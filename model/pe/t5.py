@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from core.domain import domain
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 
@@ -33,8 +34,8 @@ from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 @dataclass
 class T5Config(PEConfig):
     name: str = "t5"
-    num_buckets: int = 32
-    max_distance: int = 128
+    num_buckets: int = domain(32, ge=2)
+    max_distance: int = domain(128, ge=2)
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -54,10 +55,10 @@ class T5PositionalEncoding(PositionalEncoding):
 
     def __init__(self, cfg: T5Config, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
-        if cfg.num_buckets < 2 or cfg.max_distance <= cfg.num_buckets // 2:
+        if cfg.max_distance <= cfg.num_buckets // 2:
             raise PosGPTError(
-                f"pe=t5 needs num_buckets >= 2 and max_distance > num_buckets/2 "
-                f"(got {cfg.num_buckets}, {cfg.max_distance})"
+                f"pe=t5 needs max_distance > num_buckets/2 (got pe.max_distance={cfg.max_distance}, "
+                f"pe.num_buckets={cfg.num_buckets})"
             )
         self.table = nn.Parameter(torch.randn(cfg.num_buckets, dims.n_head) * dims.n_embd**-0.5)
 

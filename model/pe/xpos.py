@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from core.domain import domain
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 from model.pe.rope import rotate_pairs, rotation_angles
@@ -32,8 +33,8 @@ from model.pe.rope_scaling import rope_inv_freq
 @dataclass
 class XPosConfig(PEConfig):
     name: str = "xpos"
-    base: float = 10000.0
-    scale_base: float = 512.0  # gamma
+    base: float = domain(10000.0, gt=1)
+    scale_base: float = domain(512.0, gt=0)  # gamma
 
 
 def xpos_zeta(head_dim: int) -> torch.Tensor:
@@ -52,8 +53,6 @@ class XPosPositionalEncoding(PositionalEncoding):
                 f"pe=xpos rotates pairs of coordinates, so the head dimension must be even; "
                 f"n_embd/n_head = {dims.head_dim}. Change model.n_embd or model.n_head."
             )
-        if cfg.scale_base <= 0:
-            raise PosGPTError(f"pe.scale_base must be positive (got {cfg.scale_base})")
         self.register_buffer("inv_freq", rope_inv_freq(dims.head_dim, cfg.base), persistent=False)
         self.register_buffer("log_zeta", xpos_zeta(dims.head_dim).log(), persistent=False)
 

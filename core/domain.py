@@ -1,0 +1,91 @@
+"""The domain of a numeric setting, declared once in its schema next to its type, and checked at start-up.
+
+A config dataclass declares a numeric field with :func:`domain` instead of a bare default::
+
+    beta1: float = domain(0.9, ge=0, lt=1)
+    lengths: list[int] | None = domain(None, ge=1)  # a list: each element; None is always allowed
+
+and :func:`check_domains` walks a config (nested dataclass instances, e.g. ``OmegaConf.to_object`` of a
+composed config) and raises PosGPTError naming the first value outside its field's domain, e.g.
+``train.beta1=1.5 is out of its domain [0, 1)``. Checks that relate several keys stay code beside the schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import PosGPTError
+
+_KEY = "domain"  # the metadata key of a dataclass field that holds its Interval
+
+
+def _bound(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The finite numbers x with ge <= x, gt < x, x <= le and x < lt (the bounds given); never inf or nan."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def __contains__(self, value: float) -> bool:
+        return (
+            math.isfinite(value)
+            and (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+    def __str__(self) -> str:
+        low = "(-inf" if self.gt is None else f"({_bound(self.gt)}"
+        high = "inf)" if self.lt is None else f"{_bound(self.lt)})"
+        if self.ge is not None:
+            low = f"[{_bound(self.ge)}"
+        if self.le is not None:
+            high = f"{_bound(self.le)}]"
+        return f"{low}, {high}"
+
+
+def domain(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A dataclass field (``dataclasses.field``) whose values must lie in the interval the bounds describe."""
+    interval = Interval(ge=ge, gt=gt, le=le, lt=lt)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_KEY: interval})
+
+
+def domain_of(field: dataclasses.Field) -> Interval | None:
+    """The domain a field declares, or None."""
+    return field.metadata.get(_KEY)
+
+
+def check_domains(config: Any, prefix: str = "") -> None:
+    """PosGPTError naming the first value of a config dataclass instance (nested ones included) outside its
+    field's domain: ``<prefix><key>=<value> is out of its domain <interval>``, a list's element as
+    ``<key>[i]=<value>``. None values pass: the schema's types say where None is allowed."""
+    for field in dataclasses.fields(config):
+        value, key = getattr(config, field.name), prefix + field.name
+        if dataclasses.is_dataclass(value):
+            check_domains(value, key + ".")
+            continue
+        interval = domain_of(field)
+        if interval is None or value is None:
+            continue
+        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]
+        for name, item in items:
+            if item not in interval:
+                raise PosGPTError(f"{name}={item} is out of its domain {interval}")

@@ -1,0 +1,293 @@
+"""Every numeric setting declares its domain in the schema (core/domain.py), and every command refuses a value
+outside it at start-up: one line, ``error: <key>=<value> is out of its domain <interval>``, exit code 2.
+
+The keys are enumerated from the schema itself, so a key added later is walked too, and one without a declared
+domain fails test_every_numeric_key_declares_a_domain. The walk runs each command's real entry point in this
+process (``runpy``, as ``python <script>`` runs it, with the real argv): a subprocess per key would cost ~3 s of
+importing torch each. A few real subprocesses (slow) show that the in-process run answers as the command line does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import runpy
+import subprocess
+import sys
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from cli_runs import REPO, Runner, assert_one_line_error
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from tiny_checkpoint import make_run
+
+from core.domain import Interval, check_domains, domain, domain_of
+from core.errors import PosGPTError
+from experiment.compose import CONFIG_DIR
+from experiment.config import register_configs, schema, validate
+from experiment.settings import eval_settings, may_change
+from model.pe import SCHEMES
+
+# The commands that compose a config, and whether they read a trained run (run_dir=...).
+COMMANDS = {
+    "train.py": False,
+    "scripts/bench.py": False,
+    "eval.py": True,
+    "sample.py": True,
+    "scripts/inspect_attention.py": True,
+}
+RUN_PE = "rope"  # the scheme of the run the run-reading commands get: its pe.scaling may change at evaluation
+
+
+# --- the schema's numeric keys ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NumericKey:
+    key: str  # dotted, e.g. train.beta1
+    kind: type  # int or float (of each element, for a list)
+    is_list: bool
+    interval: Interval | None
+
+
+def _scalar(hint: typing.Any) -> tuple[typing.Any, bool]:
+    """The element type of a field's type hint (None dropped from an Optional), and whether it is a list."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) is list:
+        return typing.get_args(hint)[0], True
+    return hint, False
+
+
+def numeric_keys(config: typing.Any, prefix: str = "") -> Iterator[NumericKey]:
+    """The int and float keys (and lists of them) of a config dataclass instance, nested ones included."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            yield from numeric_keys(value, f"{prefix}{field.name}.")
+            continue
+        kind, is_list = _scalar(hints[field.name])
+        if kind in (int, float):
+            yield NumericKey(prefix + field.name, kind, is_list, domain_of(field))
+
+
+def schema_keys(pe: str) -> list[NumericKey]:
+    return list(numeric_keys(OmegaConf.to_object(schema(pe))))
+
+
+def outside(key: NumericKey) -> list[int | float]:
+    """A value just past each bound of the key's domain (none without a domain: the test below fails then)."""
+    interval = key.interval
+    if interval is None:
+        return []
+    values = [
+        bound
+        for bound in (
+            None if interval.ge is None else interval.ge - 1,
+            interval.gt,
+            None if interval.le is None else interval.le + 1,
+            interval.lt,
+        )
+        if bound is not None
+    ]
+    if not values and key.kind is float:
+        values = [float("inf")]
+    return [key.kind(value) for value in values]
+
+
+def test_every_numeric_key_declares_a_domain():
+    for pe in SCHEMES:
+        undeclared = [k.key for k in schema_keys(pe) if k.interval is None or not outside(k)]
+        assert not undeclared, f"declare a domain (core/domain.py) for {undeclared} (pe={pe})"
+
+
+def test_the_walk_sees_the_keys_of_every_section_and_scheme():
+    keys = {k.key for pe in SCHEMES for k in schema_keys(pe)}
+    for expected in ("train.beta1", "eval.lengths", "sample.top_k", "inspect.windows", "model.dropout"):
+        assert expected in keys
+    assert {"data.val_fraction", "pe.npos", "pe.num_buckets", "pe.scaling.factor", "pe.init_L"} <= keys
+    assert "train.resume" not in keys  # a bool is no number
+
+
+# --- the domain itself --------------------------------------------------------------------------------------
+
+
+def test_intervals_read_as_written_and_hold_only_finite_numbers():
+    assert str(Interval(ge=0, lt=1)) == "[0, 1)"
+    assert str(Interval(gt=0)) == "(0, inf)"
+    assert str(Interval(le=2.5)) == "(-inf, 2.5]"
+    assert 0 in Interval(ge=0, lt=1) and 1 not in Interval(ge=0, lt=1) and 0 not in Interval(gt=0)
+    assert float("inf") not in Interval(gt=0) and float("nan") not in Interval()
+
+
+@dataclasses.dataclass
+class _Inner:
+    rate: float = domain(0.5, gt=0, le=1)
+
+
+@dataclasses.dataclass
+class _Outer:
+    lengths: list[int] | None = domain(None, ge=1)
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+    name: str = "x"
+
+
+def test_check_domains_names_the_first_value_outside():
+    check_domains(_Outer())  # None passes
+    check_domains(_Outer(lengths=[1, 2]))
+    with pytest.raises(PosGPTError, match=r"^cfg\.lengths\[1\]=0 is out of its domain \[1, inf\)$"):
+        check_domains(_Outer(lengths=[1, 0]), "cfg.")
+    with pytest.raises(PosGPTError, match=r"^inner\.rate=1\.5 is out of its domain \(0, 1\]$"):
+        check_domains(_Outer(inner=_Inner(rate=1.5)))
+
+
+# --- every command refuses every out-of-domain value ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    command: str
+    key: NumericKey
+    value: int | float
+    pe: str = RUN_PE  # the scheme train.py and bench.py are given for a pe. key
+
+    @property
+    def overrides(self) -> list[str]:
+        scheme = [f"pe={self.pe}"] if self.key.key.startswith("pe.") and not COMMANDS[self.command] else []
+        return [*scheme, f"{self.key.key}={f'[{self.value}]' if self.key.is_list else self.value}"]
+
+    def expected(self) -> str:
+        """A pattern of the error line: the key and its domain, or, for a key an evaluation may not change
+        (the run-reading commands), that refusal."""
+        if COMMANDS[self.command] and not may_change(self.key.key, eval_settings(RUN_PE)):
+            return re.escape(f"error: {self.key.key} cannot be changed for an evaluation: ") + ".*"
+        shown = f"{self.key.key}[0]" if self.key.is_list else self.key.key
+        return re.escape(f"error: {shown}={self.value} is out of its domain {self.key.interval}")
+
+    def __str__(self) -> str:
+        return f"{self.command}:{' '.join(self.overrides)}"
+
+
+def cases() -> list[Case]:
+    """train.py: every bound of every key of every scheme. The other commands share train's path to the check
+    (compose, then experiment.config.validate): one value per key, of every scheme for bench.py, and of the
+    run's scheme for the commands that read a run."""
+    found = []
+    for command, reads_run in COMMANDS.items():
+        for pe in [RUN_PE] if reads_run else SCHEMES:
+            for key in schema_keys(pe):
+                if pe != RUN_PE and not key.key.startswith("pe."):
+                    continue  # the keys outside pe. are walked with RUN_PE
+                values = outside(key) if command == "train.py" else outside(key)[:1]
+                found += [Case(command, key, value, pe) for value in values]
+    return found
+
+
+CASES = cases()
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory) -> Path:
+    runner = Runner(tmp_path_factory.getbasetemp())
+    return make_run(tmp_path_factory.mktemp("domains") / RUN_PE, runner.corpus, f"pe={RUN_PE}")
+
+
+def command_argv(command: str, overrides: list[str], run_dir: Path, workdir: Path) -> list[str]:
+    """The command's arguments: a run to read, or (train.py) where Hydra would put the new run."""
+    if COMMANDS[command]:
+        return [f"run_dir={run_dir}", *overrides]
+    if command == "train.py":
+        return [f"hydra.run.dir={workdir / 'run'}", *overrides]
+    return overrides
+
+
+def run_in_process(command: str, argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """``python <command> <argv>`` in this process: the script runs as __main__ with sys.argv set, so Hydra's
+    main (train.py) finds its configs as on the command line. Returns the exit code and stderr."""
+    script = REPO / command
+    monkeypatch.setattr(sys, "argv", [str(script), *argv])
+    grad_enabled = torch.is_grad_enabled()  # eval.py and sample.py turn gradients off for the process
+    code = 0
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+    finally:
+        torch.set_grad_enabled(grad_enabled)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_every_command_refuses_every_out_of_domain_value(case, rope_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = command_argv(case.command, case.overrides, rope_run, tmp_path)
+    code, err = run_in_process(case.command, argv, capsys, monkeypatch)
+    assert code == 2 and re.fullmatch(case.expected(), err.strip()), err
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())  # nothing written
+
+
+# Two keys per command, run as real subprocesses: the in-process walk answers exactly as the command line does.
+SUBPROCESS_SAMPLE = {
+    "train.py": ("train.min_lr_ratio", "pe.npos"),
+    "scripts/bench.py": ("train.seed", "pe.scaling.factor"),
+    "eval.py": ("eval.max_tokens", "model.n_layer"),
+    "sample.py": ("sample.top_k", "pe.scaling.beta_slow"),
+    "scripts/inspect_attention.py": ("inspect.windows", "data.val_fraction"),
+}
+
+
+SUBPROCESS_CASES = [
+    case for case in CASES if case.key.key in SUBPROCESS_SAMPLE[case.command] and case.value == outside(case.key)[0]
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SUBPROCESS_CASES, ids=str)
+def test_the_command_line_answers_as_the_in_process_run(case, rope_run, tmp_path, capsys, monkeypatch):
+    argv = command_argv(case.command, case.overrides, rope_run, tmp_path)
+    done = subprocess.run([sys.executable, case.command, *argv], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert_one_line_error(done)
+    monkeypatch.chdir(tmp_path)
+    code, err = run_in_process(case.command, argv, capsys, monkeypatch)
+    assert (done.returncode, done.stderr) == (code, err)
+    assert code == 2 and re.fullmatch(case.expected(), err.strip()), err
+
+
+# --- nothing shipped is out of its domain ---------------------------------------------------------------------
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def assert_compositions_validate(combinations: list[tuple[str, ...]]) -> None:
+    """Each (pe, model, data) of configs/ composes and passes the config's validation (None: the default)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        for choice in combinations:
+            overrides = [f"{group}={option}" for group, option in zip(("pe", "model", "data"), choice) if option]
+            try:
+                validate(compose("config", overrides=overrides))
+            except PosGPTError as error:
+                pytest.fail(f"{' '.join(overrides)}: {error}")
+
+
+def test_every_scheme_with_every_model_and_every_corpus_validates():
+    """The product of pe and model (RoPE and xPos need an even head dimension), and each data config once: what
+    the checks relate. The full product is the slow test below."""
+    pairs = itertools.product(group_options("pe"), group_options("model"), [None])
+    assert_compositions_validate([*pairs, *((None, None, data) for data in group_options("data"))])
+
+
+@pytest.mark.slow
+def test_every_shipped_combination_of_configs_validates():
+    combinations = list(itertools.product(group_options("pe"), group_options("model"), group_options("data")))
+    assert len(combinations) >= 10 * 3 * 7
+    assert_compositions_validate(combinations)
