@@ -225,11 +225,11 @@ def validate(cfg: DictConfig) -> None:
         scaling is not None
         and scaling.type == "none"
         and scaling.attention_factor is not None
-        and not any(parse_scaling(spec).type == "yarn" for spec in cfg.eval.scalings or [])
+        and not any(parse_scaling(spec).type in ("yarn", "longrope") for spec in cfg.eval.scalings or [])
     ):
         raise PosGPTError(
-            "pe.scaling.attention_factor is YaRN's temperature: it needs pe.scaling.type=yarn or a "
-            "yarn entry in eval.scalings"
+            "pe.scaling.attention_factor is YaRN's temperature (or LongRoPE's factor): it needs pe.scaling.type=yarn "
+            "or longrope, or such an entry in eval.scalings"
         )
     if any(length <= 0 for length in cfg.eval.per_position_plot_lengths or []):
         raise PosGPTError(f"eval.per_position_plot_lengths must be positive (got {cfg.eval.per_position_plot_lengths})")
