@@ -9,10 +9,10 @@ of the frequencies, the highest ones, and sets the others to zero:
 so the last d/2 - k pairs (the largest wavelengths) are never rotated: their angle is 0 at every position, and
 q'_m . k'_n on them is q_m . k_n whatever the positions. The paper's reasoning: trained models use the lowest
 frequencies as semantic channels, which RoPE still turns slowly, so beyond the lengths seen in training they
-drift; without a rotation they are robust. p = 1 is RoPE, p = 0 no positional encoding (NoPE); the paper's
-Gemma 2B models use p = 0.75 (of 0.25, 0.75 and 1). k is rounded down as the paper's listing computes it
-(``int(p * d // 2)``; so does Gemma's ``rope_proportion`` and Hugging Face's "proportional" RoPE type, whose
-frequencies tests/test_pe_p_rope.py compares with).
+drift; without a rotation they are robust. p = 1 is RoPE, p = 0 no positional encoding (NoPE); in the paper's
+Gemma 2B experiments p = 0.75 lowers RoPE's validation perplexity (posgpt's default). k is rounded down as the
+paper's listing computes it (``int(p * d // 2)``), as do Gemma's ``rope_proportion`` and Hugging Face's
+"proportional" RoPE type, whose frequencies tests/test_pe_p_rope.py compares with.
 
 Not ``pe=rope pe.rotary_fraction=p`` (GPT-NeoX's partial rotary): that rotates the first p d coordinates with
 the complete spectrum of a p d-dimensional RoPE, theta_i = base^(-2i/(p d)), i < p d / 2, down to the lowest
