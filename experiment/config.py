@@ -19,7 +19,7 @@ from core.errors import PosGPTError
 from data.config import DataConfig
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
-from model.pe.rope_scaling import parse_scaling
+from model.pe.rope_scaling import TYPE_SETTINGS, parse_scaling
 
 
 @dataclass
@@ -225,7 +225,7 @@ def validate(cfg: DictConfig) -> None:
         scaling is not None
         and scaling.type == "none"
         and scaling.attention_factor is not None
-        and not any(parse_scaling(spec).type in ("yarn", "longrope") for spec in cfg.eval.scalings or [])
+        and not any(parse_scaling(spec).type in TYPE_SETTINGS["attention_factor"] for spec in cfg.eval.scalings or [])
     ):
         raise PosGPTError(
             "pe.scaling.attention_factor is YaRN's temperature (or LongRoPE's factor): it needs pe.scaling.type=yarn "
