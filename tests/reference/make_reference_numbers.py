@@ -4,8 +4,8 @@ posgpt's schemes with (the reference's own numbers, not a transcription of our r
 - ``rope_scaling``: RoPE frequencies and attention factors (``modeling_rope_utils``), tests/test_rope_scaling.py
   (llama3 and longrope also tests/test_rope_scaling_llama3_longrope.py);
 - ``p_rope``: p-RoPE's frequencies (``modeling_rope_utils``' "proportional" type, Gemma's p-RoPE: the kept
-  frequencies of the full head, zeros for the rest; its ``factor`` divides them, posgpt's ``linear``),
-  tests/test_pe_p_rope.py;
+  frequencies of the full head, zeros for the rest; its ``factor`` divides them, posgpt's ``linear``; Hugging
+  Face's config check warns that ``factor`` is an unrecognized key, but the function reads it), tests/test_pe_p_rope.py;
 - ``alibi_slopes``: ALiBi's head slopes (BLOOM's ``build_alibi_tensor``, which follows Press et al.'s
   ``get_slopes``), tests/test_pe_math.py;
 - ``t5_buckets``: T5's relative-position buckets (``T5Attention._relative_position_bucket``, causal),
