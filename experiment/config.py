@@ -21,7 +21,7 @@ from core.runtime import MAX_SEED
 from data.config import DataConfig
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
-from model.pe.rope_scaling import parse_scaling
+from model.pe.rope_scaling import TYPE_SETTINGS, parse_scaling
 
 
 @dataclass
@@ -207,11 +207,11 @@ def validate(cfg: DictConfig) -> None:
         scaling is not None
         and scaling.type == "none"
         and scaling.attention_factor is not None
-        and not any(parse_scaling(spec).type == "yarn" for spec in cfg.eval.scalings or [])
+        and not any(parse_scaling(spec).type in TYPE_SETTINGS["attention_factor"] for spec in cfg.eval.scalings or [])
     ):
         raise PosGPTError(
-            "pe.scaling.attention_factor is YaRN's temperature: it needs pe.scaling.type=yarn or a "
-            "yarn entry in eval.scalings"
+            "pe.scaling.attention_factor is YaRN's temperature (or LongRoPE's factor): it needs pe.scaling.type=yarn "
+            "or longrope, or such an entry in eval.scalings"
         )
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")

@@ -192,8 +192,8 @@ def test_partial_rotary_refuses_fractions_without_whole_pairs(fraction):
 
 
 def test_rope_declares_scaling_as_its_evaluation_time_setting():
-    assert SCHEMES["rope"].eval_time_settings == ("scaling",)
-    assert all(SCHEMES[name].eval_time_settings == () for name in SCHEMES if name != "rope")
+    assert SCHEMES["rope"].eval_time_settings == SCHEMES["p_rope"].eval_time_settings == ("scaling",)
+    assert all(SCHEMES[name].eval_time_settings == () for name in SCHEMES if name not in ("rope", "p_rope"))
 
 
 def test_eval_variations_are_declared_by_the_scheme():

@@ -35,7 +35,8 @@ def rope(kind="none", factor=1.0, head_dim=8, train_len=16):
     return RotaryPositionalEncoding(RoPEConfig(scaling=RoPEScalingConfig(kind, factor)), dims)
 
 
-@pytest.mark.parametrize("kind", sorted(set(ROPE_SCALINGS) - {"dynamic_ntk"}))
+# longrope's per-pair factors are its settings: tests/test_rope_scaling_llama3_longrope.py
+@pytest.mark.parametrize("kind", sorted(set(ROPE_SCALINGS) - {"dynamic_ntk", "longrope"}))
 def test_static_methods_with_factor_one_are_the_identity(kind):
     inv_freq, attention_factor = scaled(kind, 1.0, seq_len=4096)
     torch.testing.assert_close(inv_freq, rope_inv_freq(64, BASE))

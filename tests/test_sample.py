@@ -41,6 +41,8 @@ def tiny(name: str, scaling: str | None, seed: int = 0) -> GPT:
     pe = SCHEMES[name].config_class()
     if scaling is not None:
         pe.scaling = RoPEScalingConfig(type=scaling, factor=1.0 if scaling == "none" else 4.0)
+        if scaling == "longrope":  # one factor per pair (head_dim 8): 1 to 4 from the fastest to the slowest
+            pe.scaling.short_factor, pe.scaling.long_factor = [1.0, 1.0, 1.1, 1.2], [1.0, 1.5, 2.5, 4.0]
     cfg = ModelConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=VOCAB, init_std=0.3)
     return GPT(cfg, pe, train_seq_len=SEQ_LEN).eval()
 

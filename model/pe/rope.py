@@ -30,9 +30,11 @@ from core.domain import domain
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 from model.pe.rope_scaling import (
+    LENGTH_DEPENDENT,
     ROPE_SCALINGS,
     RoPEScalingConfig,
     check_scaling,
+    check_scaling_fits,
     parse_scaling,
     rope_inv_freq,
     scaling_label,
@@ -101,6 +103,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
     def set_scaling(self, scaling: RoPEScalingConfig) -> None:
         """Extend the context with another method from now on (evaluation compares several on one model)."""
         check_scaling(scaling)
+        check_scaling_fits(scaling, self.rotated)
         self.cfg = dataclasses.replace(self.cfg, scaling=scaling)
 
     def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -114,16 +117,19 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self.set_scaling(value)
 
     def rotation_depends_on_length(self) -> bool:
-        return self.cfg.scaling.type == "dynamic_ntk"
+        return self.cfg.scaling.type in LENGTH_DEPENDENT
+
+    def frequencies(self, seq_len: int) -> tuple[torch.Tensor, float]:
+        """The frequencies theta'_i of the r/2 rotated pairs under the scaling, for a sequence of seq_len keys, and
+        the attention factor that multiplies cos and sin."""
+        scale = ROPE_SCALINGS[self.cfg.scaling.type]
+        original_len = self.cfg.scaling.original_seq_len or self.dims.train_seq_len  # L (see rope_scaling.py)
+        return scale(self.inv_freq, self.cfg.scaling, self.cfg.base, self.rotated, original_len, seq_len)
 
     def cos_sin(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T,) or (B, T) positions -> cos, sin of shape (T, r) or (B, 1, T, r), r the rotated dimensions, for a
         sequence of seq_len keys."""
-        scale = ROPE_SCALINGS[self.cfg.scaling.type]
-        original_len = self.cfg.scaling.original_seq_len or self.dims.train_seq_len  # L (see rope_scaling.py)
-        inv_freq, attention_factor = scale(
-            self.inv_freq, self.cfg.scaling, self.cfg.base, self.rotated, original_len, seq_len
-        )
+        inv_freq, attention_factor = self.frequencies(seq_len)
         angles = rotation_angles(positions, inv_freq)
         return (angles.cos() * attention_factor).float(), (angles.sin() * attention_factor).float()
 
