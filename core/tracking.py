@@ -26,9 +26,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics file; a last line torn by a kill -9 mid-write is dropped."""
+    """The records of a metrics file; a last line torn by a kill -9 mid-write is dropped (so is a line that is not
+    UTF-8 JSON: the file may have been damaged by hand)."""
     records = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             records.append(json.loads(line))
         except ValueError:

@@ -14,12 +14,14 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PosGPTError
+from core.files import first_invalid_utf8, not_utf8, open_file_in
 from experiment.config import register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -65,6 +67,23 @@ def hydra_errors_as_user_errors() -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException) as error:
         raise PosGPTError(one_line(error)) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as error:  # a config file (--config-dir ...) that is not YAML
+        raise _config_file_error(error) from None
+
+
+def _config_file_error(error: yaml.YAMLError | UnicodeDecodeError) -> PosGPTError:
+    """A config file that is not UTF-8 (the byte where it fails) or not YAML (the line), as one line."""
+    file = open_file_in(error)
+    name = file.name if file is not None else "a config file"
+    if isinstance(error, UnicodeDecodeError):
+        offset, reason = (file and first_invalid_utf8(file.name)) or (error.start, error.reason)
+        return not_utf8("config", name, offset, reason)
+    mark = getattr(error, "problem_mark", None)
+    if mark is None:
+        return PosGPTError(f"config {name} is not valid YAML: {' '.join(str(error).split())}")
+    return PosGPTError(
+        f"config {mark.name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML ({error.problem})"
+    )
 
 
 def compose_config(overrides: list[str]) -> DictConfig:

@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 from core.checkpoint import last_checkpoint_path, load_checkpoint
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
+from core.files import check_outputs
 from core.tracking import METRICS_FILE, read_metrics
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
 from evaluation.extrapolation import PROTOCOLS, effective_stride
@@ -623,6 +624,8 @@ def longest_evaluated_length(entries: list[Entry]) -> int | None:
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    outputs = ("markdown", "plot", "per_position", "val_curve", "entropy")
+    check_outputs({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs}, inputs=args.run_dirs)
     runs = load_runs(args.run_dirs)
     data = choose_data(runs, args.data)
     groups = group_by_seed(runs)
