@@ -25,6 +25,8 @@ directory's lock while it runs (core/rundir.py).
 
 from __future__ import annotations
 
+import _repo
+
 import json
 import re
 import sys
