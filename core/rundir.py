@@ -19,7 +19,6 @@ import os
 import shlex
 import socket
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,7 +36,7 @@ RUN_ENTRIES = (CHECKPOINT_DIR, EVAL_DIR, RUN_RECORD_DIR, METRICS_FILE, CONSOLE_L
 # Entries only a training run makes: a folder with one of them is a run (an exported copy of results is not).
 RUN_MARKERS = (CHECKPOINT_DIR, RUN_RECORD_DIR, CONSOLE_LOG, LOCK_FILE)
 
-_STARTED = time.time()  # when this process started (near enough: when posgpt was first imported)
+_EXISTING: Path | None = None  # the deepest directory that existed above the run directory: see note_existing
 _HELD: dict[int, Path] = {}  # file descriptor -> lock file, of the locks this process holds
 
 
@@ -112,27 +111,28 @@ def lock_run(run_dir: str | Path) -> Iterator[None]:
         os.close(fd)
 
 
-def fresh_dirs(path: str | Path) -> list[Path]:
-    """``path`` and its parents that this process created (Hydra makes the run directory, and its dated parent,
-    before train.py starts) and that are still empty, innermost first: what a refused command should remove."""
-    fresh = []
-    for directory in (Path(path).absolute(), *Path(path).absolute().parents):
-        try:
-            created_now = directory.stat().st_ctime >= _STARTED - 0.05  # file-system clocks are coarse
-            contents = {entry.name for entry in directory.iterdir()}
-        except OSError:
-            break
-        if not created_now or contents - {fresh[-1].name if fresh else ""} or directory == Path.cwd():
-            break
-        fresh.append(directory)
-    return fresh
+def note_existing(path: str | Path) -> None:
+    """Before the directory ``path`` is made (Hydra's callback, experiment/compose.py): remember its deepest
+    existing parent, so that what is made below it is known to be this command's (removed_if_unused)."""
+    global _EXISTING
+    _EXISTING = next(
+        directory for directory in (Path(path).absolute(), *Path(path).absolute().parents) if directory.exists()
+    )
+
+
+def _new_dirs(path: Path) -> list[Path]:
+    """``path`` and its parents that did not exist before this command made them (note_existing), innermost first."""
+    path = Path(path).absolute()
+    if _EXISTING is None or _EXISTING not in path.parents:
+        return []
+    return [path, *(parent for parent in path.parents if _EXISTING in parent.parents)]
 
 
 @contextlib.contextmanager
 def removed_if_unused(path: str | Path) -> Iterator[None]:
-    """Remove ``path`` (and its new empty parents) after the block if this process created it and left it empty:
-    a refused command leaves no empty run directory behind."""
-    created = fresh_dirs(path)
+    """Remove ``path`` (and its empty parents) after the block if this command made it and left it empty: a
+    refused command leaves no empty run directory behind."""
+    created = _new_dirs(path)
     try:
         yield
     finally:

@@ -13,15 +13,18 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PosGPTError
 from core.files import first_invalid_utf8, not_utf8, open_file_in
+from core.rundir import note_existing
 from experiment.config import register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -84,6 +87,26 @@ def _config_file_error(error: yaml.YAMLError | UnicodeDecodeError) -> PosGPTErro
     return PosGPTError(
         f"config {mark.name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML ({error.problem})"
     )
+
+
+class NoteNewRunDirs(Callback):
+    """Hydra makes the run directory (and its missing parents) before train.py can check the command: note what
+    exists beforehand, so that a refused command removes what was made for it (core.rundir.removed_if_unused).
+    Configured in configs/config.yaml (hydra.callbacks)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._note(config, "run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._note(config, "sweep.dir")
+
+    @staticmethod
+    def _note(config: DictConfig, key: str) -> None:
+        try:
+            directory = OmegaConf.select(config.hydra, key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException:  # it interpolates what only the job knows: nothing is noted, nothing removed
+            return
+        note_existing(directory)
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
