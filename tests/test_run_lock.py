@@ -15,6 +15,7 @@ from cli_runs import REPO, STEPS, TIMEOUT_S, assert_one_line_error, reference_ru
 from core import rundir
 from core.checkpoint import load_checkpoint
 from core.errors import PosGPTError
+from core.files import check_outputs
 from core.rundir import LOCK_FILE, lock_run, note_existing, removed_if_unused
 
 
@@ -155,3 +156,56 @@ def test_one_training_per_run_directory_and_resume_after_kill_9(cli, tmp_path):
     resumed = cli.train(run_dir, f"train.max_steps={saved + 2}", "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stdout and not (run_dir / LOCK_FILE).exists()
+
+
+def test_an_output_never_overwrites_an_input_or_a_runs_own_files(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "eval").mkdir()
+    results = run / "eval" / "extrapolation.json"
+    results.write_text("{}")
+    with pytest.raises(
+        PosGPTError, match=r"--markdown .*extrapolation.json would overwrite .*, which this command reads"
+    ):
+        check_outputs({"--markdown": results}, inputs=[run])
+    with pytest.raises(PosGPTError, match=r"--plot .* lies in eval of the training run .*run, which only"):
+        check_outputs({"--plot": run / "eval" / "new.png"})  # not read, but the run's own results
+    check_outputs({"json": results}, inputs=[run / "checkpoints"], run=run)  # eval.py writing its own run
+    with pytest.raises(PosGPTError, match="are the same file"):
+        check_outputs({"--markdown": tmp_path / "a", "--plot": tmp_path / "b" / ".." / "a"})
+    with pytest.raises(PosGPTError, match="is a directory"):
+        check_outputs({"--plot": tmp_path})
+    os.link(results, tmp_path / "link.json")  # another name of an input is the input
+    with pytest.raises(PosGPTError, match="would overwrite"):
+        check_outputs({"--to": tmp_path / "link.json"}, inputs=[results])
+    exported = tmp_path / "exported" / "run"  # a copy of results, no run: export_results.py may overwrite it
+    (exported / "eval").mkdir(parents=True)
+    check_outputs({"--to": exported / "eval" / "extrapolation.json"}, inputs=[run])
+    check_outputs({"--markdown": tmp_path / "comparison.md"}, inputs=[run])
+
+
+@pytest.fixture(scope="module")
+def evaluated_run(cli, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("outputs") / "evaluated"
+    shutil.copytree(reference_run(cli), run_dir)
+    done = cli.eval(run_dir, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", ["--markdown", "--plot"])
+def test_compare_refuses_to_write_over_a_runs_results(cli, evaluated_run, option):
+    before = snapshot(evaluated_run)
+    target = evaluated_run / "eval" / ("extrapolation.json" if option == "--markdown" else "ppl_vs_length.png")
+    done = cli.run([sys.executable, "scripts/compare.py", str(evaluated_run), option, str(target)])
+    assert_one_line_error(done, f"{option} {target}", "nothing was written")
+    assert snapshot(evaluated_run) == before
+
+
+@pytest.mark.slow
+def test_export_refuses_to_write_over_what_it_exports(cli, evaluated_run):
+    before = snapshot(evaluated_run)
+    done = cli.run([sys.executable, "scripts/export_results.py", str(evaluated_run), "--to", str(evaluated_run.parent)])
+    assert_one_line_error(done, "would overwrite", "nothing was written")
+    assert snapshot(evaluated_run) == before
