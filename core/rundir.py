@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from core.errors import PosGPTError
-from core.tracking import METRICS_FILE
 
 LOCK_FILE = ".posgpt.lock"
 CHECKPOINT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
 EVAL_DIR = "eval"
 CONSOLE_LOG = "train.log"
 RUN_RECORD_DIR = ".hydra"  # where Hydra would write it; configs/config.yaml stops Hydra writing there itself
