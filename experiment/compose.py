@@ -72,6 +72,8 @@ def hydra_errors_as_user_errors() -> Iterator[None]:
         raise PosGPTError(one_line(error)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:  # a config file (--config-dir ...) that is not YAML
         raise _config_file_error(error) from None
+    except (FileExistsError, NotADirectoryError) as error:  # hydra.run.dir names a file (or a path through one)
+        raise PosGPTError(f"cannot make the directory {error.filename}: a file is in the way; choose another") from None
 
 
 def _config_file_error(error: yaml.YAMLError | UnicodeDecodeError) -> PosGPTError:

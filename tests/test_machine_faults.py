@@ -245,3 +245,11 @@ def test_a_bad_parent_checkpoint_is_one_line(cli, tmp_path, garbage):
     done = cli.train(tmp_path / "run", f"train.init_from={parent}")
     assert_one_line_error(done, "is truncated or not a posgpt checkpoint" if garbage else "is a directory")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_run_directory_that_is_a_file_is_one_line(cli, tmp_path):
+    in_the_way = tmp_path / "run"
+    in_the_way.write_text("notes")
+    assert_one_line_error(cli.train(in_the_way), f"cannot make the directory {in_the_way}: a file is in the way")
+    assert in_the_way.read_text() == "notes"
