@@ -11,7 +11,8 @@ may change only what does not change what the trained weights compute (experimen
 eval.*, logging.*, device, dtype, threads, compile, the attention backend, and the scheme's declared
 evaluation-time settings such as RoPE's pe.scaling); any other key is refused, named. Results land in
 <run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
-evaluation/report.py) and in the training run's W&B run.
+evaluation/report.py) and in the training run's W&B run. While it runs, eval.py holds the run directory's lock
+(core/rundir.py): it is refused while a training or another evaluation writes the run, and vice versa.
 
 The training corpus is scored on its validation split; another corpus is scored whole (up to
 eval.max_tokens), in rows labelled with data.name ("text" for data=text unless set: name each corpus).
@@ -24,14 +25,19 @@ another corpus, split or target range, whatever data.name says.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
+from core.checkpoint import checkpoint_dir
 from core.cli import exit_on_user_error
+from core.files import check_outputs
+from core.rundir import EVAL_DIR, lock_run
 from core.tracking import init_wandb
 from data import eval_tokens
 from evaluation.checks import check_eval_settings
-from evaluation.run import run_extrapolation_eval
+from evaluation.report import CSV_FILE, JSON_FILE
+from evaluation.run import PER_POSITION_PLOT, PPL_PLOT, run_extrapolation_eval
 from experiment.build import load_trained_run, parse_run_dir
 
 USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
@@ -39,9 +45,21 @@ USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-    run = load_trained_run(*parse_run_dir(argv, USAGE))
+    run_dir, overrides = parse_run_dir(argv, USAGE)
+    with lock_run(run_dir):
+        evaluate(run_dir, overrides)
+
+
+def evaluate(run_dir: Path, overrides: list[str]) -> None:
+    run = load_trained_run(run_dir, overrides)
     cfg, checkpoint = run.cfg, run.checkpoint
     check_eval_settings(cfg)
+    # The corpus scored and the checkpoint are read; the results must not land on them.
+    check_outputs(
+        {name: run.dir / EVAL_DIR / name for name in (JSON_FILE, CSV_FILE, PPL_PLOT, PER_POSITION_PLOT)},
+        inputs=[checkpoint_dir(run.dir), *(cfg.data.files if cfg.data.source == "text" else [])],
+        run=run.dir,
+    )
     # data.eval_split: the val split of the training corpus, all of another one
     val_tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
     wandb_run = init_wandb(cfg, run.dir, checkpoint.get("wandb_run_id"), job_type="eval")

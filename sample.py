@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import codecs
 import sys
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
+from core.files import read_user_text
 from core.runtime import autocast
 from data import EOT_TOKEN, gpt2_encoding
 from experiment.build import load_trained_run, parse_run_dir
@@ -44,10 +44,7 @@ def prompt_tokens(cfg: DictConfig) -> list[int]:
     """The prompt's GPT-2 token ids; an empty prompt starts from <|endoftext|>, as documents do in training."""
     text = cfg.sample.prompt
     if cfg.sample.prompt_file:
-        path = Path(cfg.sample.prompt_file)
-        if not path.is_file():
-            raise PosGPTError(f"sample.prompt_file={path} does not exist")
-        text = path.read_text()
+        text = read_user_text(cfg.sample.prompt_file, "sample.prompt_file")
     ids = gpt2_encoding().encode(text, allowed_special={"<|endoftext|>"}) if text else [EOT_TOKEN]
     if max(ids) >= cfg.model.vocab_size:
         raise PosGPTError(f"the prompt has token ids >= model.vocab_size={cfg.model.vocab_size}")

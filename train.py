@@ -10,7 +10,8 @@
 
 Everything lands in the Hydra run directory (hydra.run.dir=...): see docs/configuration.md. SIGTERM or Ctrl-C save a
 checkpoint and exit with 128 + the signal's number. Any mistake in the command (a misspelt key, a wrong type,
-an unknown option) is one line, ``error: ...``, exit code 2, and leaves the run directory as it was.
+an unknown option) is one line, ``error: ...``, exit code 2, and leaves the run directory as it was (a new one
+made for it is removed again). One command at a time writes a run directory (core/rundir.py).
 """
 
 import sys
@@ -21,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from core.cli import exit_on_user_error
+from core.rundir import removed_if_unused
 from experiment.compose import hydra_errors_as_user_errors
 from experiment.config import register_configs
 from training.loop import train
@@ -32,7 +34,9 @@ register_configs()
 @exit_on_user_error
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
-    stopped_by = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    with removed_if_unused(run_dir):  # Hydra made it before train.py could check the command
+        stopped_by = train(cfg, run_dir, list(hydra_cfg.overrides.task))
     if stopped_by is not None:
         # The exit status of a process killed by that signal: `train.py && eval.py` and sweeps stop here too.
         sys.exit(128 + stopped_by)

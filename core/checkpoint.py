@@ -3,8 +3,9 @@
 A checkpoint is a plain dict of tensors and Python primitives (model and optimizer state, scheduler,
 step, RNG states, the data sampler's generator state, the resolved config, the Hydra overrides that made
 it and the W&B run id), so it loads with ``torch.load(weights_only=True)``: a file from elsewhere cannot run
-code. Saving goes to a temporary file in the same directory, fsync, then ``os.replace``: a crash or kill -9
-mid-save leaves the previous ``last.pt`` intact (and a temporary file, which the next save removes).
+code. Saving goes to a temporary file in the same directory, fsync, then ``os.replace`` (core.files.atomic_write):
+a crash or kill -9 mid-save leaves the previous ``last.pt`` intact (and a temporary file, which the next save
+removes), and so does a full disk or a missing permission, reported as one line (a MachineFault) naming the file.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from typing import Any
 import torch
 
 from core.errors import PosGPTError
+from core.files import TMP_PREFIX, atomic_write, write_fault
+from core.rundir import CHECKPOINT_DIR
 
-CHECKPOINT_DIR = "checkpoints"
 LAST = "last.pt"
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"step_(\d+)\.pt$")
-_TMP_PREFIX = ".tmp-"
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -35,41 +36,25 @@ def last_checkpoint_path(run_dir: str | Path) -> Path:
     return checkpoint_dir(run_dir) / LAST
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file, fsync, rename over ``path``, fsync the directory: ``path`` is always
-    either the old file or the new one, whole, even after a crash or kill -9 mid-save."""
-    tmp = path.with_name(f"{_TMP_PREFIX}{path.name}.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # makes the rename itself durable
-    finally:
-        os.close(directory)
-
-
 def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int) -> Path:
     """Write ``last.pt`` and ``step_<N>.pt`` (hard link, no extra space), keeping the newest ``keep`` of the latter."""
     directory = checkpoint_dir(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {**state, "format_version": FORMAT_VERSION}
-    for stale in directory.glob(f"{_TMP_PREFIX}*"):  # left by a save that was killed (only rank 0 saves)
-        stale.unlink(missing_ok=True)
     last = directory / LAST
-    _atomic_save(state, last)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob(f"{TMP_PREFIX}*"):  # left by a save that was killed (only rank 0 saves)
+            stale.unlink(missing_ok=True)
+    except OSError as error:
+        raise write_fault(last, error) from None
+    state = {**state, "format_version": FORMAT_VERSION}
+    atomic_write(last, lambda f: torch.save(state, f))
     if keep > 0:
         step_file = directory / f"step_{state['step']:08d}.pt"
-        step_file.unlink(missing_ok=True)
         try:
+            step_file.unlink(missing_ok=True)
             os.link(last, step_file)
         except OSError:  # file systems without hard links
-            _atomic_save(state, step_file)
+            atomic_write(step_file, lambda f: torch.save(state, f))
         old = sorted(p for p in directory.iterdir() if _STEP_FILE.search(p.name))[:-keep]
         for path in old:
             path.unlink(missing_ok=True)
@@ -83,10 +68,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if not path.is_dir():
             raise PosGPTError(f"run directory {path} does not exist")
         path = last_checkpoint_path(path)
+    if path.is_dir():
+        raise PosGPTError(f"{path} is a directory, not a checkpoint file")
     if not path.is_file():
         raise PosGPTError(f"no checkpoint at {path}: this run has not saved one (train with hydra.run.dir=...)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
+    except PermissionError as error:
+        raise PosGPTError(f"cannot read the checkpoint {path} ({error.strerror})") from None
     except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as error:
         raise PosGPTError(
             f"checkpoint {path} is truncated or not a posgpt checkpoint ({type(error).__name__})"

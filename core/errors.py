@@ -1,9 +1,22 @@
-"""The one exception type for mistakes a user can make (bad config, missing files, broken checkpoints).
+"""The exception types for what a user must fix: mistakes (bad config, missing files, broken checkpoints) and
+faults of the machine (a full disk, a missing permission).
 
-train.py and eval.py catch it at the top and print its message as a single line with a non-zero exit,
+train.py and eval.py catch them at the top and print their message as a single line with a non-zero exit,
 so the message must say what to change, not what went wrong internally.
 """
+
+USER_ERROR_EXIT_CODE = 2
+IO_ERROR_EXIT_CODE = 74  # EX_IOERR of sysexits.h: the command was right, the machine could not do it
 
 
 class PosGPTError(Exception):
     """A user-facing error: its message is shown as-is, without a traceback."""
+
+    exit_code = USER_ERROR_EXIT_CODE
+
+
+class MachineFault(PosGPTError):
+    """The machine failed to read or write a file (no space left, no permission, an I/O error): shown like a
+    PosGPTError, with its own exit code, so that a scheduler can tell it from a mistake in the command."""
+
+    exit_code = IO_ERROR_EXIT_CODE

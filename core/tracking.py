@@ -16,7 +16,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-METRICS_FILE = "metrics.jsonl"
+from core.files import atomic_write
+from core.rundir import METRICS_FILE
 
 
 def _jsonable(value: Any) -> Any:
@@ -26,9 +27,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics file; a last line torn by a kill -9 mid-write is dropped."""
+    """The records of a metrics file; a last line torn by a kill -9 mid-write is dropped (so is a line that is not
+    UTF-8 JSON: the file may have been damaged by hand)."""
     records = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             records.append(json.loads(line))
         except ValueError:
@@ -44,9 +46,7 @@ class MetricsFile:
         if resume_step is not None and self.path.exists():
             # Drop what a stopped run logged after its last checkpoint: the resumed run logs it again.
             kept = [record for record in _records(self.path) if record["step"] <= resume_step]
-            temporary = self.path.with_name(f".{METRICS_FILE}.tmp")
-            temporary.write_text("".join(json.dumps(record) + "\n" for record in kept))
-            os.replace(temporary, self.path)
+            atomic_write(self.path, "".join(json.dumps(record) + "\n" for record in kept))
         elif resume_step is None:
             self.path.unlink(missing_ok=True)
 

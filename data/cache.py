@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import json
 import multiprocessing
-import os
 import re
 import signal
 import threading
@@ -31,7 +30,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from core.errors import PosGPTError
+from core.errors import MachineFault, PosGPTError
+from core.files import atomic_write
 from data.config import DataConfig, resolve_cache_dir, validate
 from data.sources import ALL, Corpus, Documents, open_corpus
 from data.tokenizer import EOT_TOKEN, gpt2_encoding
@@ -167,10 +167,11 @@ def _load(cfg: DataConfig) -> dict[str, TokenArray]:
             )
         try:
             manifest = _tokenize(corpus, folder, cfg, key, trusted)
-        except OSError as e:
-            raise PosGPTError(
-                f"cannot write the token cache {folder} ({e}): fix its permissions, or delete it (rm -r {folder}) "
-                "or set data.cache_dir to another folder"
+        except (OSError, MachineFault) as e:  # a full disk, a missing permission
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+            raise MachineFault(
+                f"cannot write the token cache {folder} ({reason}): free space or fix its permissions, or delete it "
+                f"(rm -r {folder}) or set data.cache_dir to another folder"
             ) from None
     streams = _streams(manifest, folder, cfg.val_fraction)
     verb = "using cached" if reused else "wrote"
@@ -227,9 +228,7 @@ def _manifest_problem(manifest: object, key: str) -> str | None:
 
 
 def _write_json(path: Path, value: dict) -> None:
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(value, indent=1))
-    os.replace(temporary, path)
+    atomic_write(path, json.dumps(value, indent=1))
 
 
 def _sha256_file(path: Path) -> str:
@@ -347,9 +346,7 @@ def _write_shard(path: Path, docs: list[str], end_with_eot: bool) -> tuple[str, 
     encoding = gpt2_encoding()
     suffix = [EOT_TOKEN] if end_with_eot else []
     tokens = np.concatenate([np.array(encoding.encode_ordinary(doc) + suffix, dtype=np.uint16) for doc in docs])
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tokens.tofile(temporary)
-    os.replace(temporary, path)  # atomic: a shard file that exists is always whole
+    atomic_write(path, tokens.tofile)  # a shard file that exists is always whole
     return path.name, len(docs), len(tokens), hashlib.sha256(tokens.tobytes()).hexdigest()
 
 

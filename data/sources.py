@@ -32,6 +32,7 @@ import datasets
 import huggingface_hub
 
 from core.errors import PosGPTError
+from core.files import not_utf8, read_user_text
 from data.config import DataConfig, is_url, loader_for, resolve_cache_dir
 
 ALL = "all"  # label of documents whose token stream is split, instead of the documents themselves
@@ -182,26 +183,7 @@ def _load_files(cfg: DataConfig) -> list[tuple[str, str, Callable[[RowCount], It
 def _read_txt_files(files: list[str], counts: RowCount) -> Iterator[str]:
     """Each file's text, one document (a file always has its text: `counts` stays at zero)."""
     for file in files:
-        yield _read_utf8(Path(file)).replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
-
-
-def _read_utf8(path: Path) -> str:
-    """The text of a local file; PosGPTError naming the file, and the byte, if it cannot be read as UTF-8."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise PosGPTError(f"data.files: cannot read {path} ({e.strerror}); fix it or drop it") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _not_utf8(path, e.start, e.reason) from None
-
-
-def _not_utf8(path: Path | str, offset: int, reason: str) -> PosGPTError:
-    return PosGPTError(
-        f"data.files: could not read {path}: not valid UTF-8 at byte {offset} ({reason}); "
-        "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it"
-    )
+        yield read_user_text(file, "data.files")
 
 
 def _content_digest(files: list[str], utf8: bool) -> str:
@@ -222,10 +204,10 @@ def _content_digest(files: list[str], utf8: bool) -> str:
                         try:
                             decoder.decode(chunk)
                         except UnicodeDecodeError as e:
-                            raise _not_utf8(file, offset - pending + e.start, e.reason) from None
+                            raise not_utf8("data.files", file, offset - pending + e.start, e.reason) from None
                     offset += len(chunk)
             if utf8 and decoder.getstate()[0]:
-                raise _not_utf8(file, offset - len(decoder.getstate()[0]), "unexpected end of data")
+                raise not_utf8("data.files", file, offset - len(decoder.getstate()[0]), "unexpected end of data")
         except OSError as e:
             raise PosGPTError(f"data.files: cannot read {file} ({e.strerror}); fix it or drop it") from None
     return digest.hexdigest()

@@ -34,12 +34,14 @@ starts the file afresh, since the old rows describe another model. ``eval.py`` p
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 from core.errors import PosGPTError
+from core.files import atomic_write
 from evaluation.extrapolation import effective_stride, perplexity
 from evaluation.stats import Estimate
 from model.pe.rope_scaling import scaling_label
@@ -235,10 +237,7 @@ def write_results(document: dict[str, Any], eval_dir: str | Path) -> Path:
     # One result per line (per-position losses make rows long): a file a person can scan, and still JSON.
     head = json.dumps({key: value for key, value in document.items() if key != "results"})[:-1]
     rows = ",\n".join(" " + json.dumps(row) for row in document["results"])
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(f'{head}, "results": [\n{rows}\n]}}\n')
-    tmp.replace(path)
-    return path
+    return atomic_write(path, f'{head}, "results": [\n{rows}\n]}}\n')
 
 
 def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -255,12 +254,11 @@ def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def write_csv(document: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(csv_rows(document))
-    return path
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=CSV_COLUMNS)
+    writer.writeheader()
+    writer.writerows(csv_rows(document))
+    return atomic_write(path, text.getvalue())
 
 
 def setting_label(row: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from core.errors import PosGPTError
+from core.rundir import EVAL_DIR
 from data import TokenArray, describe_corpus
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
@@ -44,7 +45,6 @@ from evaluation.report import (
 from experiment.config import eval_lengths
 from model.attention import resolve_backend
 
-EVAL_DIR = "eval"
 PPL_PLOT = "ppl_vs_length.png"
 PER_POSITION_PLOT = "per_position.png"
 

@@ -13,13 +13,18 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PosGPTError
+from core.files import first_invalid_utf8, not_utf8, open_file_in
+from core.rundir import note_existing
 from experiment.config import register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -65,6 +70,45 @@ def hydra_errors_as_user_errors() -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException) as error:
         raise PosGPTError(one_line(error)) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as error:  # a config file (--config-dir ...) that is not YAML
+        raise _config_file_error(error) from None
+    except (FileExistsError, NotADirectoryError) as error:  # hydra.run.dir names a file (or a path through one)
+        raise PosGPTError(f"cannot make the directory {error.filename}: a file is in the way; choose another") from None
+
+
+def _config_file_error(error: yaml.YAMLError | UnicodeDecodeError) -> PosGPTError:
+    """A config file that is not UTF-8 (the byte where it fails) or not YAML (the line), as one line."""
+    file = open_file_in(error)
+    name = file.name if file is not None else "a config file"
+    if isinstance(error, UnicodeDecodeError):
+        offset, reason = (file and first_invalid_utf8(file.name)) or (error.start, error.reason)
+        return not_utf8("config", name, offset, reason)
+    mark = getattr(error, "problem_mark", None)
+    if mark is None:
+        return PosGPTError(f"config {name} is not valid YAML: {' '.join(str(error).split())}")
+    return PosGPTError(
+        f"config {mark.name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML ({error.problem})"
+    )
+
+
+class NoteNewRunDirs(Callback):
+    """Hydra makes the run directory (and its missing parents) before train.py can check the command: note what
+    exists beforehand, so that a refused command removes what was made for it (core.rundir.removed_if_unused).
+    Configured in configs/config.yaml (hydra.callbacks)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._note(config, "run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._note(config, "sweep.dir")
+
+    @staticmethod
+    def _note(config: DictConfig, key: str) -> None:
+        try:
+            directory = OmegaConf.select(config.hydra, key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException:  # it interpolates what only the job knows: nothing is noted, nothing removed
+            return
+        note_existing(directory)
 
 
 def compose_config(overrides: list[str]) -> DictConfig:

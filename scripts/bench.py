@@ -41,6 +41,7 @@ from omegaconf import DictConfig
 
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
+from core.files import atomic_write, check_outputs, read_user_text
 from core.runtime import autocast, peak_flops, set_up_runtime
 from evaluation.memory import PeakMemory
 from experiment.build import build_model, model_flops_per_token
@@ -71,9 +72,27 @@ def print_record(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
+def read_results_file(path: Path | None) -> dict:
+    """The results file ``--record`` appends to (``{"runs": [...]}``, empty when new), or a PosGPTError if it is
+    not one or lies in a training run: called before anything is timed, and again to append."""
+    check_outputs({"--record": path})
+    if path is None or not path.exists():
+        return {"runs": []}
+    try:
+        results = json.loads(read_user_text(path, "--record"))
+    except ValueError as error:
+        results = error
+    if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
+        raise PosGPTError(
+            f"--record {path} is not a results file of scripts/bench.py (a JSON object with a 'runs' list): "
+            "give a new file or one it wrote"
+        )
+    return results
+
+
 def save_run(path: Path, script: str, argv: list[str], records: list[dict]) -> None:
     """Append a run (date, exact command line, its JSON lines) to a results file (``--record``)."""
-    results = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    results = read_results_file(path)
     results["runs"].append(
         {
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -82,7 +101,7 @@ def save_run(path: Path, script: str, argv: list[str], records: list[dict]) -> N
         }
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    atomic_write(path, json.dumps(results, indent=1) + "\n")
 
 
 def sync(device: torch.device) -> None:
@@ -242,6 +261,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args, overrides = parse_args(argv)
+    read_results_file(args.record)
     schemes, rest = split_schemes(overrides)
     configs = [compose_config(rest + ([f"pe={name}"] if name else [])) for name in schemes]
     for cfg in configs:

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 # importing bench also puts the repository root on sys.path, for core.runtime and evaluation.memory
-from bench import add_common_args, device_name, print_record, save_run, seconds_per_step
+from bench import add_common_args, device_name, print_record, read_results_file, save_run, seconds_per_step
+from core.cli import exit_on_user_error
 from core.runtime import flops_per_token, peak_flops
 from evaluation.memory import PeakMemory
 
@@ -44,6 +45,7 @@ def load_nanogpt(path: Path):
     return module
 
 
+@exit_on_user_error
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-py", type=Path, required=True, help="path to nanoGPT's model.py")
@@ -56,6 +58,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads on CPU")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    read_results_file(args.record)
 
     nanogpt = load_nanogpt(args.model_py)
     device = torch.device(args.device)

@@ -52,6 +52,7 @@ from omegaconf import OmegaConf
 from core.checkpoint import last_checkpoint_path, load_checkpoint
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
+from core.files import check_outputs
 from core.tracking import METRICS_FILE, read_metrics
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
 from evaluation.extrapolation import PROTOCOLS, effective_stride
@@ -786,7 +787,7 @@ def longest_evaluated_length(entries: list[Entry]) -> int | None:
     return max(lengths, default=None)
 
 
-def check_outputs(args: argparse.Namespace, entries: list[Entry]) -> None:
+def check_requests(args: argparse.Namespace, entries: list[Entry]) -> None:
     """Refuse, before anything is written, an option asking for a table or plot these runs cannot fill."""
     if args.per_position is not None and longest_evaluated_length(entries) is None:
         raise PosGPTError("--per-position: no run has a scored row to draw; leave it out or evaluate the runs")
@@ -807,11 +808,13 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     if args.stride is not None and args.protocol != "sliding":
         raise PosGPTError(f"--stride is the sliding protocol's; pass --protocol sliding or drop --stride {args.stride}")
+    outputs = ("markdown", "plot", "per_position", "val_curve", "entropy")
+    check_outputs({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs}, inputs=args.run_dirs)
     runs = load_runs(args.run_dirs)
     data = choose_data(runs, args.data)
     groups = group_by_seed(runs)
     entries = entries_of(groups, args.protocol, args.stride, data)
-    check_outputs(args, entries)
+    check_requests(args, entries)
     report = markdown_report(
         entries, args.protocol, args.stride, data, args.ratios, find_baseline(entries, args.baseline)
     )

@@ -24,8 +24,9 @@ from pathlib import Path
 from core.checkpoint import load_checkpoint
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
+from core.files import check_outputs
 from core.tracking import METRICS_FILE
-from evaluation.report import CSV_FILE, write_csv, write_results
+from evaluation.report import CSV_FILE, JSON_FILE, write_csv, write_results
 from evaluation.run import EVAL_DIR, load_run_results
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
@@ -54,6 +55,9 @@ def results_with_config(run_dir: Path) -> dict:
     return document
 
 
+EXPORTED = (Path(EVAL_DIR) / JSON_FILE, Path(EVAL_DIR) / CSV_FILE, Path(METRICS_FILE), Path(OVERRIDES.name))
+
+
 def export_run(run_dir: Path, document: dict, destination: Path) -> None:
     write_results(document, destination / EVAL_DIR)
     write_csv(document, destination / EVAL_DIR / CSV_FILE)
@@ -70,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     if repeated:
         raise PosGPTError(f"several runs are named {', '.join(repeated)}: export them into separate folders")
     documents = [results_with_config(run_dir) for run_dir in args.run_dirs]  # all or nothing: refuse before writing
+    # Never onto what is exported, nor into a training run (--to a folder of runs).
+    outputs = {f"--to ({name}/{file})": args.to / name / file for name in names for file in EXPORTED}
+    check_outputs(outputs, inputs=args.run_dirs)
     for run_dir, document, name in zip(args.run_dirs, documents, names):
         export_run(run_dir, document, args.to / name)
         print(f"export: {run_dir} -> {args.to / name}", flush=True)

@@ -19,7 +19,8 @@ Each "lengths" entry: {"length", "windows", "reason": null, "distance_bins": [[l
 "mean_weight": [layer][head][distance bin], "mean_distance": [layer][head], "position_bins": [[lo, hi), ...]
 of 1-based positions, "entropy": [layer][head][position bin] (nats), "uniform_entropy": [position bin]}; a
 length the scheme cannot encode (pe=learned past its table) or the split cannot fill is
-{"length", "windows": 0, "reason"}. The plots also go to the run's W&B run.
+{"length", "windows": 0, "reason"}. The plots also go to the run's W&B run. Like eval.py, it holds the run
+directory's lock while it runs (core/rundir.py).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ import torch
 
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
+from core.files import atomic_write
+from core.rundir import EVAL_DIR, lock_run
 from core.tracking import init_wandb
 from data import eval_tokens
 from evaluation.attention_stats import ATTENTION_FILE, attention_statistics, plot_distance, plot_entropy
-from evaluation.run import EVAL_DIR
 from experiment.build import load_trained_run, parse_run_dir
 from model.pe.rope_scaling import scaling_label
 
@@ -52,7 +54,13 @@ def output_suffix(scaling: str) -> str:
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-    run = load_trained_run(*parse_run_dir(argv, USAGE))
+    run_dir, overrides = parse_run_dir(argv, USAGE)
+    with lock_run(run_dir):
+        inspect_run(run_dir, overrides)
+
+
+def inspect_run(run_dir: Path, overrides: list[str]) -> None:
+    run = load_trained_run(run_dir, overrides)
     cfg, checkpoint, model, device, dtype, run_dir = run.cfg, run.checkpoint, run.model, run.device, run.dtype, run.dir
     multipliers = list(cfg.inspect.length_multipliers)
     if not multipliers:
@@ -88,7 +96,7 @@ def main(argv: list[str]) -> None:
         "distance": eval_dir / f"attention_distance{suffix}.png",
         "entropy": eval_dir / f"attention_entropy{suffix}.png",
     }
-    paths["json"].write_text(json.dumps(document, indent=1) + "\n")
+    atomic_write(paths["json"], json.dumps(document, indent=1) + "\n")
     plot_distance(document, paths["distance"])
     plot_entropy(document, paths["entropy"])
     print(f"inspect: wrote {', '.join(str(p) for p in paths.values())}", flush=True)

@@ -118,6 +118,10 @@ def test_outputs_exist_and_follow_the_schema(val_tokens, tmp_path):
             "beta_slow": 1.0,
             "attention_factor": None,
             "original_seq_len": None,
+            "low_freq_factor": None,
+            "high_freq_factor": None,
+            "short_factor": None,
+            "long_factor": None,
         }
         assert row["tokens"] == 64 and row["ppl"] == pytest.approx(torch.tensor(row["loss"]).exp().item())
         assert len(row["per_position_loss"]) == row["length"]

@@ -229,24 +229,7 @@ def test_compare_claims_differences_only_between_rows_that_scored_the_same_token
     assert "lowest rope" not in report
 
 
-def test_compare_of_a_study_written_before_identities_reproduces_its_table(tmp_path):
-    """docs/study-width256: rows without digest, backend or dtype, all from one corpus: the same report."""
-    study = REPO / "docs" / "study-width256"
-    runs = sorted(str(path) for path in study.iterdir() if (path / "eval").is_dir())
-    md = tmp_path / "c.md"
-    compare.main(
-        [
-            *runs,
-            "--ratios",
-            "--markdown",
-            str(md),
-            "--plot",
-            str(tmp_path / "c.png"),
-            "--val-curve",
-            str(tmp_path / "v.png"),
-        ]
-    )
-    assert md.read_text() == (study / "comparison.md").read_text()
+# Old studies (rows without digest, backend or dtype) reproducing their tables: tests/test_results.py.
 
 
 @pytest.mark.slow

@@ -16,13 +16,13 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint import last_checkpoint_path, load_checkpoint, save_checkpoint
-from core.errors import PosGPTError
+from core.errors import MachineFault, PosGPTError
+from core.files import atomic_write
+from core.rundir import RUN_RECORD_DIR
 from data import check_corpus, corpus_identity
 from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config
 from training import distributed
 from training.optim import lr_multiplier
-
-RUN_RECORD_DIR = ".hydra"  # where Hydra would write it; configs/config.yaml stops Hydra writing there itself
 
 
 def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
@@ -81,8 +81,8 @@ class Checkpointer:
             return
         record = self.run_dir / RUN_RECORD_DIR
         record.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.cfg, record / "config.yaml", resolve=True)
-        (record / "overrides.yaml").write_text(yaml.safe_dump(list(self.overrides)))
+        atomic_write(record / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+        atomic_write(record / "overrides.yaml", yaml.safe_dump(list(self.overrides)))
 
     def track_corpus(self, splits: dict, checkpoint: dict | None, data_cfg: DictConfig) -> None:
         """Record the training tokens' identity in every checkpoint from now on; a resumed run must find the
@@ -150,7 +150,10 @@ class Checkpointer:
                 "wandb_run_id": self.wandb_run_id,
                 "corpus": self.corpus,
             }
-            save_checkpoint(state, self.run_dir, keep=self.cfg.train.keep_checkpoints)
+            try:
+                save_checkpoint(state, self.run_dir, keep=self.cfg.train.keep_checkpoints)
+            except MachineFault as fault:
+                raise MachineFault(f"{fault}; {self.kept()}") from None
         self.last_saved = step
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.cli import tee_console
 from core.errors import PosGPTError
+from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
 from data import load_splits, sample_batch
@@ -40,8 +42,6 @@ from training.init_from import Parent, load_parent
 from training.metrics import MetricsWindow, finite
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
-
-CONSOLE_LOG = "train.log"
 
 
 class StopRequested:
@@ -105,9 +105,28 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
     validate_data(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
     dist = distributed.init_distributed(cfg.train.device)
     try:
-        return _train(cfg, run_dir, overrides, dist)
+        run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
+        with _run_dir_locked(run_dir, dist):
+            return _train(cfg, run_dir, overrides, dist)
     finally:
         distributed.shutdown(dist)
+
+
+@contextlib.contextmanager
+def _run_dir_locked(run_dir: Path, dist: distributed.DistInfo) -> Iterator[None]:
+    """Hold the run directory's lock (core/rundir.py) while training: rank 0 takes it, as it alone writes there,
+    and every rank stops if it cannot."""
+    with contextlib.ExitStack() as stack:
+        refusal = None
+        if dist.is_main:
+            try:
+                stack.enter_context(lock_run(run_dir))
+            except PosGPTError as error:
+                refusal = error
+        refusal = distributed.broadcast_object(refusal, dist)
+        if refusal is not None:
+            raise refusal
+        yield
 
 
 def _load_data(cfg: DictConfig, dist: distributed.DistInfo) -> dict:
@@ -132,15 +151,17 @@ def _check_batch(t: DictConfig, dist: distributed.DistInfo) -> None:
 def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distributed.DistInfo) -> int | None:
     t = cfg.train
     _check_batch(t, dist)
-    run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
     device, dtype = set_up_runtime(t, local_rank=dist.local_rank if dist.enabled else None)
     raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
+    finished = checkpoint is not None and checkpoint["step"] >= t.max_steps
+    if finished and _nothing_to_do(cfg, run_dir, checkpoint, dist):
+        return None  # and nothing was written
     # Every check has passed: only now does this command write into the run directory.
     checkpointer = Checkpointer(cfg, run_dir, overrides, checkpoint, dist, device)
     checkpointer.record_run()
     if dist.is_main:
         tee_console(run_dir / CONSOLE_LOG)
-    if checkpoint is not None and checkpoint["step"] >= t.max_steps:
+    if finished:
         return _finish_trained(cfg, run_dir, checkpoint, raw_model, dist, device, dtype)
 
     splits = _load_data(cfg, dist)
@@ -237,21 +258,11 @@ def _finish_trained(
     device: torch.device,
     dtype: torch.dtype,
 ) -> None:
-    """Resuming a run that has trained all its steps: run its end-of-training evaluation if that never finished
-    (it was stopped, or it was stopped at the last step); otherwise there is nothing to do."""
-    from evaluation.report import read_results
-    from evaluation.run import EVAL_DIR, run_extrapolation_eval  # matplotlib (1 s): only when it is needed
+    """Resuming a run that has trained all its steps, and whose end-of-training evaluation never finished (it was
+    stopped, or it was stopped at the last step): run that evaluation."""
+    from evaluation.run import run_extrapolation_eval  # matplotlib (1 s): only when it is needed
 
-    step, t = checkpoint["step"], cfg.train
-    evaluated = (read_results(run_dir / EVAL_DIR) or {}).get("step") == step
-    if not t.eval_after or evaluated:
-        if dist.is_main:
-            print(
-                f"train: {run_dir} has already trained {step} steps (train.max_steps={t.max_steps}); nothing to "
-                "do. Raise train.max_steps to train longer",
-                flush=True,
-            )
-        return None
+    step = checkpoint["step"]
     if dist.is_main:
         print(
             f"train: {run_dir} has trained {step} steps, but its end-of-training evaluation did not finish: running it",
@@ -267,6 +278,23 @@ def _finish_trained(
         if wandb_run is not None:
             wandb_run.finish()
     return None
+
+
+def _nothing_to_do(cfg: DictConfig, run_dir: Path, checkpoint: dict, dist: distributed.DistInfo) -> bool:
+    """Whether a run that has trained all its steps has also been evaluated (or is not to be): then the command
+    says so and changes nothing, not even the run's record of its latest start or its console log."""
+    from evaluation.report import read_results
+
+    step, t = checkpoint["step"], cfg.train
+    if t.eval_after and (read_results(run_dir / EVAL_DIR) or {}).get("step") != step:
+        return False
+    if dist.is_main:
+        print(
+            f"train: {run_dir} has already trained {step} steps (train.max_steps={t.max_steps}); nothing to "
+            "do. Raise train.max_steps to train longer",
+            flush=True,
+        )
+    return True
 
 
 def _evaluate(

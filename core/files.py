@@ -1,0 +1,204 @@
+"""Files in and out of a command, each failure one line: what a user hands in, what a command writes.
+
+- :func:`read_user_text` reads a text file the user named (a prompt file, a corpus): a file that is missing, a
+  directory, unreadable or not UTF-8 (with the byte where it fails) is a PosGPTError naming the setting.
+- :func:`check_outputs` refuses, before anything is written, an output that would overwrite a file the command
+  reads, or another run's own files (its checkpoints, results and logs: core/rundir.py's RUN_ENTRIES).
+- :func:`atomic_write` writes a file whole or not at all; a full disk or a missing permission is a MachineFault
+  naming the file, and the previous version of the file is left as it was.
+- :func:`os_fault` turns any other failure of the machine (no space left, permission denied, an I/O error) into
+  the same kind of one line, naming the file being read or written when the error happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+from core.errors import MachineFault, PosGPTError
+from core.rundir import RUN_ENTRIES, is_run_dir
+
+TMP_PREFIX = ".tmp-"
+# What the machine, not the command, got wrong (raised as OSError with these numbers).
+FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO})
+
+
+def read_user_text(path: str | Path, setting: str) -> str:
+    """The text of a file the user named in ``setting`` (newlines as text mode reads them: CRLF and CR become
+    LF), or a PosGPTError saying what is wrong with it."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise PosGPTError(f"{setting}: {path} is a directory, not a file")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PosGPTError(f"{setting}: {path} does not exist") from None
+    except OSError as e:
+        raise PosGPTError(f"{setting}: cannot read {path} ({e.strerror}); fix it or drop it") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise not_utf8(setting, path, e.start, e.reason) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def not_utf8(setting: str, path: str | Path, offset: int, reason: str) -> PosGPTError:
+    return PosGPTError(
+        f"{setting}: could not read {path}: not valid UTF-8 at byte {offset} ({reason}); "
+        "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop it"
+    )
+
+
+def first_invalid_utf8(path: str | Path) -> tuple[int, str] | None:
+    """The byte offset and reason where ``path`` stops being UTF-8, or None if it is UTF-8 (or unreadable)."""
+    try:
+        Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start, e.reason
+    except OSError:
+        pass
+    return None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same path, or two names of one file (a symbolic or hard link, as step_N.pt is to last.pt)."""
+    with contextlib.suppress(OSError):
+        return a == b or (a.exists() and b.exists() and os.path.samefile(a, b))
+    return False
+
+
+def _run_entry(path: Path) -> tuple[Path, str] | None:
+    """(run directory, entry) if ``path`` is or lies in one of a training run's own entries (RUN_ENTRIES)."""
+    for parent in path.parents:
+        entry = path.relative_to(parent).parts[0]
+        if entry in RUN_ENTRIES and is_run_dir(parent):
+            return parent, entry
+    return None
+
+
+def check_outputs(
+    outputs: Mapping[str, str | Path | None], inputs: Iterable[str | Path] = (), run: str | Path | None = None
+) -> None:
+    """Refuse (PosGPTError, before anything is written) an output, named by the option that chose it, that
+
+    - is one of ``inputs`` (files or folders the command reads), holds one (an output folder), or is an existing
+      file inside an input folder;
+    - lies in a training run's own files (RUN_ENTRIES: checkpoints/, eval/, logs, .hydra/), other than those of
+      ``run``, the run this command writes (and holds the lock of, core.rundir.lock_run);
+    - is an existing directory, or the path of another of the outputs.
+    """
+    sources = [Path(p).expanduser().absolute().resolve() for p in inputs]
+    own = Path(run).absolute().resolve() if run is not None else None
+    seen: dict[Path, str] = {}
+    for option, given in outputs.items():
+        if given is None:
+            continue
+        path = Path(given).expanduser().absolute().resolve()
+        shown = f"{option} {given}"
+        if path in seen:
+            raise PosGPTError(f"{seen[path]} and {shown} are the same file: give each output its own path")
+        seen[path] = shown
+        for source in sources:
+            if _same_file(path, source) or _within(source, path) or (path.exists() and _within(path, source)):
+                raise PosGPTError(
+                    f"{shown} would overwrite {source}, which this command reads: choose another path "
+                    "(nothing was written)"
+                )
+        if path.is_dir():
+            raise PosGPTError(f"{shown} is a directory: give a file path")
+        owner = _run_entry(path)
+        if owner is not None and owner[0] != own:
+            raise PosGPTError(
+                f"{shown} lies in {owner[1]} of the training run {owner[0]}, which only that run's own commands "
+                "write: choose a path outside it (nothing was written)"
+            )
+
+
+def os_error_of(error: BaseException) -> OSError | None:
+    """The OSError at the root of ``error`` (torch.save reports a failed write as a RuntimeError raised while
+    handling the OSError), or None."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def write_fault(path: str | Path, error: OSError) -> MachineFault:
+    return MachineFault(f"could not write {path}: {error.strerror or error}")
+
+
+def atomic_write(path: str | Path, content: str | bytes | Callable[[BinaryIO], object]) -> Path:
+    """Write ``content`` (text, bytes, or a function writing into the open binary file) to ``path`` whole or
+    not at all: into a temporary file beside it, fsync, rename over ``path``, fsync the directory.
+
+    A crash or kill -9 mid-write leaves the previous file intact (and a temporary file named TMP_PREFIX...);
+    a full disk or a missing permission too, and is a MachineFault naming ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        try:
+            with open(tmp, "wb") as f:
+                if callable(content):
+                    content(f)
+                else:
+                    f.write(content.encode() if isinstance(content, str) else content)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # makes the rename itself durable
+        finally:
+            os.close(directory)
+    except (OSError, RuntimeError) as error:
+        cause = os_error_of(error)
+        if cause is None:
+            raise
+        raise write_fault(path, cause) from None
+    return path
+
+
+def open_file_in(error: BaseException) -> io.IOBase | None:
+    """The file that was open where ``error`` was raised (the innermost frame holding one), if any: it says which
+    file a failure of the machine was about when the OSError does not."""
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                if not value.name.startswith("<"):  # <stdout>, <stderr>
+                    return value
+    return None
+
+
+def os_fault(error: OSError) -> MachineFault | None:
+    """A failure of the machine (FAULT_ERRNOS) as one line naming its file; None for other OSErrors."""
+    if error.errno not in FAULT_ERRNOS:
+        return None
+    if error.filename:
+        return MachineFault(f"{error.strerror}: {error.filename}")
+    file = open_file_in(error)
+    if file is None:
+        return MachineFault(f"{error.strerror} (while reading or writing a file)")
+    writing = any(flag in getattr(file, "mode", "") for flag in "wax+")
+    return MachineFault(f"could not {'write' if writing else 'read'} {file.name}: {error.strerror}")

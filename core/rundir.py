@@ -1,0 +1,143 @@
+"""A run directory: what in it belongs to the run, one command at a time writing it, and no trace of a refused one.
+
+A run directory (``hydra.run.dir``) holds the run's own files, ``RUN_ENTRIES``: its checkpoints, its results
+(``eval/``), its logs, its record of how it was started (``.hydra/``), its W&B files and, while a command
+writes the run, the lock file. Only one command at a time may write a run (train.py, eval.py,
+scripts/inspect_attention.py): each holds :func:`lock_run` for its whole life, and a second one is refused,
+naming the holder. The lock is the operating system's (``flock``): it is released when its holder ends, even
+by kill -9, so a stopped run can always be resumed. A command that ends normally also removes the lock file,
+so a command that did nothing leaves the directory as it found it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from core.errors import PosGPTError
+
+LOCK_FILE = ".posgpt.lock"
+CHECKPOINT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+EVAL_DIR = "eval"
+CONSOLE_LOG = "train.log"
+RUN_RECORD_DIR = ".hydra"  # where Hydra would write it; configs/config.yaml stops Hydra writing there itself
+WANDB_DIR = "wandb"
+# What a run writes into its directory: no other command may write there (core/files.py, check_outputs).
+RUN_ENTRIES = (CHECKPOINT_DIR, EVAL_DIR, RUN_RECORD_DIR, METRICS_FILE, CONSOLE_LOG, WANDB_DIR, LOCK_FILE)
+# Entries only a training run makes: a folder with one of them is a run (an exported copy of results is not).
+RUN_MARKERS = (CHECKPOINT_DIR, RUN_RECORD_DIR, CONSOLE_LOG, LOCK_FILE)
+
+_EXISTING: Path | None = None  # the deepest directory that existed above the run directory: see note_existing
+_HELD: dict[int, Path] = {}  # file descriptor -> lock file, of the locks this process holds
+
+
+def _close_in_child() -> None:
+    """A forked child (a tokenizer worker) must not keep its parent's lock alive after the parent dies:
+    flock belongs to the open file, which fork shares. Closing the child's copy leaves the parent's lock as it is."""
+    for fd in _HELD:
+        os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a training run's directory (not an exported copy of its results)."""
+    return any((path / marker).exists() for marker in RUN_MARKERS)
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it (it writes once it holds the lock)."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(os.read(fd, 1 << 16).decode())
+        command = info["command"] if len(info["command"]) <= 100 else info["command"][:97] + "..."
+        return f"{command} (pid {info['pid']} on {info['host']}, started {info['started']})"
+    except (OSError, ValueError, KeyError, TypeError):  # the holder has not written it yet
+        return "another command"
+
+
+@contextlib.contextmanager
+def lock_run(run_dir: str | Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock while the block runs; PosGPTError naming the holder if another command holds it."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise PosGPTError(f"run directory {run_dir} does not exist" + (" (it is a file)" if run_dir.exists() else ""))
+    path = run_dir / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise PosGPTError(f"cannot lock the run directory {run_dir}: {error.strerror} ({path})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise PosGPTError(
+                f"{run_dir} is in use by {holder}: one command at a time may write a run directory; wait for it "
+                "to end, or choose another directory"
+            ) from None
+        try:  # the previous holder may have removed the file between our open and our lock: lock the new one
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    _HELD[fd] = path
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]).replace("\n", " "),
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(info).encode())
+    try:
+        yield
+    finally:
+        del _HELD[fd]
+        path.unlink(missing_ok=True)  # while still holding it: a waiting command then locks a file of its own
+        os.close(fd)
+
+
+def note_existing(path: str | Path) -> None:
+    """Before the directory ``path`` is made (Hydra's callback, experiment/compose.py): remember its deepest
+    existing parent, so that what is made below it is known to be this command's (removed_if_unused)."""
+    global _EXISTING
+    _EXISTING = next(
+        directory for directory in (Path(path).absolute(), *Path(path).absolute().parents) if directory.exists()
+    )
+
+
+def _new_dirs(path: Path) -> list[Path]:
+    """``path`` and its parents that did not exist before this command made them (note_existing), innermost first."""
+    path = Path(path).absolute()
+    if _EXISTING is None or _EXISTING not in path.parents:
+        return []
+    return [path, *(parent for parent in path.parents if _EXISTING in parent.parents)]
+
+
+@contextlib.contextmanager
+def removed_if_unused(path: str | Path) -> Iterator[None]:
+    """Remove ``path`` (and its empty parents) after the block if this command made it and left it empty: a
+    refused command leaves no empty run directory behind."""
+    created = _new_dirs(path)
+    try:
+        yield
+    finally:
+        for directory in created:
+            try:
+                directory.rmdir()  # only ever removes an empty directory
+            except OSError:  # something was written there after all, or another process removed it
+                break
