@@ -34,7 +34,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from core.checkpoint import last_checkpoint_path, load_checkpoint
+from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
 from core.tracking import METRICS_FILE, read_metrics

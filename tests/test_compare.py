@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.checkpoint import load_checkpoint
+from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
 from evaluation.report import format_number, format_ppl
 from evaluation.stats import Estimate, clearly_different

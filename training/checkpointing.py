@@ -15,7 +15,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from core.checkpoint import last_checkpoint_path, load_checkpoint, save_checkpoint
+from core.checkpoint_io import last_checkpoint_path, load_checkpoint, save_checkpoint
 from core.errors import PosGPTError
 from data import check_corpus, corpus_identity
 from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config

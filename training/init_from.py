@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from core.checkpoint import load_checkpoint
+from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
 from experiment.settings import RUNTIME_SETTINGS, changed_settings, flatten_config
 from model.pe import SCHEMES

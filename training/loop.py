@@ -4,7 +4,7 @@ What makes a run safe to stop, kill and continue:
 - a checkpoint every train.checkpoint_every steps, at the end, and when SIGTERM, SIGINT or SIGUSR2 arrives
   (scheduler preemption or time limit, Ctrl-C); train.py then exits with 128 + the signal. Under torchrun
   the ranks stop together at the next multiple of train.log_every. A kill -9 loses at most
-  train.checkpoint_every steps: checkpoints are written atomically (core/checkpoint.py).
+  train.checkpoint_every steps: checkpoints are written atomically (core/checkpoint_io.py).
   A run stopped during its end-of-training evaluation runs that evaluation when resumed.
 - train.resume=true continues from <run_dir>/checkpoints/last.pt as if the run had never stopped: the same
   weights, optimizer moments, schedule, RNG and batches (the sampler's generator state), and metrics.jsonl
