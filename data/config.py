@@ -82,7 +82,7 @@ def _check_local_file(path: str) -> None:
         raise PosGPTError(f"data.files: {path} is empty; drop it from data.files")
 
 
-def validate(cfg: DataConfig) -> None:
+def validate_data_config(cfg: DataConfig) -> None:
     """Raise PosGPTError, naming the setting to change, if cfg cannot describe a corpus."""
     if cfg.source not in SOURCES:
         raise PosGPTError(f"data.source={cfg.source!r} is unknown: use one of {', '.join(SOURCES)}")

@@ -288,7 +288,7 @@ def paired_estimate(
     entry: Entry, reference: Entry, column: Any, values: Callable[[Entry, Any], dict[int, float]]
 ) -> Estimate | None:
     """Mean ± CI over the seeds both settings ran of entry's value / reference's value − 1. Runs with the same
-    train.seed train on the same batches (the same tokens in the same order: training/batches.py draws them
+    train.seed train on the same batches (the same tokens in the same order: training/batch_stream.py draws them
     from a generator of their own), so the ratio cancels what the choice of training tokens does to both.
     None with fewer than two shared seeds."""
     own, theirs = values(entry, column), values(reference, column)

@@ -27,13 +27,12 @@ from core.cli import tee_console
 from core.errors import PosGPTError
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
-from data import load_splits, sample_batch
-from data import validate as validate_data
+from data import load_splits, sample_batch, validate_data_config
 from experiment.build import build_model
 from experiment.config import compile_enabled, validate
 from model import GPT
 from training import distributed
-from training.batches import BatchStream, rank_rows
+from training.batch_stream import BatchStream, rank_rows
 from training.checkpointing import Checkpointer, resume_checkpoint
 from training.init_from import Parent, load_parent
 from training.metrics import MetricsWindow, finite
@@ -99,7 +98,7 @@ def estimate_val_loss(
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
     """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None."""
     validate(cfg)
-    validate_data(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
+    validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
     dist = distributed.init_distributed(cfg.train.device)
     try:
         return _train(cfg, run_dir, overrides, dist)
