@@ -51,8 +51,6 @@ from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
-REPO = _repo.ROOT
-
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     """The options shared with scripts/bench_nanogpt.py, so both time and record the same way."""

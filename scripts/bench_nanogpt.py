@@ -15,6 +15,8 @@ train.py does on CUDA and as its README's CPU example does not. The JSON line ha
 
 from __future__ import annotations
 
+import _repo
+
 import argparse
 import contextlib
 import hashlib
