@@ -37,7 +37,7 @@ from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, bui
 class ModelConfig:
     n_layer: int = 2
     n_head: int = 4
-    n_embd: int = 64
+    n_embd: int = 256  # the shipped default, configs/model/tiny_wide.yaml (tests/test_house_rules.py)
     vocab_size: int = 50257  # GPT-2 BPE; padded up to a multiple of 64 inside the model
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
