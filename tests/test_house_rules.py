@@ -5,6 +5,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from experiment.compose import compose_config
@@ -51,3 +52,30 @@ def test_scripts_put_the_repository_on_the_path_before_importing_it(path):
     posgpt = [i for i, name in enumerate(names) if name and name.split(".")[0] in POSGPT_PACKAGES]
     if posgpt:
         assert "_repo" in names[: posgpt[0]], f"{path.name} imports posgpt without `import _repo` first"
+
+
+def python_sources() -> list[Path]:
+    """Every posgpt source file but the tests."""
+    return [path for path in sorted(REPO.rglob("*.py")) if path.relative_to(REPO).parts[0] not in ("tests", "docs")]
+
+
+def test_no_module_state_drives_a_forward_pass():
+    """Per-forward settings (attention capture, the scheme's positions) travel as arguments: no `global`."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in python_sources()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Global)
+    ]
+    assert offenders == []
+
+
+def test_the_scheme_is_registered_once_and_handed_to_every_layer():
+    from model import GPT
+    from model.gpt import ModelConfig
+
+    model = GPT(ModelConfig(n_embd=32, n_layer=3), SCHEMES["t5"].config_class(), train_seq_len=16)
+    assert [key for key in model.state_dict() if key.endswith(".table")] == ["pe.table"]  # T5's, not once per layer
+    probs: list = []
+    model(torch.randint(0, 100, (1, 8)), capture=probs)
+    assert len(probs) == 3  # one per layer, through the argument
