@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from data import TokenArray
 
 BINS_PER_OCTAVE = 4
-ATTENTION_FILE = "attention.json"  # in <run_dir>/eval/; "attention_<scaling>.json" for a RoPE scaling
+ATTENTION_FILE = "attention.json"  # in <run_dir>/eval/; "attention_<variation>.json" for a scheme's variation
 
 
 def log_bins(n: int, per_octave: int = BINS_PER_OCTAVE) -> list[tuple[int, int]]:
@@ -213,8 +213,8 @@ def _finish_panel(ax, document: dict[str, Any], layer: int, entry: dict[str, Any
 
 
 def _title(document: dict[str, Any]) -> str:
-    scaling = f" {document['scaling']}" if document.get("scaling") not in (None, "", "none") else ""
-    return f"pe={document['pe']}{scaling}, trained at length {document['train_seq_len']} (step {document['step']})"
+    variation = f" {document['variation']}" if document.get("variation") else ""
+    return f"pe={document['pe']}{variation}, trained at length {document['train_seq_len']} (step {document['step']})"
 
 
 def plot_entropy_comparison(documents: list[tuple[str, dict[str, Any]]], path) -> None:

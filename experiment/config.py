@@ -19,7 +19,6 @@ from core.errors import PosGPTError
 from data.config import DataConfig
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
-from model.pe.rope_scaling import parse_scaling
 
 
 @dataclass
@@ -62,9 +61,9 @@ class EvalConfig:
     stride: int | None = None  # sliding-window stride; None: half the window
     max_tokens: int = 32768  # scored tokens per (length, protocol): the same token range for all
     batch_tokens: int = 16384  # tokens per forward pass (windows are batched up to this)
-    # RoPE only: evaluate several context extensions in one go, e.g. [none,yarn:8,ntk:8] (TYPE or TYPE:FACTOR);
-    # None: just the run's pe.scaling.
-    scalings: list[str] | None = None
+    # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
+    # parse_variation, model/pe/); None: the run as configured.
+    variations: list[str] | None = None
     per_position_plot_lengths: list[int] | None = None  # lengths drawn in per_position.png; None: the longest
 
 
@@ -213,24 +212,8 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(f"eval.stride must be positive (got {cfg.eval.stride})")
     if cfg.eval.max_tokens <= 0 or cfg.eval.batch_tokens <= 0:
         raise PosGPTError("eval.max_tokens and eval.batch_tokens must be positive")
-    if cfg.eval.scalings:
-        if "scaling" not in cfg.pe:
-            raise PosGPTError(f"eval.scalings are RoPE context extensions; this run has pe={cfg.pe.name}")
-        if cfg.pe.scaling.type != "none":
-            raise PosGPTError("set either pe.scaling.type (one scaling) or eval.scalings (several), not both")
-        for spec in cfg.eval.scalings:
-            parse_scaling(spec)
-    scaling = cfg.pe.get("scaling")
-    if (
-        scaling is not None
-        and scaling.type == "none"
-        and scaling.attention_factor is not None
-        and not any(parse_scaling(spec).type == "yarn" for spec in cfg.eval.scalings or [])
-    ):
-        raise PosGPTError(
-            "pe.scaling.attention_factor is YaRN's temperature: it needs pe.scaling.type=yarn or a "
-            "yarn entry in eval.scalings"
-        )
+    # The scheme checks its own settings with the evaluation-time variations asked for (model/pe/base.py).
+    SCHEMES[cfg.pe.name].check_variations(OmegaConf.to_object(cfg.pe), list(cfg.eval.variations or []))
     if any(length <= 0 for length in cfg.eval.per_position_plot_lengths or []):
         raise PosGPTError(f"eval.per_position_plot_lengths must be positive (got {cfg.eval.per_position_plot_lengths})")
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):

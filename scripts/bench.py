@@ -218,7 +218,7 @@ def bench_eval(
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=rope,alibi]",
+        usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=<scheme>,<scheme> for several]",
     )
     add_common_args(parser)
     parser.add_argument(

@@ -12,8 +12,9 @@ Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the e
 eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
 extrapolation.json records, so results copied without them still compare: run_config). Runs whose configs
 differ only in ``train.seed`` (and in settings that do not change the trained model: logging, evaluation,
-threads, ...) are seeds of one setting. Table rows: one per setting and RoPE scaling ("rope", "rope yarn:16",
-"alibi", "rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation lengths; cells:
+threads, ...) are seeds of one setting. Table rows: one per setting and evaluation-time variation ("rope",
+"rope yarn:16", "alibi", "rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation
+lengths; cells:
 the mean perplexity over seeds ± the half-width of its 95% Student-t confidence interval (one seed: the
 value alone), the lowest mean of each column in bold; "n/a" where the scheme cannot run at that length
 (learned beyond its table), "-" where it was not evaluated. Below the table: which differences exceed their
@@ -47,7 +48,7 @@ from evaluation.report import format_estimate, length_header, render_table
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.stats import Estimate, clearly_different, mean_ci
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
-from model.pe.rope_scaling import scaling_label
+from model.pe import display_name
 
 # Config keys that do not make two runs different settings: the seed, and what a resumed run may change
 # (logging, evaluation, threads, ...) except what changes the trained model (its length, its precision).
@@ -97,7 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--baseline",
         default=None,
-        help="pair every setting by seed with this one (a row label, e.g. rope or 'rope yarn:16') "
+        help="pair every setting by seed with this one (a row label: a scheme, or a scheme and a variation) "
         "instead of the lowest in each column",
     )
     return parser.parse_args(argv)
@@ -132,7 +133,7 @@ class Run:
 
 @dataclass
 class Entry:
-    """A table row: one setting (seeds pooled) and RoPE scaling; per_seed holds {length: row} per seed, and
+    """A table row: one setting (seeds pooled) and variation; per_seed holds {length: row} per seed, and
     seeds the train.seed of each (what pairs it with other settings' runs)."""
 
     label: str
@@ -196,10 +197,7 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
     named_by_dir = [i for i, detail in enumerate(details) if detail is None]
     for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
         details[i] = [name]
-    return [
-        " ".join(["none (NoPE)" if group[0].document["pe"] == "none" else group[0].document["pe"]] + detail)
-        for group, detail in zip(groups, details)
-    ]  # "none (NoPE)": not "no scaling"
+    return [" ".join([display_name(group[0].document["pe"])] + detail) for group, detail in zip(groups, details)]
 
 
 def unique_dir_names(dirs: list[Path]) -> list[str]:
@@ -224,23 +222,23 @@ def choose_data(runs: list[Run], data: str | None) -> str:
 
 
 def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data: str) -> list[Entry]:
-    """One entry per (setting, scaling), each holding every seed's rows of the chosen protocol and data."""
+    """One entry per (setting, variation), each holding every seed's rows of the chosen protocol and data."""
     entries = []
     for group, label in zip(groups, group_labels(groups)):
-        per_scaling: dict[str, list[dict[int, dict[str, Any]]]] = {}
+        per_variation: dict[str, list[dict[int, dict[str, Any]]]] = {}
         for i, run in enumerate(group):
             for row in run.document["results"]:
                 wanted_stride = effective_stride(row["length"], stride) if protocol == "sliding" else None
                 if row["protocol"] == protocol and row["stride"] == wanted_stride and str(row.get("data")) == data:
-                    seeds = per_scaling.setdefault(scaling_label(row.get("scaling")), [{} for _ in group])
+                    seeds = per_variation.setdefault(row["variation"], [{} for _ in group])
                     seeds[i][row["length"]] = row
-        if not per_scaling:  # shown as a row of "-" rather than silently left out
-            per_scaling[""] = [{} for _ in group]
-        for scaling, per_seed in sorted(per_scaling.items(), key=lambda item: (item[0] not in ("", "none"), item[0])):
+        if not per_variation:  # shown as a row of "-" rather than silently left out
+            per_variation[""] = [{} for _ in group]
+        for variation, per_seed in sorted(per_variation.items(), key=lambda item: (item[0] != "", item[0])):
             document = group[0].document
             entries.append(
                 Entry(
-                    label + ("" if scaling in ("", "none") else f" {scaling}"),
+                    label + (f" {variation}" if variation else ""),
                     document["pe"],
                     document["train_seq_len"],
                     per_seed,

@@ -125,7 +125,7 @@ def inspected(tmp_path_factory):
 
 def test_outputs_exist_with_the_documented_shapes(inspected):
     document = json.loads((inspected["alibi"] / "eval" / "attention.json").read_text())
-    assert document["pe"] == "alibi" and document["train_seq_len"] == SEQ_LEN and document["scaling"] is None
+    assert document["pe"] == "alibi" and document["train_seq_len"] == SEQ_LEN and document["variation"] is None
     assert [entry["length"] for entry in document["lengths"]] == [SEQ_LEN, 8 * SEQ_LEN]
     n_layer, n_head = document["n_layer"], document["n_head"]
     for entry in document["lengths"]:

@@ -79,3 +79,101 @@ def test_the_scheme_is_registered_once_and_handed_to_every_layer():
     probs: list = []
     model(torch.randint(0, 100, (1, 8)), capture=probs)
     assert len(probs) == 3  # one per layer, through the argument
+
+
+# Scheme settings that are also ordinary words or API names elsewhere ("log scale", matplotlib's base=2,
+# reduction="none"): checked only where a string spells them as a setting (pe.base, pe=none).
+PLAIN_WORDS = {"none", "base", "scale"}
+# Deliberate mentions: (file, name, why).
+ALLOWED = {("scripts/bench_nanogpt.py", "learned")}  # nanoGPT's own model (learned positions), not a posgpt scheme
+
+
+def scheme_vocabulary() -> tuple[set[str], set[str]]:
+    """(names code outside model/pe/ must not use, setting names strings must not spell as pe.<name>): the
+    registered schemes, their modules, and the fields of their config dataclasses, less the generic interface."""
+    import dataclasses
+    import pkgutil
+
+    import model.pe
+    from model.pe import PEConfig, PositionalEncoding
+
+    modules = {info.name for info in pkgutil.iter_modules(model.pe.__path__)} - {"base"}
+    settings = {field.name for scheme in SCHEMES.values() for field in dataclasses.fields(scheme.config_class)}
+    settings -= {field.name for field in dataclasses.fields(PEConfig)} | set(dir(PositionalEncoding))
+    return (set(SCHEMES) | modules | settings) - PLAIN_WORDS, set(SCHEMES) | settings
+
+
+def docstring_nodes(tree: ast.AST) -> set[int]:
+    kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, kinds)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def scheme_mentions(source: str, forbidden: set[str], spelled: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each identifier, import or string (not a docstring, not a comment) naming a scheme or a
+    scheme's setting."""
+    import re
+
+    tree = ast.parse(source)
+    docstrings = docstring_nodes(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words = set(re.findall(r"[A-Za-z_]\w*", node.value)) & forbidden
+            words |= {m for m in re.findall(r"\bpe[=.](\w+)", node.value) if m in spelled}
+        else:
+            names = {
+                ast.Name: lambda n: [n.id],
+                ast.Attribute: lambda n: [n.attr],
+                ast.keyword: lambda n: [n.arg],
+                ast.arg: lambda n: [n.arg],
+                ast.FunctionDef: lambda n: [n.name],
+                ast.ClassDef: lambda n: [n.name],
+                ast.alias: lambda n: n.name.split("."),
+                ast.ImportFrom: lambda n: (n.module or "").split("."),
+            }.get(type(node), lambda n: [])(node)
+            words = set(names) & forbidden
+        found += [(getattr(node, "lineno", 0), word) for word in sorted(words)]
+    return found
+
+
+def test_no_code_outside_model_pe_names_a_scheme_or_its_settings():
+    """Every scheme lives in model/pe/: other code reaches it through the interface (model/pe/base.py) and the
+    registry, never by name, so a scheme is added or changed in one place."""
+    forbidden, spelled = scheme_vocabulary()
+    offenders = []
+    for path in python_sources():
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith("model/pe/"):
+            continue
+        offenders += [
+            f"{relative}:{line}: {word}"
+            for line, word in scheme_mentions(path.read_text(), forbidden, spelled)
+            if (relative, word) not in ALLOWED
+        ]
+    assert offenders == []
+
+
+def test_the_scheme_rule_sees_names_settings_and_imports_but_not_docstrings():
+    forbidden, spelled = scheme_vocabulary()
+    source = '''"""Docstrings may explain pe=alibi and pe.scaling."""
+from model.pe.rope_scaling import scaling_label
+# comments too: rope
+def f(cfg):
+    """And here: rope."""
+    if cfg.pe.name == "alibi":
+        return cfg.pe.scaling
+    return plot(base=2, label="log scale", reduction="none", hint="set pe.base=500")
+'''
+    assert scheme_mentions(source, forbidden, spelled) == [
+        (2, "rope_scaling"),
+        (6, "alibi"),
+        (7, "scaling"),
+        (8, "base"),
+    ]

@@ -130,7 +130,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     _check_batch(t, dist)
     run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
     device, dtype = set_up_runtime(t, local_rank=dist.local_rank if dist.enabled else None)
-    raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
+    cfg, raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
+    t = cfg.train
     # Every check has passed: only now does this command write into the run directory.
     checkpointer = Checkpointer(cfg, run_dir, overrides, checkpoint, dist, device)
     checkpointer.record_run()
@@ -207,20 +208,22 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     return stopped_by
 
 
-def _initial_model(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[GPT, dict | None, Parent | None]:
-    """The model and where its weights come from: the checkpoint to resume (train.resume), else the parent run's
-    weights (train.init_from, returned to be recorded), else its initialisation. A config error shows up here,
-    before anything else."""
-    parent = load_parent(cfg)  # may fill in pe.scaling.original_seq_len
+def _initial_model(
+    cfg: DictConfig, run_dir: Path, device: torch.device
+) -> tuple[DictConfig, GPT, dict | None, Parent | None]:
+    """The run's config (with what it inherits from a train.init_from parent), the model and where its weights
+    come from: the checkpoint to resume (train.resume), else the parent run's weights (train.init_from,
+    returned to be recorded), else its initialisation. A config error shows up here, before anything else."""
+    cfg, parent = load_parent(cfg)
     model = build_model(cfg).to(device)
     if cfg.train.random_positions:
         model.pe.check_random_positions(cfg.train.random_positions)
     checkpoint = resume_checkpoint(cfg, run_dir)
     if checkpoint is not None:
-        return model, checkpoint, None
+        return cfg, model, checkpoint, None
     if parent is not None:
         parent.load_into(model)
-    return model, None, parent
+    return cfg, model, None, parent
 
 
 def _finish_trained(

@@ -133,7 +133,7 @@ def check_scaling(cfg: RoPEScalingConfig, where: str = "pe.scaling") -> None:
         raise PosGPTError(f"{where}: type none takes no factor (got {cfg.factor}); pick a type, e.g. yarn")
     if cfg.original_seq_len is not None and cfg.original_seq_len <= 0:
         raise PosGPTError(f"{where}: original_seq_len must be positive or null (got {cfg.original_seq_len})")
-    # Type none may hold YaRN's settings: they are the defaults of eval.scalings' yarn entries (parse_scaling).
+    # Type none may hold YaRN's settings: they are the defaults of eval.variations' yarn entries (parse_scaling).
     if cfg.attention_factor is not None and (cfg.type not in ("yarn", "none") or cfg.attention_factor <= 0):
         raise PosGPTError(
             f"{where}: attention_factor is YaRN's temperature, a positive number for type yarn "
@@ -154,12 +154,12 @@ def parse_scaling(spec: str, defaults: RoPEScalingConfig | None = None) -> RoPES
     try:
         value = float(factor) if factor else 1.0
     except ValueError:
-        raise PosGPTError(f"eval.scalings: {spec!r} is not TYPE or TYPE:FACTOR (e.g. yarn:8)") from None
+        raise PosGPTError(f"eval.variations: {spec!r} is not TYPE or TYPE:FACTOR (e.g. yarn:8)") from None
     kind = kind.strip()
     cfg = dataclasses.replace(
         defaults, type=kind, factor=value, attention_factor=defaults.attention_factor if kind == "yarn" else None
     )
-    check_scaling(cfg, where=f"eval.scalings entry {spec!r}")
+    check_scaling(cfg, where=f"eval.variations entry {spec!r}")
     return cfg
 
 
