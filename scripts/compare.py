@@ -230,7 +230,7 @@ def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data:
             for row in run.document["results"]:
                 wanted_stride = effective_stride(row["length"], stride) if protocol == "sliding" else None
                 if row["protocol"] == protocol and row["stride"] == wanted_stride and str(row.get("data")) == data:
-                    seeds = per_variation.setdefault(row["variation"], [{} for _ in group])
+                    seeds = per_variation.setdefault(row.get("variation", ""), [{} for _ in group])
                     seeds[i][row["length"]] = row
         if not per_variation:  # shown as a row of "-" rather than silently left out
             per_variation[""] = [{} for _ in group]

@@ -78,7 +78,7 @@ def study(tmp_path_factory):
             f"data.files=[{corpus}]",
             *TINY,
             cache=tmp / "cache",
-            env={"EVAL_SCALINGS": "[yarn:4]"},
+            env={"EVAL_VARIATIONS": "[yarn:4]"},
         )
 
     study_sh("--seeds", "2", "--schemes", "rope")

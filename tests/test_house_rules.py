@@ -177,3 +177,72 @@ def f(cfg):
         (7, "scaling"),
         (8, "base"),
     ]
+
+
+def legacy_document(pe: str, setting: dict | None) -> dict:
+    """An extrapolation.json as posgpt wrote it before rows had a variation: each setting a field of its own."""
+    row = {"length": 16, "protocol": "nonoverlapping", "stride": None, "scaling": setting, "data": "d", "ppl": 9.0}
+    return {"pe": pe, "train_seq_len": 8, "step": 5, "results": [row]}
+
+
+@pytest.mark.parametrize(
+    ("pe", "setting", "label"),
+    [
+        ("alibi", None, ""),
+        ("rope", {"type": "none", "factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}, ""),
+        ("rope", {"type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0}, "yarn:16"),
+    ],
+)
+def test_results_written_before_variations_read_as_todays(tmp_path, pe, setting, label):
+    import json
+
+    from evaluation.report import csv_rows, load_results, merge_documents, setting_label
+
+    (tmp_path / "extrapolation.json").write_text(json.dumps(legacy_document(pe, setting)))
+    old = load_results(tmp_path)
+    row = old["results"][0]
+    assert "scaling" not in row and row["variation"] == label
+    assert row["variation_settings"] == ({} if setting is None else {"scaling": setting})
+    assert list(row)[:5] == ["length", "protocol", "stride", "variation", "variation_settings"]  # where it was
+    assert csv_rows(old)[0]["variation"] == label and setting_label(row) == f"nonoverlapping {label}".strip()
+    # today's evaluation of the same measurement replaces it
+    new = {**old, "results": [{**row, "ppl": 8.0}]}
+    assert [r["ppl"] for r in merge_documents(old, new)["results"]] == [8.0]
+
+
+def test_checkpoint_configs_with_eval_scalings_read_as_eval_variations():
+    from experiment.settings import trained_config
+
+    saved = OmegaConf.to_container(OmegaConf.structured(Config(pe=SCHEMES["rope"].config_class())))
+    del saved["eval"]["variations"]
+    saved["eval"]["scalings"] = ["yarn:16"]  # its name until 2026-11-24
+    assert list(trained_config(saved).eval.variations) == ["yarn:16"]
+
+
+def test_load_parent_returns_the_childs_config_and_leaves_the_given_one(tmp_path):
+    from tiny_checkpoint import make_run
+
+    from training.init_from import load_parent
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f():\n    return 1\n" * 50)
+    parent_dir = make_run(tmp_path / "parent", corpus, "pe=rope", "train.seq_len=16")
+    cfg = compose_config(
+        [
+            "pe=rope",
+            "data=text",
+            f"data.files=[{corpus}]",
+            "model.n_layer=1",
+            "model.n_embd=16",
+            "model.n_head=2",
+            "train.seq_len=32",
+            "pe.scaling.type=yarn",
+            "pe.scaling.factor=2",
+            f"train.init_from={tmp_path}/elsewhere/../parent",
+        ]
+    )
+    before = OmegaConf.to_container(cfg)
+    child, parent = load_parent(cfg)
+    assert OmegaConf.to_container(cfg) == before  # not mutated
+    assert parent.seq_len == 16 and child.pe.scaling.original_seq_len == 16  # RoPE's inherit: the parent's L
+    assert child.train.init_from == str(parent_dir.resolve())  # made absolute
