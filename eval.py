@@ -3,7 +3,7 @@
     python eval.py run_dir=outputs/2026-11-22/10-00-00-rope
     python eval.py run_dir=... eval.lengths=[64,256,1024] eval.protocols=[sliding] eval.stride=16
     python eval.py run_dir=... pe.scaling.type=yarn pe.scaling.factor=8     # RoPE context extension
-    python eval.py run_dir=... eval.scalings=[none,yarn:8,ntk:8,linear:8]   # several in one go
+    python eval.py run_dir=... eval.variations=[none,yarn:8,ntk:8,linear:8] # several in one go (the scheme's)
     python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
 
 The model is built from the config stored in the checkpoint, never from today's configs/ YAML. Overrides
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from core.checkpoint import checkpoint_dir
+from core.checkpoint_io import checkpoint_dir
 from core.cli import exit_on_user_error
 from core.files import check_outputs
 from core.rundir import EVAL_DIR, lock_run

@@ -7,7 +7,7 @@
 
 The run's config is recomposed exactly as eval.py does it (its training overrides, then these), with the same
 refusals: overrides that would change what the weights compute are errors, and so is a length the scheme
-cannot encode (pe=learned beyond its table). Evaluation-time variations (pe.scaling) apply. Each sample is
+cannot encode (pe=learned beyond its table). The scheme's evaluation-time settings (pe.scaling) apply. Each sample is
 streamed to stdout as it is generated; sample.num_samples samples are drawn one after the other from one
 generator seeded with sample.seed, so a seed always gives the same text on the same device.
 """
@@ -26,7 +26,6 @@ from core.files import read_user_text
 from core.runtime import autocast
 from data import EOT_TOKEN, gpt2_encoding
 from experiment.build import load_trained_run, parse_run_dir
-from model.pe.rope_scaling import scaling_label
 from model.sampling import check_length, generate
 
 USAGE = 'usage: python sample.py run_dir=<training run directory> [sample.prompt="..."] [sample.* and other overrides]'
@@ -76,9 +75,9 @@ def main(argv: list[str]) -> None:
     ids = prompt_tokens(cfg)
     s = cfg.sample
     check_length(model, len(ids) + s.max_new_tokens)
-    scaling = getattr(model.pe.cfg, "scaling", None)
+    variation = model.pe.current_variation()
     print(
-        f"sample: {run.dir} (pe={cfg.pe.name}{' ' + scaling_label(scaling) if scaling else ''}, step "
+        f"sample: {run.dir} (pe={cfg.pe.name}{' ' + variation if variation else ''}, step "
         f"{run.checkpoint['step']}, trained at length {cfg.train.seq_len}): {len(ids)} prompt tokens + "
         f"{s.max_new_tokens} new, temperature {s.temperature}, top_k {s.top_k}, seed {s.seed}",
         file=sys.stderr,

@@ -6,11 +6,11 @@ splits = load_splits(cfg)                  # tokenized once, cached under $POSGP
 x, y = sample_batch(splits["train"], 8, 256, torch.Generator().manual_seed(0))
 """
 
-from data.batches import sample_batch
 from data.cache import check_corpus, corpus_identity, describe_corpus, eval_tokens, load_split, load_splits
-from data.config import DataConfig, resolve_cache_dir, validate
+from data.config import DataConfig, resolve_cache_dir, validate_data_config
 from data.tokenizer import EOT_TOKEN, gpt2_encoding
 from data.tokens import TokenArray
+from data.windows import sample_batch
 
 __all__ = [
     "EOT_TOKEN",
@@ -25,5 +25,5 @@ __all__ = [
     "load_splits",
     "resolve_cache_dir",
     "sample_batch",
-    "validate",
+    "validate_data_config",
 ]

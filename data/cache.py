@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from core.errors import MachineFault, PosGPTError
 from core.files import atomic_write
-from data.config import DataConfig, resolve_cache_dir, validate
+from data.config import DataConfig, resolve_cache_dir, validate_data_config
 from data.sources import ALL, Corpus, Documents, open_corpus
 from data.tokenizer import EOT_TOKEN, gpt2_encoding
 from data.tokens import TokenArray
@@ -140,7 +140,7 @@ def _plain(value: object) -> object:
 
 def _load(cfg: DataConfig) -> dict[str, TokenArray]:
     """train, val and all (both) of cfg's corpus, tokenizing what the cache lacks or what fails its checks."""
-    validate(cfg)
+    validate_data_config(cfg)
     corpus = open_corpus(cfg)
     encoding = gpt2_encoding()
     key = _hash(

@@ -83,7 +83,7 @@ def _check_local_file(path: str) -> None:
         raise PosGPTError(f"data.files: {path} is empty; drop it from data.files")
 
 
-def validate(cfg: DataConfig) -> None:
+def validate_data_config(cfg: DataConfig) -> None:
     """Raise PosGPTError, naming the setting to change, if cfg cannot describe a corpus (each key's domain is
     checked with the whole config: experiment/config.py)."""
     if cfg.source not in SOURCES:

@@ -57,7 +57,7 @@ def hash_split(key: str, val_fraction: float) -> str:
 
 
 def open_corpus(cfg: DataConfig) -> Corpus:
-    """The documents cfg describes; cfg must have passed config.validate."""
+    """The documents cfg describes; cfg must have passed config.validate_data_config."""
     opener = {"python_stdlib": _stdlib_corpus, "text": _text_corpus, "hub": _hub_corpus}[cfg.source]
     return opener(cfg)
 

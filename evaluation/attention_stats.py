@@ -13,7 +13,7 @@ per layer and head, accumulated over evaluation windows of length T:
   (uniform over the i + 1 keys), in log-spaced bins of the 1-based position i + 1. Its growth with length
   dilutes attention; YaRN's temperature (rope_scaling.py) counteracts it.
 
-The probabilities come from the math path through ``capture_attention()`` (model/attention.py), one window
+The probabilities come from the math path (``GPT.hidden_states(..., capture=probs)``, model/gpt.py), one window
 at a time; each layer's (H, T, T) block is reduced to O(H T) numbers as soon as the window is done, so
 memory is n_layer * H * T^2 floats for one window (8 MB for the tiny model at 8x its length of 64).
 """
@@ -34,13 +34,12 @@ from core.errors import PosGPTError
 from core.runtime import autocast
 from evaluation.plots import scheme_colour
 from evaluation.run import EVAL_DIR
-from model.attention import capture_attention
 
 if TYPE_CHECKING:
     from data import TokenArray
 
 BINS_PER_OCTAVE = 4
-ATTENTION_FILE = "attention.json"  # in <run_dir>/eval/; "attention_<scaling>.json" for a RoPE scaling
+ATTENTION_FILE = "attention.json"  # in <run_dir>/eval/; "attention_<variation>.json" for a scheme's variation
 
 
 def log_bins(n: int, per_octave: int = BINS_PER_OCTAVE) -> list[tuple[int, int]]:
@@ -141,8 +140,9 @@ def attention_statistics(
     stats = LengthStats(length)
     for w in range(n_windows):
         window = torch.from_numpy(tokens.read(w * length, length).astype(np.int64)).to(device)
-        with capture_attention() as probs, autocast(device, dtype):
-            model.hidden_states(window[None])  # no logits: the output head is not needed
+        probs: list[torch.Tensor] = []
+        with autocast(device, dtype):
+            model.hidden_states(window[None], capture=probs)  # no logits: the output head is not needed
         if not stats.layers:
             stats.layers = [LayerSums.zeros(p.shape[1], length) for p in probs]
         for sums in stats.layers:
@@ -213,8 +213,8 @@ def _finish_panel(ax, document: dict[str, Any], layer: int, entry: dict[str, Any
 
 
 def _title(document: dict[str, Any]) -> str:
-    scaling = f" {document['scaling']}" if document.get("scaling") not in (None, "", "none") else ""
-    return f"pe={document['pe']}{scaling}, trained at length {document['train_seq_len']} (step {document['step']})"
+    variation = f" {document['variation']}" if document.get("variation") else ""
+    return f"pe={document['pe']}{variation}, trained at length {document['train_seq_len']} (step {document['step']})"
 
 
 def plot_entropy_comparison(documents: list[tuple[str, dict[str, Any]]], path) -> None:

@@ -6,7 +6,7 @@
 - validation loss vs training step (compare.py --val-curve): how fast each scheme learns, at 1x.
 
 Each line is a Series; where it has half-widths (a mean over seeds), a shaded band shows the 95% CI.
-Every scheme has one colour in every plot (scheme_colour); a scheme's settings (protocol, scaling, other
+Every scheme has one colour in every plot (scheme_colour); a scheme's settings (protocol, variation, other
 keys) differ by line style. matplotlib's object-oriented API (Figure, not pyplot) keeps no global state and
 needs no display.
 """
@@ -22,29 +22,19 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 
+from model.pe import SCHEMES
+
 # The ten schemes posgpt ships, one each of matplotlib's ten default colours (so no two share one in a
 # study's plots); others get a colour from their name.
-SCHEME_COLOURS = {
-    "rope": "#1f77b4",
-    "alibi": "#ff7f0e",
-    "sinusoidal": "#2ca02c",
-    "learned": "#d62728",
-    "none": "#9467bd",
-    "t5": "#8c564b",
-    "kerple": "#e377c2",
-    "fire": "#7f7f7f",
-    "xpos": "#bcbd22",
-    "cope": "#17becf",
-}
 LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (10, 3)), "v"), ((0, (5, 2, 1, 2, 1, 2)), "P")]
 
 
 def scheme_colour(scheme: str) -> str:
-    """The colour of ``scheme`` in every plot: fixed for posgpt's schemes, and for any other name a hue
+    """The colour of ``scheme`` in every plot: the one its class declares (model/pe/), and for any other name a hue
     taken from a hash of the name (md5, not hash(), which changes between Python processes), so a scheme
     added later keeps its colour and changes nobody else's."""
-    if scheme in SCHEME_COLOURS:
-        return SCHEME_COLOURS[scheme]
+    if scheme in SCHEMES and SCHEMES[scheme].colour:
+        return SCHEMES[scheme].colour
     hue = int(hashlib.md5(scheme.encode()).hexdigest()[:8], 16) / 2**32
     red, green, blue = colorsys.hsv_to_rgb(hue, 0.75, 0.7)
     return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"

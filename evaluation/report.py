@@ -3,8 +3,9 @@
 The JSON document describes one checkpoint:
 
     {"pe": "rope", "train_seq_len": 64, "step": 1500, "data": "python_stdlib", "config": {"model": {...}, ...},
-     "results": [{"length": 512, "protocol": "sliding", "stride": 256, "scaling": {"type": "yarn", ...},
-                  "data": "python_stdlib", "tokens": 32768, "loss": 3.1, "ppl": 22.2,
+     "results": [{"length": 512, "protocol": "sliding", "stride": 256, "variation": "yarn:8",
+                  "variation_settings": {"scaling": {"type": "yarn", ...}}, "data": "python_stdlib",
+                  "tokens": 32768, "loss": 3.1, "ppl": 22.2,
                   "target_range": [512, 33280], "per_position_loss": [...], "peak_memory_mb": 812.5,
                   "memory_metric": "cpu_peak_rss", "seconds": 4.2}, ...]}
 
@@ -14,7 +15,9 @@ what produced its numbers without the checkpoint (absent in files written before
 could not be scored (learned beyond its table, too little data, a loss that is not finite) has ``"ppl"``
 null and a ``"reason"``; a row whose loss is finite but whose perplexity exp(loss) is too large for a float
 (a diverged model) keeps its ``"loss"``, has ``"ppl"`` null and a reason, and is read as ppl = inf
-(row_ppl).
+(row_ppl). ``"variation"`` labels the scheme's evaluation-time variation ("" for none: the run as
+configured) and ``"variation_settings"`` holds its settings (model/pe/base.py); rows written before 2026-11-24
+held these settings as fields of their own (``"scaling"``), and are read as today's (:func:`load_results`).
 
 What a row scored (its identity, beyond length and setting): ``"data"`` (the corpus's name), ``"corpus"``
 (where it comes from, in words), ``"split"`` (val, train or all), ``"split_digest"`` (sha256 of the scored
@@ -25,8 +28,8 @@ written before 2026-11-24 lack the digest, backend and dtype: their content is "
 their data name and corpus description, and never taken to equal a row whose digest is known.
 
 Accumulation: each evaluation of the same checkpoint replaces the rows with the same key (row_key: what
-they scored, by content, split and targets; backend and dtype; length, protocol, stride and scaling) and
-keeps the others, so ``eval.py`` runs with different scalings, strides, data or lengths add up, and a row
+they scored, by content, split and targets; backend and dtype; length, protocol, stride and variation settings)
+and keeps the others, so ``eval.py`` runs with different variations, strides, data or lengths add up, and a row
 of another corpus or split is never replaced; an evaluation of another checkpoint (another training step)
 starts the file afresh, since the old rows describe another model. ``eval.py`` prints what it replaced.
 """
@@ -44,7 +47,7 @@ from core.errors import PosGPTError
 from core.files import atomic_write
 from evaluation.extrapolation import effective_stride, perplexity
 from evaluation.stats import Estimate
-from model.pe.rope_scaling import scaling_label
+from model.pe import SCHEMES, PositionalEncoding
 
 JSON_FILE = "extrapolation.json"
 CSV_FILE = "extrapolation.csv"
@@ -54,7 +57,7 @@ CSV_COLUMNS = [
     "multiple",
     "protocol",
     "stride",
-    "scaling",
+    "variation",
     "tokens",
     "loss",
     "ppl",
@@ -68,6 +71,9 @@ CSV_COLUMNS = [
     "dtype",
 ]
 ROW_REQUIRED = {"length", "protocol", "stride", "ppl"}  # what every reader of a row relies on
+# Before "variation" and "variation_settings", a row held each evaluation-time setting of its scheme as a field of
+# its own (null where the scheme had none): the fields every scheme declares.
+LEGACY_SETTING_FIELDS = sorted({name for scheme in SCHEMES.values() for name in scheme.eval_time_settings})
 
 
 def results_document(pe_name: str, train_seq_len: int, rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -76,16 +82,14 @@ def results_document(pe_name: str, train_seq_len: int, rows: list[dict[str, Any]
 
 def row_key(row: dict[str, Any]) -> tuple:
     """What identifies a measurement: a later one with the same key replaces it."""
-    scaling = row.get("scaling")
-    if scaling is not None:  # a setting left at null is the same measurement as one from before it existed
-        scaling = {name: value for name, value in scaling.items() if value is not None}
-    return (
-        scored_identity(row),
-        row["length"],
-        row["protocol"],
-        row["stride"],
-        json.dumps(scaling, sort_keys=True),
-    )
+    # A setting left at null is the same measurement as one from before it existed.
+    settings = {
+        name: {key: value for key, value in setting.items() if value is not None}
+        if isinstance(setting, dict)
+        else setting
+        for name, setting in row.get("variation_settings", {}).items()
+    }
+    return (scored_identity(row), row["length"], row["protocol"], row["stride"], json.dumps(settings, sort_keys=True))
 
 
 def scored_identity(row: dict[str, Any]) -> tuple:
@@ -153,11 +157,11 @@ def row_ppl(row: dict[str, Any]) -> float | None:
 
 
 def _sort_key(row: dict[str, Any]) -> tuple:
-    scaling = scaling_label(row.get("scaling"))
+    variation = row.get("variation", "")
     return (
         str(row.get("data")),
-        scaling not in ("", "none"),
-        scaling,
+        variation != "",
+        variation,
         row["protocol"],
         row["length"],
         row["stride"] or 0,
@@ -201,7 +205,22 @@ def load_results(eval_dir: str | Path) -> dict[str, Any] | None:
     problem = _schema_problem(document)
     if problem:
         raise PosGPTError(f"{path} is malformed: {problem}")
-    return document
+    scheme = SCHEMES.get(document["pe"], PositionalEncoding)
+    return {**document, "results": [_upgraded_row(row, scheme) for row in document["results"]]}
+
+
+def _upgraded_row(row: dict[str, Any], scheme: type[PositionalEncoding]) -> dict[str, Any]:
+    """A row as written today: an older row's setting fields (LEGACY_SETTING_FIELDS) become its variation."""
+    if "variation" in row:
+        return row
+    settings = {name: row[name] for name in LEGACY_SETTING_FIELDS if row.get(name) is not None}
+    upgraded: dict[str, Any] = {}
+    for key, value in row.items():
+        if key not in LEGACY_SETTING_FIELDS:
+            upgraded[key] = value
+        elif "variation" not in upgraded:  # where the old fields were
+            upgraded.update(variation=scheme.variation_label(settings), variation_settings=settings)
+    return upgraded
 
 
 def _schema_problem(document: Any) -> str | None:
@@ -241,12 +260,11 @@ def write_results(document: dict[str, Any], eval_dir: str | Path) -> Path:
 
 
 def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows as flat records with CSV_COLUMNS (no per-position losses; scaling as a label)."""
+    """The rows as flat records with CSV_COLUMNS (no per-position losses; the variation by its label)."""
     return [
         {
             **{column: row.get(column) for column in CSV_COLUMNS},
             "multiple": round(row["length"] / document["train_seq_len"], 4),
-            "scaling": scaling_label(row.get("scaling")),
             "ppl": row_ppl(row),
         }
         for row in document["results"]
@@ -267,8 +285,8 @@ def setting_label(row: dict[str, Any]) -> str:
     label = row["protocol"]
     if row["stride"] and row["stride"] != effective_stride(row["length"], None):
         label += f" (S={row['stride']})"
-    if scaling_label(row.get("scaling")) not in ("", "none"):
-        label += " " + scaling_label(row["scaling"])
+    if row.get("variation"):
+        label += " " + row["variation"]
     return label
 
 
@@ -327,7 +345,7 @@ def labelled_rows(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
 
 
 def format_table(document: dict[str, Any]) -> str:
-    """Rows: settings (protocol, stride, scaling, and what was scored where that differs: labelled_rows);
+    """Rows: settings (protocol, stride, variation, and what was scored where that differs: labelled_rows);
     columns: lengths and their multiple of the training length."""
     rows = sorted(document["results"], key=_sort_key)
     train_len = document["train_seq_len"]

@@ -3,14 +3,15 @@
 Outputs, in ``<run_dir>/eval/``:
     extrapolation.json   every result row, accumulated over evaluations of this checkpoint (see report.py)
     extrapolation.csv    the same rows, flat
-    ppl_vs_length.png    perplexity vs evaluation length, one line per setting (protocol, stride, scaling)
+    ppl_vs_length.png    perplexity vs evaluation length, one line per setting (protocol, stride, variation)
     per_position.png     loss vs position within the window (nonoverlapping, the longest length by default)
 and the same table and plots in the run's W&B run.
 
-Each of the scheme's declared evaluation-time variations is evaluated (RoPE: ``pe.scaling``, or each of
-``eval.scalings``), with its settings recorded in the rows, beside what the rows scored (the corpus by
-content, the split, the targets) and what computed them (the attention backend that ran, the dtype): see
-report.py. The console says what earlier rows were replaced, and when no length could be scored at all.
+Each of the scheme's evaluation-time variations asked for in ``eval.variations`` is evaluated (else the run as
+configured), its label and settings recorded in the rows (``variation``, ``variation_settings``), beside what the
+rows scored (the corpus by content, the split, the targets) and what computed them (the attention backend that
+ran, the dtype): see report.py. The console says what earlier rows were replaced, and when no length could be
+scored at all.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ PER_POSITION_PLOT = "per_position.png"
 
 
 def _as_plain(value: Any) -> Any:
-    """A setting's value as JSON can hold it (dataclasses such as RoPE's scaling config become dicts)."""
+    """A setting's value as JSON can hold it (a dataclass, such as a scheme's nested config, becomes a dict)."""
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
@@ -72,8 +73,8 @@ def run_extrapolation_eval(
     training step (None: training just ended, at ``train.max_steps``).
     """
     rows = []
-    # The scheme's evaluation-time variations (RoPE: eval.scalings, else its one pe.scaling); [("", {})] for most.
-    for label, settings in model.pe.eval_variations(list(cfg.eval.scalings or [])):
+    # The scheme's evaluation-time variations (eval.variations, else the run as configured); [("", {})] for most.
+    for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
         with model.pe.evaluated_with(settings):
             new_rows = evaluate_extrapolation(
                 model,
@@ -89,8 +90,8 @@ def run_extrapolation_eval(
                 description=label,
             )
         setting = {
-            "scaling": None,
-            **{name: _as_plain(value) for name, value in settings.items()},
+            "variation": label,
+            "variation_settings": {name: _as_plain(value) for name, value in settings.items()},
             "data": cfg.data.name,
             "corpus": describe_corpus(cfg.data),
             "split": val_tokens.name,

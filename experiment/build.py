@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from core.checkpoint import CHECKPOINT_DIR, load_checkpoint
+from core.checkpoint_io import CHECKPOINT_DIR, load_checkpoint
 from core.errors import PosGPTError
 from core.runtime import flops_per_token, set_up_runtime
 from experiment.config import validate

@@ -21,7 +21,6 @@ from core.runtime import MAX_SEED
 from data.config import DataConfig
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
-from model.pe.rope_scaling import TYPE_SETTINGS, parse_scaling
 
 
 @dataclass
@@ -64,9 +63,9 @@ class EvalConfig:
     stride: int | None = domain(None, ge=1)  # sliding-window stride; None: half the window
     max_tokens: int = domain(32768, ge=1)  # scored tokens per (length, protocol): the same token range for all
     batch_tokens: int = domain(16384, ge=1)  # tokens per forward pass (windows are batched up to this)
-    # RoPE only: evaluate several context extensions in one go, e.g. [none,yarn:8,ntk:8] (TYPE or TYPE:FACTOR);
-    # None: just the run's pe.scaling.
-    scalings: list[str] | None = None
+    # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
+    # parse_variation, model/pe/); None: the run as configured.
+    variations: list[str] | None = None
     per_position_plot_lengths: list[int] | None = domain(None, ge=1)  # drawn in per_position.png; None: the longest
 
 
@@ -195,23 +194,7 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(
             f"eval.protocols must be a non-empty subset of [nonoverlapping, sliding] (got {list(cfg.eval.protocols)})"
         )
-    if cfg.eval.scalings:
-        if "scaling" not in cfg.pe:
-            raise PosGPTError(f"eval.scalings are RoPE context extensions; this run has pe={cfg.pe.name}")
-        if cfg.pe.scaling.type != "none":
-            raise PosGPTError("set either pe.scaling.type (one scaling) or eval.scalings (several), not both")
-        for spec in cfg.eval.scalings:
-            parse_scaling(spec)
-    scaling = cfg.pe.get("scaling")
-    if (
-        scaling is not None
-        and scaling.type == "none"
-        and scaling.attention_factor is not None
-        and not any(parse_scaling(spec).type in TYPE_SETTINGS["attention_factor"] for spec in cfg.eval.scalings or [])
-    ):
-        raise PosGPTError(
-            "pe.scaling.attention_factor is YaRN's temperature (or LongRoPE's factor): it needs pe.scaling.type=yarn "
-            "or longrope, or such an entry in eval.scalings"
-        )
+    # The scheme checks its own settings with the evaluation-time variations asked for (model/pe/base.py).
+    SCHEMES[cfg.pe.name].check_variations(OmegaConf.to_object(cfg.pe), list(cfg.eval.variations or []))
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")

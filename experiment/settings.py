@@ -33,7 +33,7 @@ RUNTIME_SETTINGS = (
     "logging.",
 )
 # An evaluation may also score another corpus, at other lengths, with the scheme's declared variations
-# (pe.<field> for field in the scheme's eval_time_settings, e.g. RoPE's pe.scaling).
+# (pe.<field> for field in the scheme's eval_time_settings).
 EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.", "sample.", "inspect.")
 # A resumed run may train longer and log, validate, save and evaluate differently; its data and optimizer stay.
 RESUME_SETTINGS = (
@@ -103,11 +103,18 @@ def overridden_keys(overrides: list[str]) -> list[str]:
 # checkpoints were trained with: a checkpoint that lacks the key gets this value, never today's default.
 # (Every other key added since defaults to the earlier behaviour.)
 LEGACY_VALUES = {"model.embedding": "gpt2"}
+# Settings renamed since checkpoints were first written: old dotted key -> today's.
+LEGACY_NAMES = {"eval.scalings": "eval.variations"}
 
 
 def trained_config(saved_config: dict) -> DictConfig:
     """A checkpoint's config, typed by today's schema (so that it builds the model it was trained as)."""
     saved = OmegaConf.create(saved_config)
+    for old, new in LEGACY_NAMES.items():
+        section, _, key = old.rpartition(".")
+        node = OmegaConf.select(saved, section, default=None)
+        if OmegaConf.is_dict(node) and key in node:
+            OmegaConf.update(saved, new, node.pop(key), force_add=True)
     for key, value in LEGACY_VALUES.items():
         if OmegaConf.select(saved, key, default=None) is None:
             OmegaConf.update(saved, key, value, force_add=True)

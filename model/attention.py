@@ -17,15 +17,14 @@ With a KV cache (queries not starting at position 0) flex falls back to the bloc
 with a content bias (CoPE) always runs ``math``, whatever the backend. The causal mask is by index; the
 scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
 
-``capture_attention()`` makes every ``attend`` inside it run ``math`` and record its probabilities.
+``attend(..., capture=probs)`` runs ``math`` and appends the probabilities to the list ``probs`` (attention
+diagnostics: ``GPT.forward(..., capture=probs)`` hands one list to every layer).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -37,21 +36,6 @@ BACKENDS = ("auto", "sdpa", "flex", "math")
 
 # Upper bound on materialised scores per block (elements, all heads and batch rows together).
 _MAX_BLOCK_SCORES = 1 << 26
-
-# While capture_attention() is active: the list that receives each attend's probabilities.
-_captured: list[torch.Tensor] | None = None
-
-
-@contextlib.contextmanager
-def capture_attention() -> Iterator[list[torch.Tensor]]:
-    """Inside: every attend() runs the math path and appends its probabilities, float32 (B, H, Tq, Tk), to
-    the yielded list, in call (= layer) order."""
-    global _captured
-    previous, _captured = _captured, []
-    try:
-        yield _captured
-    finally:
-        _captured = previous
 
 
 def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) -> str:
@@ -87,14 +71,16 @@ def attend(
     backend: str,
     state: PositionState | None = None,
     layer: int = 0,
+    capture: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q: (B, H, Tq, D), the last Tq of the keys; k, v: (B, H, Tk, D). ``state`` holds the positions (default:
-    keys at 0 .. Tk-1); ``layer`` selects the scheme's per-layer parameters."""
+    keys at 0 .. Tk-1); ``layer`` selects the scheme's per-layer parameters. With a ``capture`` list, the math
+    path runs and its probabilities, float32 (B, H, Tq, Tk), are appended to it."""
     if state is None:
         state = default_state(pe, q.shape[-2], k.shape[-2], q.device)
-    if _captured is not None:
+    if capture is not None:
         out, probs = _math_attention(q, k, v, pe, state, layer, keep_probs=True)
-        _captured.append(probs)
+        capture.append(probs)
         return out
     backend = resolve_backend(backend, pe, q.device)
     if backend == "math":

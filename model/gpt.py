@@ -38,7 +38,7 @@ from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, bui
 class ModelConfig:
     n_layer: int = domain(2, ge=1)
     n_head: int = domain(4, ge=1)
-    n_embd: int = domain(64, ge=1)
+    n_embd: int = domain(256, ge=1)  # the shipped default, configs/model/tiny_wide.yaml (tests/test_house_rules.py)
     vocab_size: int = domain(50257, ge=1)  # GPT-2 BPE; padded up to a multiple of 64 inside the model
     dropout: float = domain(0.0, ge=0, lt=1)
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
@@ -93,21 +93,28 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, pe: PositionalEncoding) -> None:
+    """One layer's attention. The positional scheme is not a submodule: the model owns the one scheme every
+    layer shares (its parameters are registered once, as ``pe.*``) and hands it to each layer's forward."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
         self.backend = cfg.attn_backend
-        # Shared, not owned: every layer uses the model's one scheme (a plain attribute would register it
-        # once per layer in state_dict).
-        self._pe = [pe]
 
-    def forward(self, x: torch.Tensor, state: PositionState, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        pe: PositionalEncoding,
+        state: PositionState,
+        cache: KVCache | None,
+        layer: int,
+        capture: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
-        pe = self._pe[0]
         if cache is not None and pe.rotation_depends_on_length():
             # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
             # them are rotated for the current length at every step, so each new token sees every key rotated
@@ -120,7 +127,7 @@ class CausalSelfAttention(nn.Module):
             q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
-        y = attend(q, k, v, pe, self.backend, state, layer)
+        y = attend(q, k, v, pe, self.backend, state, layer, capture)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     @staticmethod
@@ -147,15 +154,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, pe: PositionalEncoding) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg, pe)
+        self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, state, cache, layer):
-        x = x + self.attn(self.ln_1(x), state, cache, layer)
+    def forward(self, x, pe, state, cache, layer, capture=None):
+        x = x + self.attn(self.ln_1(x), pe, state, cache, layer, capture)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -179,7 +186,7 @@ class GPT(nn.Module):
         self.pe = build_positional_encoding(pe_cfg, dims)
         self.token_embedding = nn.Embedding(padded_vocab_size(cfg.vocab_size), cfg.n_embd)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, self.pe) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self._init_weights()
 
@@ -234,12 +241,18 @@ class GPT(nn.Module):
         return PositionState(positions, positions, 0, self.pe.prepare(positions, T, {}), explicit=True)
 
     def hidden_states(
-        self, idx: torch.Tensor, cache: KVCache | None = None, positions: torch.Tensor | None = None
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+        capture: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """(B, T) token ids -> (B, T, C) final hidden states (after the last LayerNorm).
 
         ``positions``: (T,) or (B, T) increasing integer positions of the tokens (randomized positions in
-        training); None means start .. start+T-1, start being the number of cached tokens."""
+        training); None means start .. start+T-1, start being the number of cached tokens. ``capture``: a list
+        that receives each layer's attention probabilities, float32 (B, H, T, T), in layer order (the written-out
+        attention then runs; evaluation/attention_stats.py)."""
         state = self._position_state(idx, cache, positions)
         if cache is not None and not cache.keys:
             cache.keys, cache.values = [None] * len(self.blocks), [None] * len(self.blocks)
@@ -249,7 +262,7 @@ class GPT(nn.Module):
             x = x + position_vectors.view(*state.positions.shape, -1).to(x.dtype)
         x = self.dropout(x)
         for layer, block in enumerate(self.blocks):
-            x = block(x, state, cache, layer)
+            x = block(x, self.pe, state, cache, layer, capture)
         return self.ln_f(x)
 
     def forward(
@@ -259,9 +272,11 @@ class GPT(nn.Module):
         reduction: str = "mean",
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
+        capture: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Without targets: logits (B, T, vocab_size). With targets: the cross-entropy (see model/loss.py)."""
-        hidden = self.hidden_states(idx, cache, positions)
+        """Without targets: logits (B, T, vocab_size). With targets: the cross-entropy (see model/loss.py).
+        ``cache``, ``positions``, ``capture``: see :meth:`hidden_states`."""
+        hidden = self.hidden_states(idx, cache, positions, capture)
         if targets is None:
             return (hidden @ self.head_weight.t())[..., : self.vocab_size]
         return lm_head_cross_entropy(

@@ -52,8 +52,6 @@ from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
-REPO = _repo.ROOT
-
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     """The options shared with scripts/bench_nanogpt.py, so both time and record the same way."""
@@ -239,7 +237,7 @@ def bench_eval(
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=rope,alibi]",
+        usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=<scheme>,<scheme> for several]",
     )
     add_common_args(parser)
     parser.add_argument(

@@ -12,8 +12,9 @@ Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the e
 eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
 extrapolation.json records, so results copied without them still compare: run_config). Runs whose configs
 differ only in ``train.seed`` (and in settings that do not change the trained model: logging, evaluation,
-threads, ...) are seeds of one setting. Table rows: one per setting and RoPE scaling ("rope", "rope yarn:16",
-"alibi", "rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation lengths; cells:
+threads, ...) are seeds of one setting. Table rows: one per setting and evaluation-time variation ("rope",
+"rope yarn:16", "alibi", "rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation
+lengths; cells:
 the mean perplexity over seeds ± the half-width of its 95% Student-t confidence interval (one seed: the
 value alone), the lowest mean of each column in bold; "n/a" where the scheme cannot run at that length
 (learned beyond its table), "-" where it was not evaluated. Below the table: which differences exceed their
@@ -49,7 +50,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from core.checkpoint import last_checkpoint_path, load_checkpoint
+from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs
@@ -71,7 +72,7 @@ from evaluation.report import (
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.stats import Estimate, clearly_different, mean_ci
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
-from model.pe.rope_scaling import scaling_label
+from model.pe import display_name
 
 # Config keys that do not make two runs different settings: the seed, and what a resumed run may change
 # (logging, evaluation, threads, ...) except what changes the trained model (its length, its precision).
@@ -121,7 +122,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--baseline",
         default=None,
-        help="pair every setting by seed with this one (a row label, e.g. rope or 'rope yarn:16') "
+        help="pair every setting by seed with this one (a row label: a scheme, or a scheme and a variation) "
         "instead of the lowest in each column",
     )
     return parser.parse_args(argv)
@@ -156,7 +157,7 @@ class Run:
 
 @dataclass
 class Entry:
-    """A table row: one setting (seeds pooled), RoPE scaling and what was scored (report.scored_identity);
+    """A table row: one setting (seeds pooled), variation and what was scored (report.scored_identity);
     per_seed holds {length: row} per seed, and seeds the train.seed of each (what pairs it with other
     settings' runs)."""
 
@@ -236,10 +237,7 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
     named_by_dir = [i for i, detail in enumerate(details) if detail is None]
     for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
         details[i] = [name]
-    return [
-        " ".join(["none (NoPE)" if group[0].document["pe"] == "none" else group[0].document["pe"]] + detail)
-        for group, detail in zip(groups, details)
-    ]  # "none (NoPE)": not "no scaling"
+    return [" ".join([display_name(group[0].document["pe"])] + detail) for group, detail in zip(groups, details)]
 
 
 def unique_dir_names(dirs: list[Path]) -> list[str]:
@@ -264,29 +262,27 @@ def choose_data(runs: list[Run], data: str | None) -> str:
 
 
 def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data: str) -> list[Entry]:
-    """One entry per (setting, scaling, what was scored): the rows of the chosen protocol and data, pooled over
+    """One entry per (setting, variation, what was scored): the rows of the chosen protocol and data, pooled over
     the setting's seeds only where they scored the same tokens with the same backend and dtype (report.py's
     group_by_scored), so a seed that scored something else is an entry of its own, never averaged in. Entries
     are labelled by what differs (tag_entries)."""
     entries = []
     for group, label in zip(groups, group_labels(groups)):
-        cells: dict[tuple, dict[int, dict[int, dict[str, Any]]]] = {}  # (scaling, scored) -> run -> length -> row
+        cells: dict[tuple, dict[int, dict[int, dict[str, Any]]]] = {}  # (variation, scored) -> run -> length -> row
         for i, run in enumerate(group):
             rows = [row for row in run.document["results"] if _wanted(row, protocol, stride, data)]
             for scored, members in group_by_scored(rows).items():
                 for row in members:
-                    key = (scaling_label(row.get("scaling")), scored)
+                    key = (row.get("variation", ""), scored)
                     cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
         if not cells:  # shown as a row of "-" rather than silently left out
             cells[("", None)] = {i: {} for i in range(len(group))}
         document = group[0].document
-        for (scaling, scored), by_run in sorted(
-            cells.items(), key=lambda item: (item[0][0] not in ("", "none"), item[0][0])
-        ):
+        for (variation, scored), by_run in sorted(cells.items(), key=lambda item: (item[0][0] != "", item[0][0])):
             runs = sorted(by_run)
             entries.append(
                 Entry(
-                    label + ("" if scaling in ("", "none") else f" {scaling}"),
+                    label + (f" {variation}" if variation else ""),
                     document["pe"],
                     document["train_seq_len"],
                     [by_run[i] for i in runs],
@@ -393,7 +389,7 @@ def paired_estimate(
     entry: Entry, reference: Entry, column: Any, values: Callable[[Entry, Any], dict[int, float]]
 ) -> Estimate | None:
     """Mean ± CI over the seeds both settings ran of entry's value / reference's value − 1. Runs with the same
-    train.seed train on the same batches (the same tokens in the same order: training/batches.py draws them
+    train.seed train on the same batches (the same tokens in the same order: training/batch_stream.py draws them
     from a generator of their own), so the ratio cancels what the choice of training tokens does to both.
     None with fewer than two shared seeds. A seed where both are inf (both diverged) has no ratio."""
     own, theirs = values(entry, column), values(reference, column)

@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from core.checkpoint import load_checkpoint
+from core.checkpoint_io import load_checkpoint
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs

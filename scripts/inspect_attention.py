@@ -8,9 +8,9 @@ For every layer and head, on ``inspect.windows`` consecutive windows of the vali
 ``inspect.length_multipliers`` x train.seq_len (default 1x and 8x): the mean attention weight by query-key
 distance (log-spaced bins) and the attention entropy by query position (see evaluation/attention_stats.py for
 the definitions). The run's config is recomposed as eval.py does it, with the same refusals. Written to
-<run_dir>/eval/ (the suffix names a pe.scaling other than none, e.g. ``_yarn-8``):
+<run_dir>/eval/ (the suffix names the scheme's evaluation-time variation, e.g. ``_yarn-8`` for pe.scaling):
 
-    attention{suffix}.json            {"pe", "train_seq_len", "step", "scaling", "data", "n_layer", "n_head",
+    attention{suffix}.json            {"pe", "train_seq_len", "step", "variation", "data", "n_layer", "n_head",
                                        "lengths": [one entry per length, see below]}
     attention_distance{suffix}.png    mean weight vs distance: a row per layer, a column per length, a line per head
     attention_entropy{suffix}.png     entropy vs position, laid out the same, with ln(i+1) (uniform) dotted
@@ -42,14 +42,13 @@ from core.tracking import init_wandb
 from data import eval_tokens
 from evaluation.attention_stats import ATTENTION_FILE, attention_statistics, plot_distance, plot_entropy
 from experiment.build import load_trained_run, parse_run_dir
-from model.pe.rope_scaling import scaling_label
 
 USAGE = "usage: python scripts/inspect_attention.py run_dir=<training run directory> [inspect.* and other overrides]"
 
 
-def output_suffix(scaling: str) -> str:
-    """'' for no scaling, else the scaling label made safe for file names (yarn:8 -> _yarn-8)."""
-    return "" if scaling in ("", "none") else "_" + re.sub(r"[^A-Za-z0-9.=]+", "-", scaling).strip("-")
+def output_suffix(variation: str) -> str:
+    """'' for the scheme as trained, else its variation's label made safe for file names (yarn:8 -> _yarn-8)."""
+    return "_" + re.sub(r"[^A-Za-z0-9.=]+", "-", variation).strip("-") if variation else ""
 
 
 @exit_on_user_error
@@ -66,7 +65,7 @@ def inspect_run(run_dir: Path, overrides: list[str]) -> None:
     if not multipliers:
         raise PosGPTError("inspect.length_multipliers must name at least one length")
     tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
-    scaling = scaling_label(getattr(model.pe.cfg, "scaling", None))
+    variation = model.pe.current_variation()
     entries = []
     for length in sorted({m * cfg.train.seq_len for m in multipliers}):
         entries.append(attention_statistics(model, tokens, length, cfg.inspect.windows, device, dtype))
@@ -82,7 +81,7 @@ def inspect_run(run_dir: Path, overrides: list[str]) -> None:
         "pe": cfg.pe.name,
         "train_seq_len": cfg.train.seq_len,
         "step": checkpoint["step"],
-        "scaling": scaling or None,
+        "variation": variation or None,
         "data": cfg.data.name,
         "n_layer": cfg.model.n_layer,
         "n_head": cfg.model.n_head,
@@ -90,7 +89,7 @@ def inspect_run(run_dir: Path, overrides: list[str]) -> None:
     }
     eval_dir = Path(run_dir) / EVAL_DIR
     eval_dir.mkdir(parents=True, exist_ok=True)
-    suffix = output_suffix(scaling)
+    suffix = output_suffix(variation)
     paths = {
         "json": eval_dir / ATTENTION_FILE.replace(".json", f"{suffix}.json"),
         "distance": eval_dir / f"attention_distance{suffix}.png",

@@ -17,8 +17,8 @@
 # variations is skipped once done. The comparison is rewritten at the end from every finished run in <dir>.
 # Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
-# Environment: EVAL_SCALINGS replaces the variations of every scheme that declares some (model/pe/base.py,
-# study_variations; RoPE: [yarn:16,ntk:16]), e.g. EVAL_SCALINGS="[yarn:16]".
+# Environment: EVAL_VARIATIONS replaces the variations of every scheme that declares some (model/pe/base.py,
+# study_variations; RoPE: [yarn:16,ntk:16]), e.g. EVAL_VARIATIONS="[yarn:16]".
 #
 # Settings: train.py's defaults, evaluated on the same validation tokens at 1x .. 16x the training length.
 # Output, in the study directory:
@@ -73,7 +73,7 @@ if $list_only; then
     exit 0
 fi
 
-# The eval.scalings list a study evaluates the scheme's runs with ("" when the scheme declares none).
+# The eval.variations list a study evaluates the scheme's runs with ("" when the scheme declares none).
 study_variations() {
     python -c 'import sys; from model.pe import SCHEMES; v = SCHEMES[sys.argv[1]].study_variations
 print("[" + ",".join(v) + "]" if v else "")' "$1"
@@ -82,7 +82,7 @@ print("[" + ",".join(v) + "]" if v else "")' "$1"
 mkdir -p "$study_dir"
 for scheme in "${scheme_list[@]}"; do
     variations=$(study_variations "$scheme")
-    [[ -n "$variations" && -n "${EVAL_SCALINGS:-}" ]] && variations="$EVAL_SCALINGS"
+    [[ -n "$variations" && -n "${EVAL_VARIATIONS:-}" ]] && variations="$EVAL_VARIATIONS"
     for seed in "${seeds[@]}"; do
         run="$study_dir/$scheme-s$seed"
         if [[ -f "$run/eval/extrapolation.json" ]]; then
@@ -96,9 +96,11 @@ for scheme in "${scheme_list[@]}"; do
             # a run stopped during its end-of-training evaluation resumes with nothing left to train
             [[ -f "$run/eval/extrapolation.json" ]] || python eval.py "run_dir=$run"
         fi
-        if [[ -n "$variations" && "$(cat "$run/eval/.scalings-done" 2>/dev/null)" != "$variations" ]]; then
-            python eval.py "run_dir=$run" "eval.scalings=$variations"
-            echo "$variations" > "$run/eval/.scalings-done"
+        # (.scalings-done: the marker of studies run before eval.scalings became eval.variations)
+        done_before=$(cat "$run/eval/.variations-done" 2>/dev/null || cat "$run/eval/.scalings-done" 2>/dev/null || true)
+        if [[ -n "$variations" && "$done_before" != "$variations" ]]; then
+            python eval.py "run_dir=$run" "eval.variations=$variations"
+            echo "$variations" > "$run/eval/.variations-done"
         fi
     done
 done

@@ -25,7 +25,6 @@ from evaluation.attention_stats import (
     weights_by_distance,
 )
 from model import GPT, ModelConfig
-from model.attention import capture_attention
 from model.pe import SCHEMES
 from model.pe.alibi import alibi_slopes
 
@@ -51,8 +50,8 @@ def test_captured_rows_by_distance_sum_to_one_over_the_distances_they_see(name):
     model = tiny(name)
     T = min(4 * SEQ_LEN, model.pe.max_positions() or 4 * SEQ_LEN)  # past the training length where possible
     idx = torch.randint(0, 300, (2, T))
-    with capture_attention() as probs:
-        captured = model(idx)
+    probs = []
+    captured = model(idx, capture=probs)
     torch.testing.assert_close(captured, model(idx))  # capturing changes nothing
     assert len(probs) == 2 and all(p.shape == (2, 2, T, T) and p.dtype == torch.float32 for p in probs)
     for p in probs:
@@ -126,7 +125,7 @@ def inspected(tmp_path_factory):
 
 def test_outputs_exist_with_the_documented_shapes(inspected):
     document = json.loads((inspected["alibi"] / "eval" / "attention.json").read_text())
-    assert document["pe"] == "alibi" and document["train_seq_len"] == SEQ_LEN and document["scaling"] is None
+    assert document["pe"] == "alibi" and document["train_seq_len"] == SEQ_LEN and document["variation"] is None
     assert [entry["length"] for entry in document["lengths"]] == [SEQ_LEN, 8 * SEQ_LEN]
     n_layer, n_head = document["n_layer"], document["n_head"]
     for entry in document["lengths"]:

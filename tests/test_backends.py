@@ -13,7 +13,7 @@ from experiment.config import TrainConfig
 from model import GPT, ModelConfig
 from model.attention import attend, resolve_backend
 from model.pe import SCHEMES, ModelDims, PositionState, build_positional_encoding
-from training.batches import random_positions
+from training.batch_stream import random_positions
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 

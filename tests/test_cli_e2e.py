@@ -137,7 +137,11 @@ def assert_evaluation_follows_the_checkpoint(cli, run_dir, tmp_path, rows):
     )
     assert "pe=rope" in again.stdout
     document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
-    linear = {(r["length"], r["protocol"]): r["ppl"] for r in document["results"] if r["scaling"]["type"] == "linear"}
+    linear = {
+        (r["length"], r["protocol"]): r["ppl"]
+        for r in document["results"]
+        if r["variation_settings"]["scaling"]["type"] == "linear"
+    }
     # linear scaling by 1.0 is the identity: the same model as trained, scored again
     assert linear == pytest.approx({key: row["ppl"] for key, row in rows.items()}, rel=1e-5)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.checkpoint import load_checkpoint
+from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
 from evaluation.report import format_number, format_ppl
 from evaluation.stats import Estimate, clearly_different
@@ -78,7 +78,7 @@ def study(tmp_path_factory):
             f"data.files=[{corpus}]",
             *TINY,
             cache=tmp / "cache",
-            env={"EVAL_SCALINGS": "[yarn:4]"},
+            env={"EVAL_VARIATIONS": "[yarn:4]"},
         )
 
     study_sh("--seeds", "2", "--schemes", "rope")
@@ -98,7 +98,7 @@ def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
     for seed in (1, 2):
         assert load_checkpoint(study_dir / f"rope-s{seed}")["config"]["train"]["seed"] == seed
     document = json.loads((study_dir / "rope-s2" / "eval" / "extrapolation.json").read_text())
-    settings = {(r["protocol"], r["scaling"]["type"]) for r in document["results"]}
+    settings = {(r["protocol"], r["variation_settings"]["scaling"]["type"]) for r in document["results"]}
     assert settings == {
         ("nonoverlapping", "none"),
         ("sliding", "none"),
@@ -167,7 +167,7 @@ def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
     ppl = {
         r["length"]: r["ppl"]
         for r in document["results"]
-        if r["protocol"] == "sliding" and r["scaling"]["type"] == "none"
+        if r["protocol"] == "sliding" and r["variation_settings"]["scaling"]["type"] == "none"
     }
     assert table_rows(text)["rope"][:2] == ["1", format_ppl(ppl[16])]
     ratios = text.split("ppl@kL / ppl@L")[1]

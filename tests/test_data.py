@@ -25,7 +25,7 @@ from data import (
     sample_batch,
     sources,
     tokenizer,
-    validate,
+    validate_data_config,
 )
 from data.config import resolve_cache_dir
 
@@ -137,17 +137,17 @@ def test_cache_dir_resolution(monkeypatch, cache_dir):
 )
 def test_validate_rejects(overrides, message):
     with pytest.raises(PosGPTError, match=message):
-        validate(DataConfig(**overrides))
+        validate_data_config(DataConfig(**overrides))
 
 
 def test_validate_names_missing_and_empty_files(tmp_path):
     missing = tmp_path / "missing.txt"
     with pytest.raises(PosGPTError, match=str(missing)):
-        validate(DataConfig(source="text", files=[str(missing)]))
+        validate_data_config(DataConfig(source="text", files=[str(missing)]))
     empty = tmp_path / "empty.txt"
     empty.touch()
     with pytest.raises(PosGPTError, match=f"{empty} is empty"):
-        validate(DataConfig(source="text", files=[str(empty)]))
+        validate_data_config(DataConfig(source="text", files=[str(empty)]))
     folder = tmp_path / "folder.txt"
     folder.mkdir()
     with pytest.raises(PosGPTError, match=f"{folder} does not exist or is not a file"):
@@ -163,9 +163,9 @@ def test_data_configs_fit_the_schema(path):
     assert cfg.name == path.stem
     if cfg.source == "text" and not cfg.files:
         with pytest.raises(PosGPTError, match="needs files"):
-            validate(cfg)
+            validate_data_config(cfg)
     else:
-        validate(cfg)
+        validate_data_config(cfg)
 
 
 # ---------------------------------------------------------------- sources
@@ -473,7 +473,7 @@ def test_eval_split(tmp_path, capsys):
     with pytest.raises(PosGPTError, match="data.eval_split=val"):
         cache.eval_tokens(shifted, trained, identity)
     with pytest.raises(PosGPTError, match="data.eval_split='last' is unknown"):
-        validate(DataConfig(eval_split="last"))
+        validate_data_config(DataConfig(eval_split="last"))
 
 
 def test_empty_split_is_named():

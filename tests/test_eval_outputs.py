@@ -16,12 +16,13 @@ from omegaconf import OmegaConf
 
 from data import DataConfig, load_splits
 from evaluation import plots
-from evaluation.plots import SCHEME_COLOURS, Series, scheme_colour
+from evaluation.plots import Series, scheme_colour
 from evaluation.report import CSV_COLUMNS, format_ppl, format_table
 from evaluation.run import EVAL_DIR, per_position_rows, run_extrapolation_eval
 from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from model import ModelConfig
+from model.pe import SCHEMES
 from model.pe.learned import LearnedConfig
 from model.pe.rope import RoPEConfig
 
@@ -30,7 +31,8 @@ ROW_KEYS = {
     "length",
     "protocol",
     "stride",
-    "scaling",
+    "variation",
+    "variation_settings",
     "data",
     "tokens",
     "loss",
@@ -111,7 +113,7 @@ def test_outputs_exist_and_follow_the_schema(val_tokens, tmp_path):
     assert len(rows) == 3 * 2  # lengths x protocols
     for row in rows:
         assert ROW_KEYS <= row.keys()
-        assert row["scaling"] == {
+        assert row["variation_settings"]["scaling"] == {
             "type": "none",
             "factor": 1.0,
             "beta_fast": 32.0,
@@ -138,22 +140,25 @@ def test_outputs_exist_and_follow_the_schema(val_tokens, tmp_path):
 
 def test_repeated_evaluations_accumulate_and_replace_matching_rows(val_tokens, tmp_path):
     evaluate(config(), val_tokens, tmp_path)
-    evaluate(config(scalings=["yarn:4", "ntk:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
+    evaluate(config(variations=["yarn:4", "ntk:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
     rows = read_document(tmp_path)["results"]
     assert len(rows) == 6 + 3 + 3
-    assert {(r["scaling"]["type"], r["scaling"]["factor"]) for r in rows} == {("none", 1), ("yarn", 4), ("ntk", 4)}
+    assert {
+        (r["variation_settings"]["scaling"]["type"], r["variation_settings"]["scaling"]["factor"]) for r in rows
+    } == {("none", 1), ("yarn", 4), ("ntk", 4)}
+    assert {r["variation"] for r in rows} == {"", "yarn:4", "ntk:4"}  # labels; the run as trained has none
 
     # a later evaluation replaces only the rows it measures again (here: yarn:4, nonoverlapping), also rows
     # written before a setting existed (here: pe.scaling.attention_factor, null by default)
     document = read_document(tmp_path)
     for row in document["results"]:
         row["ppl"] = -1.0
-        del row["scaling"]["attention_factor"]
+        del row["variation_settings"]["scaling"]["attention_factor"]
     (tmp_path / EVAL_DIR / "extrapolation.json").write_text(json.dumps(document))
-    evaluate(config(scalings=["yarn:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
+    evaluate(config(variations=["yarn:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
     rows = read_document(tmp_path)["results"]
     assert len(rows) == 12
-    assert all((r["ppl"] > 0) == (r["scaling"]["type"] == "yarn") for r in rows)
+    assert all((r["ppl"] > 0) == (r["variation_settings"]["scaling"]["type"] == "yarn") for r in rows)
 
     # another checkpoint (training step): the old rows describe another model and go
     evaluate(config(protocols=["sliding"]), val_tokens, tmp_path, step=10)
@@ -167,7 +172,7 @@ def test_learned_beyond_its_table_stays_in_the_results_with_null_ppl(val_tokens,
     assert len(beyond) == 4
     for row in beyond:
         assert row["ppl"] is None and row["loss"] is None and "at most 8 positions" in row["reason"]
-        assert row["scaling"] is None
+        assert row["variation"] == "" and row["variation_settings"] == {}
     with open(tmp_path / EVAL_DIR / "extrapolation.csv") as f:
         assert {line["ppl"] for line in csv.DictReader(f) if line["length"] == "16"} == {""}
     assert_png(tmp_path / EVAL_DIR / "ppl_vs_length.png")
@@ -191,7 +196,7 @@ def test_the_table_and_plots_go_to_wandb(val_tokens, tmp_path):
     import wandb
 
     run = FakeRun()
-    document = evaluate(config(scalings=["none", "yarn:4"]), val_tokens, tmp_path, wandb_run=run)
+    document = evaluate(config(variations=["none", "yarn:4"]), val_tokens, tmp_path, wandb_run=run)
     table = run.logged["extrapolation/table"]
     assert isinstance(table, wandb.Table) and table.columns == CSV_COLUMNS
     assert len(table.data) == len(document["results"]) == 12
@@ -200,15 +205,15 @@ def test_the_table_and_plots_go_to_wandb(val_tokens, tmp_path):
     assert run.summary["extrapolation/sliding yarn:4/ppl@32"] == next(
         r["ppl"]
         for r in document["results"]
-        if r["length"] == 32 and r["protocol"] == "sliding" and r["scaling"]["type"] == "yarn"
+        if r["length"] == 32 and r["protocol"] == "sliding" and r["variation_settings"]["scaling"]["type"] == "yarn"
     )
 
 
 def test_the_printed_table_has_a_row_per_setting_and_a_column_per_length(val_tokens, tmp_path):
-    document = evaluate(config(scalings=["none", "yarn:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
+    document = evaluate(config(variations=["none", "yarn:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
     lines = format_table(document).splitlines()
     assert lines[0].split() == ["pe=rope", "ppl", "8", "(1×)", "16", "(2×)", "32", "(4×)"]
-    ppl = {(r["scaling"]["type"], r["length"]): r["ppl"] for r in document["results"]}
+    ppl = {(r["variation_settings"]["scaling"]["type"], r["length"]): r["ppl"] for r in document["results"]}
     assert lines[1].split() == ["nonoverlapping"] + [format_ppl(ppl["none", L]) for L in (8, 16, 32)]
     assert lines[2].split() == ["nonoverlapping", "yarn:4"] + [format_ppl(ppl["yarn", L]) for L in (8, 16, 32)]
     assert len({len(line) for line in lines[:3]}) == 1  # aligned columns
@@ -217,10 +222,11 @@ def test_the_printed_table_has_a_row_per_setting_and_a_column_per_length(val_tok
 
 def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
     shipped = sorted(path.stem for path in (Path(__file__).parents[1] / "configs" / "pe").glob("*.yaml"))
-    assert set(SCHEME_COLOURS) <= set(shipped) and len({scheme_colour(name) for name in shipped}) == len(shipped)
-    assert scheme_colour("rope") == SCHEME_COLOURS["rope"]
+    declared = {name: SCHEMES[name].colour for name in shipped}
+    assert all(declared.values()) and len({scheme_colour(name) for name in shipped}) == len(shipped)
+    assert scheme_colour("rope") == declared["rope"]
     new = scheme_colour("myscheme")  # a scheme added later: a colour from its name alone, the same in any process
-    assert re.fullmatch("#[0-9a-f]{6}", new) and new not in SCHEME_COLOURS.values() and new != scheme_colour("other")
+    assert re.fullmatch("#[0-9a-f]{6}", new) and new not in declared.values() and new != scheme_colour("other")
     other_process = subprocess.run(
         [sys.executable, "-c", "from evaluation.plots import scheme_colour; print(scheme_colour('myscheme'))"],
         capture_output=True,

@@ -1,6 +1,6 @@
 """Imports run one way, down the layers the data flows through (README, "Map of the code"; docs/design.md):
 
-    core  <  data, model  <  experiment  <  evaluation  <  training  <  train.py, eval.py, scripts/
+    core  <  data, model  <  experiment  <  evaluation  <  training  <  train.py, eval.py, sample.py, scripts/
 
 A module may import its own package and the packages of lower layers, nothing above or beside it; so there
 is no cycle between packages. Imports inside functions and under TYPE_CHECKING count too. model/ runs
@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = {"core": 0, "data": 1, "model": 1, "experiment": 2, "evaluation": 3, "training": 4}
-TOP = 5  # train.py, eval.py, scripts/*.py
+TOP = 5  # the commands: every top-level *.py (train.py, eval.py, sample.py) and scripts/*.py
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -29,7 +29,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def sources() -> list[tuple[Path, int]]:
     found = [(path, LAYERS[package]) for package in LAYERS for path in sorted((REPO / package).rglob("*.py"))]
-    commands = [REPO / "train.py", REPO / "eval.py", *sorted((REPO / "scripts").glob("*.py"))]
+    commands = [*sorted(REPO.glob("*.py")), *sorted((REPO / "scripts").glob("*.py"))]  # train.py, eval.py, sample.py
     return found + [(path, TOP) for path in commands]
 
 

@@ -107,7 +107,11 @@ def test_child_evaluation_measures_the_extended_model(cli, child_run):
     assert document["train_seq_len"] == 32
     rows = {row["length"]: row for row in document["results"]}
     assert sorted(rows) == [32, 64]
-    assert all(row["scaling"]["type"] == "yarn" and row["scaling"]["original_seq_len"] == 16 for row in rows.values())
+    assert all(
+        row["variation_settings"]["scaling"]["type"] == "yarn"
+        and row["variation_settings"]["scaling"]["original_seq_len"] == 16
+        for row in rows.values()
+    )
     done = cli.eval(child_run, *EVAL)
     assert done.returncode == 0, done.stderr
     again = json.loads((child_run / "eval" / "extrapolation.json").read_text())

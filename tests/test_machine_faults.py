@@ -23,7 +23,7 @@ from cli_runs import REPO, STEPS, TIMEOUT_S, assert_one_line_error, assert_user_
 
 import core.files
 from core import cli as core_cli
-from core.checkpoint import load_checkpoint, save_checkpoint
+from core.checkpoint_io import load_checkpoint, save_checkpoint
 from core.errors import IO_ERROR_EXIT_CODE, MachineFault, PosGPTError
 from core.files import TMP_PREFIX, read_user_text
 from data import load_splits

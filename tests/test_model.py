@@ -206,13 +206,11 @@ def test_unknown_convention_and_fused_mode_are_user_errors():
 
 @pytest.mark.parametrize("name", ALL)
 def test_capture_attention_records_every_layer_without_changing_the_output(name):
-    from model.attention import capture_attention
-
     model = tiny(name, "sdpa")
     idx = torch.randint(0, 300, (2, SEQ_LEN))
     plain = model(idx)
-    with capture_attention() as probs:
-        captured = model(idx)
+    probs = []
+    captured = model(idx, capture=probs)
     torch.testing.assert_close(captured, plain, rtol=1e-4, atol=1e-5)
     assert len(probs) == 2 and all(p.shape == (2, 4, SEQ_LEN, SEQ_LEN) and p.dtype == torch.float32 for p in probs)
     for p in probs:

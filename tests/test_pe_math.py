@@ -202,14 +202,14 @@ def test_eval_variations_are_declared_by_the_scheme():
 
     pe = build("rope", RoPEConfig())
     variations = pe.eval_variations(["none", "yarn:8", "yarn:8.0", "ntk:4"])
-    assert [label for label, _ in variations] == ["none", "yarn:8", "ntk:4"]
+    assert [label for label, _ in variations] == ["", "yarn:8", "ntk:4"]  # no scaling: the run as trained
     q = torch.randn(1, 1, 4, DIMS.head_dim)
     before = pe.rotate(q, q, torch.arange(4), 4)[0]
     with pe.evaluated_with(variations[1][1]):
         assert pe.cfg.scaling == RoPEScalingConfig(type="yarn", factor=8.0)
         assert not torch.allclose(pe.rotate(q, q, torch.arange(4), 4)[0], before)
     assert pe.cfg.scaling.type == "none"
-    assert pe.eval_variations([]) == [("none", {"scaling": RoPEScalingConfig()})]
+    assert pe.eval_variations([]) == [("", {"scaling": RoPEScalingConfig()})]
     alibi = build("alibi", ALiBiConfig())
     assert alibi.eval_variations([]) == [("", {})]
     with pytest.raises(PosGPTError, match="no evaluation-time variations"):

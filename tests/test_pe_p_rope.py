@@ -175,8 +175,7 @@ def test_init_from_a_p_rope_parent_keeps_its_weights_and_length(tmp_path):
     corpus.write_text("unused: no data is read")
     parent_dir = make_run(tmp_path / "parent", corpus, "pe=p_rope", "pe.p=0.5")
     common = [*TINY, f"data.files=[{corpus}]", "pe=p_rope", "pe.p=0.5", "pe.scaling.type=yarn", "pe.scaling.factor=2"]
-    child_cfg = compose_config([*common, f"train.init_from={parent_dir}", "train.seq_len=32"])
-    parent = load_parent(child_cfg)
+    child_cfg, parent = load_parent(compose_config([*common, f"train.init_from={parent_dir}", "train.seq_len=32"]))
     assert child_cfg.pe.scaling.original_seq_len == 16 and parent.seq_len == 16
     child = build_model(child_cfg).eval()
     parent.load_into(child)

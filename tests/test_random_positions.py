@@ -11,7 +11,7 @@ from data import TokenArray
 from model import GPT, ModelConfig
 from model.pe import SCHEMES
 from model.pe.learned import LearnedConfig
-from training.batches import BatchStream, random_positions
+from training.batch_stream import BatchStream, random_positions
 from training.distributed import DistInfo
 
 POSITIONAL = sorted(name for name in SCHEMES if SCHEMES[name].uses_positions())

@@ -9,7 +9,7 @@ import time
 import torch
 from cli_runs import STEPS, TIMEOUT_S, assert_user_error, reference_run, train_losses, wait_for_step
 
-from core.checkpoint import load_checkpoint
+from core.checkpoint_io import load_checkpoint
 
 
 def load_last(run_dir):

@@ -148,7 +148,7 @@ def test_scaling_specs_parse_and_label():
         == "yarn:2.5(beta_fast=16,beta_slow=1)"
     )
     assert scaling_label(None) == ""
-    # eval.scalings take the run's yarn settings; the other types, which have no temperature, leave it out.
+    # eval.variations take the run's yarn settings; the other types, which have no temperature, leave it out.
     untempered = RoPEScalingConfig(attention_factor=1.0)
     assert parse_scaling("yarn:16", untempered).attention_factor == 1.0
     assert parse_scaling("ntk:16", untempered).attention_factor is None
@@ -170,20 +170,20 @@ def eval_config(pe_cfg, **eval_keys):
     return OmegaConf.structured(Config(pe=pe_cfg, eval=EvalConfig(**eval_keys)))
 
 
-def test_eval_scalings_are_validated_with_the_config():
-    validate(eval_config(RoPEConfig(), scalings=["none", "yarn:8"]))
+def test_eval_variations_are_validated_with_the_config():
+    validate(eval_config(RoPEConfig(), variations=["none", "yarn:8"]))
     with pytest.raises(PosGPTError, match="pe=alibi"):
-        validate(eval_config(ALiBiConfig(), scalings=["yarn:8"]))
+        validate(eval_config(ALiBiConfig(), variations=["yarn:8"]))
     with pytest.raises(PosGPTError, match="not both"):
-        validate(eval_config(RoPEConfig(scaling=RoPEScalingConfig("yarn", 2.0)), scalings=["ntk:2"]))
+        validate(eval_config(RoPEConfig(scaling=RoPEScalingConfig("yarn", 2.0)), variations=["ntk:2"]))
     with pytest.raises(PosGPTError, match="unknown"):
-        validate(eval_config(RoPEConfig(), scalings=["bogus"]))
+        validate(eval_config(RoPEConfig(), variations=["bogus"]))
     # YaRN's temperature without YaRN would be ignored: refused
     untempered = RoPEConfig(scaling=RoPEScalingConfig(attention_factor=1.0))
-    validate(eval_config(untempered, scalings=["none", "yarn:16"]))
-    for scalings in [None, ["ntk:16"]]:
+    validate(eval_config(untempered, variations=["none", "yarn:16"]))
+    for variations in [None, ["ntk:16"]]:
         with pytest.raises(PosGPTError, match="attention_factor is YaRN's"):
-            validate(eval_config(untempered, scalings=scalings))
+            validate(eval_config(untempered, variations=variations))
 
 
 @pytest.mark.parametrize("case", REFERENCE_NUMBERS["rope_scaling"], ids=lambda case: case["name"])

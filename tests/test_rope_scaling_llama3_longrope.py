@@ -1,6 +1,6 @@
 """RoPE scalings ``llama3`` and ``longrope`` (model/pe/rope_scaling.py): their equations checked directly, their
 frequencies and attention factors through the module against Hugging Face's own (tests/reference), settings and
-refusals, eval.scalings, per-row randomized positions and train.init_from's original length.
+refusals, eval.variations, per-row randomized positions and train.init_from's original length.
 
 Covered elsewhere through ROPE_SCALINGS: the reference numbers through the scaling functions
 (test_rope_scaling.py) and cached decoding equal to a full forward with either type, for pe=rope and pe=p_rope,
@@ -24,7 +24,7 @@ from model import GPT, ModelConfig
 from model.pe import ModelDims
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
 from model.pe.rope_scaling import RoPEScalingConfig, parse_scaling, rope_inv_freq, scaling_label
-from training.batches import random_positions
+from training.batch_stream import random_positions
 from training.init_from import load_parent
 
 BASE = 10000.0
@@ -146,8 +146,8 @@ def test_a_wrong_list_is_refused_when_the_model_is_built_from_the_config():
         build_model(compose_config([*overrides, "pe.scaling.short_factor=[1,1,1]", "pe.scaling.long_factor=[1,1,1]"]))
 
 
-def test_eval_scalings_take_each_types_settings_from_the_run():
-    """Type none holds the settings for eval.scalings' entries; each entry gets only those its type uses."""
+def test_eval_variations_take_each_types_settings_from_the_run():
+    """Type none holds the settings for eval.variations' entries; each entry gets only those its type uses."""
     run = RoPEScalingConfig(low_freq_factor=2.0, short_factor=SHORT, long_factor=LONG, attention_factor=1.0)
     assert parse_scaling("longrope:8", run) == longrope(8.0, attention_factor=1.0)
     assert parse_scaling("llama3:8", run) == RoPEScalingConfig("llama3", 8.0, low_freq_factor=2.0)
@@ -159,7 +159,7 @@ def test_eval_scalings_take_each_types_settings_from_the_run():
     variations = dict(pe.eval_variations(["llama3:8", "longrope:8"]))
     with pe.evaluated_with(variations["longrope:8(attention_factor=1)"]):
         assert pe.frequencies(128)[1] == 1.0 and pe.rotation_depends_on_length()
-    validate(OmegaConf.structured(Config(pe=RoPEConfig(scaling=run), eval=EvalConfig(scalings=["longrope:8"]))))
+    validate(OmegaConf.structured(Config(pe=RoPEConfig(scaling=run), eval=EvalConfig(variations=["longrope:8"]))))
 
 
 def test_per_row_random_positions_equal_each_row_alone():
@@ -195,6 +195,6 @@ def test_init_from_fills_in_the_parents_length_for_llama3(tmp_path):
     corpus.write_text("unused: no data is read")
     parent_dir = make_run(tmp_path / "parent", corpus, "pe=rope")
     overrides = [*TINY, f"data.files=[{corpus}]", "pe=rope", f"train.init_from={parent_dir}", "train.seq_len=64"]
-    cfg = compose_config([*overrides, "pe.scaling.type=llama3", "pe.scaling.factor=4"])
-    load_parent(cfg).load_into(build_model(cfg))
+    cfg, parent = load_parent(compose_config([*overrides, "pe.scaling.type=llama3", "pe.scaling.factor=4"]))
+    parent.load_into(build_model(cfg))
     assert cfg.pe.scaling.original_seq_len == 16

@@ -13,7 +13,7 @@ import pytest
 from cli_runs import REPO, STEPS, TIMEOUT_S, assert_one_line_error, reference_run, wait_for_step
 
 from core import rundir
-from core.checkpoint import load_checkpoint
+from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
 from core.files import check_outputs
 from core.rundir import LOCK_FILE, lock_run, note_existing, removed_if_unused

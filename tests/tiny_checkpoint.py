@@ -12,7 +12,7 @@ import torch
 from cli_runs import TINY
 from omegaconf import OmegaConf
 
-from core.checkpoint import save_checkpoint
+from core.checkpoint_io import save_checkpoint
 from experiment.build import build_model
 from experiment.compose import compose_config
 

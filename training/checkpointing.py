@@ -15,7 +15,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from core.checkpoint import last_checkpoint_path, load_checkpoint, save_checkpoint
+from core.checkpoint_io import last_checkpoint_path, load_checkpoint, save_checkpoint
 from core.errors import MachineFault, PosGPTError
 from core.files import atomic_write
 from core.rundir import RUN_RECORD_DIR

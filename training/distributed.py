@@ -65,13 +65,6 @@ def init_distributed(device_name: str) -> DistInfo:
     return info
 
 
-def device_for(info: DistInfo, device: torch.device) -> torch.device:
-    """Each rank owns GPU ``local_rank`` of its node."""
-    if info.enabled and device.type == "cuda":
-        return torch.device("cuda", info.local_rank)
-    return device
-
-
 def wrap_model(model: nn.Module, info: DistInfo, strategy: str, device: torch.device) -> nn.Module:
     """DDP (a full replica per rank) or FSDP2 (each block's parameters sharded over the ranks).
 

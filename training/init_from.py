@@ -14,11 +14,11 @@ Everything else of ``model.*`` and ``pe.*`` must match, or the run is refused wi
 parameter whose shape changes with ``train.seq_len``: a learned position table has no rows for positions it
 never trained, so it cannot be extended by fine-tuning.
 
-The original length. RoPE's scalings take the length L its frequencies were learned at (YaRN's ramp,
-dynamic NTK's threshold; model/pe/rope_scaling.py). A model trained at 64 and extended to 256 with factor 4
-keeps L = 64, not 256: so when the new run uses a scaling and leaves ``pe.scaling.original_seq_len`` null,
-it is set to the parent's L (its own ``original_seq_len``, else its ``train.seq_len``), and so recorded in
-the new run's checkpoint config, from which eval.py builds the model.
+What the scheme takes from its parent is the scheme's to say (``PositionalEncoding.inherit``). RoPE's scalings
+take the length L its frequencies were learned at (model/pe/rope_scaling.py): a model trained at 64 and
+extended to 256 with factor 4 keeps L = 64, not 256, so a scaled child that leaves
+``pe.scaling.original_seq_len`` null gets its parent's L, recorded in its checkpoint config, from which
+eval.py builds the model.
 
 The run records its parent: ``train.init_from`` (made absolute) in its config and checkpoint, and a first
 ``metrics.jsonl`` record ``{"step": 0, "init_from", "parent_step", "parent_seq_len"}``.
@@ -26,6 +26,7 @@ The run records its parent: ``train.init_from`` (made absolute) in its config an
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from core.checkpoint import load_checkpoint
+from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
-from experiment.settings import RUNTIME_SETTINGS, changed_settings, flatten_config
+from experiment.settings import RUNTIME_SETTINGS, changed_settings, flatten_config, trained_config
 from model.pe import SCHEMES
 
 # Model settings a child may change: how fast the same function is computed, or only training (dropout).
@@ -76,28 +77,24 @@ class Parent:
         self.state = {}  # not kept for the rest of the run
 
 
-def load_parent(cfg: DictConfig) -> Parent | None:
-    """The parent run of ``train.init_from`` (None when unset), checked against ``cfg``.
-
-    Fills ``pe.scaling.original_seq_len`` in ``cfg`` from the parent when the run uses a RoPE scaling and
-    leaves it null, and makes ``train.init_from`` absolute.
+def load_parent(cfg: DictConfig) -> tuple[DictConfig, Parent | None]:
+    """The parent run of ``train.init_from`` (None when unset), checked against ``cfg``, and the config the new run
+    trains with: ``cfg`` with ``train.init_from`` made absolute and what its scheme takes from the parent
+    (``PositionalEncoding.inherit``). ``cfg`` itself is left as it is.
     """
     if cfg.train.init_from is None:
-        return None
+        return cfg, None
     path = Path(cfg.train.init_from).expanduser().resolve()
     try:
         checkpoint = load_checkpoint(path)
     except PosGPTError as error:
         raise PosGPTError(f"train.init_from: {error}") from None
     parent_cfg = checkpoint["config"]
-    cfg.train.init_from = str(path)
     check_same_architecture(OmegaConf.to_container(cfg, resolve=True), parent_cfg, str(path))
     parent = Parent(str(path), checkpoint["step"], parent_cfg["train"]["seq_len"], checkpoint["model"])
-    scaling = cfg.pe.get("scaling")
-    if scaling is not None and scaling.type != "none" and scaling.original_seq_len is None:
-        original = parent_cfg["pe"]["scaling"].get("original_seq_len") or parent.seq_len
-        cfg.pe.scaling.original_seq_len = original
-    return parent
+    scheme = SCHEMES[cfg.pe.name]
+    pe = scheme.inherit(OmegaConf.to_object(cfg.pe), OmegaConf.to_object(trained_config(parent_cfg).pe), parent.seq_len)
+    return OmegaConf.merge(cfg, {"train": {"init_from": str(path)}, "pe": dataclasses.asdict(pe)}), parent
 
 
 def check_same_architecture(now: dict, parent: dict, where: str) -> None:

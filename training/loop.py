@@ -4,7 +4,7 @@ What makes a run safe to stop, kill and continue:
 - a checkpoint every train.checkpoint_every steps, at the end, and when SIGTERM, SIGINT or SIGUSR2 arrives
   (scheduler preemption or time limit, Ctrl-C); train.py then exits with 128 + the signal. Under torchrun
   the ranks stop together at the next multiple of train.log_every. A kill -9 loses at most
-  train.checkpoint_every steps: checkpoints are written atomically (core/checkpoint.py).
+  train.checkpoint_every steps: checkpoints are written atomically (core/checkpoint_io.py).
   A run stopped during its end-of-training evaluation runs that evaluation when resumed.
 - train.resume=true continues from <run_dir>/checkpoints/last.pt as if the run had never stopped: the same
   weights, optimizer moments, schedule, RNG and batches (the sampler's generator state), and metrics.jsonl
@@ -29,14 +29,13 @@ from core.errors import PosGPTError
 from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
-from data import load_splits, sample_batch
-from data import validate as validate_data
+from data import load_splits, sample_batch, validate_data_config
 from evaluation.checks import check_eval_settings
 from experiment.build import build_model
 from experiment.config import compile_enabled, validate
 from model import GPT
 from training import distributed
-from training.batches import BatchStream, rank_rows
+from training.batch_stream import BatchStream, rank_rows
 from training.checkpointing import Checkpointer, resume_checkpoint
 from training.init_from import Parent, load_parent
 from training.metrics import MetricsWindow, finite
@@ -102,7 +101,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
     validate(cfg)
     if cfg.train.eval_after:
         check_eval_settings(cfg)  # before training: the evaluation at its end would refuse them
-    validate_data(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
+    validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
     dist = distributed.init_distributed(cfg.train.device)
     try:
         run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
@@ -152,7 +151,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     t = cfg.train
     _check_batch(t, dist)
     device, dtype = set_up_runtime(t, local_rank=dist.local_rank if dist.enabled else None)
-    raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
+    cfg, raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
+    t = cfg.train
     finished = checkpoint is not None and checkpoint["step"] >= t.max_steps
     if finished and _nothing_to_do(cfg, run_dir, checkpoint, dist):
         return None  # and nothing was written
@@ -233,20 +233,22 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     return stopped_by
 
 
-def _initial_model(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[GPT, dict | None, Parent | None]:
-    """The model and where its weights come from: the checkpoint to resume (train.resume), else the parent run's
-    weights (train.init_from, returned to be recorded), else its initialisation. A config error shows up here,
-    before anything else."""
-    parent = load_parent(cfg)  # may fill in pe.scaling.original_seq_len
+def _initial_model(
+    cfg: DictConfig, run_dir: Path, device: torch.device
+) -> tuple[DictConfig, GPT, dict | None, Parent | None]:
+    """The run's config (with what it inherits from a train.init_from parent), the model and where its weights
+    come from: the checkpoint to resume (train.resume), else the parent run's weights (train.init_from,
+    returned to be recorded), else its initialisation. A config error shows up here, before anything else."""
+    cfg, parent = load_parent(cfg)
     model = build_model(cfg).to(device)
     if cfg.train.random_positions:
         model.pe.check_random_positions(cfg.train.random_positions)
     checkpoint = resume_checkpoint(cfg, run_dir)
     if checkpoint is not None:
-        return model, checkpoint, None
+        return cfg, model, checkpoint, None
     if parent is not None:
         parent.load_into(model)
-    return model, None, parent
+    return cfg, model, None, parent
 
 
 def _finish_trained(

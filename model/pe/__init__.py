@@ -31,6 +31,19 @@ def build_positional_encoding(cfg: PEConfig, dims: ModelDims) -> PositionalEncod
     return SCHEMES[cfg.name](cfg, dims)
 
 
+def display_name(name: str) -> str:
+    """How comparison tables name scheme ``name`` (its class's display_name, else the name itself)."""
+    return (SCHEMES[name].display_name if name in SCHEMES else "") or name
+
+
 _discover()
 
-__all__ = ["SCHEMES", "ModelDims", "PEConfig", "PositionalEncoding", "PositionState", "build_positional_encoding"]
+__all__ = [
+    "SCHEMES",
+    "ModelDims",
+    "PEConfig",
+    "PositionalEncoding",
+    "PositionState",
+    "build_positional_encoding",
+    "display_name",
+]

@@ -38,6 +38,7 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 class ALiBiPositionalEncoding(PositionalEncoding):
     name = "alibi"
+    colour = "#ff7f0e"
     config_class = ALiBiConfig
     has_score_bias = True
 

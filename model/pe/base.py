@@ -22,6 +22,14 @@ with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and ind
 Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
 Ruoss et al. 2023); every hook accepts both.
 
+Evaluation-time variations. A scheme may declare fields of its config that an evaluation may change without
+changing what the trained weights compute (``eval_time_settings``; RoPE's context extension) and the entries
+of ``eval.variations`` it understands. Everything about them is the scheme's: checking them with the config
+(``check_variations``), parsing an entry (``parse_variation``), naming one in tables and files
+(``variation_label``), applying one to the built model (``evaluated_with``), and what a run fine-tuned from
+another inherits (``inherit``). Code outside ``model/pe/`` only calls these hooks and never names a scheme or
+its settings (tests/test_house_rules.py).
+
 Each scheme is a module in ``model/pe/`` that defines a subclass with ``name`` set and a config dataclass
 (subclass of :class:`PEConfig`) in ``config_class``; ``model/pe/__init__.py`` discovers it, so adding a
 scheme is one module plus one ``configs/pe/<name>.yaml``.
@@ -100,6 +108,10 @@ class PositionalEncoding(nn.Module):
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[PEConfig]] = PEConfig
+    # How plots and tables show the scheme: its colour in every plot ("": a hue from a hash of its name,
+    # evaluation/plots.py) and its name in comparison tables ("": its name).
+    colour: ClassVar[str] = ""
+    display_name: ClassVar[str] = ""
     # True when score_bias is overridden: attention must then use a path that can add a bias.
     has_score_bias: ClassVar[bool] = False
     # False when score_bias is the same in every layer: the blockwise path then builds it once per forward.
@@ -109,7 +121,7 @@ class PositionalEncoding(nn.Module):
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
-    # The eval.scalings entries (see eval_variations) that scripts/study.sh evaluates every run of the scheme
+    # The eval.variations entries (see parse_variation) that scripts/study.sh evaluates every run of the scheme
     # with, besides the run as trained (RoPE: ("yarn:16", "ntk:16")). Empty: the run as trained only.
     study_variations: ClassVar[tuple[str, ...]] = ()
 
@@ -143,13 +155,47 @@ class PositionalEncoding(nn.Module):
                 "positions (its table size); enlarge the table or lower train.random_positions"
             )
 
+    # -- Evaluation-time variations, on configs (validation, labels, fine-tuning: no model is built) --
+
+    @classmethod
+    def check_variations(cls, cfg: PEConfig, specs: Sequence[str]) -> None:
+        """PosGPTError unless the scheme's config and the ``eval.variations`` entries ``specs`` go together."""
+        for spec in specs:
+            cls.parse_variation(spec, cfg)
+
+    @classmethod
+    def parse_variation(cls, spec: str, cfg: PEConfig) -> dict[str, Any]:
+        """One ``eval.variations`` entry -> the settings it applies (fields of ``eval_time_settings`` -> values),
+        for a run configured as ``cfg``; PosGPTError when the entry means nothing to this scheme."""
+        raise PosGPTError(f"eval.variations: pe={cls.name} has no evaluation-time variations (got {spec!r})")
+
+    @classmethod
+    def variation_label(cls, settings: dict[str, Any]) -> str:
+        """A short name for ``settings`` (config objects, or the plain values result rows hold) in tables, plot
+        legends and file names; "" when they vary nothing worth naming."""
+        return ""
+
+    @classmethod
+    def inherit(cls, cfg: PEConfig, parent: PEConfig, parent_seq_len: int) -> PEConfig:
+        """The scheme's config of a run that starts from the weights of a run configured as ``parent`` and
+        trained at ``parent_seq_len`` (``train.init_from``): ``cfg`` with what it must take from the parent."""
+        return cfg
+
+    # -- ... and on the built scheme --
+
+    def settings(self) -> dict[str, Any]:
+        """The current values of ``eval_time_settings``."""
+        return {name: getattr(self.cfg, name) for name in self.eval_time_settings}
+
+    def current_variation(self) -> str:
+        """The label of the scheme as it is now configured ("" when there is nothing to name)."""
+        return self.variation_label(self.settings())
+
     def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
-        """Evaluation-time variants asked for on the command line (``eval.scalings`` for RoPE) -> a list of
-        (label, settings), settings mapping fields of ``eval_time_settings`` to values. Without specs: the
-        run as configured, one entry."""
-        if specs:
-            raise PosGPTError(f"pe={self.name} has no evaluation-time variations (got {list(specs)})")
-        return [("", {})]
+        """``eval.variations`` entries -> a list of (label, settings), each setting once, for
+        :meth:`evaluated_with`. Without specs: the run as configured, one entry."""
+        variations = [self.parse_variation(spec, self.cfg) for spec in specs] or [self.settings()]
+        return list({self.variation_label(settings): settings for settings in variations}.items())
 
     @contextlib.contextmanager
     def evaluated_with(self, settings: dict[str, Any]) -> Iterator[None]:

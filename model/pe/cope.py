@@ -38,6 +38,7 @@ class CoPEConfig(PEConfig):
 
 class CoPEPositionalEncoding(PositionalEncoding):
     name = "cope"
+    colour = "#17becf"
     config_class = CoPEConfig
     has_content_bias = True
 

@@ -44,6 +44,7 @@ class FireLayer(nn.Module):
 
 class FirePositionalEncoding(PositionalEncoding):
     name = "fire"
+    colour = "#7f7f7f"
     config_class = FireConfig
     has_score_bias = True
     bias_depends_on_layer = True

@@ -39,6 +39,7 @@ def clamp_straight_through(x: torch.Tensor, low: float, high: float | None = Non
 
 class KerplePositionalEncoding(PositionalEncoding):
     name = "kerple"
+    colour = "#e377c2"
     config_class = KerpleConfig
     has_score_bias = True
     bias_depends_on_layer = True

@@ -30,6 +30,7 @@ class LearnedConfig(PEConfig):
 
 class LearnedPositionalEncoding(PositionalEncoding):
     name = "learned"
+    colour = "#d62728"
     config_class = LearnedConfig
 
     def __init__(self, cfg: LearnedConfig, dims: ModelDims) -> None:

@@ -10,3 +10,5 @@ from model.pe.base import PositionalEncoding
 
 class NoPositionalEncoding(PositionalEncoding):
     name = "none"
+    colour = "#9467bd"
+    display_name = "none (NoPE)"  # in tables: "none" alone would read as "no variation"

@@ -52,6 +52,7 @@ def kept_pairs(head_dim: int, p: float) -> int:
 class PartialRotaryPositionalEncoding(RotaryPositionalEncoding):
     name = "p_rope"
     config_class = PRoPEConfig
+    colour = "#aec7e8"  # a light tint of RoPE's blue
 
     def __init__(self, cfg: PRoPEConfig, dims: ModelDims) -> None:
         if cfg.rotary_fraction != 1.0:

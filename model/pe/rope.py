@@ -8,7 +8,8 @@ so q'_m . k'_n = q_m^T R((n - m) theta) k_n depends on positions only through th
 head in every layer; values are not rotated. Coordinates are paired as (i, i + d/2) (GPT-NeoX / Hugging
 Face layout) rather than (2i, 2i+1): a fixed permutation of the head dimensions, so the same function.
 
-``scaling`` stretches the frequencies for evaluation beyond the training length (see rope_scaling.py).
+``scaling`` stretches the frequencies for evaluation beyond the training length (see rope_scaling.py); it is
+RoPE's evaluation-time variation (``eval.variations=[none,yarn:8]``, model/pe/base.py).
 
 Partial rotary (``rotary_fraction`` f < 1; GPT-NeoX's ``rotary_pct``, litgpt's ``rotary_percentage``): only
 the first r = f d coordinates of each head are rotated, with the frequencies of an r-dimensional RoPE
@@ -32,6 +33,7 @@ from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 from model.pe.rope_scaling import (
     LENGTH_DEPENDENT,
     ROPE_SCALINGS,
+    TYPE_SETTINGS,
     RoPEScalingConfig,
     check_scaling,
     check_scaling_fits,
@@ -90,6 +92,7 @@ def rotated_dims(head_dim: int, fraction: float) -> int:
 
 class RotaryPositionalEncoding(PositionalEncoding):
     name = "rope"
+    colour = "#1f77b4"
     config_class = RoPEConfig
     eval_time_settings = ("scaling",)  # context extension (rope_scaling.py) is applied at evaluation time
     study_variations = ("yarn:16", "ntk:16")  # no-fine-tuning extension to the study's longest length (16x)
@@ -106,12 +109,41 @@ class RotaryPositionalEncoding(PositionalEncoding):
         check_scaling_fits(scaling, self.rotated)
         self.cfg = dataclasses.replace(self.cfg, scaling=scaling)
 
-    def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
-        """``eval.scalings`` entries (``yarn:8``; the yarn betas from the run's ``pe.scaling``), each once; without
-        specs, the run's own scaling."""
-        scalings = [parse_scaling(spec, defaults=self.cfg.scaling) for spec in specs] or [self.cfg.scaling]
-        unique = {scaling_label(scaling): scaling for scaling in scalings}
-        return [(label, {"scaling": scaling}) for label, scaling in unique.items()]
+    @classmethod
+    def check_variations(cls, cfg: RoPEConfig, specs: Sequence[str]) -> None:
+        """eval.variations are scalings (``yarn:8``) of a run trained without one; an attention factor needs a type
+        that uses it (YaRN's temperature, LongRoPE's factor)."""
+        if specs and cfg.scaling.type != "none":
+            raise PosGPTError("set either pe.scaling.type (one scaling) or eval.variations (several), not both")
+        scalings = [cls.parse_variation(spec, cfg)["scaling"] for spec in specs]
+        if (
+            cfg.scaling.type == "none"
+            and cfg.scaling.attention_factor is not None
+            and not any(scaling.type in TYPE_SETTINGS["attention_factor"] for scaling in scalings)
+        ):
+            raise PosGPTError(
+                "pe.scaling.attention_factor is YaRN's temperature (or LongRoPE's factor): it needs "
+                "pe.scaling.type=yarn or longrope, or such an entry in eval.variations"
+            )
+
+    @classmethod
+    def parse_variation(cls, spec: str, cfg: RoPEConfig) -> dict[str, Any]:
+        """``yarn:8`` -> that scaling, with the yarn betas and temperature of the run's ``pe.scaling``."""
+        return {"scaling": parse_scaling(spec, defaults=cfg.scaling)}
+
+    @classmethod
+    def variation_label(cls, settings: dict[str, Any]) -> str:
+        label = scaling_label(settings.get("scaling"))
+        return "" if label == "none" else label  # no scaling: the run as trained, unlabelled like other schemes
+
+    @classmethod
+    def inherit(cls, cfg: RoPEConfig, parent: RoPEConfig, parent_seq_len: int) -> RoPEConfig:
+        """A scaled child keeps the length L its parent's frequencies were learned at (rope_scaling.py): the
+        parent's own ``original_seq_len``, else its training length."""
+        if cfg.scaling.type == "none" or cfg.scaling.original_seq_len is not None:
+            return cfg
+        original = parent.scaling.original_seq_len or parent_seq_len
+        return dataclasses.replace(cfg, scaling=dataclasses.replace(cfg.scaling, original_seq_len=original))
 
     def apply_eval_setting(self, name: str, value: Any) -> None:
         self.set_scaling(value)

@@ -92,7 +92,7 @@ class RoPEScalingConfig:
     long_factor: list[float] | None = domain(None, gt=0)
 
 
-# The settings only some types use: any other type but none (which holds them as the defaults of eval.scalings'
+# The settings only some types use: any other type but none (which holds them as the defaults of eval.variations'
 # entries, see parse_scaling) refuses them. (YaRN's betas predate this table and are not refused elsewhere.)
 TYPE_SETTINGS = {
     "attention_factor": ("yarn", "longrope"),
@@ -198,7 +198,7 @@ def check_scaling(cfg: RoPEScalingConfig, where: str = "pe.scaling") -> None:
         raise PosGPTError(f"unknown {where} type {cfg.type!r}; choose one of {sorted(ROPE_SCALINGS)}")
     if cfg.type == "none" and cfg.factor != 1.0:
         raise PosGPTError(f"{where}: type none takes no factor (got {cfg.factor}); pick a type, e.g. yarn")
-    # Type none may hold the other types' settings: they are the defaults of eval.scalings' entries (parse_scaling).
+    # Type none may hold the other types' settings: they are the defaults of eval.variations' entries (parse_scaling).
     if cfg.attention_factor is not None and cfg.type not in (*TYPE_SETTINGS["attention_factor"], "none"):
         raise PosGPTError(
             f"{where}: attention_factor is YaRN's temperature (or LongRoPE's factor), for type yarn or longrope "
@@ -241,11 +241,11 @@ def parse_scaling(spec: str, defaults: RoPEScalingConfig | None = None) -> RoPES
     try:
         value = float(factor) if factor else 1.0
     except ValueError:
-        raise PosGPTError(f"eval.scalings: {spec!r} is not TYPE or TYPE:FACTOR (e.g. yarn:8)") from None
+        raise PosGPTError(f"eval.variations: {spec!r} is not TYPE or TYPE:FACTOR (e.g. yarn:8)") from None
     kind = kind.strip()
     unused = {name: None for name, types in TYPE_SETTINGS.items() if kind not in types}
     cfg = dataclasses.replace(defaults, type=kind, factor=value, **unused)
-    check_scaling(cfg, where=f"eval.scalings entry {spec!r}")
+    check_scaling(cfg, where=f"eval.variations entry {spec!r}")
     return cfg
 
 

@@ -53,6 +53,7 @@ def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> 
 
 class SinusoidalPositionalEncoding(PositionalEncoding):
     name = "sinusoidal"
+    colour = "#2ca02c"
     config_class = SinusoidalConfig
 
     def __init__(self, cfg: SinusoidalConfig, dims: ModelDims) -> None:

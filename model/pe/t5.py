@@ -50,6 +50,7 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
 
 class T5PositionalEncoding(PositionalEncoding):
     name = "t5"
+    colour = "#8c564b"
     config_class = T5Config
     has_score_bias = True
 

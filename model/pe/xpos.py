@@ -44,6 +44,7 @@ def xpos_zeta(head_dim: int) -> torch.Tensor:
 
 class XPosPositionalEncoding(PositionalEncoding):
     name = "xpos"
+    colour = "#bcbd22"
     config_class = XPosConfig
 
     def __init__(self, cfg: XPosConfig, dims: ModelDims) -> None:

@@ -1,0 +1,252 @@
+"""House rules a newcomer relies on: the code's defaults are the shipped ones, scripts run from anywhere, and no
+code outside model/pe/ knows a positional scheme by name."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from experiment.compose import compose_config
+from experiment.config import Config
+from model.pe import SCHEMES
+
+REPO = Path(__file__).resolve().parents[1]
+POSGPT_PACKAGES = {"core", "data", "model", "experiment", "evaluation", "training"}
+
+
+def differences(composed: dict, reference: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    found = []
+    for key in sorted(composed.keys() | reference.keys()):
+        ours, theirs = composed.get(key), reference.get(key)
+        if isinstance(ours, dict) and isinstance(theirs, dict):
+            found += differences(ours, theirs, f"{prefix}{key}.")
+        elif ours != theirs:
+            found.append(f"{prefix}{key}: shipped {ours!r}, dataclass {theirs!r}")
+    return found
+
+
+def test_dataclass_defaults_are_the_shipped_defaults():
+    """`python train.py` (configs/config.yaml and its default groups) and the dataclasses agree on every key:
+    ModelConfig() is the shipped default model, DataConfig() the default corpus, and so on."""
+    shipped = OmegaConf.to_container(compose_config([]), resolve=True)
+    reference = OmegaConf.to_container(OmegaConf.structured(Config))
+    shipped.pop("pe"), reference.pop("pe")  # each scheme's own, below
+    assert differences(shipped, reference) == []
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_each_schemes_yaml_sets_its_dataclass_defaults(name):
+    shipped = OmegaConf.to_container(compose_config([f"pe={name}"]).pe, resolve=True)
+    assert differences(shipped, OmegaConf.to_container(OmegaConf.structured(SCHEMES[name].config_class))) == []
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "scripts").glob("*.py")), ids=lambda path: path.name)
+def test_scripts_put_the_repository_on_the_path_before_importing_it(path):
+    """`python scripts/<name>.py` has only scripts/ on sys.path: `import _repo` must come before posgpt's imports
+    (ruff --fix once removed it as unused)."""
+    imports = [node for node in ast.parse(path.read_text()).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = [alias.name if isinstance(node, ast.Import) else node.module for node in imports for alias in node.names]
+    posgpt = [i for i, name in enumerate(names) if name and name.split(".")[0] in POSGPT_PACKAGES]
+    if posgpt:
+        assert "_repo" in names[: posgpt[0]], f"{path.name} imports posgpt without `import _repo` first"
+
+
+def python_sources() -> list[Path]:
+    """Every posgpt source file but the tests."""
+    return [path for path in sorted(REPO.rglob("*.py")) if path.relative_to(REPO).parts[0] not in ("tests", "docs")]
+
+
+def test_no_module_state_drives_a_forward_pass():
+    """Per-forward settings (attention capture, the scheme's positions) travel as arguments: no `global` in the
+    model or anything that runs it (evaluation, training). core/'s process-level state (the run-directory lock's
+    note of what existed before Hydra made the run directory) is not per-forward state."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in python_sources()
+        if path.relative_to(REPO).parts[0] != "core"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Global)
+    ]
+    assert offenders == []
+
+
+def test_the_scheme_is_registered_once_and_handed_to_every_layer():
+    from model import GPT
+    from model.gpt import ModelConfig
+
+    model = GPT(ModelConfig(n_embd=32, n_layer=3), SCHEMES["t5"].config_class(), train_seq_len=16)
+    assert [key for key in model.state_dict() if key.endswith(".table")] == ["pe.table"]  # T5's, not once per layer
+    probs: list = []
+    model(torch.randint(0, 100, (1, 8)), capture=probs)
+    assert len(probs) == 3  # one per layer, through the argument
+
+
+# Scheme settings that are also ordinary words or API names elsewhere ("log scale", matplotlib's base=2,
+# reduction="none"): checked only where a string spells them as a setting (pe.base, pe=none).
+PLAIN_WORDS = {"none", "base", "scale", "p"}
+# Deliberate mentions: (file, name, why).
+ALLOWED = {("scripts/bench_nanogpt.py", "learned")}  # nanoGPT's own model (learned positions), not a posgpt scheme
+
+
+def scheme_vocabulary() -> tuple[set[str], set[str]]:
+    """(names code outside model/pe/ must not use, setting names strings must not spell as pe.<name>): the
+    registered schemes, their modules, and the fields of their config dataclasses, less the generic interface."""
+    import dataclasses
+    import pkgutil
+
+    import model.pe
+    from model.pe import PEConfig, PositionalEncoding
+
+    modules = {info.name for info in pkgutil.iter_modules(model.pe.__path__)} - {"base"}
+    settings = {field.name for scheme in SCHEMES.values() for field in dataclasses.fields(scheme.config_class)}
+    settings -= {field.name for field in dataclasses.fields(PEConfig)} | set(dir(PositionalEncoding))
+    return (set(SCHEMES) | modules | settings) - PLAIN_WORDS, set(SCHEMES) | settings
+
+
+def docstring_nodes(tree: ast.AST) -> set[int]:
+    kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, kinds)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def scheme_mentions(source: str, forbidden: set[str], spelled: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each identifier, import or string (not a docstring, not a comment) naming a scheme or a
+    scheme's setting."""
+    import re
+
+    tree = ast.parse(source)
+    docstrings = docstring_nodes(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words = set(re.findall(r"[A-Za-z_]\w*", node.value)) & forbidden
+            words |= {m for m in re.findall(r"\bpe[=.](\w+)", node.value) if m in spelled}
+        else:
+            names = {
+                ast.Name: lambda n: [n.id],
+                ast.Attribute: lambda n: [n.attr],
+                ast.keyword: lambda n: [n.arg],
+                ast.arg: lambda n: [n.arg],
+                ast.FunctionDef: lambda n: [n.name],
+                ast.ClassDef: lambda n: [n.name],
+                ast.alias: lambda n: n.name.split("."),
+                ast.ImportFrom: lambda n: (n.module or "").split("."),
+            }.get(type(node), lambda n: [])(node)
+            words = set(names) & forbidden
+        found += [(getattr(node, "lineno", 0), word) for word in sorted(words)]
+    return found
+
+
+def test_no_code_outside_model_pe_names_a_scheme_or_its_settings():
+    """Every scheme lives in model/pe/: other code reaches it through the interface (model/pe/base.py) and the
+    registry, never by name, so a scheme is added or changed in one place."""
+    forbidden, spelled = scheme_vocabulary()
+    offenders = []
+    for path in python_sources():
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith("model/pe/"):
+            continue
+        offenders += [
+            f"{relative}:{line}: {word}"
+            for line, word in scheme_mentions(path.read_text(), forbidden, spelled)
+            if (relative, word) not in ALLOWED
+        ]
+    assert offenders == []
+
+
+def test_the_scheme_rule_sees_names_settings_and_imports_but_not_docstrings():
+    forbidden, spelled = scheme_vocabulary()
+    source = '''"""Docstrings may explain pe=alibi and pe.scaling."""
+from model.pe.rope_scaling import scaling_label
+# comments too: rope
+def f(cfg):
+    """And here: rope."""
+    if cfg.pe.name == "alibi":
+        return cfg.pe.scaling
+    return plot(base=2, label="log scale", reduction="none", hint="set pe.base=500")
+'''
+    assert scheme_mentions(source, forbidden, spelled) == [
+        (2, "rope_scaling"),
+        (6, "alibi"),
+        (7, "scaling"),
+        (8, "base"),
+    ]
+
+
+def legacy_document(pe: str, setting: dict | None) -> dict:
+    """An extrapolation.json as posgpt wrote it before rows had a variation: each setting a field of its own."""
+    row = {"length": 16, "protocol": "nonoverlapping", "stride": None, "scaling": setting, "data": "d", "ppl": 9.0}
+    return {"pe": pe, "train_seq_len": 8, "step": 5, "results": [row]}
+
+
+@pytest.mark.parametrize(
+    ("pe", "setting", "label"),
+    [
+        ("alibi", None, ""),
+        ("rope", {"type": "none", "factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}, ""),
+        ("rope", {"type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0}, "yarn:16"),
+    ],
+)
+def test_results_written_before_variations_read_as_todays(tmp_path, pe, setting, label):
+    import json
+
+    from evaluation.report import csv_rows, load_results, merge_documents, setting_label
+
+    (tmp_path / "extrapolation.json").write_text(json.dumps(legacy_document(pe, setting)))
+    old = load_results(tmp_path)
+    row = old["results"][0]
+    assert "scaling" not in row and row["variation"] == label
+    assert row["variation_settings"] == ({} if setting is None else {"scaling": setting})
+    assert list(row)[:5] == ["length", "protocol", "stride", "variation", "variation_settings"]  # where it was
+    assert csv_rows(old)[0]["variation"] == label and setting_label(row) == f"nonoverlapping {label}".strip()
+    # today's evaluation of the same measurement replaces it
+    new = {**old, "results": [{**row, "ppl": 8.0}]}
+    merged, replaced = merge_documents(old, new)
+    assert [r["ppl"] for r in merged["results"]] == [8.0] and replaced.startswith("replaced 1 earlier row")
+
+
+def test_checkpoint_configs_with_eval_scalings_read_as_eval_variations():
+    from experiment.settings import trained_config
+
+    saved = OmegaConf.to_container(OmegaConf.structured(Config(pe=SCHEMES["rope"].config_class())))
+    del saved["eval"]["variations"]
+    saved["eval"]["scalings"] = ["yarn:16"]  # its name until 2026-11-24
+    assert list(trained_config(saved).eval.variations) == ["yarn:16"]
+
+
+def test_load_parent_returns_the_childs_config_and_leaves_the_given_one(tmp_path):
+    from tiny_checkpoint import make_run
+
+    from training.init_from import load_parent
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f():\n    return 1\n" * 50)
+    parent_dir = make_run(tmp_path / "parent", corpus, "pe=rope", "train.seq_len=16")
+    cfg = compose_config(
+        [
+            "pe=rope",
+            "data=text",
+            f"data.files=[{corpus}]",
+            "model.n_layer=1",
+            "model.n_embd=16",
+            "model.n_head=2",
+            "train.seq_len=32",
+            "pe.scaling.type=yarn",
+            "pe.scaling.factor=2",
+            f"train.init_from={tmp_path}/elsewhere/../parent",
+        ]
+    )
+    before = OmegaConf.to_container(cfg)
+    child, parent = load_parent(cfg)
+    assert OmegaConf.to_container(cfg) == before  # not mutated
+    assert parent.seq_len == 16 and child.pe.scaling.original_seq_len == 16  # RoPE's inherit: the parent's L
+    assert child.train.init_from == str(parent_dir.resolve())  # made absolute
