@@ -1,4 +1,5 @@
-"""The model: GPT (gpt.py), attention kernels (attention.py), the loss (loss.py), positional schemes (pe/).
+"""The model: GPT (gpt.py), attention kernels (attention.py), the loss (loss.py), generation with a KV cache
+(sampling.py), positional schemes (pe/).
 Imports only core, and runs without Hydra (the schema registration lives in experiment/)."""
 
 from model.gpt import GPT, KVCache, ModelConfig, validate_model_config
