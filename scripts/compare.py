@@ -23,6 +23,8 @@ paired by seed, every setting against the lowest in each column, or against ``--
 
 from __future__ import annotations
 
+import _repo
+
 import argparse
 import json
 import re

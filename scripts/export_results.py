@@ -14,6 +14,8 @@ results may have grown: more variations, more data).
 
 from __future__ import annotations
 
+import _repo
+
 import argparse
 import shutil
 import sys

@@ -24,6 +24,8 @@ length the scheme cannot encode (pe=learned past its table) or the split cannot 
 
 from __future__ import annotations
 
+import _repo
+
 import json
 import re
 import sys
