@@ -1,14 +1,12 @@
 """scripts/bench.py and scripts/bench_nanogpt.py end to end on tiny configs: one parseable JSON line per scheme."""
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from cli_runs import REPO, load_script
 
-REPO = Path(__file__).resolve().parents[1]
 FIELDS = {"pe", "device", "tokens_per_s", "mfu", "peak_memory_mb", "memory_metric", "step_ms", "config"}
 
 
@@ -18,6 +16,7 @@ def run_script(*args: str) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_bench_prints_one_json_line_per_scheme_with_eval():
     records = run_script(
         "scripts/bench.py",
@@ -48,9 +47,7 @@ def test_bench_prints_one_json_line_per_scheme_with_eval():
 
 
 def test_bench_splits_schemes_and_rejects_unknown_flags(capsys):
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench")
     args, overrides = bench.parse_args(["pe=rope,alibi", "pe.base=500", "--steps", "4"])
     assert args.steps == 4 and bench.split_schemes(overrides) == (["rope", "alibi"], ["pe.base=500"])
     assert bench.split_schemes(["model=gpt2"]) == ([None], ["model=gpt2"])
@@ -90,6 +87,7 @@ class GPT(torch.nn.Module):
 """
 
 
+@pytest.mark.slow
 def test_bench_nanogpt_prints_the_same_fields(tmp_path):
     """A stand-in with nanoGPT's interface (the real model.py is not part of posgpt)."""
     model_py = tmp_path / "model.py"
