@@ -10,29 +10,30 @@ from cli_runs import REPO, load_script
 FIELDS = {"pe", "device", "tokens_per_s", "mfu", "peak_memory_mb", "memory_metric", "step_ms", "config"}
 
 
-def run_script(*args: str) -> list[dict]:
-    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+def json_lines(result: subprocess.CompletedProcess) -> list[dict]:
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
 @pytest.mark.slow
-def test_bench_prints_one_json_line_per_scheme_with_eval():
-    records = run_script(
-        "scripts/bench.py",
-        "pe=alibi,learned",
-        "model.n_layer=1",
-        "model.n_head=2",
-        "model.n_embd=32",
-        "model.vocab_size=512",
-        "train.seq_len=32",
-        "train.batch_size=2",
-        "--warmup",
-        "1",
-        "--steps",
-        "2",
-        "--eval-length",
-        "128",
+def test_bench_prints_one_json_line_per_scheme_with_eval(cli):
+    records = json_lines(
+        cli.here(  # in-process, as python scripts/bench.py ... runs
+            "scripts/bench.py",
+            "pe=alibi,learned",
+            "model.n_layer=1",
+            "model.n_head=2",
+            "model.n_embd=32",
+            "model.vocab_size=512",
+            "train.seq_len=32",
+            "train.batch_size=2",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--eval-length",
+            "128",
+        )
     )
     assert [r["pe"] for r in records] == ["alibi", "learned"]
     for record in records:
@@ -92,19 +93,29 @@ def test_bench_nanogpt_prints_the_same_fields(tmp_path):
     """A stand-in with nanoGPT's interface (the real model.py is not part of posgpt)."""
     model_py = tmp_path / "model.py"
     model_py.write_text(FAKE_NANOGPT)
-    (record,) = run_script(
-        "scripts/bench_nanogpt.py",
-        "--model-py",
-        str(model_py),
-        "--n-embd",
-        "8",
-        "--seq-len",
-        "8",
-        "--batch-size",
-        "2",
-        "--warmup",
-        "1",
-        "--steps",
-        "2",
+    # a process of its own: the stand-in is imported as `model`, which is posgpt's package in this process
+    (record,) = json_lines(
+        subprocess.run(
+            [
+                sys.executable,
+                "scripts/bench_nanogpt.py",
+                "--model-py",
+                str(model_py),
+                "--n-embd",
+                "8",
+                "--seq-len",
+                "8",
+                "--batch-size",
+                "2",
+                "--warmup",
+                "1",
+                "--steps",
+                "2",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     )
     assert FIELDS <= record.keys() and record["impl"] == "nanoGPT" and record["tokens_per_s"] > 0
