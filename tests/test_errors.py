@@ -1,8 +1,8 @@
 """Bad input gets one clear line and a non-zero exit, never a traceback, and nothing of an existing run is
 overwritten (not even its record of how it was made, .hydra/, nor its console log); a diverging run stops (or
 skips the step) and keeps its last good checkpoint. Every case is a train.py or eval.py command line, run
-in-process as ``python <script> <argv>`` would run it (cli.here); the unknown scheme and the closed pipe are
-real subprocesses, the in-process run's answers being those of the command line (tests/test_domains.py)."""
+in-process as ``python <script> <argv>`` would run it (cli.here: the same exit code and output, without ~3 s
+of importing torch per case); the unknown scheme and the closed pipe are real subprocesses."""
 
 import json
 import shutil

@@ -23,7 +23,8 @@ def load_last(run_dir):
 
 def test_resume_continues_bit_identically(cli, reference, tmp_path):
     run_dir = tmp_path / "run"
-    first = cli.train(
+    # The first half in-process, the second in a process of its own: what resumes is only what was saved.
+    first = cli.train_here(
         run_dir, f"train.max_steps={STEPS // 2}", "train.checkpoint_every=7", "logging.wandb.mode=offline"
     )
     assert first.returncode == 0, first.stderr
