@@ -91,7 +91,9 @@ class Runner:
     def here(self, script: str, *argv: str) -> subprocess.CompletedProcess:
         """``python <script> <argv>`` run in this process (as __main__, with the real sys.argv), its output and
         exit code returned as a subprocess's would be: a refusal or a short run without the cost of a process.
-        What the script changes for the whole process (output streams, threads, gradients, cwd) is restored."""
+        What the script changes for the whole process (output streams, threads, gradients, cwd) is restored. It
+        runs in this process's environment, not self.env: conftest.py points the token cache where the session
+        Runner's is."""
         stdout, stderr = io.StringIO(), io.StringIO()
         saved = sys.argv, os.getcwd(), torch.get_num_threads(), torch.is_grad_enabled()
         code = 0

@@ -6,11 +6,13 @@ are stopped are real processes; the resumes that follow run in-process (cli.trai
 import json
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
-from cli_runs import STEPS, TIMEOUT_S, assert_user_error, train_losses, wait_for_step
+from cli_runs import REPO, STEPS, TIMEOUT_S, assert_user_error, train_losses, wait_for_step
 
 from core.checkpoint import load_checkpoint
 
@@ -110,11 +112,18 @@ def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):
     resumed run runs the evaluation it missed, instead of reporting nothing to do."""
     run_dir, steps = tmp_path / "run", 3
     heavy_eval = ["train.eval_after=true", "eval.protocols=[sliding]", "eval.stride=1", "eval.lengths=[16]"]
-    process = cli.start_train(run_dir, f"train.max_steps={steps}", *heavy_eval)
-    last = run_dir / "checkpoints" / "last.pt"
+    # The evaluation's progress bar (on stderr, to a file read below) tells that it has started. Waiting for
+    # last.pt instead would signal a process that may not have left the training loop yet, whose handler
+    # would then take the SIGTERM for itself: on a loaded machine that happened.
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        command = [sys.executable, "train.py", *cli.overrides(run_dir, f"train.max_steps={steps}", *heavy_eval)]
+        process = subprocess.Popen(
+            [*command, "logging.progress=true"], cwd=REPO, env=cli.env, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
     deadline = time.monotonic() + TIMEOUT_S
-    while not last.exists():  # saved once, at the end of training, just before the evaluation starts
-        assert process.poll() is None, process.stdout.read()
+    while "length/s" not in stderr_path.read_text():  # eval's bar counts lengths; training's counts steps
+        assert process.poll() is None, process.stdout.read() + stderr_path.read_text()
         assert time.monotonic() < deadline
         time.sleep(0.02)
     process.send_signal(signal.SIGTERM)
