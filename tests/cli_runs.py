@@ -1,19 +1,30 @@
 """Run posgpt's command lines (train.py, eval.py, torchrun) as a user would, on a tiny model and corpus.
 
-Shared by test_resume, test_distributed, test_errors and test_slurm_config. Every run is a real subprocess;
-a step takes a few milliseconds, so most of a run's time is Python importing torch.
+Shared by the tests of the command lines. A step takes a few milliseconds, so most of a subprocess's time is
+Python importing torch (~3 s): a command whose answer does not depend on being a process of its own (a refusal,
+a short run) runs in-process instead (Runner.here), exactly as ``python <script> <argv>`` would run it.
+
+Session fixtures (read-only: a test that changes a run copies it first, shutil.copytree):
+    cli        the Runner of the session (its corpus and token cache)
+    reference  an uninterrupted run of STEPS steps of the TINY model (pe=learned), = reference_run(cli)
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import os
+import runpy
 import subprocess
 import sys
 import sysconfig
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+import torch
 
 from core.tracking import read_metrics
 
@@ -77,6 +88,37 @@ class Runner:
     def eval(self, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
         return self.run([sys.executable, "eval.py", f"run_dir={run_dir}", *extra])
 
+    def here(self, script: str, *argv: str) -> subprocess.CompletedProcess:
+        """``python <script> <argv>`` run in this process (as __main__, with the real sys.argv), its output and
+        exit code returned as a subprocess's would be: a refusal or a short run without the cost of a process.
+        What the script changes for the whole process (output streams, threads, gradients, cwd) is restored. It
+        runs in this process's environment, not self.env: conftest.py points the token cache where the session
+        Runner's is."""
+        stdout, stderr = io.StringIO(), io.StringIO()
+        saved = sys.argv, os.getcwd(), torch.get_num_threads(), torch.is_grad_enabled()
+        code = 0
+        try:
+            os.chdir(REPO)
+            sys.argv = [str(REPO / script), *argv]
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                runpy.run_path(str(REPO / script), run_name="__main__")
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        finally:
+            sys.argv, cwd, threads, grad = saved
+            os.chdir(cwd)
+            torch.set_num_threads(threads)
+            torch.set_grad_enabled(grad)
+        return subprocess.CompletedProcess([script, *argv], code, stdout.getvalue(), stderr.getvalue())
+
+    def train_here(self, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+        """train.py in this process (see here)."""
+        return self.here("train.py", *self.overrides(run_dir, *extra))
+
+    def eval_here(self, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+        """eval.py in this process (see here)."""
+        return self.here("eval.py", f"run_dir={run_dir}", *extra)
+
     def start_train(self, run_dir: Path, *extra: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "train.py", *self.overrides(run_dir, *extra)],
@@ -101,9 +143,25 @@ def reference_run(runner: Runner) -> Path:
     return _REFERENCES[runner.base]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cli(tmp_path_factory) -> Runner:
     return Runner(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def reference(cli) -> Path:
+    """reference_run(cli) as a fixture: read it, never write into it (copy it first)."""
+    return reference_run(cli)
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/<name>.py imported as the module ``name`` (once per session), to call its functions."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before running it: dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def train_losses(run_dir: Path) -> dict[int, float | None]:

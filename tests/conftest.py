@@ -16,4 +16,4 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("POSGPT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "posgpt-cache"))
 
 
-from cli_runs import cli  # noqa: E402, F401  (the `cli` fixture, for every test module)
+from cli_runs import cli, reference  # noqa: E402, F401  (the session fixtures, for every test module)

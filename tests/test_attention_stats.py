@@ -3,15 +3,13 @@ probabilities, the distance decomposition, the statistics' definitions, and the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
 import torch
-from cli_runs import REPO, Runner
+from cli_runs import Runner, load_script
 from tiny_checkpoint import make_run
 
 from core.errors import PosGPTError
@@ -112,9 +110,7 @@ def test_alibi_heads_with_steeper_slopes_look_closer(tmp_path):
 @pytest.fixture(scope="module")
 def inspected(tmp_path_factory):
     """scripts/inspect_attention.py (in-process) on an alibi and a learned run of 2 heads, 1 layer."""
-    spec = importlib.util.spec_from_file_location("inspect_attention", REPO / "scripts" / "inspect_attention.py")
-    inspect_attention = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(inspect_attention)
+    inspect_attention = load_script("inspect_attention")
     runner = Runner(tmp_path_factory.getbasetemp())
     base = tmp_path_factory.mktemp("inspect")
     run_dirs = {pe: make_run(base / pe, runner.corpus, f"pe={pe}") for pe in ("alibi", "learned")}
@@ -157,10 +153,7 @@ def test_compare_overlays_the_entropy_of_several_runs(inspected, tmp_path):
     assert [label.split()[0] for label, _ in documents] == ["alibi", "learned"]
     for run_dir in runs:  # compare.py reads the perplexity results too
         eval.main([f"run_dir={run_dir}", "eval.lengths=[16]", "eval.protocols=[nonoverlapping]", "eval.max_tokens=64"])
-    spec = importlib.util.spec_from_file_location("compare", REPO / "scripts" / "compare.py")
-    compare = importlib.util.module_from_spec(spec)
-    sys.modules["compare"] = compare  # compare.py defines dataclasses, which look their module up
-    spec.loader.exec_module(compare)
+    compare = load_script("compare")
     path = tmp_path / "entropy.png"
     compare.main(
         [

@@ -1,39 +1,39 @@
 """scripts/bench.py and scripts/bench_nanogpt.py end to end on tiny configs: one parseable JSON line per scheme."""
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from cli_runs import REPO, load_script
 
-REPO = Path(__file__).resolve().parents[1]
 FIELDS = {"pe", "device", "tokens_per_s", "mfu", "peak_memory_mb", "memory_metric", "step_ms", "config"}
 
 
-def run_script(*args: str) -> list[dict]:
-    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+def json_lines(result: subprocess.CompletedProcess) -> list[dict]:
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
-def test_bench_prints_one_json_line_per_scheme_with_eval():
-    records = run_script(
-        "scripts/bench.py",
-        "pe=alibi,learned",
-        "model.n_layer=1",
-        "model.n_head=2",
-        "model.n_embd=32",
-        "model.vocab_size=512",
-        "train.seq_len=32",
-        "train.batch_size=2",
-        "--warmup",
-        "1",
-        "--steps",
-        "2",
-        "--eval-length",
-        "128",
+@pytest.mark.slow
+def test_bench_prints_one_json_line_per_scheme_with_eval(cli):
+    records = json_lines(
+        cli.here(  # in-process, as python scripts/bench.py ... runs
+            "scripts/bench.py",
+            "pe=alibi,learned",
+            "model.n_layer=1",
+            "model.n_head=2",
+            "model.n_embd=32",
+            "model.vocab_size=512",
+            "train.seq_len=32",
+            "train.batch_size=2",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--eval-length",
+            "128",
+        )
     )
     assert [r["pe"] for r in records] == ["alibi", "learned"]
     for record in records:
@@ -48,9 +48,7 @@ def test_bench_prints_one_json_line_per_scheme_with_eval():
 
 
 def test_bench_splits_schemes_and_rejects_unknown_flags(capsys):
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench")
     args, overrides = bench.parse_args(["pe=rope,alibi", "pe.base=500", "--steps", "4"])
     assert args.steps == 4 and bench.split_schemes(overrides) == (["rope", "alibi"], ["pe.base=500"])
     assert bench.split_schemes(["model=gpt2"]) == ([None], ["model=gpt2"])
@@ -90,23 +88,34 @@ class GPT(torch.nn.Module):
 """
 
 
+@pytest.mark.slow
 def test_bench_nanogpt_prints_the_same_fields(tmp_path):
     """A stand-in with nanoGPT's interface (the real model.py is not part of posgpt)."""
     model_py = tmp_path / "model.py"
     model_py.write_text(FAKE_NANOGPT)
-    (record,) = run_script(
-        "scripts/bench_nanogpt.py",
-        "--model-py",
-        str(model_py),
-        "--n-embd",
-        "8",
-        "--seq-len",
-        "8",
-        "--batch-size",
-        "2",
-        "--warmup",
-        "1",
-        "--steps",
-        "2",
+    # a process of its own: the stand-in is imported as `model`, which is posgpt's package in this process
+    (record,) = json_lines(
+        subprocess.run(
+            [
+                sys.executable,
+                "scripts/bench_nanogpt.py",
+                "--model-py",
+                str(model_py),
+                "--n-embd",
+                "8",
+                "--seq-len",
+                "8",
+                "--batch-size",
+                "2",
+                "--warmup",
+                "1",
+                "--steps",
+                "2",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     )
     assert FIELDS <= record.keys() and record["impl"] == "nanoGPT" and record["tokens_per_s"] > 0

@@ -1,4 +1,9 @@
-"""End to end through the real command lines: train.py then eval.py, for every positional scheme."""
+"""End to end through the real command lines: train.py then eval.py, for every positional scheme.
+
+Every scheme trains in one sweep (``train.py -m pe=...``, one process: a process per scheme would spend most
+of its time importing torch); each run is then evaluated by eval.py in-process (cli.here), as
+``python eval.py run_dir=...`` would. (tests/test_errors.py shows the in-process answers are the command line's.)
+"""
 
 import json
 import math
@@ -8,7 +13,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from cli_runs import REPO, Runner, assert_user_error
+from cli_runs import REPO, assert_user_error
 
 from core.tracking import read_metrics
 from model.pe import SCHEMES
@@ -27,16 +32,12 @@ def corpus(tmp_path_factory) -> list[str]:
     return paths
 
 
-@pytest.fixture(scope="module")
-def cli(tmp_path_factory) -> Runner:
-    return Runner(tmp_path_factory.getbasetemp())
+pytestmark = pytest.mark.slow
 
 
-def small_run(files: list[str], run_dir: Path, *extra: str) -> list[str]:
-    """train.py arguments for a model and run small enough for a few seconds of CPU."""
+def small_run(files: list[str], *extra: str) -> list[str]:
+    """train.py's arguments for a model and run small enough for a few seconds of CPU."""
     return [
-        sys.executable,
-        "train.py",
         "data=text",
         f"data.files=[{','.join(files)}]",
         "data.val_fraction=0.2",
@@ -54,9 +55,19 @@ def small_run(files: list[str], run_dir: Path, *extra: str) -> list[str]:
         "train.checkpoint_every=4",
         "eval.max_tokens=256",
         "logging.progress=false",
-        f"hydra.run.dir={run_dir}",
         *extra,
     ]
+
+
+@pytest.fixture(scope="module")
+def sweep(corpus, cli, tmp_path_factory) -> Path:
+    """One sweep over every scheme; its runs are <sweep>/<job number>-<scheme>."""
+    sweep_dir = tmp_path_factory.mktemp("e2e") / "sweep"
+    # train.compile=false exactly as docs/configuration.md documents it (Hydra makes it a boolean)
+    schemes = ",".join(sorted(SCHEMES))
+    overrides = small_run(corpus, f"pe={schemes}", "train.eval_after=false", "train.compile=false")
+    ok(cli.run([sys.executable, "train.py", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]))
+    return sweep_dir
 
 
 def ok(done):
@@ -77,11 +88,8 @@ def repository_copy(destination: Path) -> Path:
 
 
 @pytest.mark.parametrize("pe", sorted(SCHEMES))
-def test_train_then_eval_every_scheme(pe, corpus, cli, tmp_path):
-    run_dir = tmp_path / "run"
-    # train.compile=false exactly as docs/configuration.md documents it (Hydra makes it a boolean)
-    ok(cli.run(small_run(corpus, run_dir, f"pe={pe}", "train.eval_after=false", "train.compile=false")))
-
+def test_train_then_eval_every_scheme(pe, sweep, cli, tmp_path):
+    (run_dir,) = sweep.glob(f"*-{pe}")
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     metrics = read_metrics(run_dir)
     train_losses = [m["train_loss"] for m in metrics if "train_loss" in m]
@@ -94,7 +102,9 @@ def test_train_then_eval_every_scheme(pe, corpus, cli, tmp_path):
     offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert offline_runs and any(offline_runs[0].glob("run-*.wandb"))
 
-    result = ok(cli.eval(run_dir, "eval.length_multipliers=[1,4]", "eval.max_tokens=256", "logging.progress=false"))
+    result = ok(
+        cli.eval_here(run_dir, "eval.length_multipliers=[1,4]", "eval.max_tokens=256", "logging.progress=false")
+    )
     assert "1×" in result.stdout and "4×" in result.stdout  # the table is printed
     document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
     assert document["pe"] == pe and document["train_seq_len"] == 16
@@ -110,13 +120,13 @@ def test_train_then_eval_every_scheme(pe, corpus, cli, tmp_path):
     if pe == "rope":
         assert_evaluation_follows_the_checkpoint(cli, run_dir, tmp_path, rows)
     if pe == "learned":  # a key of the scheme that is not an evaluation-time setting: refused, no traceback
-        assert_user_error(cli.eval(run_dir, "pe.max_positions=64"), "pe.max_positions cannot be changed")
+        assert_user_error(cli.eval_here(run_dir, "pe.max_positions=64"), "pe.max_positions cannot be changed")
 
 
 def assert_evaluation_follows_the_checkpoint(cli, run_dir, tmp_path, rows):
     """The model comes from the checkpoint's config: another pe.base is refused, naming it; a configs/ YAML
     edited after training changes nothing; an evaluation-time setting (RoPE's pe.scaling) is allowed."""
-    assert_user_error(cli.eval(run_dir, "pe.base=500000"), "pe.base cannot be changed", "pe.base=10000")
+    assert_user_error(cli.eval_here(run_dir, "pe.base=500000"), "pe.base cannot be changed", "pe.base=10000")
     copy = repository_copy(tmp_path / "repo")
     rope_yaml = copy / "configs" / "pe" / "rope.yaml"
     rope_yaml.write_text(rope_yaml.read_text().replace("base: 10000.0", "base: 500000.0"))
@@ -149,7 +159,9 @@ def assert_evaluation_follows_the_checkpoint(cli, run_dir, tmp_path, rows):
 def test_main_job_shape_trains_and_evaluates_in_one_command(corpus, cli, tmp_path):
     """python train.py ends by evaluating (train.eval_after defaults to true) and prints the table."""
     run_dir = tmp_path / "run"
-    result = ok(cli.run(small_run(corpus, run_dir, "pe=alibi", "logging.wandb.mode=disabled")))
+    result = ok(
+        cli.here("train.py", *small_run(corpus, "pe=alibi", "logging.wandb.mode=disabled"), f"hydra.run.dir={run_dir}")
+    )
     assert "pe=alibi" in result.stdout and "4×" in result.stdout
     assert (run_dir / "eval" / "extrapolation.json").is_file()
     assert not (run_dir / "wandb").exists()

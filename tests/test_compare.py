@@ -1,16 +1,15 @@
 """scripts/compare.py and scripts/study.sh on real runs (a study of tiny runs made in two parts), plus
 the seed grouping, the confidence-interval tables and the errors, on hand-made runs."""
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
+from cli_runs import load_script
 
 from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
@@ -37,15 +36,7 @@ TINY = [
 ]
 
 
-def load_compare():
-    spec = importlib.util.spec_from_file_location("compare", REPO / "scripts" / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["compare"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-compare = load_compare()
+compare = load_script("compare")
 
 
 def run(*args, cache, env=None):
@@ -93,6 +84,7 @@ def study(tmp_path_factory):
     return tmp, study_dir, first_table, again.stdout, unchanged
 
 
+@pytest.mark.slow
 def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
     _, study_dir, first_table, _, _ = study
     for seed in (1, 2):
@@ -112,6 +104,7 @@ def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
     assert "ppl@kL / ppl@L" in first_table and "intervals do not overlap" in first_table
 
 
+@pytest.mark.slow
 def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
     _, study_dir, _, output, unchanged = study
     assert output.count("is done, skipped") == 1 and unchanged  # rope-s1: neither trained nor evaluated again
@@ -125,6 +118,7 @@ def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
         assert (study_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_study_lists_every_configured_scheme(tmp_path):
     study_dir = tmp_path / "study"
     listed = run("bash", "scripts/study.sh", "--list", "--seeds", "3", study_dir, cache=tmp_path).stdout.split()
@@ -143,6 +137,7 @@ def table_rows(markdown):
     }
 
 
+@pytest.mark.slow
 def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
     _, study_dir, _, _, _ = study
     md = tmp_path / "one.md"
@@ -174,17 +169,13 @@ def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
     assert f"| rope | 1 | {format_number(ppl[32] / ppl[16], 3)} |" in ratios.replace("**", "")
 
 
-def export(*args):
-    return subprocess.run(
-        [sys.executable, "scripts/export_results.py", *map(str, args)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+def export(cli, *args):
+    """``python scripts/export_results.py <args>``, in-process."""
+    return cli.here("scripts/export_results.py", *map(str, args))
 
 
-def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(study, tmp_path):
+@pytest.mark.slow
+def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(cli, study, tmp_path):
     """extrapolation.json records the checkpoint's config (end of training, and eval.py's YaRN rows);
     export_results.py copies what compare.py reads, without checkpoints, adding the config to a file written
     before it was recorded; compare.py then writes the same report from the copies as from the runs."""
@@ -198,7 +189,7 @@ def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(s
     document = json.loads(older.read_text())
     del document["config"]  # as posgpt wrote it before 2026-11-23
     older.write_text(json.dumps(document))
-    done = export(*runs, "--to", tmp_path / "exported")
+    done = export(cli, *runs, "--to", tmp_path / "exported")
     assert done.returncode == 0, done.stderr
     copies = [tmp_path / "exported" / name for name in ("rope-s1", "rope-s2")]
     assert sorted(p.name for p in copies[1].rglob("*")) == [
@@ -228,6 +219,7 @@ def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(s
     assert reports[0] == reports[1] and "| rope yarn:4 | 2 |" in reports[0]
 
 
+@pytest.mark.slow
 def test_a_run_from_before_a_setting_existed_groups_with_newer_runs(study, tmp_path):
     """A run's config lacks settings added after it was trained; they read as their defaults, so the run
     stays one seed of its setting rather than a setting of its own."""
@@ -243,7 +235,8 @@ def test_a_run_from_before_a_setting_existed_groups_with_newer_runs(study, tmp_p
     assert "| rope | 2 |" in (tmp_path / "c.md").read_text()
 
 
-def test_export_refuses_results_of_another_step_than_the_checkpoint(study, tmp_path):
+@pytest.mark.slow
+def test_export_refuses_results_of_another_step_than_the_checkpoint(cli, study, tmp_path):
     """A file without a recorded config gets the checkpoint's only if it scored that checkpoint."""
     _, study_dir, _, _, _ = study
     run_dir = tmp_path / "rope-s1"
@@ -252,14 +245,15 @@ def test_export_refuses_results_of_another_step_than_the_checkpoint(study, tmp_p
     document = json.loads(path.read_text())
     del document["config"]
     path.write_text(json.dumps({**document, "step": document["step"] - 1}))
-    done = export(run_dir, "--to", tmp_path / "exported")
+    done = export(cli, run_dir, "--to", tmp_path / "exported")
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     step = document["step"]
     assert f"its results scored step {step - 1}, its checkpoint is at step {step}" in done.stderr
     assert not (tmp_path / "exported").exists()
 
 
-def test_compare_refuses_results_without_checkpoint_or_recorded_config(study, tmp_path):
+@pytest.mark.slow
+def test_compare_refuses_results_without_checkpoint_or_recorded_config(cli, study, tmp_path):
     _, study_dir, _, _, _ = study
     copy = tmp_path / "rope-s1"
     shutil.copytree(study_dir / "rope-s1" / "eval", copy / "eval")
@@ -267,26 +261,15 @@ def test_compare_refuses_results_without_checkpoint_or_recorded_config(study, tm
     document = json.loads(path.read_text())
     del document["config"]  # as written before posgpt recorded it
     path.write_text(json.dumps(document))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "scripts/compare.py",
-            str(copy),
-            "--markdown",
-            str(tmp_path / "c.md"),
-            "--plot",
-            str(tmp_path / "c.png"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    done = cli.here(
+        "scripts/compare.py", str(copy), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png")
     )
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert f"{copy} has no checkpoint" in done.stderr and "does not say how the run was trained" in done.stderr
     assert not (tmp_path / "c.md").exists()
 
 
+@pytest.mark.slow
 def test_compare_refuses_a_run_given_twice(study, capsys):
     _, study_dir, _, _, _ = study
     with pytest.raises(SystemExit) as exit_info:
@@ -294,29 +277,25 @@ def test_compare_refuses_a_run_given_twice(study, capsys):
     assert exit_info.value.code == 2 and "same train.seed (1)" in capsys.readouterr().err
 
 
-def test_compare_names_a_corrupt_or_malformed_results_file(study, tmp_path):
-    """Through the CLI: one line naming the file, exit code 2, no traceback."""
+@pytest.mark.slow
+def test_compare_names_a_corrupt_or_malformed_results_file(cli, study, tmp_path):
+    """Through the command line (in-process): one line naming the file, exit code 2, no traceback."""
     tmp, study_dir, _, _, _ = study
     for name, content in (("corrupt", '{"pe": "rope", "results": [ {"len'), ("malformed", "[]")):
         run_dir = tmp_path / name
         (run_dir / "eval").mkdir(parents=True)
         (run_dir / "eval" / "extrapolation.json").write_text(content)
-        if name == "malformed":  # in-process: the same code path, without another interpreter start
+        if name == "malformed":  # the function that reads them
             with pytest.raises(PosGPTError, match=r"malformed: expected a JSON object, found list"):
                 compare.load_runs([run_dir])
             continue
-        done = subprocess.run(
-            [sys.executable, "scripts/compare.py", str(study_dir / "rope-s1"), str(run_dir)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
+        done = cli.here("scripts/compare.py", str(study_dir / "rope-s1"), str(run_dir))
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.strip().count("\n") == 0
         assert f"{run_dir}/eval/extrapolation.json is unreadable or not JSON" in done.stderr
 
 
+@pytest.mark.slow
 def test_compare_without_results_says_how_to_make_them(study, capsys):
     tmp, _, _, _, _ = study
     with pytest.raises(SystemExit) as exit_info:
@@ -324,6 +303,7 @@ def test_compare_without_results_says_how_to_make_them(study, capsys):
     assert exit_info.value.code == 2 and "no eval/extrapolation.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_py_rejects_a_scaling_for_a_scheme_without_one(study):
     _, study_dir, _, _, _ = study
     with pytest.raises(PosGPTError, match="pe.scaling.type"):
@@ -397,6 +377,7 @@ def test_a_seed_without_a_value_is_counted_in_its_cell():
     assert "| rope | 2 | **11.00 ± 12.71** | **20.00 (n=1)** |" in report
 
 
+@pytest.mark.slow
 def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study, tmp_path):
     """--val-curve: per setting, the validation loss each seed logged (metrics.jsonl), mean ± t-interval."""
     _, study_dir, _, _, _ = study
@@ -431,21 +412,17 @@ def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_compare_val_curve_refuses_a_run_without_logged_validation_loss(study, tmp_path):
-    """Through the CLI: a run whose metrics.jsonl has no val_loss is refused with one line naming the file."""
+@pytest.mark.slow
+def test_compare_val_curve_refuses_a_run_without_logged_validation_loss(cli, study, tmp_path):
+    """Through the command line (in-process): a run whose metrics.jsonl has no val_loss is refused with one
+    line naming the file."""
     _, study_dir, _, _, _ = study
     run_dir = tmp_path / "rope-s1"
     shutil.copytree(study_dir / "rope-s1", run_dir)
     metrics = run_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     metrics.write_text("".join(json.dumps(record) + "\n" for record in records if "val_loss" not in record))
-    done = subprocess.run(
-        [sys.executable, "scripts/compare.py", str(run_dir), "--val-curve", str(tmp_path / "v.png")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = cli.here("scripts/compare.py", str(run_dir), "--val-curve", str(tmp_path / "v.png"))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().count("\n") == 0
     assert f"{metrics} has no validation loss" in done.stderr
@@ -534,6 +511,7 @@ def test_paired_differences_against_a_baseline_instead_of_the_lowest():
         compare.find_baseline([entry("t5", {64: {1: 9.0}})], "t5")
 
 
+@pytest.mark.slow
 def test_compare_baseline_through_the_command_line(study, tmp_path, capsys):
     _, study_dir, _, _, _ = study
     runs = [str(study_dir / f"rope-s{seed}") for seed in (1, 2)]  # settings: rope, and rope yarn:4
@@ -549,10 +527,10 @@ def test_compare_baseline_through_the_command_line(study, tmp_path, capsys):
     assert not (tmp_path / "d.md").exists()
 
 
-def test_export_refuses_two_runs_of_one_name(tmp_path):
+def test_export_refuses_two_runs_of_one_name(cli, tmp_path):
     """They would land in one folder: refused with one line, before anything is read or written."""
     runs = [tmp_path / "a" / "rope-s1", tmp_path / "b" / "rope-s1"]
-    done = export(*runs, "--to", tmp_path / "exported")
+    done = export(cli, *runs, "--to", tmp_path / "exported")
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "several runs are named rope-s1: export them into separate folders" in done.stderr
     assert not (tmp_path / "exported").exists()

@@ -190,6 +190,7 @@ def test_stdlib_corpus_is_the_standard_library_split_by_file():
     assert sources.open_corpus(DataConfig(val_fraction=0.05)).fingerprint == corpus.fingerprint
 
 
+@pytest.mark.slow  # worker processes tokenize the standard library
 def test_stdlib_tokenized_in_parallel_and_cached(capsys):
     cfg = DataConfig(num_proc=2)
     splits = load_splits(cfg)

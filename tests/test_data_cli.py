@@ -1,7 +1,8 @@
 """The data pipeline's promises through the real command lines (issue #12 and #8.5): a damaged token cache is
 repaired, a changed corpus is noticed (and refused on resume), duplicates and rows without text are reported,
 unreadable files get one line, a signal while tokenizing leaves no worker behind, and eval.py scores the
-split data.eval_split asks for. Tiny runs: a few steps, train.eval_after=false.
+split data.eval_split asks for. Tiny runs: a few steps, train.eval_after=false, in-process (cli.here, as
+``python train.py ...`` would run); the signals are sent to real processes.
 """
 
 from __future__ import annotations
@@ -16,30 +17,30 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import REPO, TINY, Runner, assert_user_error
 
 from data.cache import _signals_stop_workers
-from tests.cli_runs import REPO, TINY, Runner, assert_user_error
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory) -> Runner:
+    """A Runner of its own: these tests damage and edit its corpus and token cache."""
     return Runner(tmp_path_factory.mktemp("data-cli"))
 
 
 def train(cli: Runner, run_dir: Path, files: list[Path], *extra: str) -> subprocess.CompletedProcess:
     """train.py on `files` (instead of the runner's corpus), with this module's own token cache."""
-    return cli.run(
-        [
-            sys.executable,
-            "train.py",
-            *TINY,
-            f"data.files=[{','.join(map(str, files))}]",
-            f"data.cache_dir={cli.base / 'cache'}",
-            f"hydra.run.dir={run_dir}",
-            *extra,
-        ]
+    return cli.here(
+        "train.py",
+        *TINY,
+        f"data.files=[{','.join(map(str, files))}]",
+        f"data.cache_dir={cli.base / 'cache'}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
     )
 
 
@@ -78,7 +79,7 @@ def test_truncated_shard_is_tokenized_again_and_eval_scores_the_training_val_spl
     size = shard.stat().st_size
     with open(shard, "r+b") as f:
         f.truncate(size // 2)
-    done = cli.eval(book_run, *EVAL_FAST)
+    done = cli.eval_here(book_run, *EVAL_FAST)
     assert done.returncode == 0, done.stderr
     assert "1 shard(s) of" in done.stdout and "do not match the manifest (all_000000.bin)" in done.stdout
     assert shard.stat().st_size == size
@@ -119,7 +120,7 @@ def test_corpus_edited_in_place_is_noticed_and_resume_refuses_it(cli, book, book
 def test_eval_of_another_corpus_scores_all_of_it(cli, book_run):
     other = cli.base / "other.txt"
     other.write_text((STDLIB / "difflib.py").read_text()[:20_000])
-    done = cli.eval(book_run, "data=text", "data.name=other", f"data.files=[{other}]", *EVAL_FAST)
+    done = cli.eval_here(book_run, "data=text", "data.name=other", f"data.files=[{other}]", *EVAL_FAST)
     assert done.returncode == 0, done.stderr
     assert "scoring the all split of other (not the corpus the run was trained on)" in done.stdout
     row = next(row for row in eval_rows(book_run) if row["data"] == "other")

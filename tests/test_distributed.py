@@ -1,13 +1,15 @@
 """torchrun on CPU (gloo): two processes train like one with the same global batch, with DDP and FSDP2."""
 
+import pytest
 import torch
-from cli_runs import STEPS, reference_run, train_losses
+from cli_runs import STEPS, train_losses
 
 TOLERANCE = 1e-4  # summation order differs across processes; observed differences are ~1e-6
 
 
-def test_ddp_then_fsdp_match_one_process(cli, tmp_path):
-    reference = train_losses(reference_run(cli))
+@pytest.mark.slow
+def test_ddp_then_fsdp_match_one_process(cli, reference, tmp_path):
+    reference = train_losses(reference)
     run_dir = tmp_path / "run"
     # Each rank takes 2 of the 4 rows and accumulates them in 2 micro-steps (no_sync on the first).
     ddp = cli.torchrun(run_dir, f"train.max_steps={STEPS // 2}", "train.grad_accum_steps=2")

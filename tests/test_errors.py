@@ -1,6 +1,8 @@
 """Bad input gets one clear line and a non-zero exit, never a traceback, and nothing of an existing run is
 overwritten (not even its record of how it was made, .hydra/, nor its console log); a diverging run stops (or
-skips the step) and keeps its last good checkpoint. Every case is a real train.py or eval.py run."""
+skips the step) and keeps its last good checkpoint. Every case is a train.py or eval.py command line, run
+in-process as ``python <script> <argv>`` would run it (cli.here: the same exit code and output, without ~3 s
+of importing torch per case); the unknown scheme and the closed pipe are real subprocesses."""
 
 import json
 import shutil
@@ -9,14 +11,18 @@ import sys
 
 import pytest
 import torch
-from cli_runs import REPO, STEPS, assert_one_line_error, assert_user_error, reference_run
+from cli_runs import REPO, STEPS, assert_one_line_error, assert_user_error, train_losses
+
+from model import GPT
+
+pytestmark = pytest.mark.slow  # every case reads or copies the session's trained reference run, or trains
 
 
 @pytest.fixture(scope="module")
-def existing_run(cli, tmp_path_factory):
+def existing_run(reference, tmp_path_factory):
     """A finished run's directory; every bad command below is aimed at it and must leave it as it was."""
     run_dir = tmp_path_factory.mktemp("errors") / "existing"
-    shutil.copytree(reference_run(cli), run_dir)
+    shutil.copytree(reference, run_dir)
     record = [run_dir / ".hydra" / "config.yaml", run_dir / ".hydra" / "overrides.yaml", run_dir / "train.log"]
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
     files = [*checkpoints, run_dir / "metrics.jsonl", *record]
@@ -43,11 +49,11 @@ def test_unknown_scheme_lists_the_options(cli, existing_run):
     ],
 )
 def test_config_typos_never_train(cli, existing_run, override, message):
-    assert_one_line_error(cli.train(existing_run, override), message)
+    assert_one_line_error(cli.train_here(existing_run, override), message)
 
 
 def test_eval_of_a_checkpoint_file_says_to_pass_the_run_directory(cli, existing_run):
-    done = cli.eval(existing_run / "checkpoints" / "last.pt")
+    done = cli.eval_here(existing_run / "checkpoints" / "last.pt")
     assert_one_line_error(done, "is a file", f"run_dir={existing_run}")
     assert "eval:" not in done.stdout  # refused before any work
 
@@ -62,7 +68,7 @@ def test_eval_of_a_checkpoint_file_says_to_pass_the_run_directory(cli, existing_
     ],
 )
 def test_bad_config(cli, existing_run, overrides, message):
-    assert_user_error(cli.train(existing_run, *overrides), message)
+    assert_user_error(cli.train_here(existing_run, *overrides), message)
 
 
 @pytest.mark.parametrize(
@@ -77,39 +83,40 @@ def test_bad_data_file(cli, tmp_path, name, content, message):
     path = tmp_path / name
     if content is not None:
         path.write_bytes(content)
-    assert_user_error(cli.train(tmp_path / "run", f"data.files=[{path}]"), message)
+    assert_user_error(cli.train_here(tmp_path / "run", f"data.files=[{path}]"), message)
 
 
 def test_fresh_run_refuses_an_existing_run_directory(cli, existing_run):
-    assert_user_error(cli.train(existing_run, "train.max_steps=5"), "already holds a checkpoint", "train.resume=true")
+    done = cli.train_here(existing_run, "train.max_steps=5")
+    assert_user_error(done, "already holds a checkpoint", "train.resume=true")
 
 
 def test_resume_with_another_architecture_is_refused(cli, existing_run):
-    done = cli.train(existing_run, f"train.max_steps={STEPS}", "train.resume=true", "model.n_embd=32")
+    done = cli.train_here(existing_run, f"train.max_steps={STEPS}", "train.resume=true", "model.n_embd=32")
     assert_user_error(done, "cannot resume", "model.n_embd=16 (now 32)")
 
 
-def test_truncated_checkpoint(cli, tmp_path):
+def test_truncated_checkpoint(cli, reference, tmp_path):
     run_dir = tmp_path / "run"
-    shutil.copytree(reference_run(cli), run_dir)
+    shutil.copytree(reference, run_dir)
     last = run_dir / "checkpoints" / "last.pt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
-    done = cli.train(run_dir, f"train.max_steps={STEPS + 5}", "train.resume=true")
+    done = cli.train_here(run_dir, f"train.max_steps={STEPS + 5}", "train.resume=true")
     assert_user_error(done, "is truncated or not a posgpt checkpoint")
 
 
 def test_foreign_checkpoint(cli, tmp_path):
     (tmp_path / "checkpoints").mkdir()
     torch.save({"state_dict": {"weight": torch.zeros(3)}}, tmp_path / "checkpoints" / "last.pt")
-    assert_user_error(cli.eval(tmp_path), "is not a posgpt checkpoint")
+    assert_user_error(cli.eval_here(tmp_path), "is not a posgpt checkpoint")
 
 
 def test_eval_of_a_run_directory_without_checkpoint(cli, tmp_path):
-    assert_user_error(cli.eval(tmp_path), "no checkpoint at")
+    assert_user_error(cli.eval_here(tmp_path), "no checkpoint at")
 
 
 def test_eval_beyond_a_learned_table_reports_null_ppl(cli, existing_run):
-    done = cli.eval(existing_run, "eval.lengths=[16,32]", "eval.protocols=[nonoverlapping]")
+    done = cli.eval_here(existing_run, "eval.lengths=[16,32]", "eval.protocols=[nonoverlapping]")
     assert done.returncode == 0, done.stderr
     results = json.loads((existing_run / "eval" / "extrapolation.json").read_text())["results"]
     rows = {row["length"]: row for row in results}
@@ -121,20 +128,45 @@ def assert_finite_weights(checkpoint):
     assert all(torch.isfinite(value).all() for value in checkpoint["model"].values() if value.is_floating_point())
 
 
-def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(cli, tmp_path):
-    # lr=1e6 makes the second step's gradients NaN, which turns the weights NaN; a save after every step
-    # would write them if anything let it.
-    done = cli.train(tmp_path, "train.max_steps=20", "train.lr=1e6", "train.checkpoint_every=1")
-    assert_user_error(done, "non-finite", "still holds the last good checkpoint", "Lower train.lr")
+@pytest.fixture
+def nan_at_step(monkeypatch):
+    """``nan_at_step(k)``: the loss of the k-th training step of this process is NaN, and so are its gradients.
+
+    A diverging learning rate (train.lr=1e6) overflows at a step that depends on the CPU's rounding (step 2 on
+    one machine, 4 on another): the non-finite step is made here instead, the same everywhere."""
+
+    def poison(step: int) -> None:
+        forward, steps = GPT.forward, []
+
+        def forward_with_nan(self, *args, **kwargs):
+            loss = forward(self, *args, **kwargs)
+            if torch.is_grad_enabled():  # a training step (validation runs without gradients)
+                steps.append(None)
+                if len(steps) == step:
+                    return loss * float("nan")
+            return loss
+
+        monkeypatch.setattr(GPT, "forward", forward_with_nan)
+
+    return poison
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(cli, tmp_path, nan_at_step):
+    # Step 4's NaN gradients turn the weights NaN; a save after every step would write them if anything let it.
+    nan_at_step(4)
+    done = cli.train_here(tmp_path, "train.max_steps=20", "train.checkpoint_every=1")
+    assert_one_line_error(done, "non-finite by step 4", "still holds the last good checkpoint", "Lower train.lr")
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
-    assert checkpoint["step"] < 20
+    assert checkpoint["step"] == 3
     assert_finite_weights(checkpoint)
 
 
-def test_skip_nonfinite_skips_the_step(cli, tmp_path):
-    done = cli.train(tmp_path, "train.max_steps=5", "train.lr=1e6", "train.skip_nonfinite=true")
+def test_skip_nonfinite_skips_the_step(cli, tmp_path, nan_at_step):
+    nan_at_step(2)
+    done = cli.train_here(tmp_path, "train.max_steps=5", "train.skip_nonfinite=true")
     assert done.returncode == 0, done.stderr
     assert "step 2: non-finite loss or gradients, step skipped" in done.stdout
+    assert [step for step, loss in train_losses(tmp_path).items() if loss is None] == [2]  # logged as such
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert checkpoint["step"] == 5
     assert_finite_weights(checkpoint)

@@ -220,6 +220,7 @@ def test_the_printed_table_has_a_row_per_setting_and_a_column_per_length(val_tok
     assert lines[3] == "(each cell scores the same targets: [32, 96))"
 
 
+@pytest.mark.slow  # a second interpreter
 def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
     shipped = sorted(path.stem for path in (Path(__file__).parents[1] / "configs" / "pe").glob("*.yaml"))
     declared = {name: SCHEMES[name].colour for name in shipped}

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from cli_runs import assert_user_error, reference_run
+from cli_runs import assert_user_error
 
 from core.errors import PosGPTError
 from core.tracking import read_metrics
@@ -48,7 +48,7 @@ def test_a_learned_table_cannot_be_extended():
         Parent("parent", 10, 16, parent.state_dict()).load_into(child)
 
 
-# --- Through the CLI: a tiny RoPE parent at 16 tokens, a child at 32 with YaRN ----------------------------------
+# --- Through the CLI (in-process, cli.train_here): a tiny RoPE parent at 16 tokens, a child at 32 with YaRN -------
 
 EVAL = ["eval.max_tokens=128", "eval.length_multipliers=[1,2]", "eval.protocols=[nonoverlapping]"]
 
@@ -57,7 +57,7 @@ EVAL = ["eval.max_tokens=128", "eval.length_multipliers=[1,2]", "eval.protocols=
 def parent_run(cli):
     run_dir = cli.base / "init-from-parent"
     if not (run_dir / "checkpoints" / "last.pt").exists():
-        done = cli.train(run_dir, "pe=rope", "train.max_steps=20")
+        done = cli.train_here(run_dir, "pe=rope", "train.max_steps=20")
         assert done.returncode == 0, done.stderr
     return run_dir
 
@@ -66,7 +66,7 @@ def parent_run(cli):
 def child_run(cli, parent_run):
     """One step at a learning rate (1e-30) below float32's resolution: the saved weights are the starting ones."""
     run_dir = cli.base / "init-from-child"
-    done = cli.train(
+    done = cli.train_here(
         run_dir,
         "pe=rope",
         f"train.init_from={parent_run}",
@@ -82,6 +82,7 @@ def child_run(cli, parent_run):
     return run_dir
 
 
+@pytest.mark.slow
 def test_child_starts_from_the_parents_weights_and_nothing_else(parent_run, child_run):
     parent = torch.load(parent_run / "checkpoints" / "last.pt", weights_only=True)
     child = torch.load(child_run / "checkpoints" / "last.pt", weights_only=True)
@@ -101,6 +102,7 @@ def test_child_starts_from_the_parents_weights_and_nothing_else(parent_run, chil
     }
 
 
+@pytest.mark.slow
 def test_child_evaluation_measures_the_extended_model(cli, child_run):
     """At the end of training, lengths relative to the new seq_len; eval.py later scores the same model."""
     document = json.loads((child_run / "eval" / "extrapolation.json").read_text())
@@ -112,12 +114,13 @@ def test_child_evaluation_measures_the_extended_model(cli, child_run):
         and row["variation_settings"]["scaling"]["original_seq_len"] == 16
         for row in rows.values()
     )
-    done = cli.eval(child_run, *EVAL)
+    done = cli.eval_here(child_run, *EVAL)
     assert done.returncode == 0, done.stderr
     again = json.loads((child_run / "eval" / "extrapolation.json").read_text())
     assert {row["length"]: row["ppl"] for row in again["results"]} == {n: row["ppl"] for n, row in rows.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "parent, overrides, message",
     [
@@ -125,7 +128,7 @@ def test_child_evaluation_measures_the_extended_model(cli, child_run):
         ("learned", ["train.seq_len=32"], "pe.table.weight has shape [16, 16]"),
     ],
 )
-def test_another_architecture_is_refused(cli, parent_run, tmp_path, parent, overrides, message):
-    source = parent_run if parent == "rope" else reference_run(cli)
-    done = cli.train(tmp_path / "child", f"train.init_from={source}", "train.max_steps=1", *overrides)
+def test_another_architecture_is_refused(cli, reference, parent_run, tmp_path, parent, overrides, message):
+    source = parent_run if parent == "rope" else reference
+    done = cli.train_here(tmp_path / "child", f"train.init_from={source}", "train.max_steps=1", *overrides)
     assert_user_error(done, message)

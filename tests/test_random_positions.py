@@ -4,7 +4,7 @@ refusals, and one training run through train.py."""
 import numpy as np
 import pytest
 import torch
-from cli_runs import Runner, train_losses
+from cli_runs import train_losses
 
 from core.errors import PosGPTError
 from data import TokenArray
@@ -83,14 +83,11 @@ def test_schemes_that_cannot_use_random_positions_refuse_clearly():
         model(torch.zeros(1, 2, dtype=torch.long), cache=KVCache(), positions=torch.arange(2))
 
 
-@pytest.fixture(scope="module")
-def cli(tmp_path_factory) -> Runner:
-    return Runner(tmp_path_factory.getbasetemp())
-
-
+@pytest.mark.slow
 def test_train_py_with_random_positions(cli, tmp_path):
-    done = cli.train(tmp_path / "run", "pe=alibi", "train.max_steps=3", "train.random_positions=256")
+    done = cli.train_here(tmp_path / "run", "pe=alibi", "train.max_steps=3", "train.random_positions=256")
     assert done.returncode == 0, done.stderr
     assert sorted(train_losses(tmp_path / "run")) == [1, 2, 3]
-    refused = cli.train(tmp_path / "bad", "train.max_steps=3", "train.random_positions=256")  # pe=learned, table 16
+    # pe=learned: a table of 16 positions
+    refused = cli.train_here(tmp_path / "bad", "train.max_steps=3", "train.random_positions=256")
     assert refused.returncode == 2 and "random_positions=256" in refused.stderr

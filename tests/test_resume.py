@@ -1,24 +1,32 @@
 """Checkpoints you can trust, through real train.py runs: a resumed run is bit-identical to an uninterrupted
-one, SIGTERM saves and exits cleanly, and kill -9 loses at most train.checkpoint_every steps."""
+one, SIGTERM saves and exits cleanly, and kill -9 loses at most train.checkpoint_every steps. The runs that
+are stopped are real processes; the resumes that follow run in-process (cli.train_here), as
+``python train.py ...`` would, against the session's reference run."""
 
 import json
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
+import pytest
 import torch
-from cli_runs import STEPS, TIMEOUT_S, assert_user_error, reference_run, train_losses, wait_for_step
+from cli_runs import REPO, STEPS, TIMEOUT_S, assert_user_error, train_losses, wait_for_step
 
 from core.checkpoint_io import load_checkpoint
+
+pytestmark = pytest.mark.slow
 
 
 def load_last(run_dir):
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
 
 
-def test_resume_continues_bit_identically(cli, tmp_path):
+def test_resume_continues_bit_identically(cli, reference, tmp_path):
     run_dir = tmp_path / "run"
-    first = cli.train(
+    # The first half in-process, the second in a process of its own: what resumes is only what was saved.
+    first = cli.train_here(
         run_dir, f"train.max_steps={STEPS // 2}", "train.checkpoint_every=7", "logging.wandb.mode=offline"
     )
     assert first.returncode == 0, first.stderr
@@ -39,7 +47,7 @@ def test_resume_continues_bit_identically(cli, tmp_path):
     assert f"resuming {run_dir} from step {STEPS // 2}" in resumed.stdout
     assert f"train.max_steps is now {STEPS} (was {STEPS // 2})" in resumed.stdout
     # Exact float equality: the same batches, weights, moments and learning rates as one uninterrupted run.
-    assert train_losses(run_dir) == train_losses(reference_run(cli))
+    assert train_losses(run_dir) == train_losses(reference)
     assert load_last(run_dir)["wandb_run_id"] == run_id  # logs into the same W&B run
     assert len(list((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
     # keep_checkpoints=2 step files besides last.pt
@@ -50,7 +58,7 @@ def test_resume_continues_bit_identically(cli, tmp_path):
     ]
 
 
-def test_sigterm_saves_a_checkpoint_and_exits(cli, tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits(cli, reference, tmp_path):
     run_dir = tmp_path / "run"
     # No periodic checkpoint before the end: the one found afterwards was written on SIGTERM.
     process = cli.start_train(run_dir, f"train.max_steps={STEPS}", "train.checkpoint_every=1000")
@@ -64,12 +72,12 @@ def test_sigterm_saves_a_checkpoint_and_exits(cli, tmp_path):
     assert f"stopped by SIGTERM at step {step}; checkpoint saved" in output
     assert max(train_losses(run_dir)) == step
 
-    resumed = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    resumed = cli.train_here(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr
-    assert train_losses(run_dir) == train_losses(reference_run(cli))
+    assert train_losses(run_dir) == train_losses(reference)
 
 
-def test_kill_9_loses_at_most_checkpoint_every_steps(cli, tmp_path):
+def test_kill_9_loses_at_most_checkpoint_every_steps(cli, reference, tmp_path):
     run_dir, every = tmp_path / "run", 3
     process = cli.start_train(run_dir, f"train.max_steps={STEPS}", f"train.checkpoint_every={every}")
     wait_for_step(process, run_dir, 10)
@@ -78,16 +86,16 @@ def test_kill_9_loses_at_most_checkpoint_every_steps(cli, tmp_path):
     logged = max(train_losses(run_dir))
     assert logged - every <= load_last(run_dir)["step"] <= logged  # last.pt is whole and recent
 
-    resumed = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    resumed = cli.train_here(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr
-    assert train_losses(run_dir) == train_losses(reference_run(cli))  # metrics.jsonl was cut back, then redone
+    assert train_losses(run_dir) == train_losses(reference)  # metrics.jsonl was cut back, then redone
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # a killed save's temporary file is gone
 
 
-def test_resuming_a_finished_run_does_nothing(cli):
-    run_dir = reference_run(cli)
+def test_resuming_a_finished_run_does_nothing(cli, reference):
+    run_dir = reference  # it writes nothing: then the reference stays as it was for the other tests
     metrics, checkpoint = (run_dir / "metrics.jsonl").read_bytes(), (run_dir / "checkpoints" / "last.pt").read_bytes()
-    done = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    done = cli.train_here(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
     assert done.returncode == 0, done.stderr
     assert f"has already trained {STEPS} steps" in done.stdout
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
@@ -95,7 +103,7 @@ def test_resuming_a_finished_run_does_nothing(cli):
 
 
 def test_resume_without_a_checkpoint_is_an_error(cli, tmp_path):
-    done = cli.train(tmp_path / "never-trained", "train.resume=true")
+    done = cli.train_here(tmp_path / "never-trained", "train.resume=true")
     assert_user_error(done, "train.resume=true but", "holds no checkpoint")
 
 
@@ -104,11 +112,18 @@ def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):
     resumed run runs the evaluation it missed, instead of reporting nothing to do."""
     run_dir, steps = tmp_path / "run", 3
     heavy_eval = ["train.eval_after=true", "eval.protocols=[sliding]", "eval.stride=1", "eval.lengths=[16]"]
-    process = cli.start_train(run_dir, f"train.max_steps={steps}", *heavy_eval)
-    last = run_dir / "checkpoints" / "last.pt"
+    # The evaluation's progress bar (on stderr, to a file read below) tells that it has started. Waiting for
+    # last.pt instead would signal a process that may not have left the training loop yet, whose handler
+    # would then take the SIGTERM for itself: on a loaded machine that happened.
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        command = [sys.executable, "train.py", *cli.overrides(run_dir, f"train.max_steps={steps}", *heavy_eval)]
+        process = subprocess.Popen(
+            [*command, "logging.progress=true"], cwd=REPO, env=cli.env, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
     deadline = time.monotonic() + TIMEOUT_S
-    while not last.exists():  # saved once, at the end of training, just before the evaluation starts
-        assert process.poll() is None, process.stdout.read()
+    while "length/s" not in stderr_path.read_text():  # eval's bar counts lengths; training's counts steps
+        assert process.poll() is None, process.stdout.read() + stderr_path.read_text()
         assert time.monotonic() < deadline
         time.sleep(0.02)
     process.send_signal(signal.SIGTERM)
@@ -116,7 +131,7 @@ def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):
     assert process.returncode == -signal.SIGTERM, output  # outside the loop a signal acts as usual
     assert not (run_dir / "eval" / "extrapolation.json").exists()
 
-    resumed = cli.train(run_dir, f"train.max_steps={steps}", "train.resume=true", *heavy_eval)
+    resumed = cli.train_here(run_dir, f"train.max_steps={steps}", "train.resume=true", *heavy_eval)
     assert resumed.returncode == 0, resumed.stderr
     assert "end-of-training evaluation did not finish: running it" in resumed.stdout
     document = json.loads((run_dir / "eval" / "extrapolation.json").read_text())
@@ -126,18 +141,18 @@ def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):
     assert "train: pe=learned" in log and "did not finish: running it" in log
 
 
-def test_resume_reads_settings_added_since_the_checkpoint_as_their_defaults(cli, tmp_path):
+def test_resume_reads_settings_added_since_the_checkpoint_as_their_defaults(cli, reference, tmp_path):
     """A checkpoint written before a setting existed resumes (the setting reads as its default), and a setting
     whose default changed since reads as its legacy value, so resuming with today's default is refused."""
     run_dir = tmp_path / "run"
-    shutil.copytree(reference_run(cli), run_dir)
+    shutil.copytree(reference, run_dir)
     path = run_dir / "checkpoints" / "last.pt"
     checkpoint = torch.load(path, weights_only=True)
     del checkpoint["config"]["model"]["dropout"]  # default 0.0, the value it was trained with
     torch.save(checkpoint, path)
-    done = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    done = cli.train_here(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
     assert done.returncode == 0 and f"has already trained {STEPS} steps" in done.stdout, done.stderr
     del checkpoint["config"]["model"]["embedding"]  # before model.embedding existed, runs used GPT-2's
     torch.save(checkpoint, path)
-    refused = cli.train(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    refused = cli.train_here(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
     assert_user_error(refused, "cannot resume", "model.embedding=gpt2 (now fairseq)")

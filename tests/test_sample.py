@@ -174,6 +174,7 @@ def sample_main(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow
 def test_cli_samples_past_the_training_length_with_yarn(runs):
     runner, run_dirs = runs
     done = runner.run(

@@ -56,6 +56,7 @@ def fake_slurm(directory):
     return directory
 
 
+@pytest.mark.slow
 def test_sweep_submits_one_job_per_scheme(cli, tmp_path):
     bin_dir, sweep_dir = fake_slurm(tmp_path / "bin"), tmp_path / "sweep"
     command = [
