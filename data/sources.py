@@ -17,6 +17,8 @@ would put its tail in validation and the same text in training. Rows without a t
 field) are counted: more than half of them is refused, fewer are skipped with a warning (ROW_RULE).
 """
 
+from __future__ import annotations
+
 import codecs
 import functools
 import hashlib
@@ -27,13 +29,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-
-import datasets
-import huggingface_hub
+from typing import TYPE_CHECKING
 
 from core.errors import PosGPTError
 from core.files import not_utf8, read_user_text
 from data.config import DataConfig, is_url, loader_for, resolve_cache_dir
+
+if TYPE_CHECKING:
+    import datasets
 
 ALL = "all"  # label of documents whose token stream is split, instead of the documents themselves
 
@@ -214,6 +217,8 @@ def _content_digest(files: list[str], utf8: bool) -> str:
 
 
 def _load_table(cfg: DataConfig, loader: str, files: list[str]) -> datasets.Dataset:
+    import datasets  # here, not at the top: it brings pandas and pyarrow, a third of every command's start-up
+
     cache_dir = resolve_cache_dir(cfg) / "datasets" / _content_digest(files, utf8=loader != "parquet")[:16]
     # sample_by="document": a whole .txt file is one document, not one per line.
     options = {"sample_by": "document"} if loader == "text" else {}
@@ -229,6 +234,8 @@ def _load_table(cfg: DataConfig, loader: str, files: list[str]) -> datasets.Data
 
 
 def _hub_corpus(cfg: DataConfig) -> Corpus:
+    import datasets  # here, not at the top: see _load_table
+
     where = cfg.hub_path + (f" ({cfg.hub_name})" if cfg.hub_name else "")
     # Offline, datasets retries every request for about 25 s before it gives up; one quick probe answers
     # at once. With HF_DATASETS_OFFLINE=1 datasets reads its own cache and never touches the network.
@@ -265,6 +272,8 @@ def _hub_corpus(cfg: DataConfig) -> Corpus:
 
 
 def _hub_reachable(timeout_s: float = 5.0) -> bool:
+    import huggingface_hub  # here, not at the top: see _load_table
+
     try:
         huggingface_hub.get_session().head(huggingface_hub.constants.ENDPOINT, timeout=timeout_s)
     except Exception:  # whatever stops the request (DNS, refused, timeout, proxy) means: out of reach
@@ -273,6 +282,8 @@ def _hub_reachable(timeout_s: float = 5.0) -> bool:
 
 
 def _load_hub(cfg: DataConfig, split: str, where: str) -> datasets.Dataset | datasets.IterableDataset:
+    import datasets  # here, not at the top: see _load_table
+
     try:
         table = datasets.load_dataset(cfg.hub_path, cfg.hub_name, split=split, streaming=cfg.streaming)
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
