@@ -3,11 +3,13 @@ of the machine (a full disk, a missing permission) one line + exit 74."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
 import signal
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO, TypeVar
@@ -46,6 +48,15 @@ def exit_on_user_error(fn: F) -> F:
             _exit_with(fault)
 
     return wrapper  # type: ignore[return-value]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose mistakes (an unknown option, a value of the wrong type, a missing argument) are
+    PosGPTErrors: under :func:`exit_on_user_error`, one line and exit code 2 like every other mistake, instead of
+    argparse's usage block."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise PosGPTError(f"{message} (see {self.prog} --help)")
 
 
 def _exit_with(error: PosGPTError) -> None:

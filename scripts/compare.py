@@ -50,7 +50,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from core.checkpoint import last_checkpoint_path, load_checkpoint
-from core.cli import exit_on_user_error
+from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs
 from core.tracking import METRICS_FILE, read_metrics
@@ -79,9 +79,7 @@ NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key no
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="training run directories")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="nonoverlapping")
     parser.add_argument(
