@@ -94,7 +94,7 @@ def check_outputs(
       file inside an input folder;
     - lies in a training run's own files (RUN_ENTRIES: checkpoints/, eval/, logs, .hydra/), other than those of
       ``run``, the run this command writes (and holds the lock of, core.rundir.lock_run);
-    - is an existing directory, or the path of another of the outputs.
+    - is an existing directory, lies under a file, or is the path of another of the outputs.
     """
     sources = [Path(p).expanduser().absolute().resolve() for p in inputs]
     own = Path(run).absolute().resolve() if run is not None else None
@@ -115,6 +115,9 @@ def check_outputs(
                 )
         if path.is_dir():
             raise PosGPTError(f"{shown} is a directory: give a file path")
+        blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+        if blocking is not None:
+            raise PosGPTError(f"{shown} lies under {blocking}, which is a file, not a folder (nothing was written)")
         owner = _run_entry(path)
         if owner is not None and owner[0] != own:
             raise PosGPTError(
