@@ -68,3 +68,21 @@ def test_an_output_under_a_file_is_refused_before_anything_is_written(tmp_path):
     a_file.write_text("x")
     with pytest.raises(PosGPTError, match="lies under .*a-file, which is a file, not a folder"):
         check_outputs({"--to": a_file / "run" / "eval" / "extrapolation.json"})
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "loop"])
+def test_a_path_no_file_can_have_is_one_line(name, tmp_path, capsys):
+    """A path too long for the file system, or a loop of symbolic links, wherever a command first touches it
+    (sample.prompt_file=<5000 characters> raised OSError ENAMETOOLONG from Path.is_dir)."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+
+    @exit_on_user_error
+    def main():
+        (tmp_path / name).is_dir()
+        (tmp_path / name).read_bytes()
+
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert len(err) < 300
