@@ -56,7 +56,15 @@ from core.files import check_outputs
 from core.tracking import METRICS_FILE, read_metrics
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
 from evaluation.extrapolation import PROTOCOLS, effective_stride
-from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length, plot_training_curves
+from evaluation.plots import (
+    Series,
+    bin_centre,
+    bins_note,
+    check_image_paths,
+    plot_per_position,
+    plot_ppl_vs_length,
+    plot_training_curves,
+)
 from evaluation.report import (
     RUNTIME_FIELDS,
     SCORED_FIELDS,
@@ -807,6 +815,7 @@ def main(argv: list[str]) -> None:
     if args.stride is not None and args.protocol != "sliding":
         raise PosGPTError(f"--stride is the sliding protocol's; pass --protocol sliding or drop --stride {args.stride}")
     outputs = ("markdown", "plot", "per_position", "val_curve", "entropy")
+    check_image_paths({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs[1:]})
     check_outputs({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs}, inputs=args.run_dirs)
     runs = load_runs(args.run_dirs)
     data = choose_data(runs, args.data)

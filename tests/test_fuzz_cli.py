@@ -13,6 +13,7 @@ import pytest
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs
+from evaluation.plots import check_image_paths
 from experiment.compose import compose_config
 from experiment.config import validate
 
@@ -86,3 +87,11 @@ def test_a_path_no_file_can_have_is_one_line(name, tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert len(err) < 300
+
+
+def test_a_plot_path_that_names_no_image_format_is_refused():
+    """compare.py --plot comparison.txt computed everything, then matplotlib's savefig raised ValueError."""
+    check_image_paths({"--plot": "a.png", "--entropy": "b.PDF", "--val-curve": None})
+    for path in ("comparison.txt", "comparison"):
+        with pytest.raises(PosGPTError, match=rf"^--plot {path}: name an image file"):
+            check_image_paths({"--plot": path})
