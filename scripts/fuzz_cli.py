@@ -215,7 +215,7 @@ def bad_values(key: Key, files: dict[str, Path]) -> list[str]:
 
 
 def make_bad_files(folder: Path) -> dict[str, Path]:
-    """Files a user might hand in by mistake, by name."""
+    """Files a user might hand in by mistake, by name (some are missing or cannot exist: a path is what is fuzzed)."""
     folder.mkdir(parents=True, exist_ok=True)
     files = {
         "missing": folder / "missing.txt",
@@ -224,6 +224,7 @@ def make_bad_files(folder: Path) -> dict[str, Path]:
         "empty": folder / "empty.txt",
         "garbage_pt": folder / "garbage.pt",
         "garbage_json": folder / "garbage.json",
+        "too_long": folder / ("x" * 300),  # longer than a file name may be (255 bytes)
     }
     files["directory"].mkdir(exist_ok=True)
     files["not_utf8"].write_bytes(b"caf\xe9 au lait\n" * 50)
@@ -492,7 +493,8 @@ def may_write(case: Case, name: str, inputs: Path) -> bool:
         return True
     path = inputs / name
     named = [Path(value) for option, value in zip(case.args, case.args[1:]) if option in OUTPUT_OPTIONS]
-    return any(path == output or output in path.parents for output in named)
+    # the output, what lies in an output folder, or a folder made to hold an output
+    return any(path == output or output in path.parents or path in output.parents for output in named)
 
 
 def check(command: str, case: Case, outcome: Outcome, changed: list[str], scratch: Path, ws: Workspace) -> str | None:
@@ -557,8 +559,8 @@ def run_cases(
         after = snapshot(ws.inputs)
         problem = check(case.command, case, outcome, changes(before, after), scratch, ws)
         report.add(case, outcome, problem)
-        if verbose and problem is not None:
-            print(f"FAILED {case}: {problem}", flush=True)
+        if verbose and (problem is not None or outcome.code == MACHINE_FAULT):
+            print(f"FAILED {case}: {problem}" if problem else f"exit 74 {case}: {outcome.stderr.strip()}", flush=True)
         if outcome.code == OK and problem is None:
             shutil.rmtree(scratch, ignore_errors=True)
     report.seconds = time.monotonic() - start
