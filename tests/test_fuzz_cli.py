@@ -13,6 +13,8 @@ import pytest
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs
+from data.config import DataConfig
+from data.config import validate as validate_data
 from evaluation.plots import check_image_paths
 from experiment.compose import compose_config
 from experiment.config import validate
@@ -27,6 +29,7 @@ def test_the_generator_covers_every_command_and_key():
     assert fuzz_cli.PATH_KEYS <= keys and fuzz_cli.WORK_KEYS <= keys and fuzz_cli.SKIPPED_KEYS <= keys
 
 
+@pytest.mark.slow  # trains a tiny model (in this process), and a case whose value is legal trains a step
 def test_a_seeded_sample_of_cases_ends_in_a_result_or_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     report = fuzz_cli.fuzz(tmp_path, SAMPLE_CASES, SEED)
@@ -95,3 +98,11 @@ def test_a_plot_path_that_names_no_image_format_is_refused():
     for path in ("comparison.txt", "comparison"):
         with pytest.raises(PosGPTError, match=rf"^--plot {path}: name an image file"):
             check_image_paths({"--plot": path})
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "../elsewhere", "a/b", ".."], ids=["long", "up", "slash", "dotdot"])
+def test_a_data_name_that_is_no_folder_name_is_refused(name):
+    """data.name names the token cache's folder: 5000 characters ended as exit 74 (a fault of the machine) when
+    the folder was made, and '../elsewhere' wrote the cache outside data.cache_dir."""
+    with pytest.raises(PosGPTError, match=r"^data\.name=.* names the token cache's folder"):
+        validate_data(DataConfig(name=name))
