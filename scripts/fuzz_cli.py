@@ -486,13 +486,15 @@ OUTPUT_OPTIONS = ("--markdown", "--plot", "--per-position", "--val-curve", "--en
 
 def may_write(case: Case, name: str, inputs: Path) -> bool:
     """Whether ``case``'s command, when it succeeds, may write the input file ``name`` (relative to ``inputs``): a
-    run's eval/ (eval.py, inspect_attention.py), the run directory a training makes, the outputs named."""
-    if case.command in (EVAL, INSPECT):
-        return "eval" in Path(name).parts or "wandb" in Path(name).parts
+    run's eval/ (eval.py, inspect_attention.py), the run directory a training makes, the outputs and the token
+    cache folder (data.cache_dir) named."""
     if case.command == TRAIN:
+        return True
+    if case.command in (EVAL, INSPECT) and ("eval" in Path(name).parts or "wandb" in Path(name).parts):
         return True
     path = inputs / name
     named = [Path(value) for option, value in zip(case.args, case.args[1:]) if option in OUTPUT_OPTIONS]
+    named += [Path(arg.split("=", 1)[1]) for arg in case.args if arg.startswith("data.cache_dir=")]  # token caches
     # the output, what lies in an output folder, or a folder made to hold an output
     return any(path == output or output in path.parents or path in output.parents for output in named)
 
@@ -579,12 +581,16 @@ def sample_cases(cases: list[Case], count: int | None, seed: int) -> list[Case]:
 
 def fuzz(root: Path, count: int | None, seed: int, subprocesses: bool = False, verbose: bool = False) -> Report:
     """Prepare a workspace under ``root``, run ``count`` of its cases (seeded; None: all) and report."""
-    os.environ["POSGPT_CACHE_DIR"] = str(root / "cache")
-    os.environ.setdefault("WANDB_SILENT", "true")
-    ws = Workspace(root)
-    ws.prepare(run_in_process)
-    cases = sample_cases(ws.cases(), count, seed)
-    return run_cases(ws, cases, run_subprocess if subprocesses else run_in_process, verbose)
+    saved = dict(os.environ)
+    os.environ.update(POSGPT_CACHE_DIR=str(root / "cache"), WANDB_SILENT="true")  # the subprocesses' too
+    try:
+        ws = Workspace(root)
+        ws.prepare(run_in_process)
+        cases = sample_cases(ws.cases(), count, seed)
+        return run_cases(ws, cases, run_subprocess if subprocesses else run_in_process, verbose)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def main(argv: list[str] | None = None) -> None:
