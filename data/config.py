@@ -98,6 +98,12 @@ def validate(cfg: DataConfig) -> None:
         )
     if cfg.eval_split not in EVAL_SPLITS:
         raise PosGPTError(f"data.eval_split={cfg.eval_split!r} is unknown: use one of {', '.join(EVAL_SPLITS)}")
+    cache = resolve_cache_dir(cfg)
+    blocking = next((path for path in (cache, *cache.parents) if path.exists() and not path.is_dir()), None)
+    if blocking is not None:  # a mistake in the command, not a fault of the machine when the cache is written
+        raise PosGPTError(
+            f"data.cache_dir (or $POSGPT_CACHE_DIR) {cache}: {blocking} is a file, not a folder; choose a folder"
+        )
     if cfg.source == "text":
         if not cfg.files:
             raise PosGPTError("data.source=text needs files: set data.files=[path/to/a.txt,...]")

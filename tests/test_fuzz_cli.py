@@ -106,3 +106,11 @@ def test_a_data_name_that_is_no_folder_name_is_refused(name):
     the folder was made, and '../elsewhere' wrote the cache outside data.cache_dir."""
     with pytest.raises(PosGPTError, match=r"^data\.name=.* names the token cache's folder"):
         validate_data(DataConfig(name=name))
+
+
+def test_a_cache_dir_that_is_a_file_is_a_mistake_in_the_command(tmp_path):
+    """data.cache_dir=<a file> ended as exit 74 (a fault of the machine) when the token cache was written."""
+    (tmp_path / "a-file").write_text("x")
+    for cache_dir in (tmp_path / "a-file", tmp_path / "a-file" / "deeper"):
+        with pytest.raises(PosGPTError, match=r"^data\.cache_dir .* is a file, not a folder"):
+            validate_data(DataConfig(cache_dir=str(cache_dir)))
