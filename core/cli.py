@@ -3,17 +3,19 @@ of the machine (a full disk, a missing permission) one line + exit 74."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
 import signal
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO, TypeVar
 
 from core.errors import MachineFault, PosGPTError
-from core.files import os_fault
+from core.files import bad_path, os_fault
 
 F = TypeVar("F", bound=Callable)
 
@@ -21,7 +23,8 @@ F = TypeVar("F", bound=Callable)
 def exit_on_user_error(fn: F) -> F:
     """Run ``fn``; a PosGPTError is printed as ``error: <message>`` and exits with its code (2; 74 for a
     MachineFault), no traceback. So is an OSError that is a fault of the machine (core.files.os_fault: no space
-    left, permission denied, an I/O error), naming its file.
+    left, permission denied, an I/O error), naming its file, and one about a path no file can have (too long, a
+    loop of links: core.files.bad_path, exit 2).
 
     Ctrl-C (where the training loop does not handle it itself) exits with 130, as the shell expects, also
     without a traceback; output piped to a reader that stops early (``| head``) ends the command quietly.
@@ -40,12 +43,21 @@ def exit_on_user_error(fn: F) -> F:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail
             sys.exit(1)
         except OSError as error:
-            fault = os_fault(error)
+            fault = os_fault(error) or bad_path(error)
             if fault is None:
                 raise
             _exit_with(fault)
 
     return wrapper  # type: ignore[return-value]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose mistakes (an unknown option, a value of the wrong type, a missing argument) are
+    PosGPTErrors: under :func:`exit_on_user_error`, one line and exit code 2 like every other mistake, instead of
+    argparse's usage block."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise PosGPTError(f"{message} (see {self.prog} --help)")
 
 
 def _exit_with(error: PosGPTError) -> None:

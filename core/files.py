@@ -7,7 +7,8 @@
 - :func:`atomic_write` writes a file whole or not at all; a full disk or a missing permission is a MachineFault
   naming the file, and the previous version of the file is left as it was.
 - :func:`os_fault` turns any other failure of the machine (no space left, permission denied, an I/O error) into
-  the same kind of one line, naming the file being read or written when the error happened.
+  the same kind of one line, naming the file being read or written when the error happened; :func:`bad_path` a
+  path no file can have (too long, a loop of links), as a mistake in the command.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from core.rundir import RUN_ENTRIES, is_run_dir
 TMP_PREFIX = ".tmp-"
 # What the machine, not the command, got wrong (raised as OSError with these numbers).
 FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO})
+# What a path the user typed got wrong, wherever the command first touches it.
+BAD_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
 
 
 def read_user_text(path: str | Path, setting: str) -> str:
@@ -94,7 +97,7 @@ def check_outputs(
       file inside an input folder;
     - lies in a training run's own files (RUN_ENTRIES: checkpoints/, eval/, logs, .hydra/), other than those of
       ``run``, the run this command writes (and holds the lock of, core.rundir.lock_run);
-    - is an existing directory, or the path of another of the outputs.
+    - is an existing directory, lies under a file, or is the path of another of the outputs.
     """
     sources = [Path(p).expanduser().absolute().resolve() for p in inputs]
     own = Path(run).absolute().resolve() if run is not None else None
@@ -115,6 +118,9 @@ def check_outputs(
                 )
         if path.is_dir():
             raise PosGPTError(f"{shown} is a directory: give a file path")
+        blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+        if blocking is not None:
+            raise PosGPTError(f"{shown} lies under {blocking}, which is a file, not a folder (nothing was written)")
         owner = _run_entry(path)
         if owner is not None and owner[0] != own:
             raise PosGPTError(
@@ -189,6 +195,16 @@ def open_file_in(error: BaseException) -> io.IOBase | None:
                 if not value.name.startswith("<"):  # <stdout>, <stderr>
                     return value
     return None
+
+
+def bad_path(error: OSError) -> PosGPTError | None:
+    """A path the user named that no file can have (BAD_PATH_ERRNOS: too long, a loop of links) as one line naming
+    it (its start, if it is long); None for other OSErrors."""
+    if error.errno not in BAD_PATH_ERRNOS:
+        return None
+    name = str(error.filename or "")
+    shown = name if len(name) <= 100 else f"{name[:80]}... ({len(name)} characters)"
+    return PosGPTError(f"{error.strerror}: {shown}; check the paths in the command")
 
 
 def os_fault(error: OSError) -> MachineFault | None:

@@ -9,6 +9,7 @@ from core.errors import PosGPTError
 
 SOURCES = ("python_stdlib", "text", "hub")
 EVAL_SPLITS = ("auto", "val", "train", "all")  # data.eval_split
+MAX_NAME_BYTES = 200  # data.name, with the cache key, must fit a file name (255 bytes)
 
 # datasets' packaged loader for each kind of local or remote file.
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -88,8 +89,21 @@ def validate_data_config(cfg: DataConfig) -> None:
     checked with the whole config: experiment/config.py)."""
     if cfg.source not in SOURCES:
         raise PosGPTError(f"data.source={cfg.source!r} is unknown: use one of {', '.join(SOURCES)}")
+    # data.name names the token cache's folder, <cache_dir>/<name>-<key>: one folder name, never a path out of it.
+    if "/" in cfg.name or "\0" in cfg.name or cfg.name in (".", "..") or len(cfg.name.encode()) > MAX_NAME_BYTES:
+        shown = cfg.name if len(cfg.name) <= 60 else f"{cfg.name[:40]}... ({len(cfg.name)} characters)"
+        raise PosGPTError(
+            f"data.name={shown!r} names the token cache's folder: give a name of at most {MAX_NAME_BYTES} bytes "
+            "without '/', not '.' or '..'"
+        )
     if cfg.eval_split not in EVAL_SPLITS:
         raise PosGPTError(f"data.eval_split={cfg.eval_split!r} is unknown: use one of {', '.join(EVAL_SPLITS)}")
+    cache = resolve_cache_dir(cfg)
+    blocking = next((path for path in (cache, *cache.parents) if path.exists() and not path.is_dir()), None)
+    if blocking is not None:  # a mistake in the command, not a fault of the machine when the cache is written
+        raise PosGPTError(
+            f"data.cache_dir (or $POSGPT_CACHE_DIR) {cache}: {blocking} is a file, not a folder; choose a folder"
+        )
     if cfg.source == "text":
         if not cfg.files:
             raise PosGPTError("data.source=text needs files: set data.files=[path/to/a.txt,...]")

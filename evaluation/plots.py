@@ -16,16 +16,16 @@ from __future__ import annotations
 import colorsys
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 
+from core.errors import PosGPTError
 from model.pe import SCHEMES
 
-# The ten schemes posgpt ships, one each of matplotlib's ten default colours (so no two share one in a
-# study's plots); others get a colour from their name.
 LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (10, 3)), "v"), ((0, (5, 2, 1, 2, 1, 2)), "P")]
 
 
@@ -95,6 +95,19 @@ def _label_log_axis(axis, low: float, high: float) -> None:
     axis.set_minor_formatter(
         FuncFormatter(lambda value, _: plain(value) if not wide or f"{value:e}"[0] in "25" else "")
     )
+
+
+def check_image_paths(paths: Mapping[str, str | Path | None]) -> None:
+    """Refuse, before anything is computed or written, a plot path (named by its option) whose extension is not an
+    image format matplotlib writes: the extension chooses the format (savefig would fail after the work, or
+    add .png to a name without one)."""
+    formats = Figure().canvas.get_supported_filetypes()
+    for option, path in paths.items():
+        if path is not None and Path(path).suffix.lstrip(".").lower() not in formats:
+            raise PosGPTError(
+                f"{option} {path}: name an image file; its extension chooses the format (.png, .pdf, .svg, ...: "
+                f"{', '.join(sorted(formats))})"
+            )
 
 
 def _mark_training_length(ax, train_lens: set[int]) -> None:

@@ -9,6 +9,7 @@ exist and their types, so a misspelt key or a wrong type fails at start-up, and 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +165,28 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
     return [m * cfg.train.seq_len for m in cfg.eval.length_multipliers]
 
 
+def check_list_elements(config: Any, prefix: str = "") -> None:
+    """PosGPTError naming the first element of a list setting that is not of the list's element type: OmegaConf
+    types a list's scalars but lets a nested list or dict through (``eval.lengths=[[1]]``)."""
+    hints = typing.get_type_hints(type(config))
+    for item in dataclasses.fields(config):
+        value, key = getattr(config, item.name), prefix + item.name
+        if dataclasses.is_dataclass(value):
+            check_list_elements(value, key + ".")
+            continue
+        if not isinstance(value, list):
+            continue
+        hint = hints[item.name]
+        if typing.get_origin(hint) is not list:  # list[X] | None
+            (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        (kind,) = typing.get_args(hint)
+        for i, element in enumerate(value):
+            if not isinstance(element, (int, float) if kind is float else kind):
+                raise PosGPTError(
+                    f"{key}[{i}]={element} is not of type {kind.__name__}: {key} is a list of {kind.__name__}"
+                )
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks that types alone cannot express; raises PosGPTError saying what to change."""
     unknown = unknown_keys(cfg, schema(cfg.pe.name))
@@ -173,6 +196,7 @@ def validate(cfg: DictConfig) -> None:
             "model/pe/); check its spelling with `python train.py --cfg job`"
         )
     config = OmegaConf.to_object(cfg)  # the dataclasses, which declare each numeric key's domain
+    check_list_elements(config)
     check_domains(config)
     validate_model_config(config.model)
     t = cfg.train

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from core.cli import exit_on_user_error
+from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write, check_outputs, read_user_text
 from core.runtime import autocast, peak_flops, set_up_runtime
@@ -235,7 +235,7 @@ def bench_eval(
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__.split("\n\n")[0],
         usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=<scheme>,<scheme> for several]",
     )

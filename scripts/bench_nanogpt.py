@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import _repo
 
-import argparse
 import contextlib
 import hashlib
 import importlib.util
@@ -28,7 +27,7 @@ import torch
 
 # importing bench also puts the repository root on sys.path, for core.runtime and evaluation.memory
 from bench import add_common_args, device_name, print_record, read_results_file, save_run, seconds_per_step
-from core.cli import exit_on_user_error
+from core.cli import ArgumentParser, exit_on_user_error
 from core.runtime import flops_per_token, peak_flops
 from evaluation.memory import PeakMemory
 
@@ -47,7 +46,7 @@ def load_nanogpt(path: Path):
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-py", type=Path, required=True, help="path to nanoGPT's model.py")
     add_common_args(parser)
     parser.add_argument("--n-layer", type=int, default=4)

@@ -51,13 +51,21 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
-from core.cli import exit_on_user_error
+from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs
 from core.tracking import METRICS_FILE, read_metrics
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
 from evaluation.extrapolation import PROTOCOLS, effective_stride
-from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length, plot_training_curves
+from evaluation.plots import (
+    Series,
+    bin_centre,
+    bins_note,
+    check_image_paths,
+    plot_per_position,
+    plot_ppl_vs_length,
+    plot_training_curves,
+)
 from evaluation.report import (
     RUNTIME_FIELDS,
     SCORED_FIELDS,
@@ -80,9 +88,7 @@ NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key no
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="training run directories")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="nonoverlapping")
     parser.add_argument(
@@ -805,6 +811,7 @@ def main(argv: list[str]) -> None:
     if args.stride is not None and args.protocol != "sliding":
         raise PosGPTError(f"--stride is the sliding protocol's; pass --protocol sliding or drop --stride {args.stride}")
     outputs = ("markdown", "plot", "per_position", "val_curve", "entropy")
+    check_image_paths({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs[1:]})
     check_outputs({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs}, inputs=args.run_dirs)
     runs = load_runs(args.run_dirs)
     data = choose_data(runs, args.data)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from core.checkpoint_io import load_checkpoint
-from core.cli import exit_on_user_error
+from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs
 from core.tracking import METRICS_FILE
@@ -33,9 +33,7 @@ OVERRIDES = Path(".hydra") / "overrides.yaml"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="training run directories")
     parser.add_argument("--to", type=Path, required=True, help="the folder to export into")
     return parser.parse_args(argv)

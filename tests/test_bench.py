@@ -52,9 +52,12 @@ def test_bench_splits_schemes_and_rejects_unknown_flags(capsys):
     args, overrides = bench.parse_args(["pe=rope,alibi", "pe.base=500", "--steps", "4"])
     assert args.steps == 4 and bench.split_schemes(overrides) == (["rope", "alibi"], ["pe.base=500"])
     assert bench.split_schemes(["model=gpt2"]) == ([None], ["model=gpt2"])
-    with pytest.raises(SystemExit) as exit_info:
-        bench.parse_args(["--stepz", "2"])
-    assert exit_info.value.code == 2 and "--stepz" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # main: one line, exit 2 (parse_args raises a PosGPTError)
+        bench.main(["--stepz", "2"])
+    err = capsys.readouterr().err
+    assert (
+        exit_info.value.code == 2 and err.startswith("error: unrecognized arguments: --stepz") and err.count("\n") == 1
+    )
 
 
 FAKE_NANOGPT = """

@@ -1,0 +1,115 @@
+"""Every command, fed bad values for every key and bad files, ends with a result or one line (scripts/fuzz_cli.py).
+
+The fuzzer's generator and checker live in scripts/fuzz_cli.py (``python scripts/fuzz_cli.py`` runs all its
+cases); here a seeded sample of them runs in this process on every test run, and the classes of failure it
+found are pinned by a test each. ``pytest -s`` shows the fuzzer's report.
+"""
+
+from __future__ import annotations
+
+import fuzz_cli
+import pytest
+
+from core.cli import ArgumentParser, exit_on_user_error
+from core.errors import PosGPTError
+from core.files import check_outputs
+from data.config import DataConfig, validate_data_config
+from evaluation.plots import check_image_paths
+from experiment.compose import compose_config
+from experiment.config import validate
+
+SAMPLE_CASES = 48  # 8 per command: about 30 s on one CPU thread
+SEED = 0
+
+
+def test_the_generator_covers_every_command_and_key():
+    keys = {key.key for key in fuzz_cli.all_keys()}
+    assert {"train.beta1", "eval.variations", "data.files", "pe.scaling.factor", "sample.prompt_file"} <= keys
+    assert fuzz_cli.PATH_KEYS <= keys and fuzz_cli.WORK_KEYS <= keys and fuzz_cli.SKIPPED_KEYS <= keys
+
+
+@pytest.mark.slow  # trains a tiny model (in this process), and a case whose value is legal trains a step
+def test_a_seeded_sample_of_cases_ends_in_a_result_or_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = fuzz_cli.fuzz(tmp_path, SAMPLE_CASES, SEED)
+    print(f"\n{report}")
+    assert set(report.counts) == set(fuzz_cli.COMMANDS)
+    assert not report.failures, str(report)
+
+
+# --- the classes of failure the fuzzer found, one test each ---------------------------------------------------
+
+
+def test_argparse_mistakes_are_one_line(capsys):
+    @exit_on_user_error
+    def main(argv):
+        parser = ArgumentParser(prog="tool.py")
+        parser.add_argument("--stride", type=int)
+        parser.parse_args(argv)
+
+    for argv in (["--stride", "abc"], ["--nope"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+        assert "see tool.py --help" in err
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["eval.lengths=[[1]]", "eval.length_multipliers=[[2]]", "eval.protocols=[[a]]", "data.files=[[a]]"],
+)
+def test_a_nested_list_in_a_list_setting_is_refused(override):
+    """OmegaConf types a list's scalars but lets a nested list through; the domain check then raised TypeError."""
+    key = override.split("=")[0]
+    with pytest.raises(PosGPTError, match=rf"^{key}\[0\]=\[.*\] is not of type (int|str): {key} is a list of"):
+        validate(compose_config(["pe=learned", override]))
+
+
+def test_an_output_under_a_file_is_refused_before_anything_is_written(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(PosGPTError, match="lies under .*a-file, which is a file, not a folder"):
+        check_outputs({"--to": a_file / "run" / "eval" / "extrapolation.json"})
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "loop"])
+def test_a_path_no_file_can_have_is_one_line(name, tmp_path, capsys):
+    """A path too long for the file system, or a loop of symbolic links, wherever a command first touches it
+    (sample.prompt_file=<5000 characters> raised OSError ENAMETOOLONG from Path.is_dir)."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+
+    @exit_on_user_error
+    def main():
+        (tmp_path / name).is_dir()
+        (tmp_path / name).read_bytes()
+
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert len(err) < 300
+
+
+def test_a_plot_path_that_names_no_image_format_is_refused():
+    """compare.py --plot comparison.txt computed everything, then matplotlib's savefig raised ValueError."""
+    check_image_paths({"--plot": "a.png", "--entropy": "b.PDF", "--val-curve": None})
+    for path in ("comparison.txt", "comparison"):
+        with pytest.raises(PosGPTError, match=rf"^--plot {path}: name an image file"):
+            check_image_paths({"--plot": path})
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "../elsewhere", "a/b", ".."], ids=["long", "up", "slash", "dotdot"])
+def test_a_data_name_that_is_no_folder_name_is_refused(name):
+    """data.name names the token cache's folder: 5000 characters ended as exit 74 (a fault of the machine) when
+    the folder was made, and '../elsewhere' wrote the cache outside data.cache_dir."""
+    with pytest.raises(PosGPTError, match=r"^data\.name=.* names the token cache's folder"):
+        validate_data_config(DataConfig(name=name))
+
+
+def test_a_cache_dir_that_is_a_file_is_a_mistake_in_the_command(tmp_path):
+    """data.cache_dir=<a file> ended as exit 74 (a fault of the machine) when the token cache was written."""
+    (tmp_path / "a-file").write_text("x")
+    for cache_dir in (tmp_path / "a-file", tmp_path / "a-file" / "deeper"):
+        with pytest.raises(PosGPTError, match=r"^data\.cache_dir .* is a file, not a folder"):
+            validate_data_config(DataConfig(cache_dir=str(cache_dir)))
