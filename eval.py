@@ -5,6 +5,7 @@
     python eval.py run_dir=... pe.scaling.type=yarn pe.scaling.factor=8     # RoPE context extension
     python eval.py run_dir=... eval.scalings=[none,yarn:8,ntk:8,linear:8]   # several in one go
     python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
+    python eval.py run_dir=<a task=passkey run> eval.task_half_width=0.03   # task accuracy (evaluation/tasks.py)
 
 The model is built from the config stored in the checkpoint, never from today's configs/ YAML. Overrides
 may change only what does not change what the trained weights compute (experiment/settings.py: data.*,
@@ -27,6 +28,7 @@ import torch
 from core.cli import exit_on_user_error
 from core.tracking import init_wandb
 from data import eval_tokens
+from data.tasks import NO_TASK
 from evaluation.run import run_extrapolation_eval
 from experiment.build import load_trained_run, parse_run_dir
 
@@ -37,8 +39,12 @@ USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides
 def main(argv: list[str]) -> None:
     run = load_trained_run(*parse_run_dir(argv, USAGE))
     cfg, checkpoint = run.cfg, run.checkpoint
-    # data.eval_split: the val split of the training corpus, all of another one
-    val_tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
+    # data.eval_split: the val split of the training corpus, all of another one; a task run generates its own
+    val_tokens = (
+        eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
+        if cfg.task.name == NO_TASK
+        else None
+    )
     wandb_run = init_wandb(cfg, run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
     print(
         f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",

@@ -1,4 +1,5 @@
-"""Text in, token batches out: corpus sources, the GPT-2 tokenizer, the token cache and batch sampling.
+"""Text in, token batches out: corpus sources, the GPT-2 tokenizer, the token cache and batch sampling; and
+the synthetic tasks (data/tasks/), the other kind of data source.
 Imports only core (never model, experiment, evaluation or training).
 
 cfg = DataConfig(source="text", files=["book.txt"])
@@ -6,7 +7,7 @@ splits = load_splits(cfg)                  # tokenized once, cached under $POSGP
 x, y = sample_batch(splits["train"], 8, 256, torch.Generator().manual_seed(0))
 """
 
-from data.batches import sample_batch
+from data.batches import draw_batch, sample_batch
 from data.cache import check_corpus, corpus_identity, describe_corpus, eval_tokens, load_split, load_splits
 from data.config import DataConfig, resolve_cache_dir, validate
 from data.tokenizer import EOT_TOKEN, gpt2_encoding
@@ -19,6 +20,7 @@ __all__ = [
     "check_corpus",
     "corpus_identity",
     "describe_corpus",
+    "draw_batch",
     "eval_tokens",
     "gpt2_encoding",
     "load_split",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +76,17 @@ def _sort_key(row: dict[str, Any]) -> tuple:
     )
 
 
-def merge_documents(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """``new`` plus the rows of ``old`` it does not replace, when both describe the same checkpoint."""
+def merge_documents(
+    old: dict[str, Any] | None, new: dict[str, Any], key: Callable = row_key, sort: Callable = _sort_key
+) -> dict[str, Any]:
+    """``new`` plus the rows of ``old`` it does not replace, when both describe the same checkpoint (``key``
+    identifies a measurement; evaluation/tasks.py passes its own)."""
     same_checkpoint = old is not None and all(old.get(k) == new.get(k) for k in ("pe", "train_seq_len", "step"))
     if not same_checkpoint:
         return new
-    replaced = {row_key(row) for row in new["results"]}
-    rows = [row for row in old["results"] if row_key(row) not in replaced] + new["results"]
-    return {**new, "results": sorted(rows, key=_sort_key)}
+    replaced = {key(row) for row in new["results"]}
+    rows = [row for row in old["results"] if key(row) not in replaced] + new["results"]
+    return {**new, "results": sorted(rows, key=sort)}
 
 
 def load_results(eval_dir: str | Path) -> dict[str, Any] | None:
@@ -126,11 +130,11 @@ def read_results(eval_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def write_results(document: dict[str, Any], eval_dir: str | Path) -> Path:
-    """Write ``extrapolation.json`` (atomically: an interrupted write keeps the old file)."""
+def write_results(document: dict[str, Any], eval_dir: str | Path, name: str = JSON_FILE) -> Path:
+    """Write ``extrapolation.json`` (or ``name``) atomically: an interrupted write keeps the old file."""
     eval_dir = Path(eval_dir)
     eval_dir.mkdir(parents=True, exist_ok=True)
-    path = eval_dir / JSON_FILE
+    path = eval_dir / name
     # One result per line (per-position losses make rows long): a file a person can scan, and still JSON.
     head = json.dumps({key: value for key, value in document.items() if key != "results"})[:-1]
     rows = ",\n".join(" " + json.dumps(row) for row in document["results"])

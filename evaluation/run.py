@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from core.errors import PosGPTError
 from data import TokenArray, describe_corpus
+from data.tasks import NO_TASK
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
 from evaluation.report import (
@@ -44,7 +45,7 @@ PPL_PLOT = "ppl_vs_length.png"
 PER_POSITION_PLOT = "per_position.png"
 
 
-def _as_plain(value: Any) -> Any:
+def as_plain(value: Any) -> Any:
     """A setting's value as JSON can hold it (dataclasses such as RoPE's scaling config become dicts)."""
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
@@ -66,6 +67,10 @@ def run_extrapolation_eval(
     what an evaluation may change, e.g. the data), recorded in the document. ``step`` is the checkpoint's
     training step (None: training just ended, at ``train.max_steps``).
     """
+    if cfg.task.name != NO_TASK:  # a task run: accuracy by length instead of perplexity
+        from evaluation.tasks import run_task_eval
+
+        return run_task_eval(cfg, model, run_dir, device, dtype, trained_config, wandb_run, step)
     rows = []
     # The scheme's evaluation-time variations (RoPE: eval.scalings, else its one pe.scaling); [("", {})] for most.
     for label, settings in model.pe.eval_variations(list(cfg.eval.scalings or [])):
@@ -85,7 +90,7 @@ def run_extrapolation_eval(
             )
         setting = {
             "scaling": None,
-            **{name: _as_plain(value) for name, value in settings.items()},
+            **{name: as_plain(value) for name, value in settings.items()},
             "data": cfg.data.name,
             "corpus": describe_corpus(cfg.data),
             "split": val_tokens.name,

@@ -17,6 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from core.errors import PosGPTError
 from data.config import DataConfig
+from data.tasks import NO_TASK, TASKS, build_task, task_config_class
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
 from model.pe.rope_scaling import parse_scaling
@@ -66,6 +67,11 @@ class EvalConfig:
     # None: just the run's pe.scaling.
     scalings: list[str] | None = None
     per_position_plot_lengths: list[int] | None = None  # lengths drawn in per_position.png; None: the longest
+    # Task runs (task=...; evaluation/tasks.py): each cell gets enough examples for a 95% interval of at most
+    # ± task_half_width; the effective length is the longest length up to which accuracy >= task_threshold.
+    task_half_width: float = 0.05
+    task_threshold: float = 0.9
+    task_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # passkey's grid
 
 
 @dataclass
@@ -109,6 +115,7 @@ class InspectConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     pe: Any = MISSING  # one of the dataclasses in model/pe/, chosen by the `pe` group
+    task: Any = MISSING  # a dataclass of data/tasks/, chosen by the `task` group (none: language modelling)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -121,20 +128,33 @@ COMPILE_SETTINGS = ("auto", "true", "false")
 
 
 def register_configs() -> None:
-    """Register the schema (``posgpt_schema``) and each scheme's dataclass (``schema/pe/<name>``) with Hydra."""
+    """Register the schema (``posgpt_schema``), each scheme's dataclass (``schema/pe/<name>``) and each task's
+    (``schema/task/<name>``) with Hydra."""
     store = ConfigStore.instance()
     store.store(name="posgpt_schema", node=Config)
     for name, scheme in SCHEMES.items():
         store.store(group="schema/pe", name=name, node=scheme.config_class)
+    for name in [NO_TASK, *TASKS]:
+        store.store(group="schema/task", name=name, node=task_config_class(name))
 
 
-def schema(pe_name: str) -> DictConfig:
-    """The typed, empty-of-choices config of a run with scheme ``pe_name``: what every key and type must match."""
+def schema(pe_name: str, task_name: str = NO_TASK) -> DictConfig:
+    """The typed, empty-of-choices config of a run with scheme ``pe_name`` and task ``task_name``: what every
+    key and type must match."""
     if pe_name not in SCHEMES:
         raise PosGPTError(f"unknown positional scheme pe={pe_name!r}; choose one of {sorted(SCHEMES)}")
     cfg = OmegaConf.structured(Config)
     cfg.pe = OmegaConf.structured(SCHEMES[pe_name].config_class)
+    cfg.task = OmegaConf.structured(task_config_class(task_name))
     return cfg
+
+
+def set_task_vocabulary(cfg: DictConfig) -> None:
+    """A task run's model has the task's vocabulary (a few dozen tokens, not GPT-2's 50,257): model.vocab_size
+    is set from the task before the model is built, and so recorded in the run's checkpoints."""
+    task = build_task(OmegaConf.to_object(cfg.task))
+    if task is not None:
+        cfg.model.vocab_size = task.vocab_size
 
 
 def unknown_keys(cfg: DictConfig, reference: DictConfig, prefix: str = "") -> list[str]:
@@ -165,7 +185,7 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
 
 def validate(cfg: DictConfig) -> None:
     """Checks that types alone cannot express; raises PosGPTError saying what to change."""
-    unknown = unknown_keys(cfg, schema(cfg.pe.name))
+    unknown = unknown_keys(cfg, schema(cfg.pe.name, cfg.task.name))
     if unknown:
         raise PosGPTError(
             f"unknown config key {unknown[0]}: it is not in the schema (experiment/config.py, "
@@ -233,5 +253,25 @@ def validate(cfg: DictConfig) -> None:
         )
     if any(length <= 0 for length in cfg.eval.per_position_plot_lengths or []):
         raise PosGPTError(f"eval.per_position_plot_lengths must be positive (got {cfg.eval.per_position_plot_lengths})")
+    _validate_task(cfg)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
+
+
+def _validate_task(cfg: DictConfig) -> None:
+    """The task's own settings (build_task checks them), that its format fits train.seq_len, and the eval.task_*."""
+    task = build_task(OmegaConf.to_object(cfg.task))
+    if task is None:
+        return
+    if cfg.train.seq_len + 1 < task.min_length():
+        raise PosGPTError(
+            f"task={task.name} needs train.seq_len >= {task.min_length() - 1} with its settings "
+            f"(got {cfg.train.seq_len})"
+        )
+    e = cfg.eval
+    if not 0 < e.task_half_width <= 0.5:
+        raise PosGPTError(f"eval.task_half_width must be in (0, 0.5] (got {e.task_half_width})")
+    if not 0 < e.task_threshold <= 1:
+        raise PosGPTError(f"eval.task_threshold must be in (0, 1] (got {e.task_threshold})")
+    if any(not 0 <= depth <= 1 for depth in e.task_depths):
+        raise PosGPTError(f"eval.task_depths are shares of the filler, in [0, 1] (got {list(e.task_depths)})")
