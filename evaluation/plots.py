@@ -158,8 +158,8 @@ def plot_accuracy_vs_length(series: list[Series], train_lens: set[int], path: st
     return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", title, path)
 
 
-def plot_depth_heatmap(cells: list[tuple[float, int, float | None]], path: str | Path, title: str) -> Path:
-    """Accuracy over a depth × length grid ((depth, length, accuracy) cells; None: not evaluable, blank)."""
+def plot_grid_heatmap(cells: list[tuple[float, int, float | None]], ylabel: str, path: str | Path, title: str) -> Path:
+    """Accuracy over a (depth or distance) × length grid: (y, length, accuracy) cells; None: not evaluable, blank."""
     depths = sorted({d for d, _, _ in cells})
     lengths = sorted({length for _, length, _ in cells})
     grid = [[math.nan] * len(lengths) for _ in depths]
@@ -175,9 +175,9 @@ def plot_depth_heatmap(cells: list[tuple[float, int, float | None]], path: str |
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="small", color=colour)
     ax.set_xticks(range(len(lengths)), [str(length) for length in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_ylabel(ylabel)
     fig.colorbar(image, ax=ax, label="exact-match accuracy")
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("depth of the key (share of the filler before it)")
     ax.set_title(title, fontsize="medium")
     fig.savefig(path, dpi=120)
     return Path(path)

@@ -111,6 +111,10 @@ def run_extrapolation_eval(
     print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
     if wandb_run is not None:
         _log_to_wandb(wandb_run, document, plots)
+    if cfg.eval.tasks:  # zero-shot probes: eval.tasks=[copy_probe]
+        from evaluation.copy_probe import run_copy_probe
+
+        run_copy_probe(cfg, model, val_tokens, run_dir, device, dtype, trained_config, wandb_run, step)
     return document
 
 

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.runtime import autocast
 from data.tasks import Task, build_task, held_out_seed
-from evaluation.plots import Series, plot_accuracy_vs_length, plot_depth_heatmap
+from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap
 from evaluation.report import length_header, merge_documents, render_table, write_results
 from evaluation.run import EVAL_DIR, as_plain
 from experiment.config import eval_lengths
@@ -41,18 +41,28 @@ from model.pe.rope_scaling import scaling_label
 JSON_FILE = "tasks.json"
 CSV_FILE = "tasks.csv"
 ACCURACY_PLOT = "accuracy_vs_length.png"
-DEPTH_PLOT = "depth_length.png"
+# A row's position in a task's grid besides length, where it has one: passkey's depth, the copy probe's
+# distance (evaluation/copy_probe.py); rows without one are the accuracy-vs-length curve.
+GRIDS = {
+    "depth": "depth of the key (share of the filler before it)",
+    "distance": "distance between the copies' starts (tokens)",
+}
 CSV_COLUMNS = [
     "task",
+    "data",
+    "split",
     "length",
     "multiple",
     "depth",
+    "distance",
     "scaling",
     "accuracy",
     "ci_low",
     "ci_high",
     "correct",
     "n",
+    "token_accuracy",
+    "mean_logprob",
     "seed",
     "seconds",
     "reason",
@@ -155,21 +165,26 @@ def evaluate_task(
     return rows
 
 
+def grid_cell(row: dict[str, Any]) -> tuple[str, float] | None:
+    """(dimension, value) of a row's place in its task's grid (see GRIDS), or None."""
+    return next(((key, row[key]) for key in GRIDS if row.get(key) is not None), None)
+
+
 def row_key(row: dict[str, Any]) -> tuple:
     """What identifies a task measurement: a later one with the same key replaces it."""
-    return (row["task"], row["length"], row["depth"], json.dumps(row.get("scaling"), sort_keys=True))
+    return (row["task"], row["length"], grid_cell(row), json.dumps(row.get("scaling"), sort_keys=True))
 
 
 def sort_key(row: dict[str, Any]) -> tuple:
-    label = scaling_label(row.get("scaling"))
-    return (label not in ("", "none"), label, row["depth"] is not None, row["depth"] or 0.0, row["length"])
+    label, cell = scaling_label(row.get("scaling")), grid_cell(row)
+    return (label not in ("", "none"), label, cell is not None, cell or ("", 0.0), row["length"])
 
 
 def effective_lengths(rows: list[dict[str, Any]], threshold: float) -> dict[str, int | None]:
     """Per variation label: the longest length up to which every evaluated length (random depth) has accuracy
     >= threshold; None when the shortest one is below it (or is not evaluable)."""
     by_label: dict[str, list[dict[str, Any]]] = {}
-    for row in sorted((r for r in rows if r["depth"] is None), key=sort_key):
+    for row in sorted((r for r in rows if grid_cell(r) is None), key=sort_key):
         by_label.setdefault(variation(row), []).append(row)
     found: dict[str, int | None] = {}
     for label, lengths in by_label.items():
@@ -197,17 +212,32 @@ def run_task_eval(
     wandb_run=None,
     step: int | None = None,
 ) -> dict[str, Any]:
-    """Evaluate, merge into ``<run_dir>/eval/tasks.json``, write the CSV and plots, log to W&B."""
+    """Evaluate the run's task, then :func:`write_task_results`."""
     model.eval()
     task = build_task(OmegaConf.to_object(cfg.task))
     rows = evaluate_task(cfg, model, task, device, dtype)
+    accuracy = "exact match of all answer tokens, greedy under teacher forcing; 95% Wilson intervals"
+    extra = {"task_config": OmegaConf.to_container(cfg.task), "accuracy": accuracy}
+    return write_task_results(cfg, task.name, rows, extra, run_dir, trained_config, wandb_run, step)
+
+
+def write_task_results(
+    cfg: DictConfig,
+    name: str,
+    rows: list[dict[str, Any]],
+    extra: dict[str, Any],
+    run_dir: str | Path,
+    trained_config: dict[str, Any],
+    wandb_run=None,
+    step: int | None = None,
+) -> dict[str, Any]:
+    """Merge rows into ``<run_dir>/eval/tasks.json``, write the CSV and plots, print the table, log to W&B."""
     document = {
-        "task": task.name,
+        "task": name,
         "pe": cfg.pe.name,
         "train_seq_len": cfg.train.seq_len,
         "step": cfg.train.max_steps if step is None else step,
-        "task_config": OmegaConf.to_container(cfg.task),
-        "accuracy": "exact match of all answer tokens, greedy under teacher forcing; 95% Wilson intervals",
+        **extra,
         "config": trained_config,
         "results": rows,
     }
@@ -264,8 +294,9 @@ def _cell_text(row: dict[str, Any]) -> str:
 
 
 def _row_label(row: dict[str, Any]) -> str:
-    depth = "random depth" if row["depth"] is None else f"depth {row['depth']:g}"
-    return " ".join(part for part in (variation(row), depth if row["depth"] is not None else "") if part) or depth
+    cell = grid_cell(row)
+    place = f"{cell[0]} {cell[1]:g}" if cell else ""
+    return " ".join(part for part in (variation(row), place) if part) or ("random depth" if "depth" in row else "-")
 
 
 def format_table(document: dict[str, Any]) -> str:
@@ -277,28 +308,31 @@ def format_table(document: dict[str, Any]) -> str:
         table.setdefault(_row_label(row), {})[row["length"]] = row
     header = [f"{document['task']} pe={document['pe']} accuracy"] + length_header(lengths, document["train_seq_len"])
     body = [[label] + [_cell_text(c[L]) if L in c else "-" for L in lengths] for label, c in table.items()]
+    text = render_table(header, body)
     effective = ", ".join(f"{label or 'as trained'}: {L}" for label, L in document["effective_length"].items())
-    return render_table(header, body) + f"\n(effective length, accuracy >= {document['threshold']}: {effective})"
+    return text + (f"\n(effective length, accuracy >= {document['threshold']}: {effective})" if effective else "")
 
 
 def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
     pe, train_len, rows = document["pe"], document["train_seq_len"], document["results"]
     title = f"{document['task']}, pe={pe}, trained at length {train_len} (step {document['step']})"
     curves: dict[str, Series] = {}
-    for row in sorted((r for r in rows if r["depth"] is None), key=sort_key):
+    for row in sorted((r for r in rows if grid_cell(r) is None), key=sort_key):
         label = variation(row) or "as trained"
         line = curves.setdefault(label, Series(label, pe, [], [], band=[]))
         if row["accuracy"] is not None:
             line.x.append(row["length"])
             line.y.append(row["accuracy"])
             line.band.append((row["ci_low"], row["ci_high"]))
-    accuracy_plot = plot_accuracy_vs_length(list(curves.values()), {train_len}, eval_dir / ACCURACY_PLOT, title)
-    plots = {"accuracy_vs_length": accuracy_plot}
-    grid = [r for r in rows if r["depth"] is not None and not variation(r)]
-    if grid:
-        plots["depth_length"] = plot_depth_heatmap(
-            [(r["depth"], r["length"], r["accuracy"]) for r in grid], eval_dir / DEPTH_PLOT, title
-        )
+    plots = {}
+    if any(line.x for line in curves.values()):
+        path = eval_dir / ACCURACY_PLOT
+        plots["accuracy_vs_length"] = plot_accuracy_vs_length(list(curves.values()), {train_len}, path, title)
+    grid = [(*grid_cell(r), r["length"], r["accuracy"]) for r in rows if grid_cell(r) and not variation(r)]
+    for key, ylabel in GRIDS.items():
+        cells = [(value, length, accuracy) for name, value, length, accuracy in grid if name == key]
+        if cells:
+            plots[f"{key}_length"] = plot_grid_heatmap(cells, ylabel, eval_dir / f"{key}_length.png", title)
     return plots
 
 
@@ -308,7 +342,7 @@ def _log_to_wandb(wandb_run, document: dict[str, Any], plots: dict[str, Path]) -
     table = wandb.Table(columns=CSV_COLUMNS, data=[[r[c] for c in CSV_COLUMNS] for r in csv_rows(document)])
     wandb_run.log({"tasks/table": table, **{f"tasks/{name}": wandb.Image(str(p)) for name, p in plots.items()}})
     for row in document["results"]:
-        if row["accuracy"] is not None and row["depth"] is None:
+        if row["accuracy"] is not None and grid_cell(row) is None:
             wandb_run.summary[f"tasks/{variation(row) or 'as trained'}/accuracy@{row['length']}"] = row["accuracy"]
     for label, length in document["effective_length"].items():
         wandb_run.summary[f"tasks/{label or 'as trained'}/effective_length"] = length

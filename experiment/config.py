@@ -72,6 +72,9 @@ class EvalConfig:
     task_half_width: float = 0.05
     task_threshold: float = 0.9
     task_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # passkey's grid
+    # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
+    tasks: list[str] = field(default_factory=list)
+    copy_span: int = 16  # tokens in the copy probe's repeated span
 
 
 @dataclass
@@ -258,17 +261,32 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
 
 
+PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
+
+
 def _validate_task(cfg: DictConfig) -> None:
-    """The task's own settings (build_task checks them), that its format fits train.seq_len, and the eval.task_*."""
+    """The task's own settings (build_task checks them), that its format fits train.seq_len, and the eval.task_*
+    settings; eval.tasks (probes of a language-model run)."""
     task = build_task(OmegaConf.to_object(cfg.task))
+    if set(cfg.eval.tasks) - set(PROBES):
+        raise PosGPTError(f"eval.tasks may hold {list(PROBES)} (got {list(cfg.eval.tasks)})")
+    if cfg.eval.tasks and task is not None:
+        raise PosGPTError(f"eval.tasks probes a language-model run; this run was trained on task={task.name}")
+    if cfg.eval.copy_span < 2:
+        raise PosGPTError(f"eval.copy_span must be at least 2 (got {cfg.eval.copy_span})")
     if task is None:
+        if cfg.eval.tasks:
+            _validate_eval_task_settings(cfg.eval)
         return
     if cfg.train.seq_len + 1 < task.min_length():
         raise PosGPTError(
             f"task={task.name} needs train.seq_len >= {task.min_length() - 1} with its settings "
             f"(got {cfg.train.seq_len})"
         )
-    e = cfg.eval
+    _validate_eval_task_settings(cfg.eval)
+
+
+def _validate_eval_task_settings(e: DictConfig) -> None:
     if not 0 < e.task_half_width <= 0.5:
         raise PosGPTError(f"eval.task_half_width must be in (0, 0.5] (got {e.task_half_width})")
     if not 0 < e.task_threshold <= 1:

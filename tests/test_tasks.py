@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from core.errors import PosGPTError
-from data import draw_batch
+from data import EOT_TOKEN, TokenArray, draw_batch
 from data.tasks import TASKS, build_task, held_out_seed
 from data.tasks.copy import CopyConfig
 from data.tasks.flipflop import BOS, READ, WRITE, ZERO, FlipFlopConfig
 from data.tasks.mqar import MQARConfig
 from data.tasks.passkey import PasskeyConfig
+from evaluation.copy_probe import probe_windows, score_copies
 from evaluation.tasks import count_exact_matches, effective_lengths, evaluate_cell, examples_for, wilson_interval
 from experiment.compose import compose_config
 from experiment.config import set_task_vocabulary, validate
@@ -263,3 +265,41 @@ def test_bad_task_choices_are_refused():
     with pytest.raises(PosGPTError):
         compose_config(["task=passkey", "task.n_pairs=3"])  # another task's key
     assert math.isfinite(OmegaConf.to_object(compose_config(["task=copy"]).task).n_tokens)
+
+
+def shard(tmp_path, n: int) -> TokenArray:
+    path = tmp_path / "tokens.bin"
+    np.arange(n, dtype=np.uint16).tofile(path)
+    return TokenArray([path], name="val")
+
+
+def test_copy_probe_writes_the_span_twice_into_held_out_text(tmp_path):
+    tokens = shard(tmp_path, 1000)
+    windows = probe_windows(tokens, 6, 64, 40, 8, 50257, gen())
+    assert windows.shape == (6, 64)
+    assert torch.equal(windows[:, 56:], windows[:, 16:24])  # first copy at 64 - 8 - 40
+    text = torch.cat((windows[:, :16], windows[:, 24:56]), dim=1)
+    assert ((text[:, 1:] - text[:, :-1]) == 1).sum() >= 6 * 30  # the rest is the (consecutive) text
+    assert not (windows[:, 56:] == EOT_TOKEN).any()
+
+
+def test_copy_probe_scores_match_the_full_logits(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_embd=16, n_layer=1, n_head=2, vocab_size=300), RoPEConfig(), train_seq_len=32).eval()
+    windows = probe_windows(shard(tmp_path, 300), 5, 32, 10, 6, 300, gen())
+    exact, right, logprob = score_copies(model, windows, 6, 64, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        logits = model(windows)[:, 26:31]
+    targets = windows[:, 27:32]
+    hits = logits.argmax(-1) == targets
+    assert (exact, right) == (int(hits.all(1).sum()), int(hits.sum()))
+    expected = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).sum()
+    assert logprob == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_probes_are_for_language_model_runs():
+    with pytest.raises(PosGPTError, match="eval.tasks may hold"):
+        validate(compose_config(["eval.tasks=[passkey]"]))
+    with pytest.raises(PosGPTError, match="language-model run"):
+        validate(compose_config(["task=passkey", "eval.tasks=[copy_probe]"]))
+    validate(compose_config(["eval.tasks=[copy_probe]"]))

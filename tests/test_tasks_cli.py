@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 
-from tests.cli_runs import assert_one_line_error, train_losses
+from tests.cli_runs import assert_one_line_error, reference_run, train_losses
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +81,20 @@ def test_a_task_run_resumes_exactly(cli, mqar_run):
     second = cli.train(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=8", "train.resume=true")
     assert second.returncode == 0, second.stderr
     assert train_losses(run_dir) == train_losses(mqar_run)
+
+
+def test_copy_probe_on_a_language_model_run(cli):
+    run_dir = cli.base / "probe-run"  # a copy: the shared reference run stays read-only
+    shutil.copytree(reference_run(cli) / "checkpoints", run_dir / "checkpoints")
+    probe = ["eval.tasks=[copy_probe]", "eval.copy_span=4", "eval.task_half_width=0.3", "eval.lengths=[16,32]"]
+    done = cli.eval(run_dir, *probe, "eval.protocols=[nonoverlapping]")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((run_dir / "eval" / "tasks.json").read_text())["results"]
+    assert {(r["length"], r["distance"]) for r in rows} == {(16, 12), (32, 12), (32, 28)}
+    for row in rows:
+        if row["length"] == 16:
+            assert row["n"] == 11 and row["mean_logprob"] < 0 and 0 <= row["token_accuracy"] <= 1
+            assert row["split"] == "val" and row["data"] == "text"
+        else:  # TINY's pe=learned ends at 16 positions
+            assert row["accuracy"] is None and "encodes at most" in row["reason"]
+    assert (run_dir / "eval" / "distance_length.png").exists()
