@@ -17,7 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from core.errors import PosGPTError
 from data.config import DataConfig
-from data.tasks import NO_TASK, TASKS, build_task, task_config_class
+from data.tasks import NO_TASK, TASKS, TaskConfig, build_task, task_config_class
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
 from model.pe.rope_scaling import parse_scaling
@@ -118,7 +118,7 @@ class InspectConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     pe: Any = MISSING  # one of the dataclasses in model/pe/, chosen by the `pe` group
-    task: Any = MISSING  # a dataclass of data/tasks/, chosen by the `task` group (none: language modelling)
+    task: Any = field(default_factory=TaskConfig)  # a dataclass of data/tasks/ (the `task` group); none: text
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
