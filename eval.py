@@ -5,6 +5,7 @@
     python eval.py run_dir=... pe.scaling.type=yarn pe.scaling.factor=8     # RoPE context extension
     python eval.py run_dir=... eval.variations=[none,yarn:8,ntk:8,linear:8] # several in one go (the scheme's)
     python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
+    python eval.py run_dir=<a task=passkey run> eval.task_half_width=0.03   # task accuracy (evaluation/tasks.py)
 
 The model is built from the config stored in the checkpoint, never from today's configs/ YAML. Overrides
 may change only what does not change what the trained weights compute (experiment/settings.py: data.*,
@@ -35,6 +36,7 @@ from core.files import check_outputs
 from core.rundir import EVAL_DIR, lock_run
 from core.tracking import init_wandb
 from data import eval_tokens
+from data.tasks import NO_TASK
 from evaluation.checks import check_eval_settings
 from evaluation.report import CSV_FILE, JSON_FILE
 from evaluation.run import PER_POSITION_PLOT, PPL_PLOT, run_extrapolation_eval
@@ -60,8 +62,12 @@ def evaluate(run_dir: Path, overrides: list[str]) -> None:
         inputs=[checkpoint_dir(run.dir), *(cfg.data.files if cfg.data.source == "text" else [])],
         run=run.dir,
     )
-    # data.eval_split: the val split of the training corpus, all of another one
-    val_tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
+    # data.eval_split: the val split of the training corpus, all of another one; a task run generates its own
+    val_tokens = (
+        eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
+        if cfg.task.name == NO_TASK
+        else None
+    )
     wandb_run = init_wandb(cfg, run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
     print(
         f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",

@@ -1,4 +1,5 @@
-"""Text in, token batches out: corpus sources, the GPT-2 tokenizer, the token cache and batch sampling.
+"""Text in, token batches out: corpus sources, the GPT-2 tokenizer, the token cache and batch sampling; and
+the synthetic tasks (data/tasks/), the other kind of data source.
 Imports only core (never model, experiment, evaluation or training).
 
 cfg = DataConfig(source="text", files=["book.txt"])
@@ -10,7 +11,7 @@ from data.cache import check_corpus, corpus_identity, describe_corpus, eval_toke
 from data.config import DataConfig, resolve_cache_dir, validate_data_config
 from data.tokenizer import EOT_TOKEN, gpt2_encoding
 from data.tokens import TokenArray
-from data.windows import sample_batch
+from data.windows import draw_batch, sample_batch
 
 __all__ = [
     "EOT_TOKEN",
@@ -19,6 +20,7 @@ __all__ = [
     "check_corpus",
     "corpus_identity",
     "describe_corpus",
+    "draw_batch",
     "eval_tokens",
     "gpt2_encoding",
     "load_split",

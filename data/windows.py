@@ -1,9 +1,10 @@
-"""Random training windows, nanoGPT style."""
+"""Random training windows, nanoGPT style; or examples of a generated task (data/tasks/)."""
 
 import numpy as np
 import torch
 
 from core.errors import PosGPTError
+from data.tasks import Task
 from data.tokens import TokenArray
 
 
@@ -23,3 +24,13 @@ def sample_batch(
     starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator)
     windows = torch.from_numpy(np.stack([tokens.read(int(start), seq_len + 1) for start in starts]).astype(np.int64))
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def draw_batch(
+    source: TokenArray | Task, batch_size: int, seq_len: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch from either kind of data source: random windows of a token split, or examples of a task
+    (targets -100 except on its answers). Either way drawn from ``generator`` alone."""
+    if isinstance(source, Task):
+        return source.sample(batch_size, seq_len, generator)
+    return sample_batch(source, batch_size, seq_len, generator)

@@ -49,6 +49,7 @@ class Series:
     x: list[float]
     y: list[float]
     half_width: list[float | None] | None = None
+    band: list[tuple[float, float]] | None = None  # (low, high) of an asymmetric interval at each point
 
 
 def bin_centre(lo: int, hi: int) -> float:
@@ -70,7 +71,10 @@ def _draw(ax, series: list[Series]) -> None:
         style, marker = LINE_STYLES[rank % len(LINE_STYLES)]
         colour = scheme_colour(line.scheme)
         ax.plot(line.x, line.y, color=colour, linestyle=style, marker=marker, markersize=3, label=line.label)
-        if line.half_width and any(h is not None for h in line.half_width):
+        if line.band:
+            low, high = zip(*line.band)
+            ax.fill_between(line.x, low, high, color=colour, alpha=0.2, linewidth=0)
+        elif line.half_width and any(h is not None for h in line.half_width):
             widths = [h or 0.0 for h in line.half_width]
             ax.fill_between(
                 line.x,
@@ -141,6 +145,45 @@ def plot_per_position(series: list[Series], train_lens: set[int], path: str | Pa
     return _label_and_save(
         fig, ax, "position in the window (1 = first token; log scale)", "mean loss (nats)", title, path
     )
+
+
+def plot_accuracy_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
+    """Task accuracy (x: lengths, log scale; y: accuracy in [0, 1]), each series' 95% interval as its band."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    _draw(ax, [line for line in series if line.x])
+    lengths = sorted({int(x) for line in series for x in line.x})
+    _mark_training_length(ax, train_lens)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(length) for length in lengths])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(-0.02, 1.02)
+    return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", title, path)
+
+
+def plot_grid_heatmap(cells: list[tuple[float, int, float | None]], ylabel: str, path: str | Path, title: str) -> Path:
+    """Accuracy over a (depth or distance) × length grid: (y, length, accuracy) cells; None: not evaluable, blank."""
+    depths = sorted({d for d, _, _ in cells})
+    lengths = sorted({length for _, length, _ in cells})
+    grid = [[math.nan] * len(lengths) for _ in depths]
+    for depth, length, accuracy in cells:
+        grid[depths.index(depth)][lengths.index(length)] = math.nan if accuracy is None else accuracy
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            if not math.isnan(value):
+                colour = "white" if value < 0.5 else "black"
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="small", color=colour)
+    ax.set_xticks(range(len(lengths)), [str(length) for length in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_ylabel(ylabel)
+    fig.colorbar(image, ax=ax, label="exact-match accuracy")
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_title(title, fontsize="medium")
+    fig.savefig(path, dpi=120)
+    return Path(path)
 
 
 def plot_training_curves(series: list[Series], path: str | Path, title: str) -> Path:

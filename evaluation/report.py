@@ -40,6 +40,7 @@ import csv
 import io
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,9 +169,12 @@ def _sort_key(row: dict[str, Any]) -> tuple:
     )
 
 
-def merge_documents(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """``new`` plus the rows of ``old`` it does not replace (row_key), when both describe the same checkpoint;
-    and one line saying what of ``old`` was replaced or dropped (None when nothing was)."""
+def merge_documents(
+    old: dict[str, Any] | None, new: dict[str, Any], key: Callable = row_key, sort: Callable = _sort_key
+) -> tuple[dict[str, Any], str | None]:
+    """``new`` plus the rows of ``old`` it does not replace (``key``, row_key for perplexity rows;
+    evaluation/tasks.py passes its own), when both describe the same checkpoint; and one line saying what of
+    ``old`` was replaced or dropped (None when nothing was)."""
     if old is None or not old["results"]:
         return new, None
     if not all(old.get(k) == new.get(k) for k in ("pe", "train_seq_len", "step")):
@@ -178,14 +182,16 @@ def merge_documents(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[di
             f"the {len(old['results'])} earlier rows scored another checkpoint (step {old.get('step')}; now "
             f"{new.get('step')}) and were dropped"
         )
-    keys = {row_key(row) for row in new["results"]}
-    replaced = [row for row in old["results"] if row_key(row) in keys]
-    rows = [row for row in old["results"] if row_key(row) not in keys] + new["results"]
-    merged = {**new, "results": sorted(rows, key=_sort_key)}
+    keys = {key(row) for row in new["results"]}
+    replaced = [row for row in old["results"] if key(row) in keys]
+    rows = [row for row in old["results"] if key(row) not in keys] + new["results"]
+    merged = {**new, "results": sorted(rows, key=sort)}
     if not replaced:
         return merged, None
-    where = provenance(replaced[0])
     lengths = ", ".join(str(length) for length in sorted({row["length"] for row in replaced}))
+    if key is not row_key:
+        return merged, f"replaced {len(replaced)} earlier rows of the same measurement (lengths {lengths})"
+    where = provenance(replaced[0])
     return merged, (
         f"replaced {len(replaced)} earlier rows of the same measurement (data {where['data']}, {where['corpus']}, "
         f"{where['split']}, the same targets, backend, dtype and settings; lengths {lengths})"
@@ -248,11 +254,11 @@ def read_results(eval_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def write_results(document: dict[str, Any], eval_dir: str | Path) -> Path:
-    """Write ``extrapolation.json`` (atomically: an interrupted write keeps the old file)."""
+def write_results(document: dict[str, Any], eval_dir: str | Path, name: str = JSON_FILE) -> Path:
+    """Write ``extrapolation.json`` (or ``name``) atomically: an interrupted write keeps the old file."""
     eval_dir = Path(eval_dir)
     eval_dir.mkdir(parents=True, exist_ok=True)
-    path = eval_dir / JSON_FILE
+    path = eval_dir / name
     # One result per line (per-position losses make rows long): a file a person can scan, and still JSON.
     head = json.dumps({key: value for key, value in document.items() if key != "results"})[:-1]
     rows = ",\n".join(" " + json.dumps(row) for row in document["results"])

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from core.errors import PosGPTError
 from core.rundir import EVAL_DIR
 from data import TokenArray, describe_corpus
+from data.tasks import NO_TASK
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
 from evaluation.report import (
@@ -50,9 +51,14 @@ PPL_PLOT = "ppl_vs_length.png"
 PER_POSITION_PLOT = "per_position.png"
 
 
-def _as_plain(value: Any) -> Any:
+def as_plain(value: Any) -> Any:
     """A setting's value as JSON can hold it (a dataclass, such as a scheme's nested config, becomes a dict)."""
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def variation_fields(label: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """What a result row records of the scheme's evaluation-time variation: its label and its settings."""
+    return {"variation": label, "variation_settings": {name: as_plain(value) for name, value in settings.items()}}
 
 
 def run_extrapolation_eval(
@@ -72,6 +78,10 @@ def run_extrapolation_eval(
     what an evaluation may change, e.g. the data), recorded in the document. ``step`` is the checkpoint's
     training step (None: training just ended, at ``train.max_steps``).
     """
+    if cfg.task.name != NO_TASK:  # a task run: accuracy by length instead of perplexity
+        from evaluation.tasks import run_task_eval
+
+        return run_task_eval(cfg, model, run_dir, device, dtype, trained_config, wandb_run, step)
     rows = []
     # The scheme's evaluation-time variations (eval.variations, else the run as configured); [("", {})] for most.
     for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
@@ -90,8 +100,7 @@ def run_extrapolation_eval(
                 description=label,
             )
         setting = {
-            "variation": label,
-            "variation_settings": {name: _as_plain(value) for name, value in settings.items()},
+            **variation_fields(label, settings),
             "data": cfg.data.name,
             "corpus": describe_corpus(cfg.data),
             "split": val_tokens.name,
@@ -124,6 +133,10 @@ def run_extrapolation_eval(
     print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
     if wandb_run is not None:
         _log_to_wandb(wandb_run, document, plots)
+    if cfg.eval.tasks:  # zero-shot probes: eval.tasks=[copy_probe]
+        from evaluation.copy_probe import run_copy_probe
+
+        run_copy_probe(cfg, model, val_tokens, run_dir, device, dtype, trained_config, wandb_run, step)
     return document
 
 

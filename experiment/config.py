@@ -20,6 +20,7 @@ from core.domain import check_domains, domain
 from core.errors import PosGPTError
 from core.runtime import MAX_SEED
 from data.config import DataConfig
+from data.tasks import NO_TASK, TASKS, TaskConfig, build_task, task_config_class
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
 
@@ -68,6 +69,14 @@ class EvalConfig:
     # parse_variation, model/pe/); None: the run as configured.
     variations: list[str] | None = None
     per_position_plot_lengths: list[int] | None = domain(None, ge=1)  # drawn in per_position.png; None: the longest
+    # Task runs (task=...; evaluation/tasks.py): each cell gets enough examples for a 95% interval of at most
+    # ± task_half_width; the effective length is the longest length up to which accuracy >= task_threshold.
+    task_half_width: float = domain(0.05, gt=0, le=0.5)
+    task_threshold: float = domain(0.9, gt=0, le=1)
+    task_depths: list[float] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1)  # passkey
+    # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
+    tasks: list[str] = field(default_factory=list)
+    copy_span: int = domain(16, ge=2)  # tokens in the copy probe's repeated span
 
 
 @dataclass
@@ -111,6 +120,7 @@ class InspectConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     pe: Any = MISSING  # one of the dataclasses in model/pe/, chosen by the `pe` group
+    task: Any = field(default_factory=TaskConfig)  # a dataclass of data/tasks/ (the `task` group); none: text
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -123,20 +133,33 @@ COMPILE_SETTINGS = ("auto", "true", "false")
 
 
 def register_configs() -> None:
-    """Register the schema (``posgpt_schema``) and each scheme's dataclass (``schema/pe/<name>``) with Hydra."""
+    """Register the schema (``posgpt_schema``), each scheme's dataclass (``schema/pe/<name>``) and each task's
+    (``schema/task/<name>``) with Hydra."""
     store = ConfigStore.instance()
     store.store(name="posgpt_schema", node=Config)
     for name, scheme in SCHEMES.items():
         store.store(group="schema/pe", name=name, node=scheme.config_class)
+    for name in [NO_TASK, *TASKS]:
+        store.store(group="schema/task", name=name, node=task_config_class(name))
 
 
-def schema(pe_name: str) -> DictConfig:
-    """The typed, empty-of-choices config of a run with scheme ``pe_name``: what every key and type must match."""
+def schema(pe_name: str, task_name: str = NO_TASK) -> DictConfig:
+    """The typed, empty-of-choices config of a run with scheme ``pe_name`` and task ``task_name``: what every
+    key and type must match."""
     if pe_name not in SCHEMES:
         raise PosGPTError(f"unknown positional scheme pe={pe_name!r}; choose one of {sorted(SCHEMES)}")
     cfg = OmegaConf.structured(Config)
     cfg.pe = OmegaConf.structured(SCHEMES[pe_name].config_class)
+    cfg.task = OmegaConf.structured(task_config_class(task_name))
     return cfg
+
+
+def set_task_vocabulary(cfg: DictConfig) -> None:
+    """A task run's model has the task's vocabulary (a few dozen tokens, not GPT-2's 50,257): model.vocab_size
+    is set from the task before the model is built, and so recorded in the run's checkpoints."""
+    task = build_task(OmegaConf.to_object(cfg.task))
+    if task is not None:
+        cfg.model.vocab_size = task.vocab_size
 
 
 def unknown_keys(cfg: DictConfig, reference: DictConfig, prefix: str = "") -> list[str]:
@@ -189,7 +212,7 @@ def check_list_elements(config: Any, prefix: str = "") -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Checks that types alone cannot express; raises PosGPTError saying what to change."""
-    unknown = unknown_keys(cfg, schema(cfg.pe.name))
+    unknown = unknown_keys(cfg, schema(cfg.pe.name, cfg.task.name))
     if unknown:
         raise PosGPTError(
             f"unknown config key {unknown[0]}: it is not in the schema (experiment/config.py, "
@@ -220,5 +243,26 @@ def validate(cfg: DictConfig) -> None:
         )
     # The scheme checks its own settings with the evaluation-time variations asked for (model/pe/base.py).
     SCHEMES[cfg.pe.name].check_variations(OmegaConf.to_object(cfg.pe), list(cfg.eval.variations or []))
+    _validate_task(cfg)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
+
+
+PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
+
+
+def _validate_task(cfg: DictConfig) -> None:
+    """The task's own settings (build_task checks them), that its format fits train.seq_len; eval.tasks (probes of
+    a language-model run). The eval.task_* settings' ranges are their declared domains."""
+    task = build_task(OmegaConf.to_object(cfg.task))
+    if set(cfg.eval.tasks) - set(PROBES):
+        raise PosGPTError(f"eval.tasks may hold {list(PROBES)} (got {list(cfg.eval.tasks)})")
+    if cfg.eval.tasks and task is not None:
+        raise PosGPTError(f"eval.tasks probes a language-model run; this run was trained on task={task.name}")
+    if task is None:
+        return
+    if cfg.train.seq_len + 1 < task.min_length():
+        raise PosGPTError(
+            f"task={task.name} needs train.seq_len >= {task.min_length() - 1} with its settings "
+            f"(got {cfg.train.seq_len})"
+        )

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PosGPTError
+from data.tasks import NO_TASK
 from experiment.compose import compose_config, one_line
 from experiment.config import schema
 from model.pe import SCHEMES
@@ -118,7 +119,7 @@ def trained_config(saved_config: dict) -> DictConfig:
     for key, value in LEGACY_VALUES.items():
         if OmegaConf.select(saved, key, default=None) is None:
             OmegaConf.update(saved, key, value, force_add=True)
-    cfg = schema(saved["pe"]["name"])
+    cfg = schema(saved["pe"]["name"], saved.get("task", {}).get("name", NO_TASK))  # no task: written before tasks
     try:
         return OmegaConf.merge(cfg, saved)
     except OmegaConfBaseException as error:

@@ -29,6 +29,7 @@ from tiny_checkpoint import make_run
 
 from core.domain import Interval, check_domains, domain, domain_of
 from core.errors import PosGPTError
+from data.tasks import TASKS
 from experiment.compose import CONFIG_DIR
 from experiment.config import register_configs, schema, validate
 from experiment.settings import eval_settings, may_change
@@ -106,6 +107,10 @@ def test_every_numeric_key_declares_a_domain():
     for pe in SCHEMES:
         undeclared = [k.key for k in schema_keys(pe) if k.interval is None or not outside(k)]
         assert not undeclared, f"declare a domain (core/domain.py) for {undeclared} (pe={pe})"
+    for task in TASKS:
+        keys = numeric_keys(OmegaConf.to_object(schema(RUN_PE, task)))
+        undeclared = [k.key for k in keys if k.interval is None or not outside(k)]
+        assert not undeclared, f"declare a domain (core/domain.py) for {undeclared} (task={task})"
 
 
 def test_the_walk_sees_the_keys_of_every_section_and_scheme():

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from data import TokenArray, sample_batch
+from data import TokenArray, draw_batch
+from data.tasks import Task
 from training.distributed import DistInfo
 
 
@@ -31,7 +32,7 @@ def rank_rows(global_batch: int, dist: DistInfo) -> slice:
 class BatchStream:
     def __init__(
         self,
-        tokens: TokenArray,
+        tokens: TokenArray | Task,
         global_batch: int,
         seq_len: int,
         seed: int,
@@ -50,7 +51,7 @@ class BatchStream:
 
     def _draw(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         self._state_before = self.generator.get_state()
-        x, y = sample_batch(self.tokens, self.global_batch, self.seq_len, self.generator)
+        x, y = draw_batch(self.tokens, self.global_batch, self.seq_len, self.generator)
         batch = [x[self.rows], y[self.rows]]
         if self.random_positions:
             positions = random_positions(self.global_batch, self.seq_len, self.random_positions, self.generator)

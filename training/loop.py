@@ -29,10 +29,11 @@ from core.errors import PosGPTError
 from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
-from data import load_splits, sample_batch, validate_data_config
+from data import draw_batch, load_splits, validate_data_config
+from data.tasks import NO_TASK, build_task, held_out_seed
 from evaluation.checks import check_eval_settings
 from experiment.build import build_model
-from experiment.config import compile_enabled, validate
+from experiment.config import compile_enabled, set_task_vocabulary, validate
 from model import GPT
 from training import distributed
 from training.batch_stream import BatchStream, rank_rows
@@ -83,13 +84,14 @@ def estimate_val_loss(
     dtype: torch.dtype,
     dist: distributed.DistInfo,
 ) -> float:
-    """Mean loss on the same val_batches x batch_size windows every time (a fixed-seed generator)."""
+    """Mean loss on the same val_batches x batch_size windows (or task examples) every time: a fixed-seed
+    generator, for a task a stream held out from training's (seeded apart from train.seed)."""
     model.eval()
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(0 if cfg.task.name == NO_TASK else held_out_seed(cfg.train.seed, "val"))
     rows = rank_rows(cfg.train.batch_size, dist)
     total = torch.zeros((), device=device)
     for _ in range(cfg.train.val_batches):
-        x, y = sample_batch(tokens, cfg.train.batch_size, cfg.train.seq_len, generator)
+        x, y = draw_batch(tokens, cfg.train.batch_size, cfg.train.seq_len, generator)
         with autocast(device, dtype):
             total += model(x[rows].to(device), y[rows].to(device)).float()
     model.train()
@@ -98,6 +100,7 @@ def estimate_val_loss(
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
     """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None."""
+    set_task_vocabulary(cfg)
     validate(cfg)
     if cfg.train.eval_after:
         check_eval_settings(cfg)  # before training: the evaluation at its end would refuse them
@@ -129,7 +132,11 @@ def _run_dir_locked(run_dir: Path, dist: distributed.DistInfo) -> Iterator[None]
 
 
 def _load_data(cfg: DictConfig, dist: distributed.DistInfo) -> dict:
-    """Tokenize once per node (local rank 0 goes first, the others then read its cache); only rank 0 prints."""
+    """Tokenize once per node (local rank 0 goes first, the others then read its cache); only rank 0 prints.
+    A task run has nothing to load: its task generates both streams (validation's from another seed)."""
+    task = build_task(OmegaConf.to_object(cfg.task))
+    if task is not None:
+        return {"train": task, "val": task}
     with contextlib.nullcontext() if dist.is_main else contextlib.redirect_stdout(io.StringIO()):
         if dist.local_rank == 0:
             splits = load_splits(cfg.data)
@@ -165,7 +172,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
         return _finish_trained(cfg, run_dir, checkpoint, raw_model, dist, device, dtype)
 
     splits = _load_data(cfg, dist)
-    checkpointer.track_corpus(splits, checkpoint, cfg.data)
+    if cfg.task.name == NO_TASK:
+        checkpointer.track_corpus(splits, checkpoint, cfg.data)
     model = distributed.wrap_model(raw_model, dist, t.distributed, device)
     optimizer = build_optimizer(raw_model, t, device)
     scheduler = build_scheduler(optimizer, t)
@@ -286,9 +294,11 @@ def _nothing_to_do(cfg: DictConfig, run_dir: Path, checkpoint: dict, dist: distr
     """Whether a run that has trained all its steps has also been evaluated (or is not to be): then the command
     says so and changes nothing, not even the run's record of its latest start or its console log."""
     from evaluation.report import read_results
+    from evaluation.tasks import read_task_results
 
     step, t = checkpoint["step"], cfg.train
-    if t.eval_after and (read_results(run_dir / EVAL_DIR) or {}).get("step") != step:
+    results = read_results(run_dir / EVAL_DIR) if cfg.task.name == NO_TASK else read_task_results(run_dir / EVAL_DIR)
+    if t.eval_after and (results or {}).get("step") != step:
         return False
     if dist.is_main:
         print(

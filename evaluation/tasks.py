@@ -1,0 +1,347 @@
+"""Accuracy of a task run at many lengths (and, for passkey, depths): how far the model retrieves.
+
+Definition. An example is right when every one of its answer tokens is the model's most likely next token
+(greedy argmax) given the true tokens before it (teacher forcing: the example is scored in one forward pass;
+the earlier answers are given in context, as generation would produce them when it is right). Accuracy is the
+share of right examples: exact match, so chance is the task's (e.g. n_symbols^-key_len for passkey).
+
+Each cell (length, depth where the task has one, the scheme's evaluation-time variation) scores n fresh
+examples from a held-out stream of its own, seeded from train.seed, the length and the depth (the same
+examples for every variation and every evaluation), n the smallest with a 95% Wilson interval of half-width
+at most eval.task_half_width whatever the accuracy (n = ceil(z² / (4 h²)): 385 for h = 0.05; Wilson's
+half-width is largest at p = 1/2, where it is below the normal approximation's z·sqrt(p(1-p)/n)).
+Each row reports that interval. The effective length is the longest evaluated length up to which accuracy
+(random depth) stays at or above eval.task_threshold at every evaluated length; None when 1x is below it.
+
+Outputs, in ``<run_dir>/eval/``: tasks.json (accumulated over evaluations of one checkpoint, like
+extrapolation.json), tasks.csv, accuracy_vs_length.png and, for passkey, depth_length.png (the depth × length
+grid); and the same in the run's W&B run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from core.runtime import autocast
+from data.tasks import Task, build_task, held_out_seed
+from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap
+from evaluation.report import length_header, merge_documents, render_table, write_results
+from evaluation.run import EVAL_DIR, variation_fields
+from experiment.config import eval_lengths
+
+JSON_FILE = "tasks.json"
+CSV_FILE = "tasks.csv"
+ACCURACY_PLOT = "accuracy_vs_length.png"
+# A row's position in a task's grid besides length, where it has one: passkey's depth, the copy probe's
+# distance (evaluation/copy_probe.py); rows without one are the accuracy-vs-length curve.
+GRIDS = {
+    "depth": "depth of the key (share of the filler before it)",
+    "distance": "distance between the copies' starts (tokens)",
+}
+CSV_COLUMNS = [
+    "task",
+    "data",
+    "split",
+    "length",
+    "multiple",
+    "depth",
+    "distance",
+    "variation",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "correct",
+    "n",
+    "token_accuracy",
+    "mean_logprob",
+    "seed",
+    "seconds",
+    "reason",
+]
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def examples_for(half_width: float, z: float = Z_95) -> int:
+    """The fewest examples whose Wilson (and normal-approximation) interval is at most ± half_width at any p."""
+    return math.ceil(z * z / (4 * half_width * half_width))
+
+
+def wilson_interval(correct: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson's score interval for a proportion correct / n (Wilson 1927):
+    (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)."""
+    p = correct / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low, high = (centre - spread) / (1 + z * z / n), (centre + spread) / (1 + z * z / n)
+    # exactly 0 (1) when nothing (everything) is right, where rounding would leave ±1e-17
+    return (0.0 if correct == 0 else low), (1.0 if correct == n else high)
+
+
+@torch.inference_mode()
+def count_exact_matches(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> int:
+    """Examples (rows) whose every answer token (y != -100) is the argmax of the model's next-token logits."""
+    per_batch = max(1, batch_tokens // x.shape[1])
+    correct = 0
+    for xb, yb in zip(x.split(per_batch), y.split(per_batch)):
+        xb, yb = xb.to(device), yb.to(device)
+        with autocast(device, dtype):
+            predicted = model(xb).argmax(dim=-1)
+        correct += int(((predicted == yb) | (yb == -100)).all(dim=1).sum())
+    return correct
+
+
+def cells(task: Task, depths: list[float]) -> list[dict[str, Any]]:
+    """The settings evaluated at each length: random depth ({}), then each depth of the grid (passkey)."""
+    return [{}] + ([{"depth": float(d)} for d in depths] if "depth" in task.cells else [])
+
+
+def evaluate_cell(
+    model: torch.nn.Module,
+    task: Task,
+    length: int,
+    cell: dict[str, Any],
+    n: int,
+    seed: int,
+    batch_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """One row: the accuracy of n held-out examples of ``length`` tokens and its 95% Wilson interval. The
+    examples are generated at once, so they do not depend on how the forward passes are batched."""
+    started = time.perf_counter()
+    x, y = task.sample(n, length, torch.Generator().manual_seed(seed), **cell)
+    correct = count_exact_matches(model, x, y, batch_tokens, device, dtype)
+    low, high = wilson_interval(correct, n)
+    return {
+        "accuracy": correct / n,
+        "ci_low": low,
+        "ci_high": high,
+        "correct": correct,
+        "n": n,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def evaluate_task(
+    cfg: DictConfig, model: torch.nn.Module, task: Task, device: torch.device, dtype: torch.dtype
+) -> list[dict[str, Any]]:
+    """Rows for every evaluation-time variation of the scheme (as evaluation/run.py), length and cell."""
+    n = examples_for(cfg.eval.task_half_width)
+    limit = model.pe.max_positions()
+    rows = []
+    for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
+        setting = variation_fields(label, settings)
+        with model.pe.evaluated_with(settings):
+            for length in dict.fromkeys(eval_lengths(cfg)):
+                for cell in cells(task, list(cfg.eval.task_depths)):
+                    seed = held_out_seed(cfg.train.seed, f"eval:{length}:{json.dumps(cell, sort_keys=True)}")
+                    row = {"task": task.name, "length": length, "depth": cell.get("depth"), **setting}
+                    row.update(seed=seed, split="held-out")
+                    if limit is not None and length > limit:  # as perplexity: not evaluable there
+                        row.update(accuracy=None, n=0, reason=f"pe={model.pe.name} encodes at most {limit} positions")
+                    else:
+                        row.update(
+                            evaluate_cell(model, task, length, cell, n, seed, cfg.eval.batch_tokens, device, dtype)
+                        )
+                    rows.append(row)
+                    if cfg.logging.progress:
+                        print(f"eval: {task.name} {label} L={length} {cell or ''}: {_cell_text(row)}", flush=True)
+    return rows
+
+
+def grid_cell(row: dict[str, Any]) -> tuple[str, float] | None:
+    """(dimension, value) of a row's place in its task's grid (see GRIDS), or None."""
+    return next(((key, row[key]) for key in GRIDS if row.get(key) is not None), None)
+
+
+def row_key(row: dict[str, Any]) -> tuple:
+    """What identifies a task measurement: a later one with the same key replaces it."""
+    return (row["task"], row["length"], grid_cell(row), json.dumps(row.get("variation_settings"), sort_keys=True))
+
+
+def sort_key(row: dict[str, Any]) -> tuple:
+    label, cell = variation(row), grid_cell(row)
+    return (label != "", label, cell is not None, cell or ("", 0.0), row["length"])
+
+
+def effective_lengths(rows: list[dict[str, Any]], threshold: float) -> dict[str, int | None]:
+    """Per variation label: the longest length up to which every evaluated length (random depth) has accuracy
+    >= threshold; None when the shortest one is below it (or is not evaluable)."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for row in sorted((r for r in rows if grid_cell(r) is None), key=sort_key):
+        by_label.setdefault(variation(row), []).append(row)
+    found: dict[str, int | None] = {}
+    for label, lengths in by_label.items():
+        found[label] = None
+        for row in lengths:
+            if row["accuracy"] is None or row["accuracy"] < threshold:
+                break
+            found[label] = row["length"]
+    return found
+
+
+def variation(row: dict[str, Any]) -> str:
+    """The scheme's evaluation-time variation of a row ("" without one), as the perplexity rows label it."""
+    return row.get("variation", "")
+
+
+def run_task_eval(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    run_dir: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    trained_config: dict[str, Any],
+    wandb_run=None,
+    step: int | None = None,
+) -> dict[str, Any]:
+    """Evaluate the run's task, then :func:`write_task_results`."""
+    model.eval()
+    task = build_task(OmegaConf.to_object(cfg.task))
+    rows = evaluate_task(cfg, model, task, device, dtype)
+    accuracy = "exact match of all answer tokens, greedy under teacher forcing; 95% Wilson intervals"
+    extra = {"task_config": OmegaConf.to_container(cfg.task), "accuracy": accuracy}
+    return write_task_results(cfg, task.name, rows, extra, run_dir, trained_config, wandb_run, step)
+
+
+def write_task_results(
+    cfg: DictConfig,
+    name: str,
+    rows: list[dict[str, Any]],
+    extra: dict[str, Any],
+    run_dir: str | Path,
+    trained_config: dict[str, Any],
+    wandb_run=None,
+    step: int | None = None,
+) -> dict[str, Any]:
+    """Merge rows into ``<run_dir>/eval/tasks.json``, write the CSV and plots, print the table, log to W&B."""
+    document = {
+        "task": name,
+        "pe": cfg.pe.name,
+        "train_seq_len": cfg.train.seq_len,
+        "step": cfg.train.max_steps if step is None else step,
+        **extra,
+        "config": trained_config,
+        "results": rows,
+    }
+    eval_dir = Path(run_dir) / EVAL_DIR
+    document, replaced = merge_documents(read_task_results(eval_dir), document, key=row_key, sort=sort_key)
+    if replaced:
+        print(f"eval: {replaced}", flush=True)
+    document["threshold"] = cfg.eval.task_threshold
+    document["effective_length"] = effective_lengths(document["results"], cfg.eval.task_threshold)
+    path = write_results(document, eval_dir, name=JSON_FILE)
+    write_csv(document, eval_dir / CSV_FILE)
+    plots = write_plots(document, eval_dir)
+    print(format_table(document), flush=True)
+    print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
+    if wandb_run is not None:
+        _log_to_wandb(wandb_run, document, plots)
+    return document
+
+
+def read_task_results(eval_dir: Path) -> dict[str, Any] | None:
+    """The previous tasks.json to add to; an unreadable or malformed one is reported and then rewritten."""
+    path = eval_dir / JSON_FILE
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        document = error
+    if isinstance(document, dict) and isinstance(document.get("results"), list):
+        return document
+    print(f"eval: ignoring the previous {path} (unreadable or malformed); it will be rewritten", flush=True)
+    return None
+
+
+def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            **{column: row.get(column) for column in CSV_COLUMNS},
+            "multiple": round(row["length"] / document["train_seq_len"], 4),
+        }
+        for row in document["results"]
+    ]
+
+
+def write_csv(document: dict[str, Any], path: Path) -> Path:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(csv_rows(document))
+    return path
+
+
+def _cell_text(row: dict[str, Any]) -> str:
+    return "n/a" if row["accuracy"] is None else f"{row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+
+def _row_label(row: dict[str, Any]) -> str:
+    cell = grid_cell(row)
+    place = f"{cell[0]} {cell[1]:g}" if cell else ""
+    return " ".join(part for part in (variation(row), place) if part) or ("random depth" if "depth" in row else "-")
+
+
+def format_table(document: dict[str, Any]) -> str:
+    """Rows: variation and depth; columns: lengths; cells: accuracy [95% interval]; then effective lengths."""
+    rows = sorted(document["results"], key=sort_key)
+    lengths = sorted({row["length"] for row in rows})
+    table: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in rows:
+        table.setdefault(_row_label(row), {})[row["length"]] = row
+    header = [f"{document['task']} pe={document['pe']} accuracy"] + length_header(lengths, document["train_seq_len"])
+    body = [[label] + [_cell_text(c[L]) if L in c else "-" for L in lengths] for label, c in table.items()]
+    text = render_table(header, body)
+    effective = ", ".join(f"{label or 'as trained'}: {L}" for label, L in document["effective_length"].items())
+    return text + (f"\n(effective length, accuracy >= {document['threshold']}: {effective})" if effective else "")
+
+
+def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
+    pe, train_len, rows = document["pe"], document["train_seq_len"], document["results"]
+    title = f"{document['task']}, pe={pe}, trained at length {train_len} (step {document['step']})"
+    curves: dict[str, Series] = {}
+    for row in sorted((r for r in rows if grid_cell(r) is None), key=sort_key):
+        label = variation(row) or "as trained"
+        line = curves.setdefault(label, Series(label, pe, [], [], band=[]))
+        if row["accuracy"] is not None:
+            line.x.append(row["length"])
+            line.y.append(row["accuracy"])
+            line.band.append((row["ci_low"], row["ci_high"]))
+    plots = {}
+    if any(line.x for line in curves.values()):
+        path = eval_dir / ACCURACY_PLOT
+        plots["accuracy_vs_length"] = plot_accuracy_vs_length(list(curves.values()), {train_len}, path, title)
+    grid = [(*grid_cell(r), r["length"], r["accuracy"]) for r in rows if grid_cell(r) and not variation(r)]
+    for key, ylabel in GRIDS.items():
+        cells = [(value, length, accuracy) for name, value, length, accuracy in grid if name == key]
+        if cells:
+            plots[f"{key}_length"] = plot_grid_heatmap(cells, ylabel, eval_dir / f"{key}_length.png", title)
+    return plots
+
+
+def _log_to_wandb(wandb_run, document: dict[str, Any], plots: dict[str, Path]) -> None:
+    import wandb
+
+    table = wandb.Table(columns=CSV_COLUMNS, data=[[r[c] for c in CSV_COLUMNS] for r in csv_rows(document)])
+    wandb_run.log({"tasks/table": table, **{f"tasks/{name}": wandb.Image(str(p)) for name, p in plots.items()}})
+    for row in document["results"]:
+        if row["accuracy"] is not None and grid_cell(row) is None:
+            wandb_run.summary[f"tasks/{variation(row) or 'as trained'}/accuracy@{row['length']}"] = row["accuracy"]
+    for label, length in document["effective_length"].items():
+        wandb_run.summary[f"tasks/{label or 'as trained'}/effective_length"] = length

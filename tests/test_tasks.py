@@ -1,0 +1,305 @@
+"""Synthetic tasks (data/tasks/) and their evaluation (evaluation/tasks.py), in-process: each generator's
+format, determinism and resumability; the loss on answer tokens only; exact match, Wilson intervals and the
+effective length on hand-made cases; an untrained model at chance; the config group."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from core.errors import PosGPTError
+from data import EOT_TOKEN, TokenArray, draw_batch
+from data.tasks import TASKS, build_task, held_out_seed
+from data.tasks.copy import CopyConfig
+from data.tasks.flipflop import BOS, READ, WRITE, ZERO, FlipFlopConfig
+from data.tasks.mqar import MQARConfig
+from data.tasks.passkey import PasskeyConfig
+from evaluation.copy_probe import probe_windows, score_copies
+from evaluation.tasks import count_exact_matches, effective_lengths, evaluate_cell, examples_for, wilson_interval
+from experiment.compose import compose_config
+from experiment.config import set_task_vocabulary, validate
+from model import GPT
+from model.gpt import ModelConfig
+from model.loss import lm_head_cross_entropy
+from model.pe.rope import RoPEConfig
+from training.batch_stream import BatchStream
+from training.distributed import DistInfo
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_every_task_is_registered_with_a_config_file():
+    from experiment.compose import CONFIG_DIR
+
+    assert set(TASKS) >= {"passkey", "mqar", "copy", "flipflop"}
+    for name in TASKS:
+        assert (CONFIG_DIR / "task" / f"{name}.yaml").exists(), name
+
+
+@pytest.mark.parametrize("name", ["passkey", "mqar", "copy", "flipflop"])
+@pytest.mark.parametrize("seq_len", [63, 64, 200])
+def test_format_shapes_vocabulary_and_answers(name, seq_len):
+    task = build_task(TASKS[name].config_class())
+    x, y = task.sample(8, seq_len, gen())
+    assert x.shape == y.shape == (8, seq_len) and x.dtype == y.dtype == torch.int64
+    assert 0 <= int(x.min()) and int(x.max()) < task.vocab_size
+    answers = y[y != -100]
+    assert answers.numel() > 0 and int(answers.min()) >= 0 and int(answers.max()) < task.vocab_size
+    if name != "mqar":  # MQAR's queries sit anywhere after the pairs; the others end on their answer
+        assert (y[:, -1] != -100).all()
+    tokens, answer = task.generate(8, seq_len + 1, gen())  # sample() is generate() shifted by one
+    assert torch.equal(x, tokens[:, :-1]) and torch.equal(y, tokens[:, 1:].masked_fill(~answer[:, 1:], -100))
+
+
+def test_passkey_format_and_depth():
+    cfg = PasskeyConfig(key_len=3, n_symbols=10, filler_len=4)
+    task = build_task(cfg)
+    key_marker, query_marker = 14, 15
+    for depth, key_at in ((0.0, 0), (1.0, 40 - 2 * 3 - 2), (0.5, 16)):
+        tokens, answer = task.generate(5, 40, gen(), depth=depth)
+        assert (tokens[:, key_at] == key_marker).all(), depth
+        key = tokens[:, key_at + 1 : key_at + 4]
+        assert (tokens[:, -4] == query_marker).all() and torch.equal(tokens[:, -3:], key)
+        assert int(answer.sum()) == 5 * 3 and answer[:, -3:].all()
+        filler = torch.cat((tokens[:, :key_at], tokens[:, key_at + 4 : -4]), dim=1)
+        # the filler "sentence" repeats: filler token j is n_symbols + j mod filler_len
+        assert torch.equal(filler, (10 + torch.arange(filler.shape[1]) % 4).expand_as(filler))
+    tokens, _ = task.generate(200, 40, gen())
+    depths = (tokens == key_marker).int().argmax(dim=1)
+    assert len(set(depths.tolist())) > 10  # random depth in training
+    with pytest.raises(PosGPTError, match="depth"):
+        task.sample(1, 39, gen(), depth=1.5)
+
+
+def test_mqar_every_query_answers_its_value():
+    task = build_task(MQARConfig(n_pairs=4, n_keys=8, n_values=8))
+    tokens, answer = task.generate(16, 64, gen())
+    for row, mask in zip(tokens, answer):
+        pairs = dict(zip(row[0:8:2].tolist(), row[1:8:2].tolist()))
+        assert len(pairs) == 4 and all(1 <= k <= 8 for k in pairs) and all(9 <= v <= 16 for v in pairs.values())
+        answers = mask.nonzero().flatten().tolist()
+        assert len(answers) == 4 and min(answers) > 8
+        assert sorted(row[a - 1].item() for a in answers) == sorted(pairs)  # each key queried once
+        assert all(pairs[row[a - 1].item()] == row[a].item() for a in answers)
+        assert int((row[8:] != 0).sum()) == 8  # the rest is blank besides the queries
+
+
+def test_copy_repeats_the_scattered_tokens_in_order():
+    task = build_task(CopyConfig(n_tokens=5, n_symbols=6))
+    tokens, answer = task.generate(16, 50, gen())
+    for row, mask in zip(tokens, answer):
+        spread = 50 - 5 - 1
+        assert row[spread] == 7 and mask[spread + 1 :].all() and not mask[: spread + 1].any()
+        data = row[:spread][row[:spread] != 0]
+        assert torch.equal(data, row[spread + 1 :])
+
+
+def test_flipflop_reads_return_the_last_write():
+    task = build_task(FlipFlopConfig(p_write=0.2, p_read=0.3))
+    for length in (40, 41):
+        tokens, answer = task.generate(32, length, gen())
+        for row, mask in zip(tokens, answer):
+            offset = length % 2
+            assert offset == 0 or row[0] == BOS
+            ops, bits = row[offset::2], row[offset + 1 :: 2] - ZERO
+            assert ops[0] == WRITE and ops[-1] == READ and set(bits.tolist()) <= {0, 1}
+            last = None
+            for op, bit in zip(ops.tolist(), bits.tolist()):
+                if op == WRITE:
+                    last = bit
+                elif op == READ:
+                    assert bit == last
+            assert torch.equal(mask[offset + 1 :: 2], ops == READ) and not mask[offset::2].any()
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_deterministic_and_resumable_from_the_generator_state(name):
+    task = build_task(TASKS[name].config_class())
+    generator = gen(7)
+    first = task.sample(4, 64, generator)
+    state = generator.get_state()
+    second = task.sample(4, 64, generator)
+    again = task.sample(4, 64, gen(7))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    resumed = torch.Generator()
+    resumed.set_state(state)
+    assert all(torch.equal(a, b) for a, b in zip(second, task.sample(4, 64, resumed)))
+    assert not torch.equal(first[0], second[0])
+
+
+def test_batch_stream_over_a_task_resumes_exactly():
+    task = build_task(PasskeyConfig())
+    stream = BatchStream(task, 4, 32, 0, DistInfo(), torch.device("cpu"))
+    stream.next()
+    state = stream.sampler_state
+    expected = stream.next()
+    resumed = BatchStream(task, 4, 32, 0, DistInfo(), torch.device("cpu"), state=state)
+    assert all(torch.equal(a, b) for a, b in zip(expected[:2], resumed.next()[:2]))
+    assert torch.equal(draw_batch(task, 4, 32, gen(3))[1], task.sample(4, 32, gen(3))[1])
+
+
+def test_held_out_seeds_differ_from_the_training_seed_and_each_other():
+    seeds = {held_out_seed(1337, purpose) for purpose in ("val", "eval:64:{}", "eval:128:{}")}
+    assert len(seeds) == 3 and 1337 not in seeds
+    assert held_out_seed(1337, "val") == held_out_seed(1337, "val") < 2**63
+
+
+@pytest.mark.parametrize("fused", ["always", "never"])
+def test_the_loss_covers_the_answer_tokens_only(fused):
+    torch.manual_seed(0)
+    task = build_task(MQARConfig(n_pairs=4, n_keys=8, n_values=8))
+    x, y = task.sample(3, 32, gen())
+    hidden = torch.randn(3, 32, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(task.vocab_size, 16, dtype=torch.float64, requires_grad=True)
+    loss = lm_head_cross_entropy(hidden, weight, y, fused=fused)
+    loss.backward()
+    answers = y != -100
+    logits = hidden.detach() @ weight.detach().t()
+    expected = torch.nn.functional.cross_entropy(logits[answers], y[answers])
+    assert torch.allclose(loss.detach(), expected)
+    # no gradient reaches the hidden states of non-answer positions
+    assert hidden.grad[~answers].abs().max() == 0 and hidden.grad[answers].abs().max() > 0
+    with torch.no_grad():  # the validation path (no gradients)
+        assert torch.allclose(lm_head_cross_entropy(hidden, weight, y), expected)
+
+
+def test_wilson_interval_and_examples():
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
+    assert wilson_interval(0, 385)[0] == 0.0 and wilson_interval(385, 385)[1] == 1.0
+    assert examples_for(0.05) == 385 and examples_for(0.1) == 97
+    for h in (0.05, 0.02):  # n is enough for a half-width of at most h at any accuracy
+        n = examples_for(h)
+        assert max((wilson_interval(k, n)[1] - wilson_interval(k, n)[0]) / 2 for k in range(n + 1)) <= h
+
+
+class Oracle(torch.nn.Module):
+    """Logits that put the true next token first, except on the rows in ``wrong`` (one answer missed)."""
+
+    def __init__(self, y: torch.Tensor, wrong: set[int], vocab: int) -> None:
+        super().__init__()
+        self.y, self.wrong, self.vocab, self.row = y, wrong, vocab, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.y[self.row : self.row + len(x)].clamp(min=0)
+        logits = torch.nn.functional.one_hot(y, self.vocab).float()
+        for i in range(len(x)):
+            if self.row + i in self.wrong:  # the last answer token wrong
+                logits[i, -1] = torch.nn.functional.one_hot((y[i, -1] + 1) % self.vocab, self.vocab).float()
+        self.row += len(x)
+        return logits
+
+
+def test_exact_match_needs_every_answer_token():
+    task = build_task(PasskeyConfig())
+    x, y = task.sample(10, 40, gen())
+    model = Oracle(y, wrong={2, 5, 9}, vocab=task.vocab_size)
+    # batch_tokens=120: three rows per forward pass, four passes
+    assert count_exact_matches(model, x, y, 120, torch.device("cpu"), torch.float32) == 7
+
+
+def test_effective_length_is_where_accuracy_first_falls_below_the_threshold():
+    def row(length, accuracy, variation="", depth=None):
+        return {"task": "passkey", "length": length, "depth": depth, "accuracy": accuracy, "variation": variation}
+
+    rows = [row(64, 1.0), row(128, 0.95), row(256, 0.5), row(512, 0.95), row(64, 0.2, depth=0.5)]
+    rows += [row(64, 0.8, "yarn:8"), row(128, 1.0, "yarn:8")]
+    rows += [row(64, 0.99, "ntk:8"), row(128, None, "ntk:8")]
+    found = effective_lengths(rows, 0.9)
+    assert found == {"": 128, "yarn:8": None, "ntk:8": 64}
+
+
+def test_an_untrained_model_scores_at_chance():
+    torch.manual_seed(0)
+    for cfg in (PasskeyConfig(), MQARConfig()):
+        task = build_task(cfg)
+        model = GPT(ModelConfig(n_embd=32, vocab_size=task.vocab_size), RoPEConfig(), train_seq_len=64).eval()
+        row = evaluate_cell(model, task, 64, {}, 200, 0, 4096, torch.device("cpu"), torch.float32)
+        assert row["n"] == 200 and row["accuracy"] <= 0.02, (cfg.name, row)  # chance: 1e-4, 32^-8
+        assert row["ci_low"] == 0.0 or row["ci_low"] < row["accuracy"] < row["ci_high"]
+
+
+def test_task_group_sets_the_vocabulary_and_defaults():
+    cfg = compose_config(["task=passkey", "task.key_len=3", "model.n_embd=64"])
+    assert cfg.task.name == "passkey" and cfg.task.key_len == 3 and cfg.model.n_embd == 64
+    assert cfg.train.seq_len == 64 and list(cfg.eval.length_multipliers) == [1, 2, 4, 8, 16]
+    set_task_vocabulary(cfg)
+    assert cfg.model.vocab_size == 17
+    validate(cfg)
+    plain = compose_config([])
+    assert plain.task.name == "none" and plain.model.vocab_size == 50257
+    set_task_vocabulary(plain)
+    assert plain.model.vocab_size == 50257
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("task.key_len=0", "task.key_len=0 is out of its domain [1, inf)"),
+        ("train.seq_len=8", "needs train.seq_len >= 9"),
+        ("eval.task_half_width=0", "eval.task_half_width"),
+        ("eval.task_threshold=1.5", "eval.task_threshold"),
+        ("eval.task_depths=[0.5,2.0]", "eval.task_depths"),
+    ],
+)
+def test_bad_task_settings_are_refused(override, message):
+    cfg = compose_config(["task=passkey", override])
+    with pytest.raises(PosGPTError, match=re.escape(message)):
+        validate(cfg)
+
+
+def test_bad_task_choices_are_refused():
+    with pytest.raises(PosGPTError, match="n_pairs"):
+        validate(compose_config(["task=mqar", "task.n_pairs=40"]))
+    with pytest.raises(PosGPTError, match="p_write"):
+        validate(compose_config(["task=flipflop", "task.p_write=0.9", "task.p_read=0.2"]))
+    with pytest.raises(PosGPTError, match="passkey"):
+        compose_config(["task=passky"])
+    with pytest.raises(PosGPTError):
+        compose_config(["task=passkey", "task.n_pairs=3"])  # another task's key
+    assert math.isfinite(OmegaConf.to_object(compose_config(["task=copy"]).task).n_tokens)
+
+
+def shard(tmp_path, n: int) -> TokenArray:
+    path = tmp_path / "tokens.bin"
+    np.arange(n, dtype=np.uint16).tofile(path)
+    return TokenArray([path], name="val")
+
+
+def test_copy_probe_writes_the_span_twice_into_held_out_text(tmp_path):
+    tokens = shard(tmp_path, 1000)
+    windows = probe_windows(tokens, 6, 64, 40, 8, 50257, gen())
+    assert windows.shape == (6, 64)
+    assert torch.equal(windows[:, 56:], windows[:, 16:24])  # first copy at 64 - 8 - 40
+    text = torch.cat((windows[:, :16], windows[:, 24:56]), dim=1)
+    assert ((text[:, 1:] - text[:, :-1]) == 1).sum() >= 6 * 30  # the rest is the (consecutive) text
+    assert not (windows[:, 56:] == EOT_TOKEN).any()
+
+
+def test_copy_probe_scores_match_the_full_logits(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_embd=16, n_layer=1, n_head=2, vocab_size=300), RoPEConfig(), train_seq_len=32).eval()
+    windows = probe_windows(shard(tmp_path, 300), 5, 32, 10, 6, 300, gen())
+    exact, right, logprob = score_copies(model, windows, 6, 64, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        logits = model(windows)[:, 26:31]
+    targets = windows[:, 27:32]
+    hits = logits.argmax(-1) == targets
+    assert (exact, right) == (int(hits.all(1).sum()), int(hits.sum()))
+    expected = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).sum()
+    assert logprob == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_probes_are_for_language_model_runs():
+    with pytest.raises(PosGPTError, match="eval.tasks may hold"):
+        validate(compose_config(["eval.tasks=[passkey]"]))
+    with pytest.raises(PosGPTError, match="language-model run"):
+        validate(compose_config(["task=passkey", "eval.tasks=[copy_probe]"]))
+    validate(compose_config(["eval.tasks=[copy_probe]"]))
