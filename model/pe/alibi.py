@@ -40,6 +40,7 @@ class ALiBiPositionalEncoding(PositionalEncoding):
     name = "alibi"
     config_class = ALiBiConfig
     has_score_bias = True
+    bias_is_relative = True
 
     def __init__(self, cfg: ALiBiConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)

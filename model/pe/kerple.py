@@ -41,6 +41,7 @@ class KerplePositionalEncoding(PositionalEncoding):
     name = "kerple"
     config_class = KerpleConfig
     has_score_bias = True
+    bias_is_relative = True
     bias_depends_on_layer = True
 
     def __init__(self, cfg: KerpleConfig, dims: ModelDims) -> None:
