@@ -16,6 +16,10 @@ Backends (``model.attn_backend``):
 - ``math``: the plain formula, written out; the reference the tests compare every backend against.
 - ``auto``: flex for bias schemes on CUDA, sdpa otherwise.
 
+If FlexAttention fails when it is first used (its compilation, say, on an unsupported GPU), the process
+warns once and runs sdpa from then on; :func:`resolve_backend` then reports ``sdpa`` and ``flex_failure``
+holds why.
+
 With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path. A scheme
 with a content bias (CoPE) always runs ``math``, whatever the backend. The causal mask is by index; the
 scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
@@ -33,7 +37,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from core.errors import PosGPTError
+from core.errors import PosGPTError, first_line, warn
 from model.pe.base import PositionalEncoding, PositionState
 
 BACKENDS = ("auto", "sdpa", "flex", "math")
@@ -41,6 +45,9 @@ BACKENDS = ("auto", "sdpa", "flex", "math")
 # Upper bound on materialised scores (math path) or mask entries (sdpa path with a bias) per block of queries,
 # in elements, all heads and batch rows together: 64 MiB in fp32.
 _MAX_BLOCK_SCORES = 1 << 24
+
+# Why FlexAttention was given up in this process (None while it works): from then on sdpa runs instead.
+flex_failure: str | None = None
 
 # While capture_attention() is active: the list that receives each attend's probabilities.
 _captured: list[torch.Tensor] | None = None
@@ -59,14 +66,15 @@ def capture_attention() -> Iterator[list[torch.Tensor]]:
 
 
 def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) -> str:
-    """The backend that will actually run for this scheme on this device."""
+    """The backend that will actually run for this scheme on this device (sdpa for flex once FlexAttention
+    has failed in this process, see ``flex_failure``)."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
     if pe.has_content_bias:
         return "math"  # the bias needs the scores themselves: no kernel can take it
     if backend == "auto":
-        return "flex" if pe.has_score_bias and device.type == "cuda" else "sdpa"
-    return backend
+        backend = "flex" if pe.has_score_bias and device.type == "cuda" else "sdpa"
+    return "sdpa" if backend == "flex" and flex_failure is not None else backend
 
 
 def default_state(
@@ -110,10 +118,24 @@ def attend(
                 "model.attn_backend=flex cannot train on CPU: FlexAttention has no CPU backward in this "
                 "PyTorch. Use model.attn_backend=auto (or sdpa) on CPU."
             )
-        return _flex_attention(q, k, v, pe, state, layer)
+        if torch.compiler.is_compiling():
+            # Traced into the enclosing compilation, which fails as a whole: training.step falls back to eager.
+            return _flex_attention(q, k, v, pe, state, layer)
+        try:
+            return _flex_attention(q, k, v, pe, state, layer)
+        except torch.OutOfMemoryError:
+            raise  # the sdpa path needs more memory, not less
+        except Exception as error:  # whatever its compilation raises (inductor, triton, a driver)
+            _give_up_flex(error)
     if not pe.has_score_bias and full:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return _blockwise_sdpa(q, k, v, pe, state, layer)
+
+
+def _give_up_flex(error: Exception) -> None:
+    global flex_failure
+    flex_failure = first_line(error)
+    warn(f"FlexAttention failed ({flex_failure}); attention runs sdpa (bias as a blockwise mask) from now on")
 
 
 def _bias_and_mask(
