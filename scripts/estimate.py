@@ -83,10 +83,13 @@ def main(argv: list[str]) -> None:
     }
     if args.eval_length:
         report["scoring_mib"] = {
-            backend: scoring_memory(cfg, args.eval_length, backend, dtype).mib()
-            for backend in ("math", "sdpa", "flex")
-            for dtype in [torch.bfloat16 if backend == "flex" else torch.float32]
-        } | {"length": args.eval_length, "rows": max(1, cfg.eval.batch_tokens // args.eval_length)}
+            "length": args.eval_length,
+            "rows": max(1, cfg.eval.batch_tokens // args.eval_length),
+            "cpu_fp32": {b: scoring_memory(cfg, args.eval_length, b).mib() for b in ("math", "sdpa")},
+            "cuda_bf16": {
+                b: scoring_memory(cfg, args.eval_length, b, torch.bfloat16).mib() for b in ("math", "sdpa", "flex")
+            },
+        }
     if args.measure:
         what, measured = measure(cfg, args.eval_length)
         device = "cuda" if what["memory_metric"].startswith("cuda") else "cpu"
