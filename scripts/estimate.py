@@ -26,7 +26,7 @@ import torch
 
 from bench import save_run
 from core.cli import exit_on_user_error
-from core.runtime import set_up_runtime
+from core.runtime import autocast, set_up_runtime
 from evaluation.memory import PeakMemory, resident_mb
 from experiment.build import build_model
 from experiment.compose import compose_config
@@ -38,7 +38,7 @@ from training.step import TrainStep
 
 
 def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
-    """(what was measured, the measured peak growth in MiB) on train.device, fp32."""
+    """(what was measured, the measured peak growth in MiB) on train.device in train.dtype."""
     t = cfg.train
     device, dtype = set_up_runtime(t)
     before = resident_mb() if device.type == "cpu" else 0.0
@@ -47,7 +47,7 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
         if eval_length:
             rows = max(1, cfg.eval.batch_tokens // eval_length)
             x = torch.randint(0, cfg.model.vocab_size, (rows, eval_length), device=device)
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast(device, dtype):
                 model.eval()(x, x, reduction="none")
             what = {"work": "scoring", "length": eval_length, "rows": rows}
         else:
@@ -58,9 +58,8 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
                 step(x, x)
             what = {"work": "training", "seq_len": t.seq_len, "batch_size": t.batch_size}
     backend = resolve_backend(cfg.model.attn_backend, model.pe, device)
-    return what | {"backend": backend, "memory_metric": memory.metric, "process_before_mb": before}, (
-        memory.peak_mb - before
-    )
+    what |= {"backend": backend, "dtype": dtype, "memory_metric": memory.metric, "process_before_mb": before}
+    return what, memory.peak_mb - before
 
 
 @exit_on_user_error
@@ -92,13 +91,14 @@ def main(argv: list[str]) -> None:
         }
     if args.measure:
         what, measured = measure(cfg, args.eval_length)
-        device = "cuda" if what["memory_metric"].startswith("cuda") else "cpu"
+        device, dtype = "cuda" if what["memory_metric"].startswith("cuda") else "cpu", what.pop("dtype")
         predicted = (
-            scoring_memory(cfg, args.eval_length, what["backend"]).total
+            scoring_memory(cfg, args.eval_length, what["backend"], dtype).total
             if args.eval_length
-            else training_memory(cfg, device).total
+            else training_memory(cfg, device, dtype).total
         ) / 2**20
         report["measured"] = what | {
+            "dtype": str(dtype).split(".")[-1],
             "predicted_mb": round(predicted, 1),
             "measured_growth_mb": round(measured, 1),
             "predicted_over_measured": round(predicted / measured, 3),
