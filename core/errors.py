@@ -5,6 +5,8 @@ train.py and eval.py catch them at the top and print their message as a single l
 so the message must say what to change, not what went wrong internally.
 """
 
+import sys
+
 USER_ERROR_EXIT_CODE = 2
 IO_ERROR_EXIT_CODE = 74  # EX_IOERR of sysexits.h: the command was right, the machine could not do it
 
@@ -20,3 +22,14 @@ class MachineFault(PosGPTError):
     PosGPTError, with its own exit code, so that a scheduler can tell it from a mistake in the command."""
 
     exit_code = IO_ERROR_EXIT_CODE
+
+
+def warn(message: str) -> None:
+    """One line on stderr, ``warning: <message>``: something went wrong that the run works around."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def first_line(error: BaseException) -> str:
+    """``Type: first line of the message``, for a one-line report of an internal error."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

@@ -36,6 +36,17 @@ def _vm_hwm_bytes() -> int | None:
     return None
 
 
+def resident_mb() -> float | None:
+    """The process's resident set size now (VmRSS), in MiB; None where /proc is not readable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / _MB
+    except OSError:
+        pass
+    return None
+
+
 def _reset_peak_rss() -> bool:
     try:
         Path("/proc/self/clear_refs").write_text("5")

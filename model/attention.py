@@ -7,11 +7,18 @@ Backends (``model.attn_backend``):
   ``is_causal=True`` and no mask, so the flash kernel is used on GPU (and the fused flash kernel on CPU).
   With a bias (ALiBi, ...) it is given the bias as a float mask, materialised one block of queries at a
   time so memory stays at O(block x T) per head instead of O(T^2): this is the CPU path for bias schemes.
+  Keys after a block's last query are left out, so the blocks skip most of the masked half as the causal
+  kernel does. A bias that depends only on the distance (``bias_is_relative``) is computed once per distance
+  and each block is cut from that table (``_relative_block``).
 - ``flex``: FlexAttention with the scheme's bias as a ``score_mod`` and a causal block mask; nothing is
   materialised (CUDA, compiled). On CPU, torch 2.13 runs FlexAttention forward only (eager and unfused,
   for checking), so training there with ``flex`` is refused with a clear error.
 - ``math``: the plain formula, written out; the reference the tests compare every backend against.
 - ``auto``: flex for bias schemes on CUDA, sdpa otherwise.
+
+If FlexAttention fails when it is first used (its compilation, say, on an unsupported GPU), the process
+warns once and runs sdpa from then on; :func:`resolve_backend` then reports ``sdpa`` and ``flex_failure``
+holds why.
 
 With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path. A scheme
 with a content bias (CoPE) always runs ``math``, whatever the backend. The causal mask is by index; the
@@ -29,24 +36,29 @@ import math
 import torch
 import torch.nn.functional as F
 
-from core.errors import PosGPTError
+from core.errors import PosGPTError, first_line, warn
 from model.pe.base import PositionalEncoding, PositionState
 
 BACKENDS = ("auto", "sdpa", "flex", "math")
 
-# Upper bound on materialised scores per block (elements, all heads and batch rows together).
-_MAX_BLOCK_SCORES = 1 << 26
+# Upper bound on materialised scores (math path) or mask entries (sdpa path with a bias) per block of queries,
+# in elements, all heads and batch rows together: 64 MiB in fp32.
+_MAX_BLOCK_SCORES = 1 << 24
+
+# Why FlexAttention was given up in this process (None while it works): from then on sdpa runs instead.
+flex_failure: str | None = None
 
 
 def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) -> str:
-    """The backend that will actually run for this scheme on this device."""
+    """The backend that will actually run for this scheme on this device (sdpa for flex once FlexAttention
+    has failed in this process, see ``flex_failure``)."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
     if pe.has_content_bias:
         return "math"  # the bias needs the scores themselves: no kernel can take it
     if backend == "auto":
-        return "flex" if pe.has_score_bias and device.type == "cuda" else "sdpa"
-    return backend
+        backend = "flex" if pe.has_score_bias and device.type == "cuda" else "sdpa"
+    return "sdpa" if backend == "flex" and flex_failure is not None else backend
 
 
 def default_state(
@@ -92,32 +104,33 @@ def attend(
                 "model.attn_backend=flex cannot train on CPU: FlexAttention has no CPU backward in this "
                 "PyTorch. Use model.attn_backend=auto (or sdpa) on CPU."
             )
-        return _flex_attention(q, k, v, pe, state, layer)
+        if torch.compiler.is_compiling():
+            # Traced into the enclosing compilation, which fails as a whole: training.step falls back to eager.
+            return _flex_attention(q, k, v, pe, state, layer)
+        try:
+            return _flex_attention(q, k, v, pe, state, layer)
+        except torch.OutOfMemoryError:
+            raise  # the sdpa path needs more memory, not less
+        except Exception as error:  # whatever its compilation raises (inductor, triton, a driver)
+            _give_up_flex(error)
     if not pe.has_score_bias and full:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return _blockwise_sdpa(q, k, v, pe, state, layer)
 
 
+def _give_up_flex(error: Exception) -> None:
+    global flex_failure
+    flex_failure = first_line(error)
+    warn(f"FlexAttention failed ({flex_failure}); attention runs sdpa (bias as a blockwise mask) from now on")
+
+
 def _bias_and_mask(
-    pe: PositionalEncoding,
-    state: PositionState,
-    start: int,
-    stop: int,
-    k_stop: int,
-    layer: int,
-    dtype: torch.dtype,
-    whole: bool,
+    pe: PositionalEncoding, state: PositionState, start: int, stop: int, k_stop: int, layer: int, dtype: torch.dtype
 ) -> torch.Tensor:
     """Additive mask for queries start..stop-1 over keys 0..k_stop-1: the scheme's bias where key <= query,
-    -inf elsewhere; (H, Tq, Tk), (B, H, Tq, Tk) with per-row positions, or (1, Tq, Tk) without a bias.
-
-    A bias that does not depend on the layer is built once per forward pass and reused by every layer, when
-    it is ``whole`` (one block for all queries): keeping every block of a long sequence would hold the full
-    T x T matrix that the blocks exist to avoid."""
-    cached = whole and not pe.bias_depends_on_layer
-    key = (start, stop, k_stop, dtype)
-    if cached and key in state.bias_blocks:
-        return state.bias_blocks[key]
+    -inf elsewhere; (H, Tq, Tk), (B, H, Tq, Tk) with per-row positions, or (1, Tq, Tk) without a bias."""
+    if pe.bias_is_relative and not state.explicit:
+        return _relative_block(pe, state, start, stop, k_stop, layer, dtype)
     device = state.positions.device
     query_index = torch.arange(state.q_offset + start, state.q_offset + stop, device=device)
     causal = torch.arange(k_stop, device=device)[None, :] <= query_index[:, None]
@@ -125,10 +138,30 @@ def _bias_and_mask(
         bias = pe.bias_block(state.positions[..., start:stop], state.key_positions[..., :k_stop], layer).to(dtype)
     else:
         bias = torch.zeros((1,) + causal.shape, dtype=dtype, device=device)
-    mask = bias.masked_fill(~causal, float("-inf"))
-    if cached:
-        state.bias_blocks[key] = mask
-    return mask
+    return bias.masked_fill(~causal, float("-inf"))
+
+
+def _relative_block(
+    pe: PositionalEncoding, state: PositionState, start: int, stop: int, k_stop: int, layer: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The mask of :func:`_bias_and_mask` for a scheme whose bias depends only on the distance d = query -
+    key (``bias_is_relative``), cut from one table per forward pass (per layer if the bias depends on it).
+
+    The table holds, per head, the bias at d = Tk-1, Tk-2, ..., 0 followed by Tk-1 entries of -inf (d < 0):
+    query a's row over keys 0..k-1 is the window starting at Tk-1-a, so a block of queries is a window view
+    of the table, read backwards (one copy). The scheme's function is evaluated Tk times, not Tq x Tk."""
+    n_keys = state.seq_len
+    key = ("relative", layer if pe.bias_depends_on_layer else None, dtype)
+    table = state.bias_blocks.get(key)
+    if table is None:
+        device = state.positions.device
+        distances = torch.arange(n_keys - 1, -1, -1, device=device)
+        bias = pe.bias_block(distances, distances[-1:], layer)[..., 0].to(dtype)  # (H, Tk): d = Tk-1 .. 0
+        table = torch.cat((bias, bias.new_full((bias.shape[0], n_keys - 1), float("-inf"))), dim=-1)
+        state.bias_blocks[key] = table
+    first, last = state.q_offset + start, state.q_offset + stop  # absolute indices of the block's queries
+    windows = table.unfold(-1, k_stop, 1)  # (H, 2Tk-k_stop, k_stop): window s = entries s .. s+k_stop-1
+    return windows[:, n_keys - last : n_keys - first].flip(-2)
 
 
 def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
@@ -147,7 +180,7 @@ def _math_attention(q, k, v, pe, state, layer, keep_probs=False):
         stop = min(Tq, start + block)
         q_block = q[:, :, start:stop]
         scores = (q_block @ k.transpose(-2, -1)) / math.sqrt(D)
-        scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, whole=block == Tq)
+        scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype)
         if pe.has_content_bias:
             scores = scores + pe.content_bias(q_block, scores, layer)
         probs = torch.softmax(scores.float(), dim=-1)
@@ -165,7 +198,11 @@ def _blockwise_sdpa(q, k, v, pe, state, layer):
         stop = min(Tq, start + block)
         # Keys after the last query of the block are masked anyway: slice them off to save work.
         k_stop = min(Tk, state.q_offset + stop)
-        mask = _bias_and_mask(pe, state, start, stop, k_stop, layer, q.dtype, whole=block == Tq)
+        mask = _bias_and_mask(pe, state, start, stop, k_stop, layer, q.dtype)
+        if q.device.type == "cpu":
+            # PyTorch's CPU flash kernel takes a slow path for a mask broadcast over the batch (3x slower at
+            # 4096 tokens, measured): give it one mask per row. The block size bounds the copy.
+            mask = mask.expand(q.shape[0], q.shape[1], -1, -1).contiguous()
         outputs.append(
             F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask)
         )

@@ -168,6 +168,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             t.grad_clip,
             device,
             dtype,
+            eager=raw_model if compiled else None,
         )
         step_s, cpu_share = seconds_per_step(functools.partial(train_step, x, y), args.warmup, args.steps, device)
     tokens_per_s = t.batch_size * t.seq_len / step_s
@@ -191,7 +192,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "batch_size": t.batch_size,
             "grad_accum_steps": t.grad_accum_steps,
             "dtype": str(dtype).split(".")[-1],
-            "compile": compiled,
+            "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
             "attn_backend": resolve_backend(cfg.model.attn_backend, raw_model.pe, device),
             "fused_ce": use_fused(cfg.model.fused_ce, device),
             "threads": torch.get_num_threads(),

@@ -174,12 +174,11 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     splits = _load_data(cfg, dist)
     if cfg.task.name == NO_TASK:
         checkpointer.track_corpus(splits, checkpoint, cfg.data)
-    model = distributed.wrap_model(raw_model, dist, t.distributed, device)
+    eager = distributed.wrap_model(raw_model, dist, t.distributed, device)
     optimizer = build_optimizer(raw_model, t, device)
     scheduler = build_scheduler(optimizer, t)
     start_step = checkpointer.restore(checkpoint, raw_model, optimizer, scheduler) if checkpoint else 0
-    if compile_enabled(t.compile, device.type):
-        model = torch.compile(model)
+    compiling = compile_enabled(t.compile, device.type)
     batches = BatchStream(
         splits["train"],
         t.batch_size,
@@ -190,14 +189,18 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
         state=checkpoint["sampler_state"] if checkpoint else None,
         random_positions=t.random_positions,
     )
-    step_fn = TrainStep(model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype)
+    # A compilation that fails at the first step falls back to the eager model (training/step.py).
+    model = torch.compile(eager) if compiling else eager
+    step_fn = TrainStep(
+        model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype, eager if compiling else None
+    )
     window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
     checkpointer.wandb_run_id = window.wandb_run_id
     if parent is not None:
         window.write(parent.record())  # the run records its parent
     window.record_runtime(start_step)
 
-    model.train()
+    eager.train()
     step, stopped_by = start_step, None
     with StopRequested() as stop:
         while step < t.max_steps and stopped_by is None:
@@ -216,7 +219,7 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
                 record = {
                     "step": step,
                     **record,
-                    "val_loss": estimate_val_loss(model, splits["val"], cfg, device, dtype, dist),
+                    "val_loss": estimate_val_loss(step_fn.model, splits["val"], cfg, device, dtype, dist),
                 }
             window.write(record)
             if not finite(record) and not t.skip_nonfinite:  # alike on every rank: the loss is averaged over them

@@ -1,10 +1,16 @@
-"""One optimizer step: gradient accumulation, clipping, AdamW, schedule. No host-device sync inside."""
+"""One optimizer step: gradient accumulation, clipping, AdamW, schedule. No host-device sync inside.
+
+A compiled model comes with its eager original (``eager``): if the first step fails (torch.compile's tracing,
+inductor or triton raise on a machine they do not support), the step warns once and is redone eagerly, and
+the run goes on uncompiled (``TrainStep.compiled`` says which ran) instead of dying at the top of a queue.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from core.errors import PosGPTError, first_line, warn
 from core.runtime import autocast
 from training.distributed import local_tensor, no_grad_sync
 
@@ -19,12 +25,33 @@ class TrainStep:
         grad_clip: float,
         device: torch.device,
         dtype: torch.dtype,
+        eager: nn.Module | None = None,
     ) -> None:
+        """``eager``: when ``model`` is compiled, the model it compiles, to fall back to at the first step."""
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.grad_accum_steps, self.grad_clip = grad_accum_steps, grad_clip
         self.device, self.dtype = device, dtype
+        self.eager = eager
+        self.compiled = eager is not None  # whether the compiled model runs the steps
 
     def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        if self.eager is None:
+            return self.step(x, y, skip_nonfinite, positions)
+        try:
+            result = self.step(x, y, skip_nonfinite, positions)
+        except (PosGPTError, torch.OutOfMemoryError):
+            raise  # the user's mistake, or memory: eager would fail alike
+        except Exception as error:  # whatever the compilation raises (dynamo, inductor, triton)
+            warn(f"torch.compile failed at the first training step ({first_line(error)}); training runs eagerly")
+            self.optimizer.zero_grad(set_to_none=True)  # what the failed step accumulated
+            self.model, self.compiled = self.eager, False
+            result = self.step(x, y, skip_nonfinite, positions)
+        self.eager = None  # compiled or not, the first step has run
+        return result
+
+    def step(
         self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False, positions: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Train on this rank's rows (split into micro-batches), at ``positions`` (B, T) if given.

@@ -41,6 +41,7 @@ class ALiBiPositionalEncoding(PositionalEncoding):
     colour = "#ff7f0e"
     config_class = ALiBiConfig
     has_score_bias = True
+    bias_is_relative = True
 
     def __init__(self, cfg: ALiBiConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)

@@ -15,8 +15,9 @@ block on CPU (via ``bias_block``, which a scheme may override with a faster whol
 scheme never knows which.
 
 Per forward pass. What does not depend on the layer (RoPE's cos/sin) is computed once by ``prepare`` and
-handed to every layer in a :class:`PositionState`; a bias block that does not depend on the layer
-(``bias_depends_on_layer = False``: ALiBi, T5) is materialised once and reused by every layer. Schemes
+handed to every layer in a :class:`PositionState`. A bias that depends only on the distance
+(``bias_is_relative``: ALiBi, T5, KERPLE) is evaluated once per distance and forward pass (per layer if
+``bias_depends_on_layer``: KERPLE) and each block of queries is cut from that table. Schemes
 with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and index them by ``layer``.
 
 Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
@@ -114,8 +115,11 @@ class PositionalEncoding(nn.Module):
     display_name: ClassVar[str] = ""
     # True when score_bias is overridden: attention must then use a path that can add a bias.
     has_score_bias: ClassVar[bool] = False
-    # False when score_bias is the same in every layer: the blockwise path then builds it once per forward.
+    # False when score_bias is the same in every layer: attention then builds it once per forward pass.
     bias_depends_on_layer: ClassVar[bool] = False
+    # True when score_bias depends on the positions only through q_pos - k_pos (ALiBi, T5, KERPLE; not FIRE,
+    # whose normaliser reads q_pos): attention then evaluates it once per distance, not once per score.
+    bias_is_relative: ClassVar[bool] = False
     # True when content_bias is overridden: attention always runs the written-out path.
     has_content_bias: ClassVar[bool] = False
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the

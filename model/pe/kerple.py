@@ -42,6 +42,7 @@ class KerplePositionalEncoding(PositionalEncoding):
     colour = "#e377c2"
     config_class = KerpleConfig
     has_score_bias = True
+    bias_is_relative = True
     bias_depends_on_layer = True
 
     def __init__(self, cfg: KerpleConfig, dims: ModelDims) -> None:

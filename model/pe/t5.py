@@ -53,6 +53,7 @@ class T5PositionalEncoding(PositionalEncoding):
     colour = "#8c564b"
     config_class = T5Config
     has_score_bias = True
+    bias_is_relative = True
 
     def __init__(self, cfg: T5Config, dims: ModelDims) -> None:
         super().__init__(cfg, dims)

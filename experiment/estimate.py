@@ -1,0 +1,132 @@
+"""Predicted memory and FLOPs of a config before launching it: parameters; training memory (weights,
+gradients, AdamW's two states, the activations kept for backward, the loss head's buffers); scoring memory at
+a given length per attention backend. ``scripts/estimate.py`` prints it; bench/results/ holds its check
+against measured peaks (the estimate excludes the interpreter and torch themselves, which on CPU are part of
+the measured resident set: compare with the growth over the process's size before the work).
+
+The counts, per token and layer, of values kept for backward (fp32 elements; under bf16 autocast the matmul
+inputs are bf16): the two LayerNorm inputs and outputs (4C), q, k, v (3C, +2C rotated copies for a scheme
+that rotates), the attention output and its transpose (2C), the MLP's hidden layer before and after GELU
+(8C): 17C, 19C rotated. Attention itself keeps per layer: nothing more with flash SDPA or FlexAttention;
+the materialised bias mask on the sdpa path of a bias scheme (about B H T^2 / 2 values, query blocks skip
+the masked keys); the scores on the math path (CoPE: about MATH_SCORE_COPIES tensors of B H T^2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from experiment.build import build_model, model_flops_per_token
+from model import attention
+from model.gpt import padded_vocab_size
+from model.loss import FUSED_CHUNK, NO_GRAD_CHUNK, use_fused
+from model.pe import SCHEMES, PositionalEncoding
+
+MiB = 2**20
+# Tensors of B x H x T^2 the math path (CoPE) keeps per layer for backward: scores, gates, counted
+# positions, their floor, weight, the two gathered logits and the probabilities.
+MATH_SCORE_COPIES = 8
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes, by part."""
+
+    parts: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def mib(self) -> dict[str, float]:
+        return {name: round(value / MiB, 1) for name, value in self.parts.items()} | {
+            "total": round(self.total / MiB, 1)
+        }
+
+
+def _rotates(pe: type[PositionalEncoding]) -> bool:
+    return pe.rotate is not PositionalEncoding.rotate
+
+
+def count_parameters(cfg: DictConfig) -> int:
+    with torch.device("meta"):  # shapes only: nothing is allocated or initialised for real
+        return build_model(cfg).num_params()
+
+
+def flops_per_token(cfg: DictConfig) -> float:
+    with torch.device("meta"):
+        return model_flops_per_token(build_model(cfg), cfg.train.seq_len)
+
+
+def _head_bytes(tokens: int, vocab: int, width: int, fused: bool, grad: bool, act_bytes: int) -> float:
+    """The loss head's buffers: with gradients, the fused path's one chunk of logits plus its fp32 weight
+    gradient and hidden gradient, or the plain path's (B T, V) logits, upcast copy, log-softmax and gradient;
+    without gradients, one chunk of logits and its log-softmax."""
+    if not grad:
+        rows = min(tokens, max(1, NO_GRAD_CHUNK // vocab))
+        return rows * vocab * 4 * 2
+    if fused:
+        n_chunks = max(1, math.ceil(tokens * vocab / FUSED_CHUNK))
+        rows = math.ceil(tokens / n_chunks)
+        return rows * vocab * act_bytes + vocab * width * 4 + tokens * width * 4
+    return tokens * vocab * (act_bytes + 4 + 4 + 4)
+
+
+def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MemoryEstimate:
+    """Peak memory of one training step (one micro-batch) of ``cfg`` on ``device`` in ``dtype`` (autocast)."""
+    m, t = cfg.model, cfg.train
+    pe = SCHEMES[cfg.pe.name]
+    n_params = count_parameters(cfg)
+    act = 2 if dtype == torch.bfloat16 else 4
+    rows, T = t.batch_size // t.grad_accum_steps, t.seq_len
+    tokens = rows * T
+    per_token = (19 if _rotates(pe) else 17) * m.n_embd
+    backend = attention.resolve_backend(m.attn_backend, pe, torch.device(device))  # reads class attributes
+    scores = rows * m.n_head * T * T
+    per_layer_attention = {"math": MATH_SCORE_COPIES * scores * 4, "sdpa": scores / 2 * act if pe.has_score_bias else 0}
+    vocab = padded_vocab_size(m.vocab_size)
+    return MemoryEstimate(
+        {
+            "weights": n_params * 4,
+            "gradients": n_params * 4,
+            "optimizer": n_params * 8,
+            "activations": m.n_layer * (tokens * per_token * act + per_layer_attention.get(backend, 0)),
+            "loss_head": _head_bytes(tokens, vocab, m.n_embd, use_fused(m.fused_ce, torch.device(device)), True, act),
+        }
+    )
+
+
+def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtype = torch.float32) -> MemoryEstimate:
+    """Peak memory of scoring ``eval.batch_tokens // length`` rows of ``length`` tokens without gradients
+    (evaluation/extrapolation.py) on the given attention backend (sdpa, flex or math; sdpa of a bias scheme
+    is its blockwise masked path)."""
+    m = cfg.model
+    pe = SCHEMES[cfg.pe.name]
+    rows = max(1, cfg.eval.batch_tokens // length)
+    tokens = rows * length
+    act = 2 if dtype == torch.bfloat16 else 4
+    # Live at once in a layer: the residual stream, its LayerNorm, qkv and q, k, v (rotated copies), the
+    # attention output and its transpose, the MLP's hidden layer before and after GELU.
+    working = tokens * m.n_embd * (14 if _rotates(pe) else 12) * act
+    scores = rows * m.n_head * length * length
+    budget = attention._MAX_BLOCK_SCORES
+    if backend == "math" or pe.has_content_bias:
+        attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
+    elif backend == "sdpa" and pe.has_score_bias:
+        # A block's mask, per row (CPU), cut from a per-head block: at most the budget, and 1/rows more.
+        attention_bytes = min(scores, budget) * act * (1 + 1 / rows)
+    else:
+        attention_bytes = 0  # flash SDPA, FlexAttention: no T x T
+    vocab = padded_vocab_size(m.vocab_size)
+    return MemoryEstimate(
+        {
+            "weights": count_parameters(cfg) * 4,
+            "activations": working,
+            "attention": attention_bytes,
+            "loss_head": _head_bytes(tokens, vocab, m.n_embd, False, False, act),
+        }
+    )

@@ -1,0 +1,112 @@
+"""Predict a config's parameters, memory and FLOPs before launching it (experiment/estimate.py's model).
+
+    python scripts/estimate.py model=gpt2 train.seq_len=1024 --eval-length 16384
+    python scripts/estimate.py train.batch_size=8 --measure          # check the prediction on this machine
+
+Takes train.py's Hydra overrides. Prints one JSON object: parameters, FLOPs per training token, training
+memory by part (fp32 and bf16 autocast) and, with ``--eval-length N``, scoring memory at N tokens per
+attention backend, in MiB. Nothing is allocated (the model is built on the meta device).
+
+``--measure`` also runs the work here (two training steps; with --eval-length, one scoring batch on the
+default backend) and reports evaluation/memory.py's measured peak less the process's size before the model
+was built, next to the prediction, and their ratio. On CPU, measure one thing per process (the allocator
+keeps freed memory): without --eval-length it measures training, with it scoring.
+"""
+
+from __future__ import annotations
+
+import _repo  # noqa: F401
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from bench import save_run
+from core.cli import exit_on_user_error
+from core.runtime import autocast, set_up_runtime
+from evaluation.memory import PeakMemory, resident_mb
+from experiment.build import build_model
+from experiment.compose import compose_config
+from experiment.config import validate
+from experiment.estimate import count_parameters, flops_per_token, scoring_memory, training_memory
+from model.attention import resolve_backend
+from training.optim import build_optimizer, build_scheduler
+from training.step import TrainStep
+
+
+def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
+    """(what was measured, the measured peak growth in MiB) on train.device in train.dtype."""
+    t = cfg.train
+    device, dtype = set_up_runtime(t)
+    before = resident_mb() if device.type == "cpu" else 0.0
+    with PeakMemory(device) as memory:
+        model = build_model(cfg).to(device)
+        if eval_length:
+            rows = max(1, cfg.eval.batch_tokens // eval_length)
+            x = torch.randint(0, cfg.model.vocab_size, (rows, eval_length), device=device)
+            with torch.inference_mode(), autocast(device, dtype):
+                model.eval()(x, x, reduction="none")
+            what = {"work": "scoring", "length": eval_length, "rows": rows}
+        else:
+            optimizer = build_optimizer(model, t, device)
+            step = TrainStep(model, optimizer, build_scheduler(optimizer, t), t.grad_accum_steps, 0.0, device, dtype)
+            x = torch.randint(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), device=device)
+            for _ in range(2):
+                step(x, x)
+            what = {"work": "training", "seq_len": t.seq_len, "batch_size": t.batch_size}
+    backend = resolve_backend(cfg.model.attn_backend, model.pe, device)
+    what |= {"backend": backend, "dtype": dtype, "memory_metric": memory.metric, "process_before_mb": before}
+    return what, memory.peak_mb - before
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--eval-length", type=int, default=None, help="also predict scoring at this length")
+    parser.add_argument("--measure", action="store_true", help="run it here and compare (see above)")
+    parser.add_argument("--record", type=Path, default=None, help="also append the report to a results file")
+    args, overrides = parser.parse_known_args(argv)
+    cfg = compose_config(overrides)
+    validate(cfg)
+    report = {
+        "pe": cfg.pe.name,
+        "parameters": count_parameters(cfg),
+        "flops_per_token": flops_per_token(cfg),
+        "training_mib": {
+            "cpu_fp32": training_memory(cfg, "cpu").mib(),
+            "cuda_bf16": training_memory(cfg, "cuda", torch.bfloat16).mib(),
+        },
+    }
+    if args.eval_length:
+        report["scoring_mib"] = {
+            "length": args.eval_length,
+            "rows": max(1, cfg.eval.batch_tokens // args.eval_length),
+            "cpu_fp32": {b: scoring_memory(cfg, args.eval_length, b).mib() for b in ("math", "sdpa")},
+            "cuda_bf16": {
+                b: scoring_memory(cfg, args.eval_length, b, torch.bfloat16).mib() for b in ("math", "sdpa", "flex")
+            },
+        }
+    if args.measure:
+        what, measured = measure(cfg, args.eval_length)
+        device, dtype = "cuda" if what["memory_metric"].startswith("cuda") else "cpu", what.pop("dtype")
+        predicted = (
+            scoring_memory(cfg, args.eval_length, what["backend"], dtype).total
+            if args.eval_length
+            else training_memory(cfg, device, dtype).total
+        ) / 2**20
+        report["measured"] = what | {
+            "dtype": str(dtype).split(".")[-1],
+            "predicted_mb": round(predicted, 1),
+            "measured_growth_mb": round(measured, 1),
+            "predicted_over_measured": round(predicted / measured, 3),
+        }
+    print(json.dumps(report, indent=1))
+    if args.record:
+        save_run(args.record, "scripts/estimate.py", argv, [report])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,106 @@
+"""FlexAttention (forward, on CPU) equals the written-out math path for every scheme with a score bias, found
+through the registry so that a scheme added later is covered: at lengths that are not multiples of its block
+size (128), while decoding with a KV cache, with per-row positions, and through the whole model. And if
+FlexAttention fails at first use, attention warns once and runs sdpa, which resolve_backend then reports."""
+
+import pytest
+import torch
+
+import model.attention as attention
+from model import GPT, KVCache, ModelConfig
+from model.attention import attend, resolve_backend
+from model.pe import SCHEMES
+from tests.test_backends import B, attend_at, qkv, scheme
+from training.batch_stream import random_positions
+
+BIAS = sorted(name for name, cls in SCHEMES.items() if cls.has_score_bias)
+AWKWARD = [1, 127, 129, 300]  # FlexAttention's blocks hold 128 queries and 128 keys
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def test_the_registry_has_bias_schemes():
+    assert {"alibi", "t5", "kerple", "fire"} <= set(BIAS)
+
+
+@pytest.mark.parametrize("length", AWKWARD)
+@pytest.mark.parametrize("name", BIAS)
+@torch.no_grad()
+def test_flex_matches_math_at_awkward_lengths(name, length):
+    pe, (q, k, v) = scheme(name), qkv(length, length, requires_grad=False)
+    for layer in (0, 1):
+        torch.testing.assert_close(
+            attend(q, k, v, pe, "flex", layer=layer), attend(q, k, v, pe, "math", layer=layer), **TOLERANCE
+        )
+
+
+@pytest.mark.parametrize("length", [129, 300])
+@pytest.mark.parametrize("name", BIAS)
+@torch.no_grad()
+def test_flex_matches_math_with_per_row_positions(name, length):
+    pe, (q, k, v) = scheme(name), qkv(length, length, requires_grad=False)
+    positions = random_positions(B, length, 4 * length, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(
+        attend_at("flex", pe, q, k, v, 1, positions), attend_at("math", pe, q, k, v, 1, positions), **TOLERANCE
+    )
+
+
+def tiny_model(name: str, backend: str) -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, n_head=4, n_embd=32, vocab_size=101, attn_backend=backend)
+    return GPT(cfg, SCHEMES[name].config_class(), train_seq_len=64).eval()
+
+
+@pytest.mark.parametrize("name", BIAS)
+@torch.no_grad()
+def test_model_through_flex_matches_math_with_a_prompt_then_decoding(name):
+    """A 131-token prompt in one forward pass (flex), then 3 tokens one at a time from the KV cache (queries
+    after the first key: sdpa's blockwise path), against the math path over the same tokens."""
+    idx = torch.randint(0, 101, (2, 134), generator=torch.Generator().manual_seed(0))
+    flex, math = tiny_model(name, "flex"), tiny_model(name, "math")
+    torch.testing.assert_close(flex(idx[:, :131]), math(idx[:, :131]), **TOLERANCE)
+    cache_flex, cache_math = KVCache(), KVCache()
+    flex(idx[:, :131], cache=cache_flex), math(idx[:, :131], cache=cache_math)
+    for t in range(131, 134):
+        got, want = flex(idx[:, t : t + 1], cache=cache_flex), math(idx[:, t : t + 1], cache=cache_math)
+        torch.testing.assert_close(got, want, **TOLERANCE)
+    torch.testing.assert_close(got[:, -1], math(idx)[:, -1], **TOLERANCE)  # decoding = one full pass
+
+
+@pytest.mark.parametrize("name", BIAS)
+@torch.no_grad()
+def test_flex_with_a_kv_cache_matches_math(name):
+    """Queries 293..299 over 300 keys (not a multiple of 128), through attend."""
+    pe, (q, k, v) = scheme(name), qkv(7, 300, requires_grad=False)
+    torch.testing.assert_close(attend(q, k, v, pe, "flex", layer=1), attend(q, k, v, pe, "math", layer=1), **TOLERANCE)
+
+
+@torch.no_grad()
+def test_a_failing_flex_falls_back_to_sdpa_once_with_one_warning(monkeypatch, capsys):
+    monkeypatch.setattr(attention, "flex_failure", None)  # restored after the test
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("triton: no kernel for this GPU\nlong traceback")
+
+    monkeypatch.setattr(attention, "_flex_attention", broken)
+    pe, (q, k, v) = scheme("alibi"), qkv(requires_grad=False)
+    cuda = torch.device("cuda")
+    assert resolve_backend("auto", pe, cuda) == "flex"
+    for _ in range(2):
+        torch.testing.assert_close(attend(q, k, v, pe, "flex"), attend(q, k, v, pe, "math"), **TOLERANCE)
+    assert calls == [1]  # given up after the first failure
+    assert capsys.readouterr().err == (
+        "warning: FlexAttention failed (RuntimeError: triton: no kernel for this GPU); attention runs sdpa "
+        "(bias as a blockwise mask) from now on\n"
+    )
+    assert attention.flex_failure == "RuntimeError: triton: no kernel for this GPU"
+    assert resolve_backend("auto", pe, cuda) == resolve_backend("flex", pe, cuda) == "sdpa"
+
+
+def test_user_errors_from_flex_are_not_swallowed(monkeypatch):
+    monkeypatch.setattr(attention, "flex_failure", None)
+    with pytest.raises(attention.PosGPTError, match="cannot train on CPU"):
+        attend(*qkv(), scheme("alibi"), "flex")
+    assert attention.flex_failure is None
