@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
+from cli_runs import REPO
 
 from experiment.build import build_model, model_flops_per_token
 from experiment.compose import compose_config
 from experiment.estimate import count_parameters, flops_per_token, scoring_memory, training_memory
-from tests.test_bench import REPO
 
 
 @pytest.mark.parametrize("overrides", [[], ["pe=learned", "model=tiny"], ["pe=kerple", "model=gpt2"]])

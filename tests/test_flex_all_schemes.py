@@ -5,12 +5,12 @@ FlexAttention fails at first use, attention warns once and runs sdpa, which reso
 
 import pytest
 import torch
+from test_backends import B, attend_at, qkv, scheme
 
 import model.attention as attention
 from model import GPT, KVCache, ModelConfig
 from model.attention import attend, resolve_backend
 from model.pe import SCHEMES
-from tests.test_backends import B, attend_at, qkv, scheme
 from training.batch_stream import random_positions
 
 BIAS = sorted(name for name, cls in SCHEMES.items() if cls.has_score_bias)

@@ -9,8 +9,7 @@ import json
 import shutil
 
 import pytest
-
-from tests.cli_runs import assert_one_line_error, reference_run, train_losses
+from cli_runs import assert_one_line_error, reference_run, train_losses
 
 pytestmark = pytest.mark.slow
 
