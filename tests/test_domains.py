@@ -249,12 +249,12 @@ def test_every_command_refuses_every_out_of_domain_value(case, rope_run, tmp_pat
 
 
 # Two keys per command, run as real subprocesses: the in-process walk answers exactly as the command line does.
-SUBPROCESS_SAMPLE = {
-    "train.py": ("train.min_lr_ratio", "pe.npos"),
-    "scripts/bench.py": ("train.seed", "pe.scaling.factor"),
-    "eval.py": ("eval.max_tokens", "model.n_layer"),
-    "sample.py": ("sample.top_k", "pe.scaling.beta_slow"),
-    "scripts/inspect_attention.py": ("inspect.windows", "data.val_fraction"),
+SUBPROCESS_SAMPLE = {  # one key per command: the in-process walk covers the rest
+    "train.py": ("train.min_lr_ratio",),
+    "scripts/bench.py": ("pe.scaling.factor",),
+    "eval.py": ("model.n_layer",),
+    "sample.py": ("sample.top_k",),
+    "scripts/inspect_attention.py": ("data.val_fraction",),
 }
 
 
@@ -295,14 +295,7 @@ def assert_compositions_validate(combinations: list[tuple[str, ...]]) -> None:
 
 
 def test_every_scheme_with_every_model_and_every_corpus_validates():
-    """The product of pe and model (RoPE and xPos need an even head dimension), and each data config once: what
-    the checks relate. The full product is the slow test below."""
+    """The product of pe and model (RoPE and xPos need an even head dimension: the checks relate them), and each
+    data config once (no check relates data to the scheme or the model)."""
     pairs = itertools.product(group_options("pe"), group_options("model"), [None])
     assert_compositions_validate([*pairs, *((None, None, data) for data in group_options("data"))])
-
-
-@pytest.mark.slow
-def test_every_shipped_combination_of_configs_validates():
-    combinations = list(itertools.product(group_options("pe"), group_options("model"), group_options("data")))
-    assert len(combinations) >= 10 * 3 * 7
-    assert_compositions_validate(combinations)
