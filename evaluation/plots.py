@@ -119,17 +119,22 @@ def _mark_training_length(ax, train_lens: set[int]) -> None:
         ax.axvline(length, color="grey", linestyle="--", linewidth=1, label="training length" if i == 0 else None)
 
 
-def plot_ppl_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
-    """One line per series (x: lengths, y: perplexities; lengths without a perplexity left out)."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
-    ax = fig.subplots()
+def _draw_by_length(ax, series: list[Series], train_lens: set[int]) -> None:
+    """The series against evaluation length (those with points), on a log2 axis ticked at the lengths measured."""
     _draw(ax, [line for line in series if line.x])
     lengths = sorted({int(x) for line in series for x in line.x})
     _mark_training_length(ax, train_lens)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
     ax.set_xticks(lengths, [str(length) for length in lengths])
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_ppl_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
+    """One line per series (x: lengths, y: perplexities; lengths without a perplexity left out)."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    _draw_by_length(ax, series, train_lens)
+    ax.set_yscale("log")
     _label_log_axis(ax.yaxis, *ax.get_ylim())
     return _label_and_save(fig, ax, "evaluation length (tokens)", "perplexity", title, path)
 
@@ -151,12 +156,7 @@ def plot_accuracy_vs_length(series: list[Series], train_lens: set[int], path: st
     """Task accuracy (x: lengths, log scale; y: accuracy in [0, 1]), each series' 95% interval as its band."""
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
-    _draw(ax, [line for line in series if line.x])
-    lengths = sorted({int(x) for line in series for x in line.x})
-    _mark_training_length(ax, train_lens)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(length) for length in lengths])
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    _draw_by_length(ax, series, train_lens)
     ax.set_ylim(-0.02, 1.02)
     return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", title, path)
 
