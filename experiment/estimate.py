@@ -34,13 +34,18 @@ MATH_SCORE_COPIES = 8
 
 @dataclass
 class MemoryEstimate:
-    """Bytes, by part."""
+    """Bytes, by part. ``phases``: groups of parts alive at different times (scoring runs a layer's attention,
+    then its MLP, ..., then the loss head, each freeing what the next does not need): the total counts every
+    part outside the groups plus the largest group, not their sum."""
 
     parts: dict[str, float]
+    phases: tuple[tuple[str, ...], ...] = ()
 
     @property
     def total(self) -> float:
-        return sum(self.parts.values())
+        phased = {name for phase in self.phases for name in phase}
+        always = sum(value for name, value in self.parts.items() if name not in phased)
+        return always + max((sum(self.parts[name] for name in phase) for phase in self.phases), default=0.0)
 
     def mib(self) -> dict[str, float]:
         return {name: round(value / MiB, 1) for name, value in self.parts.items()} | {
@@ -109,9 +114,7 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
     rows = max(1, cfg.eval.batch_tokens // length)
     tokens = rows * length
     act = 2 if dtype == torch.bfloat16 else 4
-    # Live at once in a layer: the residual stream, its LayerNorm, qkv and q, k, v (rotated copies), the
-    # attention output and its transpose, the MLP's hidden layer before and after GELU.
-    working = tokens * m.n_embd * (14 if _rotates(pe) else 12) * act
+    unit = tokens * m.n_embd * act  # one (rows, length, n_embd) activation
     scores = rows * m.n_head * length * length
     budget = attention._MAX_BLOCK_SCORES
     if backend == "math" or pe.has_content_bias:
@@ -125,8 +128,14 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
     return MemoryEstimate(
         {
             "weights": count_parameters(cfg) * 4,
-            "activations": working,
+            "residual": tokens * m.n_embd * 4,  # the stream entering the block, fp32 under autocast too
+            # Attention: its LayerNorm, qkv, rotated q and k, the output, its transpose, the projection.
+            "attention_layer": unit * (9 if _rotates(pe) else 7),
             "attention": attention_bytes,
-            "loss_head": _head_bytes(tokens, vocab, m.n_embd, False, False, act),
-        }
+            # MLP: the new residual, its LayerNorm, the hidden layer before and after GELU.
+            "mlp_layer": unit * 10,
+            # The final LayerNorm and one chunk of logits with its log-softmax.
+            "loss_head": unit + _head_bytes(tokens, vocab, m.n_embd, False, False, act),
+        },
+        phases=(("attention_layer", "attention"), ("mlp_layer",), ("loss_head",)),
     )

@@ -9,8 +9,9 @@ attention backend, in MiB. Nothing is allocated (the model is built on the meta 
 
 ``--measure`` also runs the work here (two training steps; with --eval-length, one scoring batch on the
 default backend) and reports evaluation/memory.py's measured peak less the process's size before the model
-was built, next to the prediction, and their ratio. On CPU, measure one thing per process (the allocator
-keeps freed memory): without --eval-length it measures training, with it scoring.
+was built, next to the prediction, and their ratio. On CPU it first makes glibc return freed blocks to the
+system (evaluation/memory.return_freed_memory), so the resident peak is that of live tensors; measure one
+thing per process: without --eval-length it measures training, with it scoring.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from bench import save_run
+from bench import device_name, save_run
 from core.cli import exit_on_user_error
 from core.runtime import autocast, set_up_runtime
-from evaluation.memory import PeakMemory, resident_mb
+from evaluation.memory import PeakMemory, resident_mb, return_freed_memory
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import validate
@@ -41,6 +42,8 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
     """(what was measured, the measured peak growth in MiB) on train.device in train.dtype."""
     t = cfg.train
     device, dtype = set_up_runtime(t)
+    if device.type == "cpu":
+        return_freed_memory()
     before = resident_mb() if device.type == "cpu" else 0.0
     with PeakMemory(device) as memory:
         model = build_model(cfg).to(device)
@@ -58,7 +61,13 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
                 step(x, x)
             what = {"work": "training", "seq_len": t.seq_len, "batch_size": t.batch_size}
     backend = resolve_backend(cfg.model.attn_backend, model.pe, device)
-    what |= {"backend": backend, "dtype": dtype, "memory_metric": memory.metric, "process_before_mb": before}
+    what |= {
+        "backend": backend,
+        "dtype": dtype,
+        "device": device_name(device),
+        "memory_metric": memory.metric,
+        "process_before_mb": before,
+    }
     return what, memory.peak_mb - before
 
 
