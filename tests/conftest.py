@@ -3,11 +3,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))  # scripts import _repo, as when run as python scripts/<name>.py
 os.environ.setdefault("WANDB_SILENT", "true")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pyproject.toml runs a worker per core: one torch thread each
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
