@@ -31,8 +31,9 @@ Presets (a config each in configs/pe/; the same machinery, other defaults):
   layers use rope_theta = 500000 (``pe.rope.base``). Not modelled: the RoPE layers' chunked attention (8192
   tokens), their QK norm, and the NoPE layers' attention temperature.
 
-A pattern longer than the model's layers, with a scheme that would never run (rnope on 2 layers is RoPE), is
-refused: the run would be labelled by a pattern it does not have.
+A pattern longer than the model's layers runs its first entries, as Hugging Face's Llama 4 config does (its
+2-layer models have no NoPE layer). A run whose pattern has a scheme that would never run (rnope on 2 layers is
+RoPE) is refused with its config (``check_layers``): it would be labelled by a pattern it does not have.
 
 Evaluation-time variations act on the layers whose scheme has them: ``eval.variations=[yarn:16]`` rescales the
 RoPE layers of rnope and leaves its NoPE layers as trained; one that no scheme of the pattern has is refused. Their
@@ -100,6 +101,11 @@ def check_pattern(cfg: PatternConfig) -> None:
             raise PosGPTError(f"pe.{name}.name={getattr(cfg, name).name!r}: the settings pe.{name}.* are {name}'s")
 
 
+def layer_names(cfg: PatternConfig, n_layer: int) -> list[str]:
+    """The scheme of each of ``n_layer`` layers: the pattern cycled."""
+    return [cfg.pattern[layer % len(cfg.pattern)] for layer in range(n_layer)]
+
+
 @functools.cache
 def pattern_config(owner: type[HybridPositionalEncoding]) -> type[PatternConfig]:
     """The config dataclass of the pattern scheme ``owner``: PatternConfig with owner's name and default pattern,
@@ -156,14 +162,7 @@ class HybridPositionalEncoding(PositionalEncoding):
     def __init__(self, cfg: PatternConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
         check_pattern(cfg)
-        per_layer = [cfg.pattern[layer % len(cfg.pattern)] for layer in range(dims.n_layer)]
-        idle = [name for name in dict.fromkeys(cfg.pattern) if name not in per_layer]
-        if idle:
-            raise PosGPTError(
-                f"pe.pattern=[{','.join(cfg.pattern)}] over model.n_layer={dims.n_layer} layers is "
-                f"[{','.join(per_layer)}]: {', '.join(idle)} would never run; use model.n_layer >= "
-                f"{len(cfg.pattern)} (a multiple of {len(cfg.pattern)} repeats the pattern whole) or a shorter pattern"
-            )
+        per_layer = layer_names(cfg, dims.n_layer)
         # Built in the order of their first layer, each with parameters for its own layers only.
         self.parts = nn.ModuleDict(
             {
@@ -172,6 +171,17 @@ class HybridPositionalEncoding(PositionalEncoding):
             }
         )
         self._layers = [(self.parts[name], per_layer[:layer].count(name)) for layer, name in enumerate(per_layer)]
+
+    @classmethod
+    def check_layers(cls, cfg: PatternConfig, n_layer: int) -> None:
+        per_layer = layer_names(cfg, n_layer)
+        idle = [name for name in dict.fromkeys(cfg.pattern) if name not in per_layer]
+        if idle:
+            raise PosGPTError(
+                f"pe.pattern=[{','.join(cfg.pattern)}] over model.n_layer={n_layer} layers is "
+                f"[{','.join(per_layer)}]: {', '.join(idle)} would never run; use model.n_layer >= "
+                f"{len(cfg.pattern)} (a multiple of {len(cfg.pattern)} repeats the pattern whole) or a shorter pattern"
+            )
 
     def layer_schemes(self) -> list[tuple[PositionalEncoding, int]]:
         return list(self._layers)
