@@ -241,9 +241,7 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(
             f"eval.protocols must be a non-empty subset of [nonoverlapping, sliding] (got {list(cfg.eval.protocols)})"
         )
-    # The scheme checks its own settings with the model's layers and the evaluation-time variations asked for
-    # (model/pe/base.py).
-    SCHEMES[cfg.pe.name].check_layers(config.pe, cfg.model.n_layer)
+    # The scheme checks its own settings with the evaluation-time variations asked for (model/pe/base.py).
     SCHEMES[cfg.pe.name].check_variations(OmegaConf.to_object(cfg.pe), list(cfg.eval.variations or []))
     _validate_task(cfg)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):

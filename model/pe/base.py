@@ -166,12 +166,6 @@ class PositionalEncoding(nn.Module):
     # -- Evaluation-time variations, on configs (validation, labels, fine-tuning: no model is built) --
 
     @classmethod
-    def check_layers(cls, cfg: PEConfig, n_layer: int) -> None:
-        """PosGPTError unless the scheme configured as ``cfg`` is what a run of ``n_layer`` layers would be named
-        for (a per-layer pattern some of whose schemes would never run is not, hybrid.py). Checked with the config
-        (experiment/config.py); the model itself builds any number of layers."""
-
-    @classmethod
     def check_variations(cls, cfg: PEConfig, specs: Sequence[str]) -> None:
         """PosGPTError unless the scheme's config and the ``eval.variations`` entries ``specs`` go together."""
         for spec in specs:

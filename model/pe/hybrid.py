@@ -32,8 +32,8 @@ Presets (a config each in configs/pe/; the same machinery, other defaults):
   tokens), their QK norm, and the NoPE layers' attention temperature.
 
 A pattern longer than the model's layers runs its first entries, as Hugging Face's Llama 4 config does (its
-2-layer models have no NoPE layer). A run whose pattern has a scheme that would never run (rnope on 2 layers is
-RoPE) is refused with its config (``check_layers``): it would be labelled by a pattern it does not have.
+2-layer models have no NoPE layer): rnope on posgpt's default 2-layer model is [rope, rope], which the build warns
+about (a scheme of the pattern never runs) and the run's first line shows. model.n_layer >= 4 runs it whole.
 
 Evaluation-time variations act on the layers whose scheme has them: ``eval.variations=[yarn:16]`` rescales the
 RoPE layers of rnope and leaves its NoPE layers as trained; one that no scheme of the pattern has is refused. Their
@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from core.errors import PosGPTError
+from core.errors import PosGPTError, warn
 from model.pe import SCHEMES, build_positional_encoding
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 
@@ -163,6 +163,13 @@ class HybridPositionalEncoding(PositionalEncoding):
         super().__init__(cfg, dims)
         check_pattern(cfg)
         per_layer = layer_names(cfg, dims.n_layer)
+        idle = [name for name in dict.fromkeys(cfg.pattern) if name not in per_layer]
+        if idle:
+            warn(
+                f"pe.pattern=[{','.join(cfg.pattern)}] over model.n_layer={dims.n_layer} layers is "
+                f"[{','.join(per_layer)}]: {', '.join(idle)} never runs; model.n_layer >= {len(cfg.pattern)} runs "
+                f"the whole pattern (a multiple of {len(cfg.pattern)} repeats it whole)"
+            )
         # Built in the order of their first layer, each with parameters for its own layers only.
         self.parts = nn.ModuleDict(
             {
@@ -171,17 +178,6 @@ class HybridPositionalEncoding(PositionalEncoding):
             }
         )
         self._layers = [(self.parts[name], per_layer[:layer].count(name)) for layer, name in enumerate(per_layer)]
-
-    @classmethod
-    def check_layers(cls, cfg: PatternConfig, n_layer: int) -> None:
-        per_layer = layer_names(cfg, n_layer)
-        idle = [name for name in dict.fromkeys(cfg.pattern) if name not in per_layer]
-        if idle:
-            raise PosGPTError(
-                f"pe.pattern=[{','.join(cfg.pattern)}] over model.n_layer={n_layer} layers is "
-                f"[{','.join(per_layer)}]: {', '.join(idle)} would never run; use model.n_layer >= "
-                f"{len(cfg.pattern)} (a multiple of {len(cfg.pattern)} repeats the pattern whole) or a shorter pattern"
-            )
 
     def layer_schemes(self) -> list[tuple[PositionalEncoding, int]]:
         return list(self._layers)
