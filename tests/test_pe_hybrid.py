@@ -254,3 +254,17 @@ def test_a_child_starts_from_a_hybrid_parent(cli, rnope_run):
         cli.base / "hybrid-other-child", *TINY_4, f"train.init_from={parent_dir}", "pe.pattern=[rope]"
     )
     assert other.returncode == 2 and "pe.pattern" in other.stderr
+
+
+@pytest.mark.slow
+def test_a_mixed_pattern_compiles_as_one_graph_and_computes_as_eager():
+    torch._dynamo.reset()
+    model = hybrid(["rope", "alibi", "cope", "xpos"]).train()
+    x, y = torch.randint(0, VOCAB, (2, 16)), torch.randint(0, VOCAB, (2, 16))
+    model(x, y).backward()
+    eager = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    torch.compile(model, backend="aot_eager", fullgraph=True)(x, y).backward()
+    for name, grad in eager.items():
+        torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, rtol=1e-5, atol=1e-5, msg=name)
+    torch._dynamo.reset()

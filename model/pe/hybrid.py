@@ -183,8 +183,9 @@ class HybridPositionalEncoding(PositionalEncoding):
         return list(self._layers)
 
     def max_positions(self) -> int | None:
-        limits = [limit for part in self.parts.values() if (limit := part.max_positions()) is not None]
-        return min(limits, default=None)
+        limits = [part.max_positions() for part in self.parts.values()]
+        limits = [limit for limit in limits if limit is not None]
+        return min(limits) if limits else None
 
     def check_random_positions(self, n_positions: int) -> None:
         users = [part for part in self.parts.values() if part.uses_positions()]
