@@ -230,6 +230,8 @@ def test_a_tiny_run_trains_records_its_layers_and_evaluates(cli, rnope_run):
     rows = json.loads((run_dir / "eval" / "extrapolation.json").read_text())["results"]
     assert {row["variation"] for row in rows} == {"", "yarn:2"}
     assert {row["attn_backend"] for row in rows} == {"sdpa"}
+    sampled = cli.here("sample.py", f"run_dir={run_dir}", "sample.max_new_tokens=40", "pe.rope.scaling.type=yarn")
+    assert sampled.returncode == 0, sampled.stderr  # 40 tokens past a 16-token training length, with a cache
     refused = cli.eval_here(run_dir, "pe.pattern=[rope]")
     assert refused.returncode == 2 and "pe.pattern cannot be changed" in refused.stderr
 
