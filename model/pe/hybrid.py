@@ -151,7 +151,7 @@ def _split(setting: str) -> tuple[str, str]:
 
 class HybridPositionalEncoding(PositionalEncoding):
     name = "hybrid"
-    colour = "#bcbd22"
+    colour = "#c5b0d5"  # a light tint of NoPE's purple
     config_class = _PerScheme(pattern_config)
     eval_time_settings = _PerScheme(_eval_time_settings)
     study_variations = ("yarn:16", "ntk:16")  # RoPE's, for the RoPE layers of the default pattern
@@ -277,7 +277,7 @@ class RNoPEPositionalEncoding(HybridPositionalEncoding):
     """RNoPE (Yang et al. 2025): three RoPE layers, then a NoPE layer (module docstring)."""
 
     name = "rnope"
-    colour = "#6baed6"
+    colour = "#6baed6"  # RoPE's blues: RoPE in three layers of four
     default_pattern = ("rope", "rope", "rope", "none")
 
 
