@@ -21,10 +21,12 @@ checkpoint records them all, and the per-layer schemes are printed in the run's 
 Presets (a config each in configs/pe/; the same machinery, other defaults):
 
 - ``rnope``: RNoPE (Yang, Venkitesh, Talupuru, Lin, Cairuz, Blunsom & Locatelli 2025, "Rope to Nope and Back
-  Again: A New Hybrid Attention Strategy", arXiv:2501.18795): NoPE and RoPE layers interleaved 1:3, three RoPE
-  layers then a NoPE layer, [rope, rope, rope, none], RoPE with its usual base. The paper's long-context model,
-  RNoPE-SWA (the layout of Cohere's Command A: three sliding-window RoPE layers, then a full-attention NoPE layer),
-  also restricts the RoPE layers to a sliding window; posgpt does not model that: every layer sees the whole context.
+  Again: A New Hybrid Attention Strategy", arXiv:2501.18795): NoPE and RoPE layers interleaved, one NoPE layer
+  after three RoPE layers, [rope, rope, rope, none], RoPE with its usual base. The 3:1 layout is that of the
+  paper's model in production, Cohere's Command A (its Hugging Face model card: "three layers with sliding window
+  attention (window size 4096) and RoPE ... A fourth layer uses global attention without positional embeddings").
+  The paper's long-context variant, RNoPE-SWA, also restricts the RoPE layers to a sliding window; posgpt does not
+  model that: here every layer attends to the whole context.
 - ``llama4_inope``: Llama 4's interleaved NoPE layers (Meta 2025, the "iRoPE" architecture): Hugging Face's
   ``Llama4TextConfig`` makes layer l a NoPE layer when (l + 1) % no_rope_layer_interval == 0 with the interval 4
   (``no_rope_layers = [1, 1, 1, 0] * 12``), the same [rope, rope, rope, none], and the released configs' RoPE
