@@ -45,7 +45,7 @@ from evaluation.report import (
     write_results,
 )
 from experiment.config import eval_lengths
-from model.attention import resolve_backend
+from model.attention import resolve_layer_backends
 
 PPL_PLOT = "ppl_vs_length.png"
 PER_POSITION_PLOT = "per_position.png"
@@ -105,7 +105,7 @@ def run_extrapolation_eval(
             "corpus": describe_corpus(cfg.data),
             "split": val_tokens.name,
             "split_digest": val_tokens.digest,
-            "attn_backend": resolve_backend(cfg.model.attn_backend, model.pe, device),
+            "attn_backend": resolve_layer_backends(cfg.model.attn_backend, model.pe, device),
             "dtype": str(dtype).removeprefix("torch."),
         }
         rows += [

@@ -61,6 +61,13 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) 
     return "sdpa" if backend == "flex" and flex_failure is not None else backend
 
 
+def resolve_layer_backends(backend: str, pe: PositionalEncoding, device: torch.device) -> str:
+    """:func:`resolve_backend` of the scheme each layer runs (``PositionalEncoding.layer_schemes``): one backend,
+    or the distinct ones in layer order joined by ``+`` when layers differ (a per-layer pattern with a bias scheme
+    in some layers, on CUDA: ``sdpa+flex``)."""
+    return "+".join(dict.fromkeys(resolve_backend(backend, scheme, device) for scheme, _ in pe.layer_schemes()))
+
+
 def default_state(
     pe: PositionalEncoding, n_queries: int, n_keys: int, device: torch.device, memo: dict | None = None
 ) -> PositionState:

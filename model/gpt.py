@@ -20,6 +20,7 @@ except the token embedding, which follows ``model.embedding``:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -93,8 +94,9 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-    """One layer's attention. The positional scheme is not a submodule: the model owns the one scheme every
-    layer shares (its parameters are registered once, as ``pe.*``) and hands it to each layer's forward."""
+    """One layer's attention. The positional scheme is not a submodule: the model owns the scheme (its parameters
+    are registered once, as ``pe.*``) and hands each layer's forward the scheme that layer runs (itself, or its
+    part for the layer: ``PositionalEncoding.layer_schemes``) with the scheme's own index of the layer."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -112,7 +114,11 @@ class CausalSelfAttention(nn.Module):
         cache: KVCache | None,
         layer: int,
         capture: list[torch.Tensor] | None = None,
+        pe_layer: int | None = None,
     ) -> torch.Tensor:
+        """``layer``: the model's layer (its KV cache slot); ``pe_layer``: the scheme's own index of it, which
+        selects its per-layer parameters (None: ``layer``)."""
+        pe_layer = layer if pe_layer is None else pe_layer
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
         if cache is not None and pe.rotation_depends_on_length():
@@ -127,7 +133,7 @@ class CausalSelfAttention(nn.Module):
             q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
-        y = attend(q, k, v, pe, self.backend, state, layer, capture)
+        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     @staticmethod
@@ -161,8 +167,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, pe, state, cache, layer, capture=None):
-        x = x + self.attn(self.ln_1(x), pe, state, cache, layer, capture)
+    def forward(self, x, pe, state, cache, layer, capture=None, pe_layer=None):
+        x = x + self.attn(self.ln_1(x), pe, state, cache, layer, capture, pe_layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -184,6 +190,11 @@ class GPT(nn.Module):
             token_scale=self.token_scale,
         )
         self.pe = build_positional_encoding(pe_cfg, dims)
+        # The scheme each layer runs, with its own index of the layer: self.pe in every layer, or one of its parts
+        # (a per-layer pattern, model/pe/hybrid.py). The parts are submodules of self.pe, registered there once.
+        self.layer_pe = self.pe.layer_schemes()
+        self.pe_parts = list(dict.fromkeys(scheme for scheme, _ in self.layer_pe))
+        self.layer_part = [self.pe_parts.index(scheme) for scheme, _ in self.layer_pe]
         self.token_embedding = nn.Embedding(padded_vocab_size(cfg.vocab_size), cfg.n_embd)
         self.dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
@@ -240,6 +251,20 @@ class GPT(nn.Module):
         positions = positions.to(idx.device)
         return PositionState(positions, positions, 0, self.pe.prepare(positions, T, {}), explicit=True)
 
+    def _part_states(self, state: PositionState, cache: KVCache | None) -> list[PositionState]:
+        """The positions each distinct scheme of the layers sees (``pe_parts``): ``state`` itself where that is
+        the model's scheme; a part of a per-layer pattern gets its own prepared values (with its own memo in a KV
+        cache) and its own bias tables, from the same positions."""
+        memo = cache.pe_memo if cache is not None else {}
+        return [
+            state
+            if part is self.pe
+            else dataclasses.replace(
+                state, prepared=part.prepare(state.positions, state.seq_len, memo.setdefault(i, {})), bias_blocks={}
+            )
+            for i, part in enumerate(self.pe_parts)
+        ]
+
     def hidden_states(
         self,
         idx: torch.Tensor,
@@ -254,6 +279,7 @@ class GPT(nn.Module):
         that receives each layer's attention probabilities, float32 (B, H, T, T), in layer order (the written-out
         attention then runs; evaluation/attention_stats.py)."""
         state = self._position_state(idx, cache, positions)
+        states = self._part_states(state, cache)
         if cache is not None and not cache.keys:
             cache.keys, cache.values = [None] * len(self.blocks), [None] * len(self.blocks)
         x = self.token_embedding(idx) * self.token_scale
@@ -261,8 +287,8 @@ class GPT(nn.Module):
         if position_vectors is not None:
             x = x + position_vectors.view(*state.positions.shape, -1).to(x.dtype)
         x = self.dropout(x)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, self.pe, state, cache, layer, capture)
+        for layer, (block, (scheme, pe_layer)) in enumerate(zip(self.blocks, self.layer_pe)):
+            x = block(x, scheme, states[self.layer_part[layer]], cache, layer, capture, pe_layer)
         return self.ln_f(x)
 
     def forward(

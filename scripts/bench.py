@@ -47,7 +47,7 @@ from evaluation.memory import PeakMemory
 from experiment.build import build_model, model_flops_per_token
 from experiment.compose import compose_config
 from experiment.config import compile_enabled, validate
-from model.attention import resolve_backend
+from model.attention import resolve_layer_backends
 from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
@@ -193,7 +193,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "grad_accum_steps": t.grad_accum_steps,
             "dtype": str(dtype).split(".")[-1],
             "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
-            "attn_backend": resolve_backend(cfg.model.attn_backend, raw_model.pe, device),
+            "attn_backend": resolve_layer_backends(cfg.model.attn_backend, raw_model.pe, device),
             "fused_ce": use_fused(cfg.model.fused_ce, device),
             "threads": torch.get_num_threads(),
             "warmup": args.warmup,

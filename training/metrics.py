@@ -15,7 +15,7 @@ from core.runtime import peak_flops
 from core.tracking import MetricsFile, init_wandb
 from experiment.build import model_flops_per_token
 from model import GPT
-from model.attention import resolve_backend
+from model.attention import resolve_layer_backends
 from training import distributed
 
 
@@ -41,14 +41,14 @@ class MetricsWindow:
         self.wandb_run, self.metrics = None, None
         # What computes this run (a resumed run may change either): recorded by record_runtime.
         self.runtime = {
-            "attn_backend": resolve_backend(cfg.model.attn_backend, model.pe, device),
+            "attn_backend": resolve_layer_backends(cfg.model.attn_backend, model.pe, device),
             "dtype": str(dtype).removeprefix("torch."),
         }
         if dist.is_main:
             self.wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)
             self.metrics = MetricsFile(run_dir, resume_step=start_step if checkpoint else None)
             print(
-                f"train: pe={cfg.pe.name} params={model.num_params() / 1e6:.2f}M device={device} "
+                f"train: pe={cfg.pe.name}{layer_schemes(model)} params={model.num_params() / 1e6:.2f}M device={device} "
                 f"dtype={self.runtime['dtype']} attn_backend={self.runtime['attn_backend']} "
                 f"world={dist.world_size} run_dir={run_dir}",
                 flush=True,
@@ -121,6 +121,13 @@ class MetricsWindow:
     def finish(self) -> None:
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def layer_schemes(model: GPT) -> str:
+    """The scheme of each layer, ``[rope,rope,rope,none]``, where the layers do not all run the model's scheme (a
+    per-layer pattern, model/pe/hybrid.py); "" otherwise."""
+    names = [scheme.name for scheme, _ in model.pe.layer_schemes()]
+    return "" if set(names) == {model.pe.name} else f"[{','.join(names)}]"
 
 
 def finite(record: dict) -> bool:

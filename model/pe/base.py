@@ -20,6 +20,10 @@ handed to every layer in a :class:`PositionState`. A bias that depends only on t
 ``bias_depends_on_layer``: KERPLE) and each block of queries is cut from that table. Schemes
 with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and index them by ``layer``.
 
+Per layer. The model asks the scheme which scheme runs each layer (``layer_schemes``): itself in every layer,
+unless it is composed of others per layer (hybrid.py: RoPE in some layers, NoPE in others). Each layer then
+sees only its own scheme, with its own prepared values and bias tables, and picks its attention path alone.
+
 Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
 Ruoss et al. 2023); every hook accepts both.
 
@@ -222,6 +226,12 @@ class PositionalEncoding(nn.Module):
     def apply_eval_setting(self, name: str, value: Any) -> None:
         """Change one field of ``eval_time_settings`` on the built scheme."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no evaluation-time setting {name!r}")
+
+    def layer_schemes(self) -> list[tuple[PositionalEncoding, int]]:
+        """The scheme each attention layer of the model runs, with that scheme's own index of the layer (which of
+        its per-layer parameters it uses): this scheme in every layer, by default. A scheme composed of others
+        per layer (hybrid.py) lists its parts; the model hands each layer its part (model/gpt.py)."""
+        return [(self, layer) for layer in range(self.dims.n_layer)]
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         """Parameters AdamW must not decay even though they are matrices (tables of biases, positions)."""
