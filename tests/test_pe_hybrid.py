@@ -128,14 +128,16 @@ def test_bad_patterns_are_refused_with_one_line(overrides, message):
     assert "\n" not in str(error.value)
 
 
-def test_the_command_line_of_the_issue_works_on_the_default_model(capsys):
-    """`python train.py pe=hybrid pe.pattern=[rope,rope,rope,none]` on the 2-layer default: it runs the pattern's
-    first two entries, and says that NoPE never runs."""
+def test_a_pattern_with_a_scheme_that_would_never_run_is_refused():
+    """`pe=hybrid pe.pattern=[rope,rope,rope,none]` on the 2-layer default would be plain RoPE under another
+    name: refused, naming the layers it needs; on 4 layers it runs whole."""
     cfg = compose_config(["pe=hybrid", "pe.pattern=[rope,rope,rope,none]"])
     validate(cfg)
+    with pytest.raises(PosGPTError, match=r"\[rope,rope\]: none would never run; use model.n_layer >= 4"):
+        GPT(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), cfg.train.seq_len)
+    cfg = compose_config(["pe=hybrid", "pe.pattern=[rope,rope,rope,none]", "model.n_layer=4"])
     model = GPT(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), cfg.train.seq_len)
-    assert layer_schemes(model) == "[rope,rope]"
-    assert "none never runs" in capsys.readouterr().err
+    assert layer_schemes(model) == "[rope,rope,rope,none]"
 
 
 @pytest.mark.parametrize(

@@ -34,8 +34,8 @@ Presets (a config each in configs/pe/; the same machinery, other defaults):
   tokens), their QK norm, and the NoPE layers' attention temperature.
 
 A pattern longer than the model's layers runs its first entries, as Hugging Face's Llama 4 config does (its
-2-layer models have no NoPE layer): rnope on posgpt's default 2-layer model is [rope, rope], which the build warns
-about (a scheme of the pattern never runs) and the run's first line shows. model.n_layer >= 4 runs it whole.
+2-layer models have no NoPE layer): rnope on posgpt's default 2-layer model would be [rope, rope], so it is refused
+(a scheme of the pattern would never run); model.n_layer >= 4 runs it.
 
 Evaluation-time variations act on the layers whose scheme has them: ``eval.variations=[yarn:16]`` rescales the
 RoPE layers of rnope and leaves its NoPE layers as trained; one that no scheme of the pattern has is refused. Their
@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from core.errors import PosGPTError, warn
+from core.errors import PosGPTError
 from model.pe import SCHEMES, build_positional_encoding
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 
@@ -166,11 +166,10 @@ class HybridPositionalEncoding(PositionalEncoding):
         check_pattern(cfg)
         per_layer = layer_names(cfg, dims.n_layer)
         idle = [name for name in dict.fromkeys(cfg.pattern) if name not in per_layer]
-        if idle:
-            warn(
+        if idle:  # a run named after a pattern must run it: refused rather than labelled wrongly
+            raise PosGPTError(
                 f"pe.pattern=[{','.join(cfg.pattern)}] over model.n_layer={dims.n_layer} layers is "
-                f"[{','.join(per_layer)}]: {', '.join(idle)} never runs; model.n_layer >= {len(cfg.pattern)} runs "
-                f"the whole pattern (a multiple of {len(cfg.pattern)} repeats it whole)"
+                f"[{','.join(per_layer)}]: {', '.join(idle)} would never run; use model.n_layer >= {len(cfg.pattern)}"
             )
         # Built in the order of their first layer, each with parameters for its own layers only.
         self.parts = nn.ModuleDict(
