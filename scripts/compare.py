@@ -7,6 +7,7 @@
     python scripts/compare.py runs/*/ --entropy entropy.png            # attention entropy (inspect_attention.py)
     python scripts/compare.py runs/*/ --val-curve val.png              # validation loss during training, per setting
     python scripts/compare.py runs/*/ --baseline rope                   # paired differences against rope
+    python scripts/compare.py tasks/passkey-*/ --task-plot acc.png      # task runs: accuracy over seeds
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
 eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
@@ -32,6 +33,18 @@ between rows that scored the same tokens. Rows written before posgpt recorded th
 and dtype (before 2026-11-24) read as "unrecorded": they pool with each other when their data name, corpus
 description, split and targets agree (a study evaluated alike, as before), never with rows whose digest is
 recorded. A seed whose perplexity overflows (a diverged run: ppl inf) makes its cell inf, with no interval.
+
+Tasks: a run's eval/tasks.json (evaluation/tasks.py: a task run's accuracy, which has no extrapolation.json;
+a language-model run's copy probe, beside its perplexity) adds a section per task identity, "## Task: passkey
+(filler_len=5, key_len=4, n_symbols=10)": the task and its settings as trained (the copy probe: its span and
+the text it was written into), so runs of other task settings are never pooled nor compared. In it, per
+measure (exact-match accuracy; the copy probe's mean log-probability too) and per grid cell (passkey: random
+depth, then each depth; the copy probe: each distance), a table as above: mean over seeds ± 95% CI by length,
+the highest mean in bold, which intervals are apart from the highest's, and the differences paired by seed
+(value − the highest's, or --baseline's, in accuracy points: a ratio means nothing at accuracy 0). Settings are
+found and labelled among the runs of one task. Also written: --task-csv (every cell, with each seed's value)
+and --task-plot (accuracy vs length with its CI band, a panel per task identity, at random depth or the first
+grid cell). The perplexity outputs are written only for runs that have perplexity.
 """
 
 from __future__ import annotations
@@ -886,6 +899,16 @@ def load_task_results(run_dir: Path) -> dict[str, Any] | None:
     needed = {"task", "pe", "train_seq_len", "results"}
     if not isinstance(document, dict) or not needed <= document.keys() or not isinstance(document["results"], list):
         raise PosGPTError(f"{path} is malformed: expected a JSON object with {', '.join(sorted(needed))}")
+    for i, row in enumerate(document["results"]):  # what the tables read of a row
+        number = (int, float, type(None))
+        if not (
+            isinstance(row, dict)
+            and isinstance(row.get("task"), str)
+            and isinstance(row.get("length"), int)
+            and isinstance(row.get("n", 0), int)
+            and all(isinstance(row.get(key), number) for key in (*TASK_MEASURES, *GRIDS))
+        ):
+            raise PosGPTError(f"{path} is malformed: result {i} lacks a task, an integer length or numeric values")
     return document
 
 

@@ -4,15 +4,18 @@ probe make them), without training; the slow one runs the task study end to end 
 
 from __future__ import annotations
 
+import copy
 import csv
+import functools
 import json
 import os
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from cli_runs import REPO, assert_one_line_error, load_script
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from tiny_checkpoint import make_run
 
 from evaluation.report import results_document, write_results
@@ -34,22 +37,38 @@ def task_row(task: str, length: int, accuracy: float | None, n: int = 100, **fie
     return {**row, "accuracy": correct / n, "ci_low": low, "ci_high": high, "correct": correct, "n": n}
 
 
+@functools.cache
+def composed(*overrides: str) -> DictConfig:
+    return compose_config(["train.seq_len=16", *overrides])
+
+
+def config(seed: int, *overrides: str) -> DictConfig:
+    """The config train.py composes from ``overrides``, with train.seed = ``seed``."""
+    cfg = copy.deepcopy(composed(*overrides))
+    cfg.train.seed = seed
+    return cfg
+
+
+def write(cfg: DictConfig, task: str, rows: list[dict], extra: dict, run_dir: Path) -> None:
+    """evaluation/tasks.py's writer, as the evaluation calls it; its plots (not compare's input) left out, for speed."""
+    with mock.patch("evaluation.tasks.write_plots", return_value={}):
+        write_task_results(cfg, task, rows, extra, run_dir, OmegaConf.to_container(cfg, resolve=True))
+
+
 def task_run(root: Path, pe: str, seed: int, accuracy: dict[int, float | None], *overrides: str, rows=()) -> Path:
     """<root>/<task>-<pe>[-<overrides>]-s<seed> with the eval/tasks.json a task run of these settings writes."""
-    cfg = compose_config([f"pe={pe}", "task=passkey", f"train.seed={seed}", "train.seq_len=16", *overrides])
+    cfg = config(seed, f"pe={pe}", "task=passkey", *overrides)
     name = "-".join([cfg.task.name, pe, *(o.split("=")[-1] for o in overrides if o.startswith("task."))])
     run_dir = root / f"{name}-s{seed}"
     results = [task_row(cfg.task.name, length, value) for length, value in accuracy.items()] + list(rows)
-    extra = {"task_config": OmegaConf.to_container(cfg.task)}
-    trained = OmegaConf.to_container(cfg, resolve=True)
-    write_task_results(cfg, cfg.task.name, results, extra, run_dir, trained)
+    write(cfg, cfg.task.name, results, {"task_config": OmegaConf.to_container(cfg.task)}, run_dir)
     return run_dir
 
 
 def language_run(root: Path, pe: str, seed: int, ppl: float, probe: dict[tuple[int, int], tuple[float, float]]) -> Path:
     """A language-model run: its extrapolation.json (one length) and its copy probe's rows in tasks.json,
     probe: {(length, distance): (accuracy, mean_logprob)}."""
-    cfg = compose_config([f"pe={pe}", f"train.seed={seed}", "train.seq_len=16", "data=text"])
+    cfg = config(seed, f"pe={pe}", "data=text")
     run_dir, trained = root / f"{pe}-s{seed}", OmegaConf.to_container(cfg, resolve=True)
     row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}), "data": "text"}
     row.update(split="val", ppl=ppl, loss=1.0, tokens=64, target_range=[16, 80])
@@ -59,7 +78,7 @@ def language_run(root: Path, pe: str, seed: int, ppl: float, probe: dict[tuple[i
         task_row("copy_probe", length, accuracy, distance=distance, mean_logprob=logprob, **text)
         for (length, distance), (accuracy, logprob) in probe.items()
     ]
-    write_task_results(cfg, "copy_probe", rows, {"copy_span": 4}, run_dir, trained)
+    write(cfg, "copy_probe", rows, {"copy_span": 4}, run_dir)
     return run_dir
 
 
@@ -157,13 +176,25 @@ def test_copy_probe_rows_aggregate_by_distance_beside_the_perplexity(tmp_path):
     assert (tmp_path / "c.png").exists() and (tmp_path / "c_tasks.png").exists()
 
 
-def test_a_malformed_tasks_file_is_named(three_seeds, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{not json", "is unreadable or not JSON"),
+        ('{"results": []}', "is malformed: expected a JSON object with pe, results, task, train_seq_len"),
+        ("rows", "is malformed: result 0 lacks a task, an integer length or numeric values"),
+    ],
+)
+def test_a_damaged_tasks_file_is_named(three_seeds, tmp_path, capsys, text, problem):
     run_dir = tmp_path / "broken"
     (run_dir / "eval").mkdir(parents=True)
-    (run_dir / "eval" / "tasks.json").write_text('{"results": []}')
+    if text == "rows":  # the right keys, values of the wrong kind
+        document = json.loads((three_seeds[0] / "eval" / "tasks.json").read_text())
+        document["results"][0]["accuracy"] = "high"
+        text = json.dumps(document)
+    (run_dir / "eval" / "tasks.json").write_text(text)
     with pytest.raises(SystemExit) as exit_info:
         report_of([three_seeds[0], run_dir], tmp_path)
-    assert exit_info.value.code == 2 and f"{run_dir}/eval/tasks.json is malformed" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"{run_dir}/eval/tasks.json {problem}" in capsys.readouterr().err
 
 
 def test_sample_refuses_a_task_run(cli, tmp_path):
