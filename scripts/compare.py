@@ -96,7 +96,7 @@ from evaluation.report import (
 )
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.stats import Estimate, clearly_different, mean_ci
-from evaluation.tasks import GRIDS, grid_cell
+from evaluation.tasks import GRIDS, effective_lengths, grid_cell
 from evaluation.tasks import JSON_FILE as TASKS_FILE
 from evaluation.tasks import variation as row_variation
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
@@ -932,6 +932,8 @@ class TaskEntry(Entry):
 
     identity: str = ""
     cell: tuple[str, float] | None = None  # evaluation/tasks.py grid_cell: ("depth", 0.5), None: no grid cell
+    # per seed, (its effective length, the threshold that defines it: the run's eval.task_threshold); no grid cell only
+    effective: list[tuple[int | None, float]] = field(default_factory=list)
 
 
 def task_entries(runs: list[Run]) -> list[TaskEntry]:
@@ -953,6 +955,11 @@ def task_entries(runs: list[Run]) -> list[TaskEntry]:
                     cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
             for (identity, cell, variation), by_run in sorted(cells.items(), key=lambda item: item[0][2] != ""):
                 indices = sorted(by_run)
+                effective = [  # as eval.py finds it, from the rows pooled here
+                    (effective_lengths(list(by_run[i].values()), group[i].tasks["threshold"])[variation], threshold)
+                    for i in indices
+                    if cell is None and (threshold := group[i].tasks.get("threshold")) is not None
+                ]
                 entries.append(
                     TaskEntry(
                         label + (f" {variation}" if variation else ""),
@@ -962,6 +969,7 @@ def task_entries(runs: list[Run]) -> list[TaskEntry]:
                         [group[i].config["train"]["seed"] for i in indices],
                         identity=identity,
                         cell=cell,
+                        effective=effective,
                     )
                 )
     identities = list(dict.fromkeys(entry.identity for entry in entries))
@@ -1044,6 +1052,8 @@ def task_report(entries: list[TaskEntry], baseline: str | None = None) -> str:
                 header = length_header(lengths, common_train_len)
                 parts += ["", f"{title}:"] if title else []
                 parts += ["", table(members_at, lengths, header, estimate, digits=3, reading=ACCURACY)]
+                if measure == "accuracy":
+                    parts += effective_length_note(members_at)
                 if len(members_at) < 2:  # nothing to compare with
                     continue
                 if not any(len(entry.per_seed) > 1 for entry in members_at):
@@ -1058,6 +1068,24 @@ def task_report(entries: list[TaskEntry], baseline: str | None = None) -> str:
                     *paired_report(members_at, lengths, header, values, reference, ACCURACY),
                 ]
     return "\n".join(parts).lstrip("\n") + "\n"
+
+
+def effective_length_note(entries: list[TaskEntry]) -> list[str]:
+    """The effective length of each setting's seeds (evaluation/tasks.py: the longest evaluated length up to which
+    accuracy stays at or above the threshold at every length), where the entries have one (no grid cell)."""
+    found = [entry for entry in entries if entry.effective]
+    if not found:
+        return []
+    thresholds = sorted({threshold for entry in found for _, threshold in entry.effective})
+    described = "; ".join(
+        f"{entry.label}: {', '.join('-' if length is None else str(length) for length, _ in entry.effective)}"
+        for entry in found
+    )
+    return [
+        "",
+        f"Effective length (the longest length up to which accuracy ≥ {' or '.join(map(str, thresholds))} at every "
+        f"evaluated length; per seed, - where the shortest is below it): {described}.",
+    ]
 
 
 def task_csv(entries: list[TaskEntry], path: Path) -> Path:

@@ -111,6 +111,10 @@ def test_cells_are_the_mean_and_t_interval_over_seeds_per_task_and_cell(three_se
     assert "| setting | seeds | 16 (1×) |\n" in depth_table and "| rope | 3 | **1.000 ± 0.000** |" in depth_table
     assert "Differences" not in depth_table  # one setting: nothing to compare
     assert "- 16 (1×): highest rope; intervals apart (clearly worse): none; intervals overlap" in report
+    assert (
+        "accuracy ≥ 0.9 at every evaluated length; per seed, - where the shortest is below it): rope: 16, -, -; "
+        "alibi: -, -, -." in report
+    )  # rope's seed 1 (0.9 at 16, then n/a), as eval.py finds it
     # paired by seed: alibi − rope at 16 is −0.05, −0.15, −0.25: mean −0.15, s 0.1
     # at 32 alibi is the highest: rope − alibi is −0.1 for every seed, an interval of width 0 that excludes 0
     assert "| alibi | -0.150 ± 0.248 | highest | - |" in report  # the interval includes 0: not bold
