@@ -892,7 +892,7 @@ def load_task_results(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / EVAL_DIR / TASKS_FILE
     try:
         document = json.loads(path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no such file, or run_dir is not a directory
         return None
     except (OSError, ValueError) as error:
         raise PosGPTError(f"{path} is unreadable or not JSON ({type(error).__name__}: {error})") from None
