@@ -918,8 +918,9 @@ def task_identity(row: dict[str, Any], document: dict[str, Any]) -> str:
     and the text it was written into (data, corpus, split). Rows of different identities are never pooled nor
     compared: a passkey run with another key_len is another table."""
     settings = {key: value for key, value in (document.get("task_config") or {}).items() if key != "name"}
-    if "copy_span" in document:  # eval.copy_span: the probe's, recorded beside its rows
-        settings["copy_span"] = document["copy_span"]
+    span = row.get("copy_span", document.get("copy_span"))  # eval.copy_span: rows record it since 2026-11-24
+    if span is not None:
+        settings["copy_span"] = span
     if row.get("data") is not None:  # a probe of held-out text: which text
         settings.update(data=row["data"], corpus=row.get("corpus"), split=row.get("split"))
     described = ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))

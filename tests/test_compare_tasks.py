@@ -65,20 +65,22 @@ def task_run(root: Path, pe: str, seed: int, accuracy: dict[int, float | None], 
     return run_dir
 
 
-def language_run(root: Path, pe: str, seed: int, ppl: float, probe: dict[tuple[int, int], tuple[float, float]]) -> Path:
+def language_run(
+    root: Path, pe: str, seed: int, ppl: float, probe: dict[tuple[int, int], tuple[float, float]], span: int = 4
+) -> Path:
     """A language-model run: its extrapolation.json (one length) and its copy probe's rows in tasks.json,
-    probe: {(length, distance): (accuracy, mean_logprob)}."""
+    probe: {(length, distance): (accuracy, mean_logprob)} (a run evaluated again: its rows added)."""
     cfg = config(seed, f"pe={pe}", "data=text")
     run_dir, trained = root / f"{pe}-s{seed}", OmegaConf.to_container(cfg, resolve=True)
     row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}), "data": "text"}
     row.update(split="val", ppl=ppl, loss=1.0, tokens=64, target_range=[16, 80])
     write_results(results_document(pe, 16, [row], step=10, data="text", config=trained), run_dir / "eval")
-    text = {"data": "text", "corpus": "files x.txt", "split": "val"}
+    text = {"data": "text", "corpus": "files x.txt", "split": "val", "copy_span": span}
     rows = [
         task_row("copy_probe", length, accuracy, distance=distance, mean_logprob=logprob, **text)
         for (length, distance), (accuracy, logprob) in probe.items()
     ]
-    write(cfg, "copy_probe", rows, {"copy_span": 4}, run_dir)
+    write(cfg, "copy_probe", rows, {"copy_span": span}, run_dir)
     return run_dir
 
 
@@ -178,6 +180,18 @@ def test_copy_probe_rows_aggregate_by_distance_beside_the_perplexity(tmp_path):
     assert "distance 12:" in accuracy and "| rope | 2 | **0.300 ± 0.635** |" in accuracy
     assert "| rope | 2 | **-1.500 ± 6.353** |" in logprob and "| rope | 2 | **-2.500 ± 6.353** |" in logprob
     assert (tmp_path / "c.png").exists() and (tmp_path / "c_tasks.png").exists()
+
+
+def test_copy_probes_of_other_spans_are_other_tables(tmp_path):
+    """A run probed with eval.copy_span=4 then 8 keeps both sets of rows in tasks.json: never pooled."""
+    runs = [language_run(tmp_path, "rope", seed, 10.0, {(16, 4): (0.5, -1.0)}) for seed in (1, 2)]
+    for seed in (1, 2):  # the same runs evaluated again: their extrapolation.json rewritten, the probe's rows added
+        language_run(tmp_path, "rope", seed, 10.0, {(16, 8): (0.1 * seed, -2.0)}, span=8)
+    assert len(json.loads((runs[0] / "eval" / "tasks.json").read_text())["results"]) == 2
+    report = report_of(runs, tmp_path)
+    four, eight = report.split("## Task: copy_probe (copy_span=8")
+    assert "## Task: copy_probe (copy_span=4" in four and "distance 4:" in four and "distance 8:" not in four
+    assert "distance 8:" in eight and "| rope | 2 | **0.150 ± 0.635** |" in eight
 
 
 @pytest.mark.parametrize(
