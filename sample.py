@@ -7,9 +7,11 @@
 
 The run's config is recomposed exactly as eval.py does it (its training overrides, then these), with the same
 refusals: overrides that would change what the weights compute are errors, and so is a length the scheme
-cannot encode (pe=learned beyond its table). The scheme's evaluation-time settings (pe.scaling) apply. Each sample is
-streamed to stdout as it is generated; sample.num_samples samples are drawn one after the other from one
-generator seeded with sample.seed, so a seed always gives the same text on the same device.
+cannot encode (pe=learned beyond its table). A run trained on a task (task=passkey, ...) is refused: its
+vocabulary is the task's symbols, not text (eval.py measures it). The scheme's evaluation-time settings
+(pe.scaling) apply. Each sample is streamed to stdout as it is generated; sample.num_samples samples are drawn
+one after the other from one generator seeded with sample.seed, so a seed always gives the same text on the
+same device.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from core.errors import PosGPTError
 from core.files import read_user_text
 from core.runtime import autocast
 from data import EOT_TOKEN, gpt2_encoding
+from data.tasks import NO_TASK
 from experiment.build import load_trained_run, parse_run_dir
 from model.sampling import check_length, generate
 
@@ -71,6 +74,11 @@ class TextStream:
 def main(argv: list[str]) -> None:
     run = load_trained_run(*parse_run_dir(argv, USAGE))
     cfg, model, device, dtype = run.cfg, run.model, run.device, run.dtype
+    if cfg.task.name != NO_TASK:  # its tokens are the task's symbols, not GPT-2's: there is no text to write
+        raise PosGPTError(
+            f"{run.dir} was trained on task={cfg.task.name}: sampling text from it means nothing; evaluate it "
+            f"with python eval.py run_dir={run.dir}"
+        )
     validate_sample_config(cfg)
     ids = prompt_tokens(cfg)
     s = cfg.sample

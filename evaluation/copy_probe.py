@@ -86,7 +86,8 @@ def run_copy_probe(
     """Every (variation, length, distance) cell, written with the task results (evaluation/tasks.py)."""
     n, span, lengths = examples_for(cfg.eval.task_half_width), cfg.eval.copy_span, eval_lengths(cfg)
     limit = model.pe.max_positions()
-    provenance = {"data": cfg.data.name, "corpus": describe_corpus(cfg.data), "split": tokens.name}
+    # what the rows scored; the span too, since rows of other spans stay in tasks.json beside them
+    provenance = {"data": cfg.data.name, "corpus": describe_corpus(cfg.data), "split": tokens.name, "copy_span": span}
     rows = []
     for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
         setting = variation_fields(label, settings)

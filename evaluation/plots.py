@@ -161,6 +161,19 @@ def plot_accuracy_vs_length(series: list[Series], train_lens: set[int], path: st
     return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", title, path)
 
 
+def plot_accuracy_panels(panels: list[tuple[str, list[Series], set[int]]], path: str | Path, title: str) -> Path:
+    """plot_accuracy_vs_length's plot for several tasks in one figure (scripts/compare.py): a panel per
+    (title, series, training lengths), one above the other."""
+    fig = Figure(figsize=(7, 4.5 * len(panels)), layout="constrained")
+    for ax, (panel_title, series, train_lens) in zip(fig.subplots(len(panels), 1, squeeze=False)[:, 0], panels):
+        _draw_by_length(ax, series, train_lens)
+        ax.set_ylim(-0.02, 1.02)
+        _label(ax, "evaluation length (tokens)", "exact-match accuracy", panel_title)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=120)
+    return Path(path)
+
+
 def plot_grid_heatmap(cells: list[tuple[float, int, float | None]], ylabel: str, path: str | Path, title: str) -> Path:
     """Accuracy over a (depth or distance) × length grid: (y, length, accuracy) cells; None: not evaluable, blank."""
     depths = sorted({d for d, _, _ in cells})
@@ -194,11 +207,15 @@ def plot_training_curves(series: list[Series], path: str | Path, title: str) -> 
     return _label_and_save(fig, ax, "training step", "validation loss (nats)", title, path)
 
 
-def _label_and_save(fig: Figure, ax, xlabel: str, ylabel: str, title: str, path: str | Path) -> Path:
+def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
+
+
+def _label_and_save(fig: Figure, ax, xlabel: str, ylabel: str, title: str, path: str | Path) -> Path:
+    _label(ax, xlabel, ylabel, title)
     fig.savefig(path, dpi=120)
     return Path(path)

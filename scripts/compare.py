@@ -7,6 +7,7 @@
     python scripts/compare.py runs/*/ --entropy entropy.png            # attention entropy (inspect_attention.py)
     python scripts/compare.py runs/*/ --val-curve val.png              # validation loss during training, per setting
     python scripts/compare.py runs/*/ --baseline rope                   # paired differences against rope
+    python scripts/compare.py tasks/passkey-*/ --task-plot acc.png      # task runs: accuracy over seeds
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
 eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
@@ -32,6 +33,18 @@ between rows that scored the same tokens. Rows written before posgpt recorded th
 and dtype (before 2026-11-24) read as "unrecorded": they pool with each other when their data name, corpus
 description, split and targets agree (a study evaluated alike, as before), never with rows whose digest is
 recorded. A seed whose perplexity overflows (a diverged run: ppl inf) makes its cell inf, with no interval.
+
+Tasks: a run's eval/tasks.json (evaluation/tasks.py: a task run's accuracy, which has no extrapolation.json;
+a language-model run's copy probe, beside its perplexity) adds a section per task identity, "## Task: passkey
+(filler_len=5, key_len=4, n_symbols=10)": the task and its settings as trained (the copy probe: its span and
+the text it was written into), so runs of other task settings are never pooled nor compared. In it, per
+measure (exact-match accuracy; the copy probe's mean log-probability too) and per grid cell (passkey: random
+depth, then each depth; the copy probe: each distance), a table as above: mean over seeds ± 95% CI by length,
+the highest mean in bold, which intervals are apart from the highest's, and the differences paired by seed
+(value − the highest's, or --baseline's, in accuracy points: a ratio means nothing at accuracy 0). Settings are
+found and labelled among the runs of one task. Also written: --task-csv (every cell, with each seed's value)
+and --task-plot (accuracy vs length with its CI band, a panel per task identity, at random depth or the first
+grid cell). The perplexity outputs are written only for runs that have perplexity.
 """
 
 from __future__ import annotations
@@ -39,6 +52,8 @@ from __future__ import annotations
 import _repo
 
 import argparse
+import csv
+import io
 import json
 import math
 import re
@@ -53,7 +68,7 @@ from omegaconf import OmegaConf
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import check_outputs
+from core.files import atomic_write, check_outputs
 from core.tracking import METRICS_FILE, read_metrics
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
 from evaluation.extrapolation import PROTOCOLS, effective_stride
@@ -62,6 +77,7 @@ from evaluation.plots import (
     bin_centre,
     bins_note,
     check_image_paths,
+    plot_accuracy_panels,
     plot_per_position,
     plot_ppl_vs_length,
     plot_training_curves,
@@ -72,6 +88,7 @@ from evaluation.report import (
     format_estimate,
     group_by_scored,
     length_header,
+    load_results,
     provenance,
     provenance_tags,
     render_table,
@@ -79,6 +96,9 @@ from evaluation.report import (
 )
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.stats import Estimate, clearly_different, mean_ci
+from evaluation.tasks import GRIDS, effective_lengths, grid_cell
+from evaluation.tasks import JSON_FILE as TASKS_FILE
+from evaluation.tasks import variation as row_variation
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
 from model.pe import display_name
 
@@ -131,7 +151,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="pair every setting by seed with this one (a row label: a scheme, or a scheme and a variation) "
         "instead of the lowest in each column",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--task-plot",
+        type=Path,
+        default=None,
+        help="task runs (eval/tasks.json): accuracy vs length, a panel per task, to this path "
+        "(default: the --plot path with _tasks added)",
+    )
+    parser.add_argument(
+        "--task-csv",
+        type=Path,
+        default=None,
+        help="task runs: the task tables as CSV, to this path (default: the --markdown path with _tasks.csv)",
+    )
+    args = parser.parse_args(argv)
+    args.task_plot = args.task_plot or args.plot.with_name(f"{args.plot.stem}_tasks{args.plot.suffix}")
+    args.task_csv = args.task_csv or args.markdown.with_name(f"{args.markdown.stem}_tasks.csv")
+    return args
 
 
 def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
@@ -156,9 +192,17 @@ def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Run:
+    """A training run: its eval/extrapolation.json (None for a task run, which has none), its trained config, and
+    its eval/tasks.json where it has one (a task run's accuracy, or a language-model run's copy probe)."""
+
     dir: Path
-    document: dict[str, Any]
+    document: dict[str, Any] | None
     config: dict[str, Any]
+    tasks: dict[str, Any] | None = None
+
+    @property
+    def pe(self) -> str:
+        return (self.document or self.tasks)["pe"]
 
 
 @dataclass
@@ -190,10 +234,12 @@ def _tokens(scored: tuple) -> tuple:
 
 
 def load_runs(run_dirs: list[Path]) -> list[Run]:
+    """Each run's results: extrapolation.json, and tasks.json where there is one (a task run has only that)."""
     runs = []
     for run_dir in run_dirs:
-        document = load_run_results(run_dir)
-        runs.append(Run(run_dir, document, run_config(run_dir, document)))
+        tasks = load_task_results(run_dir)
+        document = load_run_results(run_dir) if tasks is None else load_results(Path(run_dir) / EVAL_DIR)
+        runs.append(Run(run_dir, document, run_config(run_dir, document or tasks), tasks))
     return runs
 
 
@@ -234,8 +280,8 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
     settings = [setting(group[0].config) for group in groups]
     details: list[list[str] | None] = []
     for group, own in zip(groups, settings):
-        scheme = group[0].document["pe"]
-        siblings = [other for g, other in zip(groups, settings) if g[0].document["pe"] == scheme]
+        scheme = group[0].pe
+        siblings = [other for g, other in zip(groups, settings) if g[0].pe == scheme]
         differing = sorted(key for key in own if any(other.get(key) != own[key] for other in siblings))
         details.append(
             None if len(differing) > MAX_LABEL_KEYS else [f"{key}={json.loads(own[key])}" for key in differing]
@@ -243,7 +289,7 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
     named_by_dir = [i for i, detail in enumerate(details) if detail is None]
     for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
         details[i] = [name]
-    return [" ".join([display_name(group[0].document["pe"])] + detail) for group, detail in zip(groups, details)]
+    return [" ".join([display_name(group[0].pe)] + detail) for group, detail in zip(groups, details)]
 
 
 def unique_dir_names(dirs: list[Path]) -> list[str]:
@@ -391,16 +437,40 @@ def ratio_estimate(entry: Entry, multiple: float) -> Estimate | None:
     return mean_ci(list(values.values())) if values else None
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How a measure's values are compared: which end of a column is best (``best``: min or max, named by
+    ``best_word``), and how two settings' values of one seed are paired: ``ratio``, value / reference − 1
+    (perplexity: a scale), or else the difference value − reference (accuracy: a share, often 0)."""
+
+    best: Callable[..., Any] = min
+    best_word: str = "lowest"
+    ratio: bool = True
+
+
+PERPLEXITY = Reading()
+ACCURACY = Reading(max, "highest", ratio=False)  # also the mean log-probability: higher is better
+
+
 def paired_estimate(
-    entry: Entry, reference: Entry, column: Any, values: Callable[[Entry, Any], dict[int, float]]
+    entry: Entry,
+    reference: Entry,
+    column: Any,
+    values: Callable[[Entry, Any], dict[int, float]],
+    reading: Reading = PERPLEXITY,
 ) -> Estimate | None:
-    """Mean ± CI over the seeds both settings ran of entry's value / reference's value − 1. Runs with the same
-    train.seed train on the same batches (the same tokens in the same order: training/batch_stream.py draws them
-    from a generator of their own), so the ratio cancels what the choice of training tokens does to both.
-    None with fewer than two shared seeds. A seed where both are inf (both diverged) has no ratio."""
+    """Mean ± CI over the seeds both settings ran of entry's value / reference's value − 1 (or their difference:
+    Reading). Runs with the same train.seed train on the same batches (the same tokens in the same order:
+    training/batch_stream.py draws them from a generator of their own; a task's examples likewise), so pairing
+    cancels what the choice of training data does to both. None with fewer than two shared seeds. A seed where
+    both are inf (both diverged) has no ratio."""
     own, theirs = values(entry, column), values(reference, column)
     shared = sorted(seed for seed in set(own) & set(theirs) if not (math.isinf(own[seed]) and math.isinf(theirs[seed])))
-    return mean_ci([own[seed] / theirs[seed] - 1 for seed in shared]) if len(shared) >= 2 else None
+    if len(shared) < 2:
+        return None
+    if reading.ratio:
+        return mean_ci([own[seed] / theirs[seed] - 1 for seed in shared])
+    return mean_ci([own[seed] - theirs[seed] for seed in shared])
 
 
 def find_baseline(entries: list[Entry], label: str | None) -> Entry | None:
@@ -425,42 +495,48 @@ def paired_report(
     header: list[str],
     values: Callable[[Entry, Any], dict[int, float]],
     baseline: Entry | None = None,
+    reading: Reading = PERPLEXITY,
 ) -> list[str]:
-    """Per column, every setting against a reference, paired by seed: a table of the relative difference
-    (mean ± 95% CI over shared seeds) and, per column, which exceed their interval. The reference is
-    ``baseline`` or else, per column, the lowest mean among the settings with at least two seeds (one seed
-    cannot be paired)."""
+    """Per column, every setting against a reference, paired by seed: a table of the relative difference (or the
+    difference: Reading; mean ± 95% CI over shared seeds) and, per column, which exceed their interval. The
+    reference is ``baseline`` or else, per column, the best mean (lowest perplexity, highest accuracy) among the
+    settings with at least two seeds (one seed cannot be paired)."""
     body, claims = [[entry.label] for entry in entries], []
+    best = reading.best_word
     for column, title in zip(columns, header):
         means = {id(entry): mean_ci(list(v.values())).mean for entry in entries if len(v := values(entry, column)) > 1}
         if len(means) < 2 or (baseline is not None and id(baseline) not in means):
             for row in body:
                 row.append("-")
             continue
-        reference = baseline or next(entry for entry in entries if means.get(id(entry)) == min(means.values()))
+        reference = baseline or next(entry for entry in entries if means.get(id(entry)) == reading.best(means.values()))
         worse, close = [], []
         for entry, row in zip(entries, body):
             if entry is reference:
-                row.append("baseline" if baseline else "lowest")
+                row.append("baseline" if baseline else best)
                 continue
-            estimate = paired_estimate(entry, reference, column, values)
+            estimate = paired_estimate(entry, reference, column, values, reading)
             if estimate is None:
                 row.append("-")
                 continue
             apart = estimate.low > 0 or estimate.high < 0
             (worse if apart else close).append(entry.label)
             bold = "**" if apart else ""
-            row.append(f"{bold}{estimate.mean:+.1%} ± {estimate.half_width:.1%}{bold}")
+            if reading.ratio:
+                row.append(f"{bold}{estimate.mean:+.1%} ± {estimate.half_width:.1%}{bold}")
+            else:
+                row.append(f"{bold}{estimate.mean:+.3f} ± {estimate.half_width:.3f}{bold}")
         claims.append(
-            f"- {title}: {'baseline' if baseline else 'lowest'} {reference.label}; interval excludes 0 "
+            f"- {title}: {'baseline' if baseline else best} {reference.label}; interval excludes 0 "
             f"(clearly different): {', '.join(worse) or 'none'}; interval includes 0: "
             f"{', '.join(close) or 'none'}"
         )
-    reference_text = f"the baseline's ({baseline.label})" if baseline else "the lowest setting's"
+    reference_text = f"the baseline's ({baseline.label})" if baseline else f"the {best} setting's"
+    contrast = f"/ {reference_text} value − 1" if reading.ratio else f"− {reference_text} value"
     return [
         "",
         "Paired by seed (runs with the same train.seed train on the same batches): per "
-        f"seed, a setting's value / {reference_text} value − 1, mean over the shared seeds ± 95% CI; "
+        f"seed, a setting's value {contrast}, mean over the shared seeds ± 95% CI; "
         "bold where the interval excludes 0.",
         "",
         render_table(["setting"] + header, body, markdown=True),
@@ -469,11 +545,16 @@ def paired_report(
     ]
 
 
-def estimate_table(rows: list[tuple[str, int, list[Estimate | None | str]]], header: list[str], digits: int = 2) -> str:
-    """A markdown table: a row per (label, number of seeds, cells), the lowest mean of each column in bold.
-    A cell is an Estimate, None (n/a: not evaluable there) or a string shown as is ("-": not evaluated)."""
+def estimate_table(
+    rows: list[tuple[str, int, list[Estimate | None | str]]],
+    header: list[str],
+    digits: int = 2,
+    reading: Reading = PERPLEXITY,
+) -> str:
+    """A markdown table: a row per (label, number of seeds, cells), the best (lowest: Reading) mean of each column
+    in bold. A cell is an Estimate, None (n/a: not evaluable there) or a string shown as is ("-": not evaluated)."""
     best = [
-        min((cells[i].mean for _, _, cells in rows if isinstance(cells[i], Estimate)), default=None)
+        reading.best((cells[i].mean for _, _, cells in rows if isinstance(cells[i], Estimate)), default=None)
         for i in range(len(header))
     ]
     body = []
@@ -492,6 +573,7 @@ def table(
     header: list[str],
     estimate: Callable[[Entry, Any], Estimate | None],
     digits: int = 2,
+    reading: Reading = PERPLEXITY,
 ) -> str:
     """A row per entry: its number of seeds and, per column, the estimate ("-" where no seed was evaluated)."""
     rows = [
@@ -505,7 +587,7 @@ def table(
         )
         for entry in entries
     ]
-    return estimate_table(rows, header, digits)
+    return estimate_table(rows, header, digits, reading)
 
 
 def column_key(column: Any, entry: Entry) -> int:
@@ -514,18 +596,23 @@ def column_key(column: Any, entry: Entry) -> int:
 
 
 def differences(
-    entries: list[Entry], columns: list[Any], header: list[str], estimate: Callable[[Entry, Any], Estimate | None]
+    entries: list[Entry],
+    columns: list[Any],
+    header: list[str],
+    estimate: Callable[[Entry, Any], Estimate | None],
+    reading: Reading = PERPLEXITY,
 ) -> list[str]:
     """Per column: which settings' 95% intervals do not overlap the best one's (the rule in docs/evaluation.md)."""
     lines = []
+    word = reading.best_word
     for column, title in zip(columns, header):
         scored = [(entry, estimate(entry, column)) for entry in entries]
         scored = [(entry, value) for entry, value in scored if value is not None]
         if len(scored) < 2:
             continue
-        best_entry, best = min(scored, key=lambda item: item[1].mean)
+        best_entry, best = reading.best(scored, key=lambda item: item[1].mean)
         if best.half_width is None:
-            lines.append(f"- {title}: lowest {best_entry.label}, one seed: no interval, no difference claimed")
+            lines.append(f"- {title}: {word} {best_entry.label}, one seed: no interval, no difference claimed")
             continue
         worse = [e.label for e, v in scored if e is not best_entry and clearly_different(v, best)]
         close = [
@@ -535,7 +622,7 @@ def differences(
         ]
         unseeded = [e.label for e, v in scored if v.half_width is None]
         parts = [
-            f"lowest {best_entry.label}",
+            f"{word} {best_entry.label}",
             f"intervals apart (clearly worse): {', '.join(worse) or 'none'}",
             f"intervals overlap (not distinguishable): {', '.join(close) or 'none'}",
         ]
@@ -734,7 +821,7 @@ def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
         curves.append(
             ValidationCurve(
                 label,
-                group[0].document["pe"],
+                group[0].pe,
                 len(group),
                 {step: mean_ci([logged[step] for logged in per_seed]) for step in steps},
                 list(runtimes),
@@ -789,6 +876,270 @@ def longest_evaluated_length(entries: list[Entry]) -> int | None:
     return max(lengths, default=None)
 
 
+# Task accuracy: each run's eval/tasks.json (evaluation/tasks.py), aggregated over seeds like perplexity.
+
+# The measures a task row may hold, with what they are; a table is made for each one some row has.
+TASK_MEASURES = {
+    "accuracy": "Exact-match accuracy",
+    "mean_logprob": "Mean log-probability of the answer tokens (nats)",  # the copy probe's
+}
+TASK_CSV_COLUMNS = ["task", "task_settings", "setting", *GRIDS, "length", "multiple", "measure", "seeds", "mean"]
+TASK_CSV_COLUMNS += ["half_width", "ci_low", "ci_high", "values"]
+
+
+def load_task_results(run_dir: Path) -> dict[str, Any] | None:
+    """A run's eval/tasks.json, or None where it has none; a corrupt or malformed one is a PosGPTError naming it."""
+    path = Path(run_dir) / EVAL_DIR / TASKS_FILE
+    try:
+        document = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):  # no such file, or run_dir is not a directory
+        return None
+    except (OSError, ValueError) as error:
+        raise PosGPTError(f"{path} is unreadable or not JSON ({type(error).__name__}: {error})") from None
+    needed = {"task", "pe", "train_seq_len", "results"}
+    if not isinstance(document, dict) or not needed <= document.keys() or not isinstance(document["results"], list):
+        raise PosGPTError(f"{path} is malformed: expected a JSON object with {', '.join(sorted(needed))}")
+    for i, row in enumerate(document["results"]):  # what the tables read of a row
+        number = (int, float, type(None))
+        if not (
+            isinstance(row, dict)
+            and isinstance(row.get("task"), str)
+            and isinstance(row.get("length"), int)
+            and isinstance(row.get("n", 0), int)
+            and all(isinstance(row.get(key), number) for key in (*TASK_MEASURES, *GRIDS))
+        ):
+            raise PosGPTError(f"{path} is malformed: result {i} lacks a task, an integer length or numeric values")
+    return document
+
+
+def task_identity(row: dict[str, Any], document: dict[str, Any]) -> str:
+    """What a task row measured besides its length, grid cell and variation, in words: the task and its settings
+    (a task run's, as trained: "passkey (filler_len=5, key_len=4, n_symbols=10)"), and for the copy probe the span
+    and the text it was written into (data, corpus, split). Rows of different identities are never pooled nor
+    compared: a passkey run with another key_len is another table."""
+    settings = {key: value for key, value in (document.get("task_config") or {}).items() if key != "name"}
+    span = row.get("copy_span", document.get("copy_span"))  # eval.copy_span: rows record it since 2026-11-24
+    if span is not None:
+        settings["copy_span"] = span
+    if row.get("data") is not None:  # a probe of held-out text: which text
+        settings.update(data=row["data"], corpus=row.get("corpus"), split=row.get("split"))
+    described = ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))
+    return row["task"] + (f" ({described})" if described else "")
+
+
+@dataclass
+class TaskEntry(Entry):
+    """A task table's row: one setting and variation (label), at one grid cell of one task identity."""
+
+    identity: str = ""
+    cell: tuple[str, float] | None = None  # evaluation/tasks.py grid_cell: ("depth", 0.5), None: no grid cell
+    # per seed, (its effective length, the threshold that defines it: the run's eval.task_threshold); no grid cell only
+    effective: list[tuple[int | None, float]] = field(default_factory=list)
+
+
+def task_entries(runs: list[Run]) -> list[TaskEntry]:
+    """One entry per (setting, variation, task identity, grid cell), its rows pooled over the setting's seeds;
+    settings are found and labelled among the runs of one task ("rope", not "rope task.name=mqar ..."). In the
+    order: identity, cell (none first), setting as given, variation (none first)."""
+    by_task: dict[str, list[Run]] = {}
+    for run in runs:
+        if run.tasks is not None:
+            by_task.setdefault(run.tasks["task"], []).append(run)
+    entries = []
+    for members in by_task.values():
+        groups = group_by_seed(members)
+        for group, label in zip(groups, group_labels(groups)):
+            cells: dict[tuple, dict[int, dict[int, dict[str, Any]]]] = {}  # (identity, cell, variation) -> run -> ...
+            for i, run in enumerate(group):
+                for row in run.tasks["results"]:
+                    key = (task_identity(row, run.tasks), grid_cell(row), row_variation(row))
+                    cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
+            for (identity, cell, variation), by_run in sorted(cells.items(), key=lambda item: item[0][2] != ""):
+                indices = sorted(by_run)
+                effective = [  # as eval.py finds it, from the rows pooled here
+                    (effective_lengths(list(by_run[i].values()), group[i].tasks["threshold"])[variation], threshold)
+                    for i in indices
+                    if cell is None and (threshold := group[i].tasks.get("threshold")) is not None
+                ]
+                entries.append(
+                    TaskEntry(
+                        label + (f" {variation}" if variation else ""),
+                        group[0].pe,
+                        group[0].tasks["train_seq_len"],
+                        [by_run[i] for i in indices],
+                        [group[i].config["train"]["seed"] for i in indices],
+                        identity=identity,
+                        cell=cell,
+                        effective=effective,
+                    )
+                )
+    identities = list(dict.fromkeys(entry.identity for entry in entries))
+    return sorted(entries, key=lambda e: (identities.index(e.identity), e.cell is not None, e.cell or ("", 0.0)))
+
+
+def task_values(measure: str) -> Callable[[Entry, int], dict[int, float]]:
+    """{train.seed: the row's ``measure``} at a length, over the seeds with a value there (None: not evaluable)."""
+
+    def values(entry: Entry, length: int) -> dict[int, float]:
+        return {
+            seed: rows[length][measure]
+            for seed, rows in zip(entry.seeds, entry.per_seed)
+            if length in rows and rows[length].get(measure) is not None
+        }
+
+    return values
+
+
+def task_estimate(measure: str) -> Callable[[Entry, int], Estimate | None]:
+    """Mean ± CI over seeds of ``measure`` at a length (None where no seed has a value)."""
+    values = task_values(measure)
+
+    def estimate(entry: Entry, length: int) -> Estimate | None:
+        found = values(entry, length)
+        return mean_ci(list(found.values())) if found else None
+
+    return estimate
+
+
+def task_tables(entries: list[TaskEntry]) -> list[tuple[str, list[TaskEntry], list[tuple[str, list[TaskEntry]]]]]:
+    """(identity, its entries, its classes) per task identity; a class is (title, the entries at one grid cell):
+    what is compared within one table. Titles: "" without a grid, else "random depth", "depth 0.25", ..."""
+    tables = []
+    for identity in dict.fromkeys(entry.identity for entry in entries):
+        members = [entry for entry in entries if entry.identity == identity]
+        dimensions = {entry.cell[0] for entry in members if entry.cell}
+        classes: dict[tuple | None, list[TaskEntry]] = {}
+        for entry in members:
+            classes.setdefault(entry.cell, []).append(entry)
+        titled = [
+            (f"{cell[0]} {cell[1]:g}" if cell else " or ".join(f"random {d}" for d in sorted(dimensions)), group)
+            for cell, group in classes.items()
+        ]
+        tables.append((identity, members, titled))
+    return tables
+
+
+def task_measures(members: list[TaskEntry]) -> list[str]:
+    rows = [row for entry in members for seed in entry.per_seed for row in seed.values()]
+    return [measure for measure in TASK_MEASURES if any(row.get(measure) is not None for row in rows)]
+
+
+def task_report(entries: list[TaskEntry], baseline: str | None = None) -> str:
+    """Per task identity and measure: per grid cell, the table of mean ± CI over seeds by length, which settings'
+    intervals are apart from the best's, and the paired differences against ``baseline`` (a setting's label,
+    where the table has it) or else the best."""
+    parts: list[str] = []
+    for identity, members, classes in task_tables(entries):
+        train_lens = {entry.train_len for entry in members}
+        common_train_len = next(iter(train_lens)) if len(train_lens) == 1 else None
+        if common_train_len is None:
+            for entry in members:
+                entry.label += f" (trained at {entry.train_len})"
+        examples = sorted({row["n"] for entry in members for seed in entry.per_seed for row in seed.values()} - {0})
+        n_text = f"{examples[0]}" if len(examples) == 1 else f"{examples[0]}-{examples[-1]}" if examples else "no"
+        parts += ["", f"## Task: {identity}"]
+        for measure in task_measures(members):
+            values, estimate = task_values(measure), task_estimate(measure)
+            parts += [
+                "",
+                f"{TASK_MEASURES[measure]} by evaluation length (eval/tasks.json; training length "
+                f"{common_train_len or 'per row'}): mean over seeds ± half-width of the 95% confidence interval "
+                "over seeds (Student t, n−1 degrees of freedom; one seed: the value alone; (n=k): only k seeds "
+                f"have a value there). Each seed's value scores {n_text} held-out examples per cell (its own 95% "
+                "Wilson interval is in its tasks.json). n/a: not evaluable there (tasks.json says why).",
+            ]
+            for title, members_at in classes:
+                lengths = sorted({length for entry in members_at for seed in entry.per_seed for length in seed})
+                header = length_header(lengths, common_train_len)
+                parts += ["", f"{title}:"] if title else []
+                parts += ["", table(members_at, lengths, header, estimate, digits=3, reading=ACCURACY)]
+                if measure == "accuracy":
+                    parts += effective_length_note(members_at)
+                if len(members_at) < 2:  # nothing to compare with
+                    continue
+                if not any(len(entry.per_seed) > 1 for entry in members_at):
+                    parts += ["", "One seed per setting: no intervals, so no difference is claimed."]
+                    continue
+                reference = next((entry for entry in members_at if entry.label == baseline), None)
+                parts += [
+                    "",
+                    "Differences: a setting differs from the highest one at a length when their 95% intervals "
+                    "do not overlap (a conservative rule).",
+                    *differences(members_at, lengths, header, estimate, ACCURACY),
+                    *paired_report(members_at, lengths, header, values, reference, ACCURACY),
+                ]
+    return "\n".join(parts).lstrip("\n") + "\n"
+
+
+def effective_length_note(entries: list[TaskEntry]) -> list[str]:
+    """The effective length of each setting's seeds (evaluation/tasks.py: the longest evaluated length up to which
+    accuracy stays at or above the threshold at every length), where the entries have one (no grid cell)."""
+    found = [entry for entry in entries if entry.effective]
+    if not found:
+        return []
+    thresholds = sorted({threshold for entry in found for _, threshold in entry.effective})
+    described = "; ".join(
+        f"{entry.label}: {', '.join('-' if length is None else str(length) for length, _ in entry.effective)}"
+        for entry in found
+    )
+    return [
+        "",
+        f"Effective length (the longest length up to which accuracy ≥ {' or '.join(map(str, thresholds))} at every "
+        f"evaluated length; per seed, - where the shortest is below it): {described}.",
+    ]
+
+
+def task_csv(entries: list[TaskEntry], path: Path) -> Path:
+    """One line per (identity, setting, grid cell, length, measure): the mean, its interval and every seed's value."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=TASK_CSV_COLUMNS)
+    writer.writeheader()
+    for entry in entries:
+        task, _, settings = entry.identity.partition(" (")
+        for measure in task_measures([entry]):
+            values, estimate = task_values(measure), task_estimate(measure)
+            for length in sorted({length for seed in entry.per_seed for length in seed}):
+                value = estimate(entry, length)
+                writer.writerow(
+                    {
+                        "task": task,
+                        "task_settings": settings.removesuffix(")"),
+                        "setting": entry.label,
+                        **{key: (entry.cell[1] if entry.cell and entry.cell[0] == key else None) for key in GRIDS},
+                        "length": length,
+                        "multiple": round(length / entry.train_len, 4),
+                        "measure": measure,
+                        "seeds": 0 if value is None else value.n,
+                        "mean": None if value is None else value.mean,
+                        "half_width": None if value is None else value.half_width,
+                        "ci_low": None if value is None or value.half_width is None else value.low,
+                        "ci_high": None if value is None or value.half_width is None else value.high,
+                        "values": json.dumps(values(entry, length)),
+                    }
+                )
+    return atomic_write(path, text.getvalue())
+
+
+def task_panels(entries: list[TaskEntry]) -> list[tuple[str, list[Series], set[int]]]:
+    """Per task identity, accuracy vs length with its CI band, one line per setting: at no grid cell (random
+    depth), or, for a task measured only on a grid (the copy probe's distances), at its first cell."""
+    panels = []
+    for identity, _, classes in task_tables(entries):
+        title, members = classes[0]
+        estimate = task_estimate("accuracy")
+        series = []
+        for entry in members:
+            points = [
+                (length, value)
+                for length in sorted({length for seed in entry.per_seed for length in seed})
+                if (value := estimate(entry, length)) is not None
+            ]
+            x, y, widths = [p[0] for p in points], [p[1].mean for p in points], [p[1].half_width for p in points]
+            series.append(Series(entry.label, entry.scheme, x, y, widths))
+        panels.append((identity + (f", {title}" if title else ""), series, {entry.train_len for entry in members}))
+    return panels
+
+
 def check_requests(args: argparse.Namespace, entries: list[Entry]) -> None:
     """Refuse, before anything is written, an option asking for a table or plot these runs cannot fill."""
     if args.per_position is not None and longest_evaluated_length(entries) is None:
@@ -810,49 +1161,44 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     if args.stride is not None and args.protocol != "sliding":
         raise PosGPTError(f"--stride is the sliding protocol's; pass --protocol sliding or drop --stride {args.stride}")
-    outputs = ("markdown", "plot", "per_position", "val_curve", "entropy")
-    check_image_paths({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs[1:]})
+    outputs = ("markdown", "plot", "per_position", "val_curve", "entropy", "task_plot", "task_csv")
+    check_image_paths({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs[1:-1]})
     check_outputs({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs}, inputs=args.run_dirs)
     runs = load_runs(args.run_dirs)
-    data = choose_data(runs, args.data)
-    groups = group_by_seed(runs)
-    entries = entries_of(groups, args.protocol, args.stride, data)
+    language_runs = [run for run in runs if run.document is not None]  # task runs have accuracy only
+    tasks = task_entries(runs)
+    entries, report, written = [], "", []
+    if language_runs:
+        data = choose_data(language_runs, args.data)
+        entries = entries_of(group_by_seed(language_runs), args.protocol, args.stride, data)
     check_requests(args, entries)
-    report = markdown_report(
-        entries, args.protocol, args.stride, data, args.ratios, find_baseline(entries, args.baseline)
-    )
-    curves = validation_curves(groups) if args.val_curve is not None else []
+    if args.baseline is not None and not entries and args.baseline not in {entry.label for entry in tasks}:
+        labels = ", ".join(repr(label) for label in dict.fromkeys(entry.label for entry in tasks))
+        raise PosGPTError(f"--baseline {args.baseline!r} is not a setting of these runs; they are: {labels}")
+    if entries:
+        report = markdown_report(
+            entries, args.protocol, args.stride, data, args.ratios, find_baseline(entries, args.baseline)
+        )
+    curves = validation_curves(group_by_seed(runs)) if args.val_curve is not None else []
     if curves:
         report += "\n" + validation_report(curves)
+    if tasks:
+        report += ("\n" if report else "") + task_report(tasks, args.baseline)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(report)
     print(report)
-    train_lens = {entry.train_len for entry in entries}
-    seeds = sorted({len(entry.per_seed) for entry in entries})
-    band = " (band: 95% CI over seeds)" if seeds[-1] > 1 else ""
-    args.plot.parent.mkdir(parents=True, exist_ok=True)
-    plot_ppl_vs_length(
-        ppl_series(entries), train_lens, args.plot, f"Length extrapolation ({args.protocol}, {data}){band}"
-    )
-    written = [args.markdown, args.plot]
-    if args.per_position is not None:
-        length = longest_evaluated_length(entries)
-        args.per_position.parent.mkdir(parents=True, exist_ok=True)
-        rows = [
-            seed[length]
-            for entry in entries
-            for seed in entry.per_seed
-            if length in seed and row_ppl(seed[length]) is not None
-        ]
-        plot_per_position(
-            per_position_series(entries, length),
-            train_lens,
-            args.per_position,
-            f"Loss by position in windows of {length} ({args.protocol}, {data}){band}\n{bins_note(rows)} per seed",
-        )
-        written.append(args.per_position)
+    written.append(args.markdown)
+    if tasks:
+        args.task_csv.parent.mkdir(parents=True, exist_ok=True)
+        args.task_plot.parent.mkdir(parents=True, exist_ok=True)
+        band = " (band: 95% CI over seeds)" if any(len(entry.per_seed) > 1 for entry in tasks) else ""
+        plot_accuracy_panels(task_panels(tasks), args.task_plot, f"Task accuracy by evaluation length{band}")
+        written += [task_csv(tasks, args.task_csv), args.task_plot]
+    if entries:
+        write_perplexity_plots(args, entries, data, written)
     if curves:
         args.val_curve.parent.mkdir(parents=True, exist_ok=True)
+        band = " (band: 95% CI over seeds)" if max(curve.seeds for curve in curves) > 1 else ""
         plot_training_curves(
             [
                 Series(
@@ -873,6 +1219,34 @@ def main(argv: list[str]) -> None:
         plot_entropy_comparison(read_attention(args.run_dirs), args.entropy)
         written.append(args.entropy)
     print(f"compare: wrote {', '.join(map(str, written))}")
+
+
+def write_perplexity_plots(args: argparse.Namespace, entries: list[Entry], data: str, written: list[Path]) -> None:
+    """The perplexity plot and, with --per-position, the loss by position; each added to ``written``."""
+    train_lens = {entry.train_len for entry in entries}
+    seeds = sorted({len(entry.per_seed) for entry in entries})
+    band = " (band: 95% CI over seeds)" if seeds[-1] > 1 else ""
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    plot_ppl_vs_length(
+        ppl_series(entries), train_lens, args.plot, f"Length extrapolation ({args.protocol}, {data}){band}"
+    )
+    written.append(args.plot)
+    if args.per_position is not None:
+        length = longest_evaluated_length(entries)
+        args.per_position.parent.mkdir(parents=True, exist_ok=True)
+        rows = [
+            seed[length]
+            for entry in entries
+            for seed in entry.per_seed
+            if length in seed and row_ppl(seed[length]) is not None
+        ]
+        plot_per_position(
+            per_position_series(entries, length),
+            train_lens,
+            args.per_position,
+            f"Loss by position in windows of {length} ({args.protocol}, {data}){band}\n{bins_note(rows)} per seed",
+        )
+        written.append(args.per_position)
 
 
 if __name__ == "__main__":

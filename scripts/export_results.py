@@ -9,7 +9,9 @@ Per run, ``<to>/<run directory's name>/`` gets ``eval/extrapolation.json`` (and 
 ``extrapolation.json`` records the config the scored checkpoint was trained with, which compare.py reads in
 place of the checkpoint; for a file written before posgpt recorded it, the checkpoint's config is added
 here, once its step is checked to be the step the file scored. A run exported again is overwritten (its
-results may have grown: more variations, more data).
+results may have grown: more variations, more data). A run's ``eval/tasks.json`` and ``tasks.csv`` (task
+accuracy, the copy probe), where it has them, are copied as they are (tasks.json always records the config); a
+task run has no extrapolation.json.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from core.files import check_outputs
 from core.tracking import METRICS_FILE
 from evaluation.report import CSV_FILE, JSON_FILE, write_csv, write_results
 from evaluation.run import EVAL_DIR, load_run_results
+from evaluation.tasks import CSV_FILE as TASKS_CSV
+from evaluation.tasks import JSON_FILE as TASKS_JSON
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 
@@ -39,8 +43,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def results_with_config(run_dir: Path) -> dict:
-    """The run's extrapolation.json, with the trained config it records (added from the checkpoint if absent)."""
+def results_with_config(run_dir: Path) -> dict | None:
+    """The run's extrapolation.json, with the trained config it records (added from the checkpoint if absent);
+    None for a task run, which has only tasks.json."""
+    if not (run_dir / EVAL_DIR / JSON_FILE).is_file() and (run_dir / EVAL_DIR / TASKS_JSON).is_file():
+        return None
     document = load_run_results(run_dir)
     if document.get("config") is None:
         checkpoint = load_checkpoint(run_dir)
@@ -53,15 +60,24 @@ def results_with_config(run_dir: Path) -> dict:
     return document
 
 
-EXPORTED = (Path(EVAL_DIR) / JSON_FILE, Path(EVAL_DIR) / CSV_FILE, Path(METRICS_FILE), Path(OVERRIDES.name))
+# Copied as they are, where the run has them: (path in the run, path in the export).
+COPIED = [
+    (Path(EVAL_DIR) / TASKS_JSON, Path(EVAL_DIR) / TASKS_JSON),
+    (Path(EVAL_DIR) / TASKS_CSV, Path(EVAL_DIR) / TASKS_CSV),
+    (Path(METRICS_FILE), Path(METRICS_FILE)),
+    (OVERRIDES, Path(OVERRIDES.name)),
+]
+EXPORTED = (Path(EVAL_DIR) / JSON_FILE, Path(EVAL_DIR) / CSV_FILE, *(exported for _, exported in COPIED))
 
 
-def export_run(run_dir: Path, document: dict, destination: Path) -> None:
-    write_results(document, destination / EVAL_DIR)
-    write_csv(document, destination / EVAL_DIR / CSV_FILE)
-    for source, name in ((run_dir / METRICS_FILE, METRICS_FILE), (run_dir / OVERRIDES, OVERRIDES.name)):
-        if source.is_file():
-            shutil.copyfile(source, destination / name)
+def export_run(run_dir: Path, document: dict | None, destination: Path) -> None:
+    if document is not None:
+        write_results(document, destination / EVAL_DIR)
+        write_csv(document, destination / EVAL_DIR / CSV_FILE)
+    for source, exported in COPIED:
+        if (run_dir / source).is_file():
+            (destination / exported).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run_dir / source, destination / exported)
 
 
 @exit_on_user_error

@@ -10,6 +10,7 @@
 #   scripts/study.sh --seed-list 4,5 --schemes rope,alibi runs/study   # a part: these seeds of these schemes
 #   scripts/study.sh --list runs/study                 # print the runs it would make, make none
 #   scripts/study.sh /tmp/smoke train.max_steps=20 eval.max_tokens=2048    # a quick smoke test
+#   scripts/study.sh --tasks passkey,mqar runs/tasks  # the task study: every scheme x seed trained on each task
 #
 # Schemes: every configs/pe/*.yaml (found at run time, so a new scheme is included without editing this).
 # Resumable: each (scheme, seed) trains into <dir>/<scheme>-s<seed>/; a run that has its evaluation is
@@ -19,6 +20,12 @@
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
 # Environment: EVAL_VARIATIONS replaces the variations of every scheme that declares some (model/pe/base.py,
 # study_variations; RoPE: [yarn:16,ntk:16]), e.g. EVAL_VARIATIONS="[yarn:16]".
+#
+# Task study (--tasks): each (task, scheme, seed) trains with task=<task>, so with the task's own model, steps and
+# learning rate (configs/task/<task>.yaml), into <dir>/<task>-<scheme>-s<seed>/; it is done once it has
+# eval/tasks.json (accuracy at 1x .. 16x), and is evaluated with its scheme's variations as above. The same
+# skipping and resuming apply; the comparison is comparison_tasks.md (a table per task, mean ± CI over seeds),
+# comparison_tasks.csv and comparison_tasks.png (accuracy vs length, a panel per task).
 #
 # Settings: train.py's defaults, evaluated on the same validation tokens at 1x .. 16x the training length.
 # Output, in the study directory:
@@ -34,14 +41,17 @@ cd "$(dirname "$0")/.."
 seeds=3
 seed_list=""
 schemes=""
+tasks=""
 list_only=false
 while [[ $# -gt 0 && "$1" == --* ]]; do
     case "$1" in
         --seeds) seeds="$2"; shift 2 ;;
         --seed-list) seed_list="$2"; shift 2 ;;
         --schemes) schemes="$2"; shift 2 ;;
+        --tasks) tasks="$2"; shift 2 ;;
         --list) list_only=true; shift ;;
-        *) echo "error: unknown option $1 (use --seeds N, --seed-list A,B, --schemes a,b, --list)" >&2; exit 2 ;;
+        *) echo "error: unknown option $1 (use --seeds N, --seed-list A,B, --schemes a,b, --tasks a,b, --list)" >&2
+           exit 2 ;;
     esac
 done
 study_dir="multirun/study-$(date +%Y-%m-%d_%H-%M-%S)"
@@ -65,11 +75,31 @@ elif [[ ! "$seed_list" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
 fi
 IFS=, read -ra scheme_list <<< "$schemes"
 IFS=, read -ra seeds <<< "$seed_list"
+# The task study trains on each task and is done with a run once it has its accuracy; the language-model study
+# (task "none": train.py's default) once it has its perplexity.
+task_list=(none)
+results=extrapolation.json
+if [[ -n "$tasks" ]]; then
+    IFS=, read -ra task_list <<< "$tasks"
+    results=tasks.json
+    for task in "${task_list[@]}"; do
+        if [[ "$task" == none || ! -f "configs/task/$task.yaml" ]]; then
+            known=$(find configs/task -maxdepth 1 -name '*.yaml' ! -name none.yaml -exec basename {} .yaml \; | sort)
+            echo "error: --tasks takes tasks of configs/task/ ($(paste -sd, <<< "$known")), got '$task'" >&2
+            exit 2
+        fi
+    done
+fi
+
+# <dir>/<scheme>-s<seed>, and <dir>/<task>-<scheme>-s<seed> in the task study
+run_dir() {
+    if [[ "$1" == none ]]; then echo "$study_dir/$2-s$3"; else echo "$study_dir/$1-$2-s$3"; fi
+}
 
 if $list_only; then
-    for scheme in "${scheme_list[@]}"; do for seed in "${seeds[@]}"; do
-        echo "$study_dir/$scheme-s$seed"
-    done; done
+    for task in "${task_list[@]}"; do for scheme in "${scheme_list[@]}"; do for seed in "${seeds[@]}"; do
+        run_dir "$task" "$scheme" "$seed"
+    done; done; done
     exit 0
 fi
 
@@ -79,33 +109,51 @@ study_variations() {
 print("[" + ",".join(v) + "]" if v else "")' "$1"
 }
 
-mkdir -p "$study_dir"
+declare -A variations_of
 for scheme in "${scheme_list[@]}"; do
-    variations=$(study_variations "$scheme")
-    [[ -n "$variations" && -n "${EVAL_VARIATIONS:-}" ]] && variations="$EVAL_VARIATIONS"
-    for seed in "${seeds[@]}"; do
-        run="$study_dir/$scheme-s$seed"
-        if [[ -f "$run/eval/extrapolation.json" ]]; then
-            echo "study: $run is done, skipped"
-        else
-            resume=()
-            [[ -f "$run/checkpoints/last.pt" ]] && resume=(train.resume=true)  # interrupted: continue it
-            python train.py "pe=$scheme" "train.seed=$seed" "hydra.run.dir=$run" \
-                "eval.length_multipliers=[1,2,4,8,16]" "logging.wandb.group=$(basename "$study_dir")" \
-                "${resume[@]}" "$@"
-            # a run stopped during its end-of-training evaluation resumes with nothing left to train
-            [[ -f "$run/eval/extrapolation.json" ]] || python eval.py "run_dir=$run"
-        fi
-        # (.scalings-done: the marker of studies run before eval.scalings became eval.variations)
-        done_before=$(cat "$run/eval/.variations-done" 2>/dev/null || cat "$run/eval/.scalings-done" 2>/dev/null || true)
-        if [[ -n "$variations" && "$done_before" != "$variations" ]]; then
-            python eval.py "run_dir=$run" "eval.variations=$variations"
-            echo "$variations" > "$run/eval/.variations-done"
-        fi
+    variations_of[$scheme]=$(study_variations "$scheme")
+    [[ -n "${variations_of[$scheme]}" && -n "${EVAL_VARIATIONS:-}" ]] && variations_of[$scheme]="$EVAL_VARIATIONS"
+done
+
+mkdir -p "$study_dir"
+for task in "${task_list[@]}"; do
+    task_args=()
+    [[ "$task" != none ]] && task_args=("task=$task")
+    for scheme in "${scheme_list[@]}"; do
+        variations=${variations_of[$scheme]}
+        for seed in "${seeds[@]}"; do
+            run=$(run_dir "$task" "$scheme" "$seed")
+            if [[ -f "$run/eval/$results" ]]; then
+                echo "study: $run is done, skipped"
+            else
+                resume=()
+                [[ -f "$run/checkpoints/last.pt" ]] && resume=(train.resume=true)  # interrupted: continue it
+                python train.py "${task_args[@]}" "pe=$scheme" "train.seed=$seed" "hydra.run.dir=$run" \
+                    "eval.length_multipliers=[1,2,4,8,16]" "logging.wandb.group=$(basename "$study_dir")" \
+                    "${resume[@]}" "$@"
+                # a run stopped during its end-of-training evaluation resumes with nothing left to train
+                [[ -f "$run/eval/$results" ]] || python eval.py "run_dir=$run"
+            fi
+            # (.scalings-done: the marker of studies run before eval.scalings became eval.variations)
+            done_before=$(cat "$run/eval/.variations-done" 2>/dev/null || cat "$run/eval/.scalings-done" 2>/dev/null || true)
+            if [[ -n "$variations" && "$done_before" != "$variations" ]]; then
+                python eval.py "run_dir=$run" "eval.variations=$variations"
+                echo "$variations" > "$run/eval/.variations-done"
+            fi
+        done
     done
 done
 
 shopt -s nullglob
+if [[ -n "$tasks" ]]; then  # every finished task run in <dir> (a language-model run has extrapolation.json)
+    runs=()
+    for run in "$study_dir"/*/; do
+        [[ -f "$run/eval/tasks.json" && ! -f "$run/eval/extrapolation.json" ]] && runs+=("$run")
+    done
+    python scripts/compare.py "${runs[@]}" --markdown "$study_dir/comparison_tasks.md" \
+        --task-plot "$study_dir/comparison_tasks.png" --task-csv "$study_dir/comparison_tasks.csv"
+    exit 0
+fi
 runs=()
 for run in "$study_dir"/*/; do
     [[ -f "$run/eval/extrapolation.json" ]] && runs+=("$run")

@@ -1,0 +1,306 @@
+"""scripts/compare.py on task results (eval/tasks.json), study.sh's task study, and sample.py's refusal of a task
+run. The fast tests write runs' results with evaluation/tasks.py's own writer (rows as evaluate_task and the copy
+probe make them), without training; the slow one runs the task study end to end on tiny runs."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import functools
+import json
+import os
+import subprocess
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from cli_runs import REPO, assert_one_line_error, load_script
+from omegaconf import DictConfig, OmegaConf
+from tiny_checkpoint import make_run
+
+from evaluation.report import results_document, write_results
+from evaluation.run import variation_fields
+from evaluation.tasks import wilson_interval, write_task_results
+from experiment.compose import compose_config
+
+compare = load_script("compare")
+
+
+def task_row(task: str, length: int, accuracy: float | None, n: int = 100, **fields) -> dict:
+    """A row as evaluate_task writes it (fields: depth, variation, the copy probe's distance and measures)."""
+    row = {"task": task, "length": length, "depth": None, **variation_fields("", {}), "seed": 0, "split": "held-out"}
+    row.update(fields)
+    if accuracy is None:  # as past a learned table
+        return {**row, "accuracy": None, "n": 0, "reason": "pe=learned encodes at most 16 positions"}
+    correct = round(accuracy * n)
+    low, high = wilson_interval(correct, n)
+    return {**row, "accuracy": correct / n, "ci_low": low, "ci_high": high, "correct": correct, "n": n}
+
+
+@functools.cache
+def composed(*overrides: str) -> DictConfig:
+    return compose_config(["train.seq_len=16", *overrides])
+
+
+def config(seed: int, *overrides: str) -> DictConfig:
+    """The config train.py composes from ``overrides``, with train.seed = ``seed``."""
+    cfg = copy.deepcopy(composed(*overrides))
+    cfg.train.seed = seed
+    return cfg
+
+
+def write(cfg: DictConfig, task: str, rows: list[dict], extra: dict, run_dir: Path) -> None:
+    """evaluation/tasks.py's writer, as the evaluation calls it; its plots (not compare's input) left out, for speed."""
+    with mock.patch("evaluation.tasks.write_plots", return_value={}):
+        write_task_results(cfg, task, rows, extra, run_dir, OmegaConf.to_container(cfg, resolve=True))
+
+
+def task_run(root: Path, pe: str, seed: int, accuracy: dict[int, float | None], *overrides: str, rows=()) -> Path:
+    """<root>/<task>-<pe>[-<overrides>]-s<seed> with the eval/tasks.json a task run of these settings writes."""
+    cfg = config(seed, f"pe={pe}", "task=passkey", *overrides)
+    name = "-".join([cfg.task.name, pe, *(o.split("=")[-1] for o in overrides if o.startswith("task."))])
+    run_dir = root / f"{name}-s{seed}"
+    results = [task_row(cfg.task.name, length, value) for length, value in accuracy.items()] + list(rows)
+    write(cfg, cfg.task.name, results, {"task_config": OmegaConf.to_container(cfg.task)}, run_dir)
+    return run_dir
+
+
+def language_run(
+    root: Path, pe: str, seed: int, ppl: float, probe: dict[tuple[int, int], tuple[float, float]], span: int = 4
+) -> Path:
+    """A language-model run: its extrapolation.json (one length) and its copy probe's rows in tasks.json,
+    probe: {(length, distance): (accuracy, mean_logprob)} (a run evaluated again: its rows added)."""
+    cfg = config(seed, f"pe={pe}", "data=text")
+    run_dir, trained = root / f"{pe}-s{seed}", OmegaConf.to_container(cfg, resolve=True)
+    row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}), "data": "text"}
+    row.update(split="val", ppl=ppl, loss=1.0, tokens=64, target_range=[16, 80])
+    write_results(results_document(pe, 16, [row], step=10, data="text", config=trained), run_dir / "eval")
+    text = {"data": "text", "corpus": "files x.txt", "split": "val", "copy_span": span}
+    rows = [
+        task_row("copy_probe", length, accuracy, distance=distance, mean_logprob=logprob, **text)
+        for (length, distance), (accuracy, logprob) in probe.items()
+    ]
+    write(cfg, "copy_probe", rows, {"copy_span": span}, run_dir)
+    return run_dir
+
+
+def report_of(runs: list[Path], tmp_path: Path, *options: str) -> str:
+    compare.main([*map(str, runs), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png"), *options])
+    return (tmp_path / "c.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def three_seeds(tmp_path_factory) -> list[Path]:
+    """passkey, rope and alibi, seeds 1-3: rope 0.9, 0.8, 0.7 at 16, alibi 0.85, 0.65, 0.45; rope is n/a at 64."""
+    root = tmp_path_factory.mktemp("tasks")
+    rope = [(0.9, 0.5), (0.8, 0.4), (0.7, 0.3)]
+    alibi = [(0.85, 0.6), (0.65, 0.5), (0.45, 0.4)]
+    depth = [task_row("passkey", 16, 1.0, depth=0.5)]
+    runs = [task_run(root, "rope", s, {16: a, 32: b, 64: None}, rows=depth) for s, (a, b) in enumerate(rope, 1)]
+    runs += [task_run(root, "alibi", s, {16: a, 32: b, 64: 0.1}) for s, (a, b) in enumerate(alibi, 1)]
+    return runs
+
+
+def test_cells_are_the_mean_and_t_interval_over_seeds_per_task_and_cell(three_seeds, tmp_path):
+    report = report_of(three_seeds, tmp_path)
+    assert report.startswith("## Task: passkey (filler_len=5, key_len=4, n_symbols=10)\n")
+    # rope at 16: mean 0.8, s = 0.1, half-width t(0.975, 2) * 0.1 / sqrt(3) = 0.248; alibi: s = 0.2
+    assert "| rope | 3 | **0.800 ± 0.248** | 0.400 ± 0.248 | n/a |" in report
+    assert "| alibi | 3 | 0.650 ± 0.497 | **0.500 ± 0.248** | **0.100 ± 0.000** |" in report
+    # the depth grid is its own table: rope alone has rows there, never averaged with random depth
+    assert "random depth:" in report and "depth 0.5:" in report
+    depth_table = report.split("depth 0.5:")[1]
+    assert "| setting | seeds | 16 (1×) |\n" in depth_table and "| rope | 3 | **1.000 ± 0.000** |" in depth_table
+    assert "Differences" not in depth_table  # one setting: nothing to compare
+    assert "- 16 (1×): highest rope; intervals apart (clearly worse): none; intervals overlap" in report
+    assert (
+        "accuracy ≥ 0.9 at every evaluated length; per seed, - where the shortest is below it): rope: 16, -, -; "
+        "alibi: -, -, -." in report
+    )  # rope seed 1: 0.9 at 16, 0.5 at 32
+    # paired by seed: alibi − rope at 16 is −0.05, −0.15, −0.25: mean −0.15, s 0.1
+    # at 32 alibi is the highest: rope − alibi is −0.1 for every seed, an interval of width 0 that excludes 0
+    assert "| alibi | -0.150 ± 0.248 | highest | - |" in report  # the interval includes 0: not bold
+    assert "| rope | highest | **-0.100 ± 0.000** | - |" in report
+    assert "- 32 (2×): highest alibi; interval excludes 0 (clearly different): rope;" in report
+    assert not (tmp_path / "c.png").exists()  # no perplexity to draw
+    assert (tmp_path / "c_tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_paired_differences_against_a_baseline(three_seeds, tmp_path):
+    report = report_of(three_seeds, tmp_path, "--baseline", "alibi")
+    paired = report.split("random depth:")[1].split("depth 0.5:")[0]
+    assert "| alibi | baseline | baseline | - |" in paired
+    assert "| rope | +0.150 ± 0.248 | **-0.100 ± 0.000** | - |" in paired
+    assert "a setting's value − the baseline's (alibi) value" in paired
+    with pytest.raises(SystemExit) as exit_info:
+        report_of(three_seeds, tmp_path, "--baseline", "nosuch")
+    assert exit_info.value.code == 2
+
+
+def test_the_task_csv_holds_every_cell_with_its_seeds(three_seeds, tmp_path):
+    report_of(three_seeds, tmp_path)
+    with open(tmp_path / "c_tasks.csv") as f:
+        lines = list(csv.DictReader(f))
+    rope16 = next(line for line in lines if line["setting"] == "rope" and line["length"] == "16" and not line["depth"])
+    assert rope16["task"] == "passkey" and rope16["task_settings"] == "filler_len=5, key_len=4, n_symbols=10"
+    assert float(rope16["mean"]) == pytest.approx(0.8) and float(rope16["half_width"]) == pytest.approx(0.2484138)
+    assert json.loads(rope16["values"]) == {"1": 0.9, "2": 0.8, "3": 0.7} and rope16["multiple"] == "1.0"
+    rope64 = next(line for line in lines if line["setting"] == "rope" and line["length"] == "64")
+    assert rope64["seeds"] == "0" and rope64["mean"] == ""  # not evaluable: no value, as n/a in the table
+    assert {line["depth"] for line in lines} == {"", "0.5"}
+
+
+def test_task_settings_are_never_pooled_nor_compared(tmp_path):
+    """passkey with key_len 4 and 6: two tables, each of its own seeds, labelled; the same seed twice refused."""
+    runs = [task_run(tmp_path, "rope", seed, {16: 0.5 + seed / 10}) for seed in (1, 2)]
+    runs += [task_run(tmp_path, "rope", seed, {16: 0.1 * seed}, "task.key_len=6") for seed in (1, 2)]
+    report = report_of(runs, tmp_path)
+    four, six = report.split("## Task: passkey (filler_len=5, key_len=6, n_symbols=10)")
+    assert "## Task: passkey (filler_len=5, key_len=4, n_symbols=10)" in four
+    assert "| rope task.key_len=4 | 2 | **0.650 ± 0.635** |" in four and "key_len=6 |" not in four
+    assert "| rope task.key_len=6 | 2 | **0.150 ± 0.635** |" in six
+    twice = task_run(tmp_path / "again", "rope", 1, {16: 0.2})
+    with pytest.raises(SystemExit) as exit_info:
+        report_of([runs[0], twice], tmp_path)
+    assert exit_info.value.code == 2
+
+
+def test_copy_probe_rows_aggregate_by_distance_beside_the_perplexity(tmp_path):
+    probe = {1: {(16, 4): (0.5, -2.0), (16, 12): (0.25, -3.0)}, 2: {(16, 4): (0.7, -1.0), (16, 12): (0.35, -2.0)}}
+    runs = [language_run(tmp_path, "rope", seed, 10.0 + seed, probe[seed]) for seed in (1, 2)]
+    report = report_of(runs, tmp_path)
+    perplexity, probes = report.split("## Task: copy_probe (copy_span=4, corpus=files x.txt, data=text, split=val)\n")
+    # the perplexity section is what compare writes from the runs' perplexity alone
+    only_ppl = tmp_path / "ppl"
+    for run in runs:
+        write_results(json.loads((run / "eval" / "extrapolation.json").read_text()), only_ppl / run.name / "eval")
+    assert perplexity == report_of([only_ppl / run.name for run in runs], tmp_path / "ppl") + "\n"
+    accuracy, logprob = probes.split("Mean log-probability of the answer tokens (nats) by evaluation length")
+    assert "distance 4:" in accuracy and "| rope | 2 | **0.600 ± 1.271** |" in accuracy
+    assert "distance 12:" in accuracy and "| rope | 2 | **0.300 ± 0.635** |" in accuracy
+    assert "| rope | 2 | **-1.500 ± 6.353** |" in logprob and "| rope | 2 | **-2.500 ± 6.353** |" in logprob
+    assert (tmp_path / "c.png").exists() and (tmp_path / "c_tasks.png").exists()
+
+
+def test_copy_probes_of_other_spans_are_other_tables(tmp_path):
+    """A run probed with eval.copy_span=4 then 8 keeps both sets of rows in tasks.json: never pooled."""
+    runs = [language_run(tmp_path, "rope", seed, 10.0, {(16, 4): (0.5, -1.0)}) for seed in (1, 2)]
+    for seed in (1, 2):  # the same runs evaluated again: their extrapolation.json rewritten, the probe's rows added
+        language_run(tmp_path, "rope", seed, 10.0, {(16, 8): (0.1 * seed, -2.0)}, span=8)
+    assert len(json.loads((runs[0] / "eval" / "tasks.json").read_text())["results"]) == 2
+    report = report_of(runs, tmp_path)
+    four, eight = report.split("## Task: copy_probe (copy_span=8")
+    assert "## Task: copy_probe (copy_span=4" in four and "distance 4:" in four and "distance 8:" not in four
+    assert "distance 8:" in eight and "| rope | 2 | **0.150 ± 0.635** |" in eight
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{not json", "is unreadable or not JSON"),
+        ('{"results": []}', "is malformed: expected a JSON object with pe, results, task, train_seq_len"),
+        ("rows", "is malformed: result 0 lacks a task, an integer length or numeric values"),
+    ],
+)
+def test_a_damaged_tasks_file_is_named(three_seeds, tmp_path, capsys, text, problem):
+    run_dir = tmp_path / "broken"
+    (run_dir / "eval").mkdir(parents=True)
+    if text == "rows":  # the right keys, values of the wrong kind
+        document = json.loads((three_seeds[0] / "eval" / "tasks.json").read_text())
+        document["results"][0]["accuracy"] = "high"
+        text = json.dumps(document)
+    (run_dir / "eval" / "tasks.json").write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        report_of([three_seeds[0], run_dir], tmp_path)
+    assert exit_info.value.code == 2 and f"{run_dir}/eval/tasks.json {problem}" in capsys.readouterr().err
+
+
+def test_sample_refuses_a_task_run(cli, tmp_path):
+    run_dir = make_run(tmp_path / "passkey", cli.corpus, "task=passkey")
+    done = cli.here("sample.py", f"run_dir={run_dir}")
+    assert_one_line_error(done, f"{run_dir} was trained on task=passkey: sampling text from it means nothing")
+
+
+# The task study end to end: tiny runs, few examples per cell, two lengths.
+TINY_TASKS = [
+    "model.n_layer=1",
+    "model.n_embd=16",
+    "model.n_head=2",
+    "train.seq_len=32",  # mqar's 8 pairs need 32 tokens
+    "train.batch_size=4",
+    "train.max_steps=4",
+    "train.num_threads=1",
+    "train.val_batches=1",
+    "logging.wandb.mode=disabled",
+    "logging.progress=false",
+    "eval.length_multipliers=[1,2]",
+    "eval.task_half_width=0.3",
+    "eval.task_depths=[0.5]",
+]
+
+
+@pytest.mark.slow
+def test_the_task_study_trains_each_task_scheme_and_seed_skips_what_is_done_and_compares(tmp_path):
+    study_dir = tmp_path / "study"
+    env = {**os.environ, "POSGPT_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+
+    def study(*options: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            ["bash", "scripts/study.sh", *options, str(study_dir), *TINY_TASKS],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    # Two runs in all (pooling seeds is the fast tests' business, on configs composed as train.py composes them).
+    study("--tasks", "passkey,mqar", "--schemes", "none", "--seed-list", "1")
+    first = (study_dir / "passkey-none-s1" / "checkpoints" / "last.pt").stat().st_mtime_ns
+    (study_dir / "comparison_tasks.md").unlink()
+    again = study("--tasks", "passkey", "--schemes", "none", "--seed-list", "1")
+    assert again.stdout.count("is done, skipped") == 1
+    assert (study_dir / "passkey-none-s1" / "checkpoints" / "last.pt").stat().st_mtime_ns == first
+    assert {p.name for p in study_dir.iterdir() if p.is_dir()} == {"passkey-none-s1", "mqar-none-s1"}
+    document = json.loads((study_dir / "mqar-none-s1" / "eval" / "tasks.json").read_text())
+    assert document["config"]["model"]["n_embd"] == 16 and document["config"]["train"]["lr"] == 1e-3  # the task's
+    report = (study_dir / "comparison_tasks.md").read_text()  # rewritten from every finished task run
+    assert "## Task: mqar (n_keys=32, n_pairs=8, n_values=32)" in report and "## Task: passkey (" in report
+    mqar, passkey = report.split("## Task: passkey (")
+    assert "| none (NoPE) | 1 |" in mqar and "| none (NoPE) | 1 |" in passkey and "random depth:" in passkey
+    assert (study_dir / "comparison_tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (study_dir / "comparison_tasks.csv").read_text().startswith("task,task_settings,setting,depth,distance")
+    assert not (study_dir / "comparison.md").exists()  # the language-model study's comparison is another's
+
+
+@pytest.mark.slow
+def test_the_study_refuses_an_unknown_task(tmp_path):
+    done = subprocess.run(
+        ["bash", "scripts/study.sh", "--tasks", "passkey,nosuch", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "error: --tasks takes tasks of configs/task/" in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_study_lists_task_runs(tmp_path):
+    done = subprocess.run(
+        ["bash", "scripts/study.sh", "--list", "--tasks", "passkey,mqar", "--schemes", "rope", "--seeds", "2", "d"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout.split() == ["d/passkey-rope-s1", "d/passkey-rope-s2", "d/mqar-rope-s1", "d/mqar-rope-s2"]
+
+
+def test_exported_task_results_compare_as_the_runs_do(three_seeds, tmp_path):
+    export = load_script("export_results")
+    export.main([*map(str, three_seeds), "--to", str(tmp_path / "exported")])
+    copies = [tmp_path / "exported" / run.name for run in three_seeds]
+    assert all((copy / "eval" / "tasks.csv").is_file() for copy in copies)
+    assert not (copies[0] / "eval" / "extrapolation.json").exists()  # a task run has none
+    assert report_of(copies, tmp_path / "b") == report_of(three_seeds, tmp_path / "a")
