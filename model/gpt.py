@@ -85,6 +85,9 @@ class KVCache:
 
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
+    # Per layer, c of every cached token for a scheme with a cumulative bias (pe.cumulative_bias), (B, H, T):
+    # the sums go on from the last one.
+    sums: list[torch.Tensor | None] = field(default_factory=list)
     pe_memo: dict = field(default_factory=dict)  # the scheme's values fixed for the whole sequence
 
     @property
@@ -127,8 +130,20 @@ class CausalSelfAttention(nn.Module):
             q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
-        y = attend(q, k, v, pe, self.backend, state, layer, capture)
+        sums = self._cumulative_sums(x, pe, cache, layer) if pe.has_cumulative_bias else None
+        y = attend(q, k, v, pe, self.backend, state, layer, capture, sums)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    @staticmethod
+    def _cumulative_sums(x: torch.Tensor, pe: PositionalEncoding, cache: KVCache | None, layer: int) -> torch.Tensor:
+        """c = cumsum(g) over every key, cached ones first, for the scheme's cumulative bias: (B, H, Tk) float32."""
+        sums = pe.cumulative_bias(x, layer).float().cumsum(dim=-1)
+        if cache is not None:
+            previous = cache.sums[layer]
+            if previous is not None:
+                sums = torch.cat((previous, previous[..., -1:] + sums), dim=-1)
+            cache.sums[layer] = sums
+        return sums
 
     @staticmethod
     def _extend_cache(
@@ -255,7 +270,7 @@ class GPT(nn.Module):
         attention then runs; evaluation/attention_stats.py)."""
         state = self._position_state(idx, cache, positions)
         if cache is not None and not cache.keys:
-            cache.keys, cache.values = [None] * len(self.blocks), [None] * len(self.blocks)
+            cache.keys, cache.values, cache.sums = ([None] * len(self.blocks) for _ in range(3))
         x = self.token_embedding(idx) * self.token_scale
         position_vectors = self.pe.embed(state.positions.reshape(-1))
         if position_vectors is not None:
