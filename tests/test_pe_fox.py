@@ -105,6 +105,30 @@ def test_a_case_by_hand():
     torch.testing.assert_close(out[2], (x[0, 0] + 2 * x[0, 1] + 4 * x[0, 2]) / 7)
 
 
+@pytest.mark.parametrize("path", ["folded", "blockwise-one-block", "blockwise-three-blocks"])
+def test_both_sdpa_paths_equal_math_forward_and_backward(path, monkeypatch):
+    """The bias folded into q and k (float32, no cache), and the blockwise mask (bfloat16, decoding): outputs and
+    the gradients of q, k, v and of the sums c, whose magnitude (c down to -200) tests the fold's rounding."""
+    length = 120
+    monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", B * H * length * (length // 3 + 1))
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, length, 4, generator=generator).requires_grad_() for _ in range(3))
+    sums = F.logsigmoid(torch.randn(B, H, length, generator=generator)).cumsum(-1).requires_grad_()
+    pe = tiny().pe
+    state = default_state(pe, length, length, q.device)
+    if path == "folded":
+        got = attention._folded_causal_sdpa(q, k, v, sums)
+    else:
+        if path == "blockwise-one-block":
+            monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", 1 << 24)
+        got = attention._blockwise_sdpa(q, k, v, pe, state, 0, sums)
+    want = attention._math_attention(q, k, v, pe, state, 0, sums)[0]
+    gradients = [torch.autograd.grad(out.square().sum(), (q, k, v, sums)) for out in (got, want)]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for g, w in zip(*gradients):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
 def forward_and_grads(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
     model.zero_grad(set_to_none=True)
     loss = model(idx, idx)
@@ -112,10 +136,8 @@ def forward_and_grads(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
     return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("blocks", [1, 3], ids=["one-block", "three-blocks"])
-def test_blockwise_sdpa_equals_math_forward_and_backward(blocks, monkeypatch):
-    """Values and the gradients of every parameter, the gates' included, over one or several blocks of queries."""
-    monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", B * H * 40 * (40 // blocks + 1))
+def test_the_model_on_sdpa_equals_math_forward_and_backward():
+    """The loss and the gradients of every parameter, the gates' included."""
     idx = torch.randint(0, 101, (B, 40), generator=torch.Generator().manual_seed(0))
     got, want = forward_and_grads(tiny("sdpa").train(), idx), forward_and_grads(tiny("math").train(), idx)
     for g, w in zip(got, want):
@@ -165,14 +187,21 @@ def test_no_position_is_used_so_randomized_positions_are_refused():
         tiny().pe.check_random_positions(64)
 
 
-def test_auto_runs_flex_on_cuda_and_blockwise_sdpa_on_cpu(monkeypatch):
+def test_auto_runs_flex_on_cuda_and_the_fused_causal_kernel_on_cpu(monkeypatch):
+    """On CPU in float32, training's full-length forward folds the bias into q and k: SDPA with is_causal and no
+    mask, once per layer; decoding from a cache takes the blockwise mask path."""
     pe = tiny().pe
     assert attention.resolve_backend("auto", pe, torch.device("cuda")) == "flex"
     assert attention.resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
-    calls, blockwise = [], attention._blockwise_sdpa
-    monkeypatch.setattr(attention, "_blockwise_sdpa", lambda *a: calls.append(1) or blockwise(*a))
-    tiny("auto")(torch.zeros(1, 4, dtype=torch.long))
-    assert len(calls) == 2  # one per layer: never the unbiased causal kernel
+    calls, sdpa = [], F.scaled_dot_product_attention
+    spy = lambda *args, **kwargs: calls.append(kwargs) or sdpa(*args, **kwargs)  # noqa: E731
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    model, cache = tiny("auto"), KVCache()
+    model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+    assert [sorted(kw) for kw in calls] == [["is_causal", "scale"]] * 2
+    calls.clear()
+    model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    assert [sorted(kw) for kw in calls] == [["attn_mask"]] * 2
 
 
 @pytest.mark.slow
