@@ -3,7 +3,8 @@
     tokens -> token embedding (+ pe.embed) -> n_layer x [x += attn(LN(x)); x += mlp(LN(x))] -> LN -> head
 
 Pre-LayerNorm blocks, causal multi-head self-attention (q/k may be rotated by pe.rotate, scores may get
-pe.score_bias), GELU MLP, output head tied to the token embedding, vocabulary padded to a multiple of 64
+pe.score_bias, or c_i - c_j from the cumulative sums of pe.cumulative_bias of the layer's input), GELU MLP,
+output head tied to the token embedding, vocabulary padded to a multiple of 64
 (GPT-2's 50257 -> 50304) so the head's matmul has friendly shapes; the padding rows never receive probability
 (model/loss.py). Initialisation follows GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),
 except the token embedding, which follows ``model.embedding``:
