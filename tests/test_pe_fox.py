@@ -147,6 +147,17 @@ def test_the_model_on_sdpa_equals_math_forward_and_backward():
     assert model.pe.gate_weight.grad.abs().min() > 0 and model.pe.gate_bias.grad.abs().min() > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["flex", "sdpa"])
+def test_cuda_paths_equal_math_forward_and_backward(backend):
+    """FlexAttention's score_mod reads c through its closure: the gradients reaching the gates through it must
+    equal the written-out path's (head size 16, FlexAttention's smallest)."""
+    idx = torch.randint(0, 101, (B, 256), generator=torch.Generator().manual_seed(0)).cuda()
+    models = [tiny(name, n_head=4, n_embd=64).cuda().train() for name in (backend, "math")]
+    for g, w in zip(*(forward_and_grads(model, idx) for model in models)):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4)
+
+
 @pytest.mark.parametrize("backend", ["math", "sdpa"])
 @torch.no_grad()
 def test_cached_decoding_equals_the_full_forward(backend):
