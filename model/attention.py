@@ -26,9 +26,9 @@ with a content bias (CoPE) always runs ``math``, whatever the backend. The causa
 scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
 
 A cumulative bias (``pe.has_cumulative_bias``: FoX) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
-by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: added
-to each materialised mask block (sdpa), read by the ``score_mod`` (flex: score + c[b, h, q] - c[b, h, k]), or
-added to the written-out scores (math).
+by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: sdpa
+folds it into q and k (float32, no cache: the fused causal kernel) or adds it to each materialised mask block,
+flex reads it in the ``score_mod`` (score + c[b, h, q] - c[b, h, k]), math adds it to the written-out scores.
 
 ``attend(..., capture=probs)`` runs ``math`` and appends the probabilities to the list ``probs`` (attention
 diagnostics: ``GPT.forward(..., capture=probs)`` hands one list to every layer).
