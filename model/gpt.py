@@ -3,7 +3,8 @@
     tokens -> token embedding (+ pe.embed) -> n_layer x [x += attn(LN(x)); x += mlp(LN(x))] -> LN -> head
 
 Pre-LayerNorm blocks, causal multi-head self-attention (q/k may be rotated by pe.rotate, scores may get
-pe.score_bias), GELU MLP, output head tied to the token embedding, vocabulary padded to a multiple of 64
+pe.score_bias, or c_i - c_j from the cumulative sums of pe.cumulative_bias of the layer's input), GELU MLP,
+output head tied to the token embedding, vocabulary padded to a multiple of 64
 (GPT-2's 50257 -> 50304) so the head's matmul has friendly shapes; the padding rows never receive probability
 (model/loss.py). Initialisation follows GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),
 except the token embedding, which follows ``model.embedding``:
@@ -86,6 +87,9 @@ class KVCache:
 
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
+    # Per layer, c of every cached token for a scheme with a cumulative bias (pe.cumulative_bias), (B, H, T):
+    # the sums go on from the last one.
+    sums: list[torch.Tensor | None] = field(default_factory=list)
     pe_memo: dict = field(default_factory=dict)  # the scheme's values fixed for the whole sequence
 
     @property
@@ -133,8 +137,23 @@ class CausalSelfAttention(nn.Module):
             q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
-        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture)
+        sums = self._cumulative_sums(x, pe, cache, layer, pe_layer) if pe.has_cumulative_bias else None
+        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    @staticmethod
+    def _cumulative_sums(
+        x: torch.Tensor, pe: PositionalEncoding, cache: KVCache | None, layer: int, pe_layer: int
+    ) -> torch.Tensor:
+        """c = cumsum(g) over every key, cached ones first, for the scheme's cumulative bias: (B, H, Tk) float32.
+        ``layer`` is the model's (the cache slot), ``pe_layer`` the scheme's own index of it (its parameters)."""
+        sums = pe.cumulative_bias(x, pe_layer).float().cumsum(dim=-1)
+        if cache is not None:
+            previous = cache.sums[layer]
+            if previous is not None:
+                sums = torch.cat((previous, previous[..., -1:] + sums), dim=-1)
+            cache.sums[layer] = sums
+        return sums
 
     @staticmethod
     def _extend_cache(
@@ -281,7 +300,7 @@ class GPT(nn.Module):
         state = self._position_state(idx, cache, positions)
         states = self._part_states(state, cache)
         if cache is not None and not cache.keys:
-            cache.keys, cache.values = [None] * len(self.blocks), [None] * len(self.blocks)
+            cache.keys, cache.values, cache.sums = ([None] * len(self.blocks) for _ in range(3))
         x = self.token_embedding(idx) * self.token_scale
         position_vectors = self.pe.embed(state.positions.reshape(-1))
         if position_vectors is not None:

@@ -75,7 +75,8 @@ def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
                 assert resolve_backend(backend, pe, torch.device("cuda")) == "math"
             continue
         assert resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
-        assert resolve_backend("auto", pe, torch.device("cuda")) == ("flex" if name in BIAS else "sdpa")
+        biased = name in BIAS or SCHEMES[name].has_cumulative_bias
+        assert resolve_backend("auto", pe, torch.device("cuda")) == ("flex" if biased else "sdpa")
         for forced in ("sdpa", "flex", "math"):
             assert resolve_backend(forced, pe, torch.device("cuda")) == forced
     with pytest.raises(PosGPTError, match="attn_backend"):

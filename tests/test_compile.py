@@ -9,7 +9,7 @@ kernels) and inductor compiles one bias scheme, whose code generation is the res
 
 Recompilation under evaluation. A scheme without a score bias is captured with dynamic shapes from its
 second length on (torch's automatic dynamic shapes): at most 2 compilations for any number of lengths. A
-scheme with a score or content bias compiles once per length: its sdpa (math) path loops over blocks of
+scheme with a score, content or cumulative bias compiles once per length: its sdpa (math) path loops over blocks of
 queries whose count depends on the length, so dynamo specialises on it. Evaluation lengths are few
 (eval.length_multipliers; eval.py does not compile), but torch stops compiling a function after
 ``torch._dynamo.config.recompile_limit`` (8) versions and runs it eagerly from then on.
@@ -105,7 +105,8 @@ def test_recompilations_under_evaluation_are_bounded(name):
         for length in lengths:
             x, y = batches(1, length)[0]
             torch.testing.assert_close(compiled(x, y, reduction="none"), model(x, y, reduction="none"))
-    blockwise = SCHEMES[name].has_score_bias or SCHEMES[name].has_content_bias  # a loop over query blocks
+    scheme = SCHEMES[name]
+    blockwise = scheme.has_score_bias or scheme.has_content_bias or scheme.has_cumulative_bias  # loops over blocks
     bound = len(lengths) if blockwise else 2
     assert counter.frame_count <= bound
 

@@ -1,6 +1,7 @@
 """FlexAttention (forward, on CPU) equals the written-out math path for every scheme with a score bias, found
 through the registry so that a scheme added later is covered: at lengths that are not multiples of its block
-size (128), while decoding with a KV cache, with per-row positions, and through the whole model. And if
+size (128), while decoding with a KV cache, with per-row positions, and through the whole model (there also
+every scheme with a cumulative bias, which only the model computes). And if
 FlexAttention fails at first use, attention warns once and runs sdpa, which resolve_backend then reports."""
 
 import pytest
@@ -14,6 +15,7 @@ from model.pe import SCHEMES
 from training.batch_stream import random_positions
 
 BIAS = sorted(name for name, cls in SCHEMES.items() if cls.has_score_bias)
+CUMULATIVE = sorted(name for name, cls in SCHEMES.items() if cls.has_cumulative_bias)  # its data: the model's
 AWKWARD = [1, 127, 129, 300]  # FlexAttention's blocks hold 128 queries and 128 keys
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -51,7 +53,7 @@ def tiny_model(name: str, backend: str) -> GPT:
     return GPT(cfg, SCHEMES[name].config_class(), train_seq_len=64).eval()
 
 
-@pytest.mark.parametrize("name", BIAS)
+@pytest.mark.parametrize("name", BIAS + CUMULATIVE)
 @torch.no_grad()
 def test_model_through_flex_matches_math_with_a_prompt_then_decoding(name):
     """A 131-token prompt in one forward pass (flex), then 3 tokens one at a time from the KV cache (queries

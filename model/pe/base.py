@@ -1,6 +1,6 @@
 """The one interface every positional scheme implements.
 
-Position can enter a transformer in four places. A scheme overrides the hooks it uses and inherits no-ops
+Position can enter a transformer in five places. A scheme overrides the hooks it uses and inherits no-ops
 for the rest:
 
 1. ``embed(positions)``      -> a vector per position, added to the token embeddings (sinusoidal, learned)
@@ -8,6 +8,9 @@ for the rest:
 3. ``score_bias(q_pos, k_pos, head, layer)`` -> a term added to attention scores (ALiBi, T5, KERPLE, FIRE)
 4. ``content_bias(q, scores, layer)`` -> a term computed from the scores themselves (CoPE); such a scheme
    always runs the written-out attention path
+5. ``cumulative_bias(x, layer)`` -> a term per token and head, g_t, computed from the layer's input x (so from
+   the data, per batch row and layer); the score of query i over key j gets the sum of g over the tokens after
+   j up to i, c_i - c_j with c = cumsum(g) (FoX's log forget gates; ALiBi would be g = -slope)
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
@@ -23,6 +26,11 @@ with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and ind
 Per layer. The model asks the scheme which scheme runs each layer (``layer_schemes``): itself in every layer,
 unless it is composed of others per layer (hybrid.py: RoPE in some layers, NoPE in others). Each layer then
 sees only its own scheme, with its own prepared values and bias tables, and picks its attention path alone.
+
+A cumulative bias is data: the attention layer computes c = cumsum(g) over the sequence and hands it to
+``attend``, which adds c_i - c_j to the mask blocks (CPU), in the FlexAttention ``score_mod`` (GPU), or to the
+written-out scores; a KV cache keeps c of the cached keys so the sums continue across decoding steps. Positions
+do not enter it, so such a scheme alone does not use positions (``uses_positions``).
 
 Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
 Ruoss et al. 2023); every hook accepts both.
@@ -126,6 +134,8 @@ class PositionalEncoding(nn.Module):
     bias_is_relative: ClassVar[bool] = False
     # True when content_bias is overridden: attention always runs the written-out path.
     has_content_bias: ClassVar[bool] = False
+    # True when cumulative_bias is overridden: each layer computes its terms from its input (model/gpt.py).
+    has_cumulative_bias: ClassVar[bool] = False
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
@@ -273,6 +283,11 @@ class PositionalEncoding(nn.Module):
     def content_bias(self, q: torch.Tensor, scores: torch.Tensor, layer: int) -> torch.Tensor:
         """q (B, H, Tq, D) and the scaled, causally masked scores (B, H, Tq, Tk) -> a term added to them."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no content bias")
+
+    def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """The input of ``layer``'s attention, (B, T, C) -> the terms g, (B, H, T), whose cumulative sums c give
+        the bias c_i - c_j of query i over key j (module docstring, hook 5)."""
+        raise NotImplementedError(f"positional scheme {self.name!r} has no cumulative bias")
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"
