@@ -242,7 +242,9 @@ def validate(cfg: DictConfig) -> None:
             f"eval.protocols must be a non-empty subset of [nonoverlapping, sliding] (got {list(cfg.eval.protocols)})"
         )
     # The scheme checks its own settings with the evaluation-time variations asked for (model/pe/base.py).
-    SCHEMES[cfg.pe.name].check_variations(OmegaConf.to_object(cfg.pe), list(cfg.eval.variations or []))
+    pe = OmegaConf.to_object(cfg.pe)
+    SCHEMES[cfg.pe.name].check_layers(pe, cfg.model.n_layer)
+    SCHEMES[cfg.pe.name].check_variations(pe, list(cfg.eval.variations or []))
     _validate_task(cfg)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")

@@ -288,14 +288,17 @@ def assert_compositions_validate(combinations: list[tuple[str, ...]]) -> None:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         for choice in combinations:
             overrides = [f"{group}={option}" for group, option in zip(("pe", "model", "data"), choice) if option]
+            cfg = compose("config", overrides=overrides)
+            if len(cfg.pe.get("pattern", ())) > cfg.model.n_layer:  # a per-layer pattern needs its layers
+                cfg = compose("config", overrides=[*overrides, f"model.n_layer={len(cfg.pe.pattern)}"])
             try:
-                validate(compose("config", overrides=overrides))
+                validate(cfg)
             except PosGPTError as error:
                 pytest.fail(f"{' '.join(overrides)}: {error}")
 
 
 def test_every_scheme_with_every_model_and_every_corpus_validates():
-    """The product of pe and model (RoPE and xPos need an even head dimension: the checks relate them), and each
-    data config once (no check relates data to the scheme or the model)."""
+    """The product of pe and model (RoPE and xPos need an even head dimension, a per-layer pattern a layer per
+    entry: the checks relate them), and each data config once (no check relates data to the scheme or the model)."""
     pairs = itertools.product(group_options("pe"), group_options("model"), [None])
     assert_compositions_validate([*pairs, *((None, None, data) for data in group_options("data"))])

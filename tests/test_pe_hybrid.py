@@ -132,9 +132,8 @@ def test_a_pattern_with_a_scheme_that_would_never_run_is_refused():
     """`pe=hybrid pe.pattern=[rope,rope,rope,none]` on the 2-layer default would be plain RoPE under another
     name: refused, naming the layers it needs; on 4 layers it runs whole."""
     cfg = compose_config(["pe=hybrid", "pe.pattern=[rope,rope,rope,none]"])
-    validate(cfg)
     with pytest.raises(PosGPTError, match=r"\[rope,rope\]: none would never run; use model.n_layer >= 4"):
-        GPT(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), cfg.train.seq_len)
+        validate(cfg)
     cfg = compose_config(["pe=hybrid", "pe.pattern=[rope,rope,rope,none]", "model.n_layer=4"])
     model = GPT(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), cfg.train.seq_len)
     assert layer_schemes(model) == "[rope,rope,rope,none]"

@@ -173,6 +173,11 @@ class PositionalEncoding(nn.Module):
                 "positions (its table size); enlarge the table or lower train.random_positions"
             )
 
+    @classmethod
+    def check_layers(cls, cfg: PEConfig, n_layer: int) -> None:
+        """PosGPTError unless the scheme configured as ``cfg`` means what its name says in a model of
+        ``n_layer`` layers (checked at start-up with the config; a per-layer pattern needs its layers)."""
+
     # -- Evaluation-time variations, on configs (validation, labels, fine-tuning: no model is built) --
 
     @classmethod

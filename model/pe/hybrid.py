@@ -35,7 +35,7 @@ Presets (a config each in configs/pe/; the same machinery, other defaults):
 
 A pattern longer than the model's layers runs its first entries, as Hugging Face's Llama 4 config does (its
 2-layer models have no NoPE layer): rnope on posgpt's default 2-layer model would be [rope, rope], so it is refused
-(a scheme of the pattern would never run); model.n_layer >= 4 runs it.
+at start-up (a scheme of the pattern would never run; a model built directly warns); model.n_layer >= 4 runs it.
 
 Evaluation-time variations act on the layers whose scheme has them: ``eval.variations=[yarn:16]`` rescales the
 RoPE layers of rnope and leaves its NoPE layers as trained; one that no scheme of the pattern has is refused. Their
@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from core.errors import PosGPTError
+from core.errors import PosGPTError, warn
 from model.pe import SCHEMES, build_positional_encoding
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 
@@ -106,6 +106,19 @@ def check_pattern(cfg: PatternConfig) -> None:
 def layer_names(cfg: PatternConfig, n_layer: int) -> list[str]:
     """The scheme of each of ``n_layer`` layers: the pattern cycled."""
     return [cfg.pattern[layer % len(cfg.pattern)] for layer in range(n_layer)]
+
+
+def idle_schemes(cfg: PatternConfig, n_layer: int) -> list[str]:
+    """The schemes of the pattern that no layer of ``n_layer`` runs."""
+    return [name for name in dict.fromkeys(cfg.pattern) if name not in layer_names(cfg, n_layer)]
+
+
+def idle_message(cfg: PatternConfig, n_layer: int) -> str:
+    return (
+        f"pe.pattern=[{','.join(cfg.pattern)}] over model.n_layer={n_layer} layers is "
+        f"[{','.join(layer_names(cfg, n_layer))}]: {', '.join(idle_schemes(cfg, n_layer))} would never run; "
+        f"use model.n_layer >= {len(cfg.pattern)}"
+    )
 
 
 @functools.cache
@@ -165,12 +178,8 @@ class HybridPositionalEncoding(PositionalEncoding):
         super().__init__(cfg, dims)
         check_pattern(cfg)
         per_layer = layer_names(cfg, dims.n_layer)
-        idle = [name for name in dict.fromkeys(cfg.pattern) if name not in per_layer]
-        if idle:  # a run named after a pattern must run it: refused rather than labelled wrongly
-            raise PosGPTError(
-                f"pe.pattern=[{','.join(cfg.pattern)}] over model.n_layer={dims.n_layer} layers is "
-                f"[{','.join(per_layer)}]: {', '.join(idle)} would never run; use model.n_layer >= {len(cfg.pattern)}"
-            )
+        if idle_schemes(cfg, dims.n_layer):  # refused at start-up (check_layers); a model built directly warns
+            warn(idle_message(cfg, dims.n_layer))
         # Built in the order of their first layer, each with parameters for its own layers only.
         self.parts = nn.ModuleDict(
             {
@@ -179,6 +188,11 @@ class HybridPositionalEncoding(PositionalEncoding):
             }
         )
         self._layers = [(self.parts[name], per_layer[:layer].count(name)) for layer, name in enumerate(per_layer)]
+
+    @classmethod
+    def check_layers(cls, cfg: PatternConfig, n_layer: int) -> None:
+        if idle_schemes(cfg, n_layer):  # a run named after a pattern must run it, not plain RoPE under its name
+            raise PosGPTError(idle_message(cfg, n_layer))
 
     def layer_schemes(self) -> list[tuple[PositionalEncoding, int]]:
         return list(self._layers)
