@@ -21,8 +21,9 @@ warns once and runs sdpa from then on; :func:`resolve_backend` then reports ``sd
 holds why.
 
 With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path. A scheme
-with a content bias (CoPE) always runs ``math``, whatever the backend. The causal mask is by index; the
-scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
+with a content bias (CoPE), or whose scores are merged from two rotations by distance (``score_window``:
+RoPE's remaps, model/windowed_attention.py), always runs ``math``, whatever the backend. The causal mask is
+by index; the scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
 
 ``attend(..., capture=probs)`` runs ``math`` and appends the probabilities to the list ``probs`` (attention
 diagnostics: ``GPT.forward(..., capture=probs)`` hands one list to every layer).
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 
 from core.errors import PosGPTError, first_line, warn
 from model.pe.base import PositionalEncoding, PositionState
+from model.windowed_attention import windowed_attention
 
 BACKENDS = ("auto", "sdpa", "flex", "math")
 
@@ -54,8 +56,8 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) 
     has failed in this process, see ``flex_failure``)."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
-    if pe.has_content_bias:
-        return "math"  # the bias needs the scores themselves: no kernel can take it
+    if pe.has_content_bias or pe.score_window() is not None:
+        return "math"  # the bias needs the scores themselves, or two scores per pair: no kernel can take it
     if backend == "auto":
         backend = "flex" if pe.has_score_bias and device.type == "cuda" else "sdpa"
     return "sdpa" if backend == "flex" and flex_failure is not None else backend
@@ -175,6 +177,8 @@ def _math_attention(q, k, v, pe, state, layer, keep_probs=False):
     (rows are independent; blocks bound the memory of long sequences). Returns (output, probabilities or None)."""
     Tq, D = q.shape[-2], q.shape[-1]
     block = _query_block(q, k)
+    if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
+        return windowed_attention(q, k, v, state, pe.score_window(), block, keep_probs)
     outputs, probabilities = [], []
     for start in range(0, Tq, block):
         stop = min(Tq, start + block)

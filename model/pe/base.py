@@ -20,6 +20,11 @@ handed to every layer in a :class:`PositionState`. A bias that depends only on t
 ``bias_depends_on_layer``: KERPLE) and each block of queries is cut from that table. Schemes
 with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and index them by ``layer``.
 
+Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps,
+Self-Extend and ReRoPE): ``score_window()`` then returns the window W, ``rotate`` returns q and k with the two
+rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where
+0 <= q_pos - k_pos < W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
+
 Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
 Ruoss et al. 2023); every hook accepts both.
 
@@ -246,6 +251,10 @@ class PositionalEncoding(nn.Module):
         ``prepared`` is what ``prepare`` returned for this forward pass (computed here when None).
         """
         return q, k
+
+    def score_window(self) -> int | None:
+        """W when ``rotate`` returns a near and a far rotation (see "Scores merged by distance" above); None: one."""
+        return None
 
     def rotation_depends_on_length(self) -> bool:
         """True when ``rotate`` depends on ``seq_len`` (dynamic NTK): a KV cache then keeps keys unrotated."""
