@@ -175,10 +175,10 @@ def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
 def _math_attention(q, k, v, pe, state, layer, keep_probs=False):
     """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
     (rows are independent; blocks bound the memory of long sequences). Returns (output, probabilities or None)."""
+    if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
+        return windowed_attention(q, k, v, state, pe.score_window(), keep_probs)
     Tq, D = q.shape[-2], q.shape[-1]
     block = _query_block(q, k)
-    if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
-        return windowed_attention(q, k, v, state, pe.score_window(), block, keep_probs)
     outputs, probabilities = [], []
     for start in range(0, Tq, block):
         stop = min(Tq, start + block)

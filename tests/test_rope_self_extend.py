@@ -139,12 +139,13 @@ def test_every_backend_runs_the_written_out_path(backend):
 
 def test_blocks_of_queries_give_the_same_output(monkeypatch):
     """Long sequences run one block of queries at a time (the near/far key ranges are cut per block)."""
-    import model.attention
+    import model.windowed_attention
 
     q, k, v = qkv(40, seed=4)
     pe = scheme(RoPERemapConfig("self_extend", 6, 3))
     whole = posgpt_attention(pe, q, k, v)
-    monkeypatch.setattr(model.attention, "_MAX_BLOCK_SCORES", 2 * 40 * 3)  # 3 queries per block
+    assert model.windowed_attention._BLOCK_SCORES >= 2 * 40 * 40  # one block
+    monkeypatch.setattr(model.windowed_attention, "_BLOCK_SCORES", 2 * 40 * 3)  # 3 queries per block
     blocked = posgpt_attention(pe, q, k, v)
     torch.testing.assert_close(blocked[0], whole[0])
     torch.testing.assert_close(blocked[1], whole[1])
