@@ -43,17 +43,18 @@ def windowed_attention(
     block = max(1, min(Tq, _BLOCK_SCORES // (B * H * Tk)))
     q = q / math.sqrt(d)  # scaled once here, not in every block's scores
     key_index = torch.arange(Tk, device=q.device)
+    # For one product per block giving both scores: the keys with their near half zeroed (for far pairs) and with
+    # their far half zeroed (for near pairs), against q's (near, far): each score is q_near . k_near or q_far . k_far.
+    far_keys, near_keys = k.clone(), k.clone()
+    far_keys[..., :d] = 0
+    near_keys[..., d:] = 0
     outputs, probabilities = [], []
     for start in range(0, Tq, block):
         stop = min(Tq, start + block)
         first, k_stop = state.q_offset + start, state.q_offset + stop  # first query's index; keys up to the last's
         near_from, far_to = (0, k_stop) if state.explicit else (max(0, first - window + 1), max(0, k_stop - window))
         far, near = slice(0, far_to), slice(near_from, k_stop)
-        # One product for both scores: the far keys with their near half zeroed, then the near keys with their far
-        # half zeroed, against q's (near, far): each score is q_near . k_near or q_far . k_far.
-        keys = torch.cat((k[..., far, :].clone(), k[..., near, :].clone()), dim=-2)
-        keys[..., :far_to, :d] = 0
-        keys[..., far_to:, d:] = 0
+        keys = torch.cat((far_keys[..., far, :], near_keys[..., near, :]), dim=-2)
         scores = q[..., start:stop, :] @ keys.transpose(-2, -1)
         query_index = key_index[first:k_stop, None]
         query_pos = state.positions[..., start:stop, None]

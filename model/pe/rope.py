@@ -124,8 +124,9 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     @classmethod
     def check_variations(cls, cfg: RoPEConfig, specs: Sequence[str]) -> None:
-        """eval.variations are scalings (``yarn:8``) of a run trained without one; an attention factor needs a type
-        that uses it (YaRN's temperature, LongRoPE's factor)."""
+        """eval.variations are scalings (``yarn:8``) or remaps (``rerope:32``) of a run configured with neither; a
+        scaling and a remap never go together; an attention factor needs a type that uses it (YaRN's temperature,
+        LongRoPE's factor)."""
         check_remap(cfg.remap)
         check_one_extension(cfg.scaling, cfg.remap)
         if specs and (cfg.scaling.type != "none" or cfg.remap.type != "none"):
