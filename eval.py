@@ -4,13 +4,14 @@
     python eval.py run_dir=... eval.lengths=[64,256,1024] eval.protocols=[sliding] eval.stride=16
     python eval.py run_dir=... pe.scaling.type=yarn pe.scaling.factor=8     # RoPE context extension
     python eval.py run_dir=... eval.variations=[none,yarn:8,ntk:8,linear:8] # several in one go (the scheme's)
+    python eval.py run_dir=... eval.variations=[none,self_extend:4:32,rerope:32]  # RoPE's Self-Extend, ReRoPE
     python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
     python eval.py run_dir=<a task=passkey run> eval.task_half_width=0.03   # task accuracy (evaluation/tasks.py)
 
 The model is built from the config stored in the checkpoint, never from today's configs/ YAML. Overrides
 may change only what does not change what the trained weights compute (experiment/settings.py: data.*,
 eval.*, logging.*, device, dtype, threads, compile, the attention backend, and the scheme's declared
-evaluation-time settings such as RoPE's pe.scaling); any other key is refused, named. Results land in
+evaluation-time settings such as RoPE's pe.scaling and pe.remap); any other key is refused, named. Results land in
 <run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
 evaluation/report.py) and in the training run's W&B run. While it runs, eval.py holds the run directory's lock
 (core/rundir.py): it is refused while a training or another evaluation writes the run, and vice versa.

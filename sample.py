@@ -4,13 +4,14 @@
     python sample.py run_dir=... sample.prompt_file=prompt.txt sample.num_samples=3 sample.seed=1
     python sample.py run_dir=... sample.temperature=0                            # greedy
     python sample.py run_dir=<rope run> sample.max_new_tokens=2000 pe.scaling.type=yarn pe.scaling.factor=8
+    python sample.py run_dir=<rope run> sample.max_new_tokens=2000 pe.remap.type=rerope pe.remap.window=32
 
 The run's config is recomposed exactly as eval.py does it (its training overrides, then these), with the same
 refusals: overrides that would change what the weights compute are errors, and so is a length the scheme
 cannot encode (pe=learned beyond its table). A run trained on a task (task=passkey, ...) is refused: its
 vocabulary is the task's symbols, not text (eval.py measures it). The scheme's evaluation-time settings
-(pe.scaling) apply. Each sample is streamed to stdout as it is generated; sample.num_samples samples are drawn
-one after the other from one generator seeded with sample.seed, so a seed always gives the same text on the
+(pe.scaling, pe.remap) apply. Each sample is streamed to stdout as it is generated; sample.num_samples samples are
+drawn one after the other from one generator seeded with sample.seed, so a seed always gives the same text on the
 same device.
 """
 

@@ -86,6 +86,7 @@ def run_extrapolation_eval(
     # The scheme's evaluation-time variations (eval.variations, else the run as configured); [("", {})] for most.
     for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
         with model.pe.evaluated_with(settings):
+            backend = resolve_layer_backends(cfg.model.attn_backend, model.pe, device)  # a variation may change it
             new_rows = evaluate_extrapolation(
                 model,
                 val_tokens,
@@ -105,7 +106,7 @@ def run_extrapolation_eval(
             "corpus": describe_corpus(cfg.data),
             "split": val_tokens.name,
             "split_digest": val_tokens.digest,
-            "attn_backend": resolve_layer_backends(cfg.model.attn_backend, model.pe, device),
+            "attn_backend": backend,
             "dtype": str(dtype).removeprefix("torch."),
         }
         rows += [

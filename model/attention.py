@@ -22,8 +22,9 @@ warns once and runs sdpa from then on; :func:`resolve_backend` then reports ``sd
 holds why.
 
 With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path. A scheme
-with a content bias (CoPE) always runs ``math``, whatever the backend. The causal mask is by index; the
-scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
+with a content bias (CoPE), or whose scores are merged from two rotations by distance (``score_window``:
+RoPE's remaps, model/windowed_attention.py), always runs ``math``, whatever the backend. The causal mask is
+by index; the scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
 
 A cumulative bias (``pe.has_cumulative_bias``: FoX) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
 by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: sdpa
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 
 from core.errors import PosGPTError, first_line, warn
 from model.pe.base import PositionalEncoding, PositionState
+from model.windowed_attention import windowed_attention
 
 BACKENDS = ("auto", "sdpa", "flex", "math")
 
@@ -60,8 +62,8 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) 
     has failed in this process, see ``flex_failure``)."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
-    if pe.has_content_bias:
-        return "math"  # the bias needs the scores themselves: no kernel can take it
+    if pe.has_content_bias or pe.score_window() is not None:
+        return "math"  # the bias needs the scores themselves, or two scores per pair: no kernel can take it
     if backend == "auto":
         biased = pe.has_score_bias or pe.has_cumulative_bias
         backend = "flex" if biased and device.type == "cuda" else "sdpa"
@@ -234,6 +236,8 @@ def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
 def _math_attention(q, k, v, pe, state, layer, sums=None, keep_probs=False):
     """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
     (rows are independent; blocks bound the memory of long sequences). Returns (output, probabilities or None)."""
+    if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
+        return windowed_attention(q, k, v, state, pe.score_window(), keep_probs)
     Tq, D = q.shape[-2], q.shape[-1]
     block = _query_block(q, k)
     outputs, probabilities = [], []

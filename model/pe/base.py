@@ -32,6 +32,11 @@ A cumulative bias is data: the attention layer computes c = cumsum(g) over the s
 written-out scores; a KV cache keeps c of the cached keys so the sums continue across decoding steps. Positions
 do not enter it, so such a scheme alone does not use positions (``uses_positions``).
 
+Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps,
+Self-Extend and ReRoPE): ``score_window()`` then returns the window W, ``rotate`` returns q and k with the two
+rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where
+0 <= q_pos - k_pos < W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
+
 Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
 Ruoss et al. 2023); every hook accepts both.
 
@@ -271,6 +276,10 @@ class PositionalEncoding(nn.Module):
         ``prepared`` is what ``prepare`` returned for this forward pass (computed here when None).
         """
         return q, k
+
+    def score_window(self) -> int | None:
+        """W when ``rotate`` returns a near and a far rotation (see "Scores merged by distance" above); None: one."""
+        return None
 
     def rotation_depends_on_length(self) -> bool:
         """True when ``rotate`` depends on ``seq_len`` (dynamic NTK): a KV cache then keeps keys unrotated."""

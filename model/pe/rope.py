@@ -8,8 +8,10 @@ so q'_m . k'_n = q_m^T R((n - m) theta) k_n depends on positions only through th
 head in every layer; values are not rotated. Coordinates are paired as (i, i + d/2) (GPT-NeoX / Hugging
 Face layout) rather than (2i, 2i+1): a fixed permutation of the head dimensions, so the same function.
 
-``scaling`` stretches the frequencies for evaluation beyond the training length (see rope_scaling.py); it is
-RoPE's evaluation-time variation (``eval.variations=[none,yarn:8]``, model/pe/base.py).
+``scaling`` stretches the frequencies for evaluation beyond the training length (see rope_scaling.py); ``remap``
+keeps the distances within a window and remaps those beyond it (Self-Extend, ReRoPE: see rope_remap.py). Both are
+RoPE's evaluation-time variations (``eval.variations=[none,yarn:8,self_extend:4:32,rerope:32]``, model/pe/base.py),
+one at a time.
 
 Partial rotary (``rotary_fraction`` f < 1; GPT-NeoX's ``rotary_pct``, litgpt's ``rotary_percentage``): only
 the first r = f d coordinates of each head are rotated, with the frequencies of an r-dimensional RoPE
@@ -30,6 +32,7 @@ import torch
 from core.domain import domain
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.rope_remap import RoPERemapConfig, check_remap, far_positions, parse_remap, remap_label
 from model.pe.rope_scaling import (
     LENGTH_DEPENDENT,
     ROPE_SCALINGS,
@@ -49,6 +52,7 @@ class RoPEConfig(PEConfig):
     base: float = domain(10000.0, gt=1)
     rotary_fraction: float = domain(1.0, gt=0, le=1)  # share of each head's dimensions that is rotated
     scaling: RoPEScalingConfig = field(default_factory=RoPEScalingConfig)
+    remap: RoPERemapConfig = field(default_factory=RoPERemapConfig)  # Self-Extend, ReRoPE (rope_remap.py)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +98,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
     name = "rope"
     colour = "#1f77b4"
     config_class = RoPEConfig
-    eval_time_settings = ("scaling",)  # context extension (rope_scaling.py) is applied at evaluation time
+    # context extension (rope_scaling.py, rope_remap.py) is applied at evaluation time
+    eval_time_settings = ("scaling", "remap")
     study_variations = ("yarn:16", "ntk:16")  # no-fine-tuning extension to the study's longest length (16x)
 
     def __init__(self, cfg: RoPEConfig, dims: ModelDims) -> None:
@@ -102,20 +107,34 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self.rotated = rotated_dims(dims.head_dim, cfg.rotary_fraction)
         self.register_buffer("inv_freq", rope_inv_freq(self.rotated, cfg.base), persistent=False)
         self.set_scaling(cfg.scaling)
+        self.set_remap(cfg.remap)
 
     def set_scaling(self, scaling: RoPEScalingConfig) -> None:
         """Extend the context with another method from now on (evaluation compares several on one model)."""
         check_scaling(scaling)
         check_scaling_fits(scaling, self.rotated)
+        check_one_extension(scaling, self.cfg.remap)
         self.cfg = dataclasses.replace(self.cfg, scaling=scaling)
+
+    def set_remap(self, remap: RoPERemapConfig) -> None:
+        """Remap the distances beyond a window (or stop: type none) from now on."""
+        check_remap(remap, train_len=self.dims.train_seq_len)
+        check_one_extension(self.cfg.scaling, remap)
+        self.cfg = dataclasses.replace(self.cfg, remap=remap)
 
     @classmethod
     def check_variations(cls, cfg: RoPEConfig, specs: Sequence[str]) -> None:
-        """eval.variations are scalings (``yarn:8``) of a run trained without one; an attention factor needs a type
-        that uses it (YaRN's temperature, LongRoPE's factor)."""
-        if specs and cfg.scaling.type != "none":
-            raise PosGPTError("set either pe.scaling.type (one scaling) or eval.variations (several), not both")
-        scalings = [cls.parse_variation(spec, cfg)["scaling"] for spec in specs]
+        """eval.variations are scalings (``yarn:8``) or remaps (``rerope:32``) of a run configured with neither; a
+        scaling and a remap never go together; an attention factor needs a type that uses it (YaRN's temperature,
+        LongRoPE's factor)."""
+        check_remap(cfg.remap)
+        check_one_extension(cfg.scaling, cfg.remap)
+        if specs and (cfg.scaling.type != "none" or cfg.remap.type != "none"):
+            raise PosGPTError(
+                "set either pe.scaling.type or pe.remap.type (one extension) or eval.variations (several), not both"
+            )
+        variations = [cls.parse_variation(spec, cfg) for spec in specs]
+        scalings = [variation["scaling"] for variation in variations if "scaling" in variation]
         if (
             cfg.scaling.type == "none"
             and cfg.scaling.attention_factor is not None
@@ -128,25 +147,56 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     @classmethod
     def parse_variation(cls, spec: str, cfg: RoPEConfig) -> dict[str, Any]:
-        """``yarn:8`` -> that scaling, with the yarn betas and temperature of the run's ``pe.scaling``."""
+        """``yarn:8`` -> that scaling, with the yarn betas and temperature of the run's ``pe.scaling``;
+        ``self_extend:4:32``, ``rerope:32`` -> that remap (rope_remap.py)."""
+        remap = parse_remap(spec)
+        if remap is not None:
+            return {"remap": remap}
         return {"scaling": parse_scaling(spec, defaults=cfg.scaling)}
 
     @classmethod
     def variation_label(cls, settings: dict[str, Any]) -> str:
         label = scaling_label(settings.get("scaling"))
-        return "" if label == "none" else label  # no scaling: the run as trained, unlabelled like other schemes
+        labels = ("" if label == "none" else label, remap_label(settings.get("remap")))
+        return " ".join(label for label in labels if label)  # neither: the run as trained, unlabelled
+
+    def settings(self) -> dict[str, Any]:
+        """Without a remap, the scaling alone: a run evaluated as configured is the measurement it was before
+        remaps existed (evaluation/report.py's row_key compares the settings)."""
+        settings = super().settings()
+        if settings["remap"].type == "none":
+            del settings["remap"]
+        return settings
+
+    def eval_variations(self, specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        """As the base class, with each remap checked against this model's training length before any is
+        evaluated."""
+        variations = super().eval_variations(specs)
+        for label, settings in variations:
+            if "remap" in settings:
+                where = f"eval.variations entry {label!r}"
+                check_remap(settings["remap"], train_len=self.dims.train_seq_len, where=where)
+        return variations
 
     @classmethod
     def inherit(cls, cfg: RoPEConfig, parent: RoPEConfig, parent_seq_len: int) -> RoPEConfig:
         """A scaled child keeps the length L its parent's frequencies were learned at (rope_scaling.py): the
-        parent's own ``original_seq_len``, else its training length."""
+        parent's own ``original_seq_len``, else its training length. A remap takes nothing from the parent: its
+        window and group are distances in tokens, whatever length the weights were trained at (the window must be
+        shorter than the child's own train.seq_len)."""
         if cfg.scaling.type == "none" or cfg.scaling.original_seq_len is not None:
             return cfg
         original = parent.scaling.original_seq_len or parent_seq_len
         return dataclasses.replace(cfg, scaling=dataclasses.replace(cfg.scaling, original_seq_len=original))
 
     def apply_eval_setting(self, name: str, value: Any) -> None:
-        self.set_scaling(value)
+        if name == "remap":
+            self.set_remap(value)
+        else:
+            self.set_scaling(value)
+
+    def score_window(self) -> int | None:
+        return None if self.cfg.remap.type == "none" else self.cfg.remap.window
 
     def rotation_depends_on_length(self) -> bool:
         return self.cfg.scaling.type in LENGTH_DEPENDENT
@@ -165,17 +215,35 @@ class RotaryPositionalEncoding(PositionalEncoding):
         angles = rotation_angles(positions, inv_freq)
         return (angles.cos() * attention_factor).float(), (angles.sin() * attention_factor).float()
 
-    def prepare(self, positions: torch.Tensor, seq_len: int, memo: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos_sin(positions, seq_len)
+    def prepare(self, positions: torch.Tensor, seq_len: int, memo: dict) -> Any:
+        """cos and sin at the positions; with a remap, also at the far positions of queries and of keys."""
+        if self.cfg.remap.type == "none":
+            return self.cos_sin(positions, seq_len)
+        far_query, far_key = far_positions(self.cfg.remap, positions)
+        return self.cos_sin(positions, seq_len), self.cos_sin(far_query, seq_len), self.cos_sin(far_key, seq_len)
 
     def rotate(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor,
-        seq_len: int,
-        prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int, prepared: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = prepared if prepared is not None else self.cos_sin(positions, seq_len)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return rotate_pairs(q, cos, sin, self.rotated), rotate_pairs(k, cos, sin, self.rotated)
+        """q and k rotated to their positions; with a remap, each with its far rotation beside it on the last
+        dimension, (near, far) (rope_remap.py)."""
+        prepared = prepared if prepared is not None else self.prepare(positions, seq_len, {})
+        if self.cfg.remap.type == "none":
+            return self._rotate(q, prepared), self._rotate(k, prepared)
+        near, far_query, far_key = prepared
+        q = torch.cat((self._rotate(q, near), self._rotate(q, far_query)), dim=-1)
+        return q, torch.cat((self._rotate(k, near), self._rotate(k, far_key)), dim=-1)
+
+    def _rotate(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        cos, sin = cos_sin
+        return rotate_pairs(x, cos.to(x.dtype), sin.to(x.dtype), self.rotated)
+
+
+def check_one_extension(scaling: RoPEScalingConfig, remap: RoPERemapConfig) -> None:
+    """PosGPTError when a scaling and a remap are both set: each maps RoPE's positions beyond the training length
+    on its own (rescaled frequencies, remapped distances); their combination is neither method."""
+    if scaling.type != "none" and remap.type != "none":
+        raise PosGPTError(
+            f"pe.scaling.type={scaling.type} and pe.remap.type={remap.type} both extend RoPE's context: "
+            "choose one (compare them with eval.variations)"
+        )
