@@ -22,7 +22,8 @@ def _cells(line: str) -> list[str]:
 def documented_values() -> list[tuple[str, str]]:
     """(override prefix, value) for each key of the "## Keys" tables of docs/configuration.md: its default, and
     each choice the meaning column lists as `a` \\| `b` (they belong to the row's first key). The pe.* table's
-    first column names the scheme."""
+    first column names the scheme; its rows are composed at 4 layers, since a per-layer preset (rnope) is refused
+    on a model with fewer layers than its pattern."""
     text = CONFIGURATION.read_text().split("\n## Keys\n", 1)[1].split("\n## ", 1)[0]
     values, section = [], None
     for line in text.splitlines():
@@ -36,7 +37,7 @@ def documented_values() -> list[tuple[str, str]]:
         scheme = cells.pop(0) if section == "pe" else None
         keys = _CODE.findall(cells[0])
         defaults = [cells[1]] if len(keys) == 1 else [d.strip() for d in cells[1].split(",")]
-        prefix = [f"pe={scheme}"] if scheme else []
+        prefix = [f"pe={scheme}", "model.n_layer=4"] if scheme else []
         for key, default in zip(keys, defaults):
             if default:
                 values.append((prefix, f"{section}.{key}={default}"))
