@@ -12,7 +12,9 @@
 #   scripts/study.sh /tmp/smoke train.max_steps=20 eval.max_tokens=2048    # a quick smoke test
 #   scripts/study.sh --tasks passkey,mqar runs/tasks  # the task study: every scheme x seed trained on each task
 #
-# Schemes: every configs/pe/*.yaml (found at run time, so a new scheme is included without editing this).
+# Schemes: every configs/pe/*.yaml (found at run time, so a new scheme is included without editing this). A
+# scheme that train.py refuses with the study's settings (a per-layer pattern longer than model.n_layer) is
+# skipped with one line, and the study goes on.
 # Resumable: each (scheme, seed) trains into <dir>/<scheme>-s<seed>/; a run that has its evaluation is
 # skipped, an interrupted one is resumed (train.resume=true), and a run's evaluation with its scheme's
 # variations is skipped once done. The comparison is rewritten at the end from every finished run in <dir>.
@@ -128,9 +130,15 @@ for task in "${task_list[@]}"; do
             else
                 resume=()
                 [[ -f "$run/checkpoints/last.pt" ]] && resume=(train.resume=true)  # interrupted: continue it
+                status=0
                 python train.py "${task_args[@]}" "pe=$scheme" "train.seed=$seed" "hydra.run.dir=$run" \
                     "eval.length_multipliers=[1,2,4,8,16]" "logging.wandb.group=$(basename "$study_dir")" \
-                    "${resume[@]}" "$@"
+                    "${resume[@]}" "$@" || status=$?
+                if [[ $status -eq 2 && ! -f "$run/checkpoints/last.pt" ]]; then  # refused at start-up (the line above)
+                    echo "study: pe=$scheme is refused with these settings; its runs are skipped" >&2
+                    continue 2
+                fi
+                [[ $status -eq 0 ]] || exit "$status"
                 # a run stopped during its end-of-training evaluation resumes with nothing left to train
                 [[ -f "$run/eval/$results" ]] || python eval.py "run_dir=$run"
             fi

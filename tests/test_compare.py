@@ -54,7 +54,8 @@ def run(*args, cache, env=None):
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     """scripts/study.sh twice: rope with seeds 1 and 2 (also evaluated with YaRN), then a part added to the
-    same study, seed 1 of rope and learned, where rope's seed 1 is already done."""
+    same study, seed 1 of rope, rnope and learned, where rope's seed 1 is already done and rnope is refused by
+    the 1-layer model (its pattern has four layers)."""
     tmp = tmp_path_factory.mktemp("study")
     corpus, study_dir = tmp / "corpus.txt", tmp / "study"
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -79,9 +80,9 @@ def study(tmp_path_factory):
         study_dir / "rope-s1" / "eval" / "extrapolation.json",
     ]
     before = [path.stat().st_mtime_ns for path in done_files]
-    again = study_sh("--seed-list", "1", "--schemes", "rope,learned")
+    again = study_sh("--seed-list", "1", "--schemes", "rope,rnope,learned")
     unchanged = before == [path.stat().st_mtime_ns for path in done_files]
-    return tmp, study_dir, first_table, again.stdout, unchanged
+    return tmp, study_dir, first_table, again.stdout + again.stderr, unchanged
 
 
 @pytest.mark.slow
@@ -108,6 +109,7 @@ def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
 def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
     _, study_dir, _, output, unchanged = study
     assert output.count("is done, skipped") == 1 and unchanged  # rope-s1: neither trained nor evaluated again
+    assert "study: pe=rnope is refused with these settings; its runs are skipped" in output
     assert {p.name for p in study_dir.iterdir() if p.is_dir()} == {"rope-s1", "rope-s2", "learned-s1"}
     rows = table_rows((study_dir / "comparison.md").read_text())
     assert rows["learned"][0] == "1" and "±" not in rows["learned"][1] and rows["rope"][0] == "2"
