@@ -279,7 +279,7 @@ def _blockwise_sdpa(q, k, v, pe, state, layer, sums=None, sink=None):
     block = _query_block(q, k)
     outputs = []
     # The sink key goes first (model/sink.py), and the scale stays the original head size's.
-    scale, shift = (None, 0) if sink is None else (q.shape[-1] ** -0.5, 1)
+    shift, scale = (0, {}) if sink is None else (1, {"scale": q.shape[-1] ** -0.5})
     if sink is not None:
         q, k, v = sink_as_key(q, k, v, sink, dummy_query=False)
     for start in range(0, Tq, block):
@@ -295,9 +295,7 @@ def _blockwise_sdpa(q, k, v, pe, state, layer, sums=None, sink=None):
             mask = mask.expand(q.shape[0], q.shape[1], -1, -1).contiguous()
         keys = slice(0, k_stop + shift)
         queries = q[:, :, start:stop]
-        outputs.append(
-            F.scaled_dot_product_attention(queries, k[:, :, keys], v[:, :, keys], attn_mask=mask, scale=scale)
-        )
+        outputs.append(F.scaled_dot_product_attention(queries, k[:, :, keys], v[:, :, keys], attn_mask=mask, **scale))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
