@@ -22,6 +22,11 @@ def check_eval_settings(cfg: DictConfig) -> None:
             f"eval.stride={e.stride} is the sliding protocol's stride, but eval.protocols={list(e.protocols)} "
             "has no sliding: add sliding or drop eval.stride"
         )
+    if "streaming" in e.protocols and e.streaming_sinks >= min(lengths):
+        raise PosGPTError(
+            f"eval.streaming_sinks={e.streaming_sinks} leaves no window of recent tokens at length {min(lengths)} (the "
+            "streaming cache holds the sinks and length - sinks recent tokens): lower it below every length"
+        )
     too_long = [length for length in lengths if length > e.max_tokens]
     if too_long:
         raise PosGPTError(

@@ -17,6 +17,10 @@ and the protocols differ only in how much context c(t) each target gets:
   scores only its last S targets, so every scored target is predicted from at least L - S + 1 tokens (F >= L
   leaves room for them before the first target; the final window may score fewer than S, with more context).
   S = L is ``nonoverlapping`` whenever L divides N; S = 1 predicts every target from a full window of L.
+- ``streaming`` (StreamingLLM, Xiao et al. 2024): tokens are read one at a time with a KV cache that keeps the
+  first k tokens (``eval.streaming_sinks``) and the L - k most recent, positions assigned within the cache;
+  every scored target is predicted from exactly those L tokens (evaluation/streaming.py). Rows record k and the
+  window L - k (``sinks``, ``window``).
 
 For each (length, protocol) the mean loss at each position within the window is kept too: where it rises
 past the training length is where a scheme breaks. At long lengths few windows fit in the scored range (32
@@ -39,11 +43,12 @@ from tqdm.auto import tqdm
 
 from core.runtime import autocast
 from evaluation.memory import PeakMemory
+from evaluation.streaming import DEFAULT_SINKS, stream_losses
 
 if TYPE_CHECKING:  # importing the data package pulls in `datasets` (~1 s): annotations only
     from data import TokenArray
 
-PROTOCOLS = ("nonoverlapping", "sliding")
+PROTOCOLS = ("nonoverlapping", "sliding", "streaming")
 BINS_PER_OCTAVE = 4  # log-spaced position bins: four per doubling of the position
 MIN_BIN_TOKENS = 1024  # a bin's mean loss then has a standard error of ~0.08 nats (per-token sd ~2.5)
 
@@ -139,6 +144,12 @@ def score_windows(
         scored = y != -100
         loss_sum[: x.shape[1]] += losses.sum(0)
         counts[: x.shape[1]] += scored.sum(0)
+    return summarize(loss_sum, counts)
+
+
+def summarize(loss_sum: torch.Tensor, counts: torch.Tensor) -> dict[str, Any]:
+    """Scored-token count, mean loss, perplexity and per-position mean loss from per-position loss sums and
+    scored-target counts (float64, one entry per position within the window)."""
     loss, n = float(loss_sum.sum()) / float(counts.sum()), int(counts.sum())
     # JSON has no NaN or inf: positions never scored, or a model whose loss is not finite, give null.
     per_position = [s / c if c > 0 and math.isfinite(s) else None for s, c in zip(loss_sum.tolist(), counts.tolist())]
@@ -217,8 +228,10 @@ def evaluate_extrapolation(
     dtype: torch.dtype,
     progress: bool = True,
     description: str = "",
+    sinks: int = DEFAULT_SINKS,
 ) -> list[dict[str, Any]]:
-    """One row per (length, protocol). Lengths that cannot be scored get loss and ppl None and a reason."""
+    """One row per (length, protocol). Lengths that cannot be scored get loss and ppl None and a reason.
+    ``sinks``: the streaming protocol's k."""
     model.eval()
     limit = model.pe.max_positions()
     span = scored_range(len(tokens), lengths, max_tokens)
@@ -229,6 +242,7 @@ def evaluate_extrapolation(
             "length": length,
             "protocol": protocol,
             "stride": effective_stride(length, stride) if protocol == "sliding" else None,
+            **({"sinks": sinks, "window": length - sinks} if protocol == "streaming" else {}),
         }
         if limit is not None and length > limit:
             row.update(tokens=0, loss=None, ppl=None, reason=f"pe={model.pe.name} encodes at most {limit} positions")
@@ -242,12 +256,17 @@ def evaluate_extrapolation(
             )
         else:
             first, n_targets = span
-            plan = window_plan(first, n_targets, length, protocol, stride)
             started = time.perf_counter()
+            what = f"L={length} {protocol}"
             with PeakMemory(device) as memory:
-                row.update(
-                    score_windows(model, tokens, plan, batch_tokens, device, dtype, progress, f"L={length} {protocol}")
-                )
+                if protocol == "streaming":
+                    sums = stream_losses(
+                        model, tokens, first, n_targets, length, sinks, batch_tokens, device, dtype, progress, what
+                    )
+                    row.update(summarize(*sums))
+                else:
+                    plan = window_plan(first, n_targets, length, protocol, stride)
+                    row.update(score_windows(model, tokens, plan, batch_tokens, device, dtype, progress, what))
             row.update(
                 target_range=[first, first + n_targets],
                 peak_memory_mb=memory.peak_mb,

@@ -49,6 +49,7 @@ from core.files import atomic_write
 from evaluation.extrapolation import effective_stride, perplexity
 from evaluation.stats import Estimate
 from model.pe import SCHEMES, PositionalEncoding
+from model.temperature import temperature_label
 
 JSON_FILE = "extrapolation.json"
 CSV_FILE = "extrapolation.csv"
@@ -58,6 +59,8 @@ CSV_COLUMNS = [
     "multiple",
     "protocol",
     "stride",
+    "sinks",
+    "window",
     "variation",
     "tokens",
     "loss",
@@ -90,7 +93,17 @@ def row_key(row: dict[str, Any]) -> tuple:
         else setting
         for name, setting in row.get("variation_settings", {}).items()
     }
-    return (scored_identity(row), row["length"], row["protocol"], row["stride"], json.dumps(settings, sort_keys=True))
+    # The streaming protocol's sinks and window, and the attention temperature: absent (None) in other rows and in
+    # rows from before they existed.
+    extra = (row.get("sinks"), row.get("window"), json.dumps(row.get("attn_temperature"), sort_keys=True))
+    return (
+        scored_identity(row),
+        row["length"],
+        row["protocol"],
+        row["stride"],
+        json.dumps(settings, sort_keys=True),
+        *extra,
+    )
 
 
 def scored_identity(row: dict[str, Any]) -> tuple:
@@ -287,12 +300,17 @@ def write_csv(document: dict[str, Any], path: str | Path) -> Path:
 
 def setting_label(row: dict[str, Any]) -> str:
     """``sliding yarn:8``: what distinguishes a row at a given length. A sliding stride is shown when it is
-    not the default L/2, so default-stride rows of all lengths share a label."""
+    not the default L/2, so default-stride rows of all lengths share a label; a streaming row shows its sinks
+    (``streaming (k=4)``), a row evaluated with an attention temperature its label (``sliding logn``)."""
     label = row["protocol"]
     if row["stride"] and row["stride"] != effective_stride(row["length"], None):
         label += f" (S={row['stride']})"
+    if row.get("sinks") is not None:  # streaming: the window is the length less the sinks
+        label += f" (k={row['sinks']})"
     if row.get("variation"):
         label += " " + row["variation"]
+    if row.get("attn_temperature"):
+        label += " " + temperature_label(row["attn_temperature"])
     return label
 
 

@@ -46,6 +46,7 @@ from evaluation.report import (
 )
 from experiment.config import eval_lengths
 from model.attention import resolve_layer_backends
+from model.temperature import temperature_settings
 
 PPL_PLOT = "ppl_vs_length.png"
 PER_POSITION_PLOT = "per_position.png"
@@ -99,6 +100,7 @@ def run_extrapolation_eval(
                 dtype,
                 progress=cfg.logging.progress,
                 description=label,
+                sinks=cfg.eval.streaming_sinks,
             )
         setting = {
             **variation_fields(label, settings),
@@ -107,6 +109,7 @@ def run_extrapolation_eval(
             "split": val_tokens.name,
             "split_digest": val_tokens.digest,
             "attn_backend": backend,
+            "attn_temperature": temperature_settings(cfg.model.attn_temperature),
             "dtype": str(dtype).removeprefix("torch."),
         }
         rows += [

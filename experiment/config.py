@@ -23,6 +23,7 @@ from data.config import DataConfig
 from data.tasks import NO_TASK, TASKS, TaskConfig, build_task, task_config_class
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
+from model.temperature import check_temperature
 
 
 @dataclass
@@ -61,8 +62,9 @@ class TrainConfig:
 class EvalConfig:
     lengths: list[int] | None = domain(None, ge=1)  # absolute lengths; None: length_multipliers x train.seq_len
     length_multipliers: list[int] = domain(default_factory=lambda: [1, 2, 4, 8], ge=1)
-    protocols: list[str] = field(default_factory=lambda: ["nonoverlapping", "sliding"])
+    protocols: list[str] = field(default_factory=lambda: ["nonoverlapping", "sliding"])  # or streaming
     stride: int | None = domain(None, ge=1)  # sliding-window stride; None: half the window
+    streaming_sinks: int = domain(4, ge=0)  # streaming protocol: the first k tokens kept; the window is length - k
     max_tokens: int = domain(32768, ge=1)  # scored tokens per (length, protocol): the same token range for all
     batch_tokens: int = domain(16384, ge=1)  # tokens per forward pass (windows are batched up to this)
     # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
@@ -222,6 +224,7 @@ def validate(cfg: DictConfig) -> None:
     check_list_elements(config)
     check_domains(config)
     validate_model_config(config.model)
+    check_temperature(config.model.attn_temperature, config.train.seq_len)
     t = cfg.train
     if t.dtype not in ("auto", "float32", "bfloat16"):
         raise PosGPTError(f"train.dtype must be auto, float32 or bfloat16 (got {t.dtype!r})")
@@ -236,10 +239,11 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
     if not eval_lengths(cfg):
         raise PosGPTError("eval.lengths (or eval.length_multipliers) must name at least one length")
-    unknown = set(cfg.eval.protocols) - {"nonoverlapping", "sliding"}
+    protocols = ["nonoverlapping", "sliding", "streaming"]  # evaluation/extrapolation.py
+    unknown = set(cfg.eval.protocols) - set(protocols)
     if unknown or not cfg.eval.protocols:
         raise PosGPTError(
-            f"eval.protocols must be a non-empty subset of [nonoverlapping, sliding] (got {list(cfg.eval.protocols)})"
+            f"eval.protocols must be a non-empty subset of [{', '.join(protocols)}] (got {list(cfg.eval.protocols)})"
         )
     # The scheme checks its own settings with the evaluation-time variations asked for (model/pe/base.py).
     pe = OmegaConf.to_object(cfg.pe)

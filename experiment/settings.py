@@ -20,6 +20,7 @@ from data.tasks import NO_TASK
 from experiment.compose import compose_config, one_line
 from experiment.config import schema
 from model.pe import SCHEMES
+from model.temperature import check_evaluation_change
 
 # Where and how fast a run computes, and what it reports: never what the weights compute.
 RUNTIME_SETTINGS = (
@@ -34,8 +35,9 @@ RUNTIME_SETTINGS = (
     "logging.",
 )
 # An evaluation may also score another corpus, at other lengths, with the scheme's declared variations
-# (pe.<field> for field in the scheme's eval_time_settings).
-EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.", "sample.", "inspect.")
+# (pe.<field> for field in the scheme's eval_time_settings) and with a training-free attention temperature
+# (model/temperature.py: not one with learned parameters, check_evaluation_change).
+EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.", "sample.", "inspect.", "model.attn_temperature.")
 # A resumed run may train longer and log, validate, save and evaluate differently; its data and optimizer stay.
 RESUME_SETTINGS = (
     *RUNTIME_SETTINGS,
@@ -146,11 +148,13 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
     if not keys:
         return cfg
     composed = compose_config([f"pe={cfg.pe.name}", *overrides])
+    trained = OmegaConf.to_object(cfg.model.attn_temperature)
     try:
         for key in keys:
             OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
     except OmegaConfBaseException as error:
         raise PosGPTError(f"cannot apply {' '.join(overrides)}: {one_line(error)}") from None
+    check_evaluation_change(trained, OmegaConf.to_object(cfg.model.attn_temperature))
     return cfg
 
 

@@ -33,6 +33,9 @@ flex reads it in the ``score_mod`` (score + c[b, h, q] - c[b, h, k]), math adds 
 
 ``attend(..., capture=probs)`` runs ``math`` and appends the probabilities to the list ``probs`` (attention
 diagnostics: ``GPT.forward(..., capture=probs)`` hands one list to every layer).
+
+``attend(..., sink=s)`` adds a sink logit per head to every softmax's denominator (``model.attn_sink``), on every
+path: model/sink.py says how each computes it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import torch.nn.functional as F
 
 from core.errors import PosGPTError, first_line, warn
 from model.pe.base import PositionalEncoding, PositionState
+from model.sink import CpuFlashSink, sink_as_key, sink_rescale, with_sink_column
 from model.windowed_attention import windowed_attention
 
 BACKENDS = ("auto", "sdpa", "flex", "math")
@@ -101,20 +105,21 @@ def attend(
     layer: int = 0,
     capture: list[torch.Tensor] | None = None,
     sums: torch.Tensor | None = None,
+    sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: (B, H, Tq, D), the last Tq of the keys; k, v: (B, H, Tk, D). ``state`` holds the positions (default:
     keys at 0 .. Tk-1); ``layer`` selects the scheme's per-layer parameters. With a ``capture`` list, the math
     path runs and its probabilities, float32 (B, H, Tq, Tk), are appended to it. ``sums``: the cumulative bias's
-    c of every key, (B, H, Tk) float32, or None."""
+    c of every key, (B, H, Tk) float32, or None. ``sink``: (H,) sink logits, or None."""
     if state is None:
         state = default_state(pe, q.shape[-2], k.shape[-2], q.device)
     if capture is not None:
-        out, probs = _math_attention(q, k, v, pe, state, layer, sums, keep_probs=True)
+        out, probs = _math_attention(q, k, v, pe, state, layer, sums, sink, keep_probs=True)
         capture.append(probs)
         return out
     backend = resolve_backend(backend, pe, q.device)
     if backend == "math":
-        return _math_attention(q, k, v, pe, state, layer, sums)[0]
+        return _math_attention(q, k, v, pe, state, layer, sums, sink)[0]
     full = state.q_offset == 0 and q.shape[-2] == k.shape[-2]
     if backend == "flex" and full:
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -124,19 +129,24 @@ def attend(
             )
         if torch.compiler.is_compiling():
             # Traced into the enclosing compilation, which fails as a whole: training.step falls back to eager.
-            return _flex_attention(q, k, v, pe, state, layer, sums)
+            return _flex_attention(q, k, v, pe, state, layer, sums, sink)
         try:
-            return _flex_attention(q, k, v, pe, state, layer, sums)
+            return _flex_attention(q, k, v, pe, state, layer, sums, sink)
         except torch.OutOfMemoryError:
             raise  # the sdpa path needs more memory, not less
         except Exception as error:  # whatever its compilation raises (inductor, triton, a driver)
             _give_up_flex(error)
     if not pe.has_score_bias and full:
-        if sums is None:
+        if sums is None and sink is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        if q.dtype == torch.float32:
+        if sums is None:  # a sink (model/sink.py)
+            if q.device.type == "cpu":
+                return CpuFlashSink.apply(q, k, v, sink)
+            q1, k1, v1 = sink_as_key(q, k, v, sink, dummy_query=True)
+            return F.scaled_dot_product_attention(q1, k1, v1, is_causal=True, scale=q.shape[-1] ** -0.5)[:, :, 1:]
+        if q.dtype == torch.float32 and sink is None:
             return _folded_causal_sdpa(q, k, v, sums)
-    return _blockwise_sdpa(q, k, v, pe, state, layer, sums)
+    return _blockwise_sdpa(q, k, v, pe, state, layer, sums, sink)
 
 
 def _folded_causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
@@ -233,10 +243,16 @@ def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
     return max(1, min(Tq, _MAX_BLOCK_SCORES // max(1, B * H * k.shape[-2])))
 
 
-def _math_attention(q, k, v, pe, state, layer, sums=None, keep_probs=False):
+def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=False):
     """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
-    (rows are independent; blocks bound the memory of long sequences). Returns (output, probabilities or None)."""
+    (rows are independent; blocks bound the memory of long sequences); with a sink, softmax([sink, scores])
+    without the sink's column. Returns (output, probabilities or None)."""
     if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
+        if sink is not None:
+            raise PosGPTError(
+                "model.attn_sink: the written-out attention that merges two rotations by distance has no sink "
+                "logit; evaluate this run without that variation"
+            )
         return windowed_attention(q, k, v, state, pe.score_window(), keep_probs)
     Tq, D = q.shape[-2], q.shape[-1]
     block = _query_block(q, k)
@@ -248,29 +264,38 @@ def _math_attention(q, k, v, pe, state, layer, sums=None, keep_probs=False):
         scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, sums)
         if pe.has_content_bias:
             scores = scores + pe.content_bias(q_block, scores, layer)
-        probs = torch.softmax(scores.float(), dim=-1)
+        if sink is None:
+            probs = torch.softmax(scores.float(), dim=-1)
+        else:
+            probs = torch.softmax(with_sink_column(scores, sink).float(), dim=-1)[..., 1:]
         outputs.append(probs.to(q.dtype) @ v)
         if keep_probs:
             probabilities.append(probs.detach())
     return torch.cat(outputs, dim=2), (torch.cat(probabilities, dim=2) if keep_probs else None)
 
 
-def _blockwise_sdpa(q, k, v, pe, state, layer, sums=None):
+def _blockwise_sdpa(q, k, v, pe, state, layer, sums=None, sink=None):
     Tq, Tk = q.shape[-2], k.shape[-2]
     block = _query_block(q, k)
     outputs = []
+    # The sink key goes first (model/sink.py), and the scale stays the original head size's.
+    shift, scale = (0, {}) if sink is None else (1, {"scale": q.shape[-1] ** -0.5})
+    if sink is not None:
+        q, k, v = sink_as_key(q, k, v, sink, dummy_query=False)
     for start in range(0, Tq, block):
         stop = min(Tq, start + block)
         # Keys after the last query of the block are masked anyway: slice them off to save work.
         k_stop = min(Tk, state.q_offset + stop)
         mask = _bias_and_mask(pe, state, start, stop, k_stop, layer, q.dtype, sums)
+        if sink is not None:
+            mask = torch.cat((mask.new_zeros(*mask.shape[:-1], 1), mask), dim=-1)
         if q.device.type == "cpu":
             # PyTorch's CPU flash kernel takes a slow path for a mask broadcast over the batch (3x slower at
             # 4096 tokens, measured): give it one mask per row. The block size bounds the copy.
             mask = mask.expand(q.shape[0], q.shape[1], -1, -1).contiguous()
-        outputs.append(
-            F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask)
-        )
+        keys = slice(0, k_stop + shift)
+        queries = q[:, :, start:stop]
+        outputs.append(F.scaled_dot_product_attention(queries, k[:, :, keys], v[:, :, keys], attn_mask=mask, **scale))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
@@ -339,10 +364,13 @@ def _score_bias_mod(pe: PositionalEncoding, state: PositionState, layer: int):
     return score_mod
 
 
-def _flex_attention(q, k, v, pe, state, layer, sums=None):
+def _flex_attention(q, k, v, pe, state, layer, sums=None, sink=None):
     score_mod = _score_mod(pe, state, layer, sums)
     block_mask = _causal_block_mask(q.shape[-2], str(q.device))
-    return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    if sink is None:
+        return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    out, lse = _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)
+    return sink_rescale(out, lse, sink)
 
 
 def _flex_kernel(device: torch.device):

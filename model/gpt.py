@@ -34,6 +34,7 @@ from core.errors import PosGPTError
 from model.attention import BACKENDS, attend, default_state
 from model.loss import FUSED_MODES, lm_head_cross_entropy
 from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
+from model.temperature import AttentionTemperature, TemperatureConfig
 
 
 @dataclass
@@ -48,6 +49,9 @@ class ModelConfig:
     attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/attention.py)
     embedding: str = "fairseq"  # token-embedding convention, shared by every scheme: fairseq | gpt2 (see above)
     fused_ce: str = "auto"  # the fused chunked loss: auto (on CPU) | always | never (see model/loss.py)
+    # Length-dependent attention temperature (model/temperature.py) and a learned sink logit per head (model/sink.py)
+    attn_temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
+    attn_sink: bool = False
 
 
 EMBEDDINGS = ("fairseq", "gpt2")
@@ -91,6 +95,13 @@ class KVCache:
     # the sums go on from the last one.
     sums: list[torch.Tensor | None] = field(default_factory=list)
     pe_memo: dict = field(default_factory=dict)  # the scheme's values fixed for the whole sequence
+    # Keys kept unrotated and rotated anew at every step at their positions in the cache, whatever the scheme
+    # (a cache that drops tokens, evaluation/streaming.py, re-indexes the positions of those it keeps).
+    unrotated: bool = False
+
+    def kept(self, t: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """What the cache keeps of a layer's keys, values (tokens along ``dim``) or sums after a step: all."""
+        return t
 
     @property
     def length(self) -> int:
@@ -102,9 +113,11 @@ class CausalSelfAttention(nn.Module):
     are registered once, as ``pe.*``) and hands each layer's forward the scheme that layer runs (itself, or its
     part for the layer: ``PositionalEncoding.layer_schemes``) with the scheme's own index of the layer."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, train_seq_len: int) -> None:
         super().__init__()
         self.n_head = cfg.n_head
+        self.temperature = AttentionTemperature(cfg.attn_temperature, cfg.n_head, train_seq_len)
+        self.sink = nn.Parameter(torch.empty(cfg.n_head)) if cfg.attn_sink else None
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -125,7 +138,7 @@ class CausalSelfAttention(nn.Module):
         pe_layer = layer if pe_layer is None else pe_layer
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
-        if cache is not None and pe.rotation_depends_on_length():
+        if cache is not None and (cache.unrotated or pe.rotation_depends_on_length()):
             # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
             # them are rotated for the current length at every step, so each new token sees every key rotated
             # as a full forward of its length would (docs/sampling.md, "Dynamic NTK with a cache"). Hugging Face reuses
@@ -138,7 +151,8 @@ class CausalSelfAttention(nn.Module):
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
         sums = self._cumulative_sums(x, pe, cache, layer, pe_layer) if pe.has_cumulative_bias else None
-        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums)
+        q = self.temperature(q, state.q_offset)
+        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     @staticmethod
@@ -152,18 +166,19 @@ class CausalSelfAttention(nn.Module):
             previous = cache.sums[layer]
             if previous is not None:
                 sums = torch.cat((previous, previous[..., -1:] + sums), dim=-1)
-            cache.sums[layer] = sums
+            cache.sums[layer] = cache.kept(sums, dim=-1)
         return sums
 
     @staticmethod
     def _extend_cache(
         k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the new keys and values to the layer's cache; return all of them."""
+        """Append the new keys and values to the layer's cache; return all of them (the cache keeps
+        ``cache.kept`` of them)."""
         if cache.keys[layer] is not None:
             k = torch.cat((cache.keys[layer], k), dim=2)
             v = torch.cat((cache.values[layer], v), dim=2)
-        cache.keys[layer], cache.values[layer] = k, v
+        cache.keys[layer], cache.values[layer] = cache.kept(k), cache.kept(v)
         return k, v
 
 
@@ -179,10 +194,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, train_seq_len: int) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, train_seq_len)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
@@ -216,15 +231,15 @@ class GPT(nn.Module):
         self.layer_part = [self.pe_parts.index(scheme) for scheme, _ in self.layer_pe]
         self.token_embedding = nn.Embedding(padded_vocab_size(cfg.vocab_size), cfg.n_embd)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, train_seq_len) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self._init_weights()
 
     def _init_weights(self) -> None:
         std = self.cfg.init_std
         for name, p in self.named_parameters():
-            if name.startswith("pe."):
-                continue  # the scheme initialises its own parameters
+            if name.startswith("pe.") or ".temperature." in name:
+                continue  # the scheme and the temperature (model/temperature.py) initialise their own parameters
             if name == "token_embedding.weight":
                 nn.init.normal_(p, 0.0, self.token_init_std)
             elif name.endswith("bias"):

@@ -1,0 +1,143 @@
+"""Length-dependent attention temperature (``model.attn_temperature``), for every positional scheme.
+
+Each query's content logits are multiplied by a factor tau(n) of n, the number of keys the query attends:
+
+    attention_i = softmax_j( tau(n_i) q_i . k_j / sqrt(d) + bias_ij )
+
+It is applied as a scale of the query, q_i <- tau(n_i) q_i, after the scheme's rotation and before attention:
+a per-row scale of q . k, so every attention path (sdpa's fused causal kernel, FlexAttention, the written-out
+one) runs unchanged and as fast. A scheme's score bias (ALiBi, T5, ...) and the sink logit (``model.attn_sink``)
+are added unscaled, as Llama 4 scales its query states; so is anything a scheme computes from the scaled query
+(CoPE's gates see tau q).
+
+Types (``model.attn_temperature.type``), L = train.seq_len, the length the weights were trained at:
+
+- ``none``: tau = 1 (the model as before this option: the same logits, bit for bit).
+- ``logn``: log-n scaling, training-free (Chiang & Cholak 2022, "Overcoming a theoretical limitation of
+  self-attention", sec. 5, multiply by log n; Su 2021, "entropy invariance", log_L n; Qwen's use_logn_attn
+  clamps it to 1 within the training length, which is taken here so the run is unchanged up to L):
+
+      tau(n) = max(1, log n / log L)
+
+- ``llama4``: Llama 4's attention temperature tuning (Hugging Face transformers, modeling_llama4.py,
+  ``attn_temperature_tuning``; Llama 4 applies it to its NoPE layers, here to every layer):
+
+      tau(n) = 1 + attn_scale * log( floor(n / floor_scale) + 1 ),   n = cache_position + 1
+
+  Llama 4 sets floor_scale = 8192 and attn_scale = 0.1; ``floor_scale: null`` (the default here) takes L,
+  so tau = 1 up to the training length and steps up by attn_scale log 2 at 2L.
+- ``ssmax``: Scalable-Softmax (Nakanishi 2025, "Scalable-Softmax Is Superior for Attention", eq. 2),
+  z -> softmax((s log n) z), with s learned per layer and head:
+
+      tau(n) = s_h log n
+
+  trained with (the paper's setting: its best results train with SSMax from the start). s starts at 1/log L,
+  so that tau(L) = 1: the plain softmax at the training length (our choice; initialisation of s is the
+  model's, GPT._init_weights leaves it).
+
+Which n. n counts the keys a query attends, not its position label: with a KV cache the cached keys count
+(n = q_offset + i + 1 for the i-th new query), with randomized positions (train.random_positions) the i-th token
+of a row attends i + 1 keys whatever positions it was given (the factor answers the softmax's size, which is the
+number of keys), and in the ``streaming`` evaluation n is the number of keys in the cache (sinks and window),
+at most the evaluated length. The sink logit is not a key. For Llama 4 this is its cache_position + 1 whenever
+the cache holds every earlier token, as in transformers.
+
+At evaluation (eval.py, sample.py) a run trained without a temperature may be evaluated with ``logn`` or
+``llama4`` (parameter-free); ``ssmax`` has learned parameters, so it is a training option only, and a run trained
+with it is evaluated with it (:func:`check_evaluation_change`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.domain import domain
+from core.errors import PosGPTError
+
+TEMPERATURES = ("none", "logn", "llama4", "ssmax")
+LEARNED = ("ssmax",)  # types with parameters: fixed at training
+
+
+@dataclass
+class TemperatureConfig:
+    type: str = "none"  # none | logn | llama4 | ssmax (model/temperature.py)
+    floor_scale: int | None = domain(None, ge=1)  # llama4: the step length; None: train.seq_len (Llama 4: 8192)
+    attn_scale: float = domain(0.1, ge=0)  # llama4: the factor's growth per step (Llama 4: 0.1)
+
+
+def check_temperature(cfg: TemperatureConfig, train_seq_len: int) -> None:
+    """PosGPTError unless the temperature's settings can run with this training length."""
+    if cfg.type not in TEMPERATURES:
+        raise PosGPTError(f"unknown model.attn_temperature.type={cfg.type!r}; choose one of {list(TEMPERATURES)}")
+    if cfg.type in ("logn", "ssmax") and train_seq_len < 2:
+        raise PosGPTError(
+            f"model.attn_temperature.type={cfg.type} divides by log(train.seq_len), which is 0 at "
+            f"train.seq_len={train_seq_len}; train at 2 tokens or more"
+        )
+
+
+def check_evaluation_change(trained: TemperatureConfig, now: TemperatureConfig) -> None:
+    """PosGPTError when an evaluation's temperature would add or drop learned parameters (ssmax)."""
+    if trained.type != now.type and (trained.type in LEARNED or now.type in LEARNED):
+        raise PosGPTError(
+            f"model.attn_temperature.type={now.type}: the run was trained with {trained.type}, and "
+            f"{', '.join(LEARNED)} learns its parameters in training, so an evaluation can neither add nor drop "
+            "it; evaluate with the trained type, or add logn or llama4 to a run trained with none"
+        )
+
+
+def temperature_settings(cfg: Any) -> dict[str, Any] | None:
+    """What a result row records of the temperature (a config object or its dict): None for none."""
+    settings = {name: cfg[name] if isinstance(cfg, dict) else getattr(cfg, name) for name in ("type", "floor_scale")}
+    if settings["type"] == "none":
+        return None
+    if settings["type"] != "llama4":
+        return {"type": settings["type"]}
+    attn_scale = cfg["attn_scale"] if isinstance(cfg, dict) else cfg.attn_scale
+    return {**settings, "attn_scale": attn_scale}
+
+
+def temperature_label(settings: dict[str, Any] | None) -> str:
+    """``logn``, ``llama4(floor=64,a=0.1)``: the temperature in tables and plot legends; "" for none."""
+    if not settings:
+        return ""
+    if settings["type"] != "llama4":
+        return settings["type"]
+    floor = settings["floor_scale"] or "L"
+    return f"llama4(floor={floor},a={settings['attn_scale']:g})"
+
+
+class AttentionTemperature(nn.Module):
+    """One layer's temperature: scales its queries (see the module docstring)."""
+
+    def __init__(self, cfg: TemperatureConfig, n_head: int, train_seq_len: int) -> None:
+        super().__init__()
+        check_temperature(cfg, train_seq_len)
+        self.cfg = cfg
+        self.train_seq_len = train_seq_len
+        if cfg.type == "ssmax":
+            self.s = nn.Parameter(torch.full((n_head,), 1.0 / math.log(train_seq_len)))
+
+    def factors(self, q_offset: int, n_queries: int, device: torch.device) -> torch.Tensor | None:
+        """tau for queries q_offset .. q_offset + n_queries - 1 among the keys: (Tq,), (H, Tq) for ssmax, or
+        None when it is 1 throughout (type none)."""
+        kind = self.cfg.type
+        if kind == "none":
+            return None
+        n = torch.arange(q_offset + 1, q_offset + n_queries + 1, device=device, dtype=torch.float32)
+        if kind == "logn":
+            return (n.log() / math.log(self.train_seq_len)).clamp(min=1.0)
+        if kind == "llama4":
+            floor_scale = self.cfg.floor_scale or self.train_seq_len
+            return 1.0 + self.cfg.attn_scale * torch.log(torch.floor(n / floor_scale) + 1.0)
+        return self.s[:, None] * n.log()  # ssmax
+
+    def forward(self, q: torch.Tensor, q_offset: int) -> torch.Tensor:
+        """q (B, H, Tq, D), the last Tq queries of q_offset + Tq keys -> tau q."""
+        tau = self.factors(q_offset, q.shape[-2], q.device)
+        return q if tau is None else q * tau[..., None].to(q.dtype)
