@@ -90,7 +90,7 @@ def run_copy_probe(
     provenance = {"data": cfg.data.name, "corpus": describe_corpus(cfg.data), "split": tokens.name, "copy_span": span}
     rows = []
     for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
-        setting = variation_fields(label, settings)
+        setting = variation_fields(label, settings, cfg)
         with model.pe.evaluated_with(settings):
             for length in dict.fromkeys(lengths):
                 for distance in [d - span for d in dict.fromkeys(lengths) if span < d <= length]:

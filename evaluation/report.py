@@ -62,6 +62,7 @@ CSV_COLUMNS = [
     "sinks",
     "window",
     "variation",
+    "attn_temperature",
     "tokens",
     "loss",
     "ppl",
@@ -284,6 +285,7 @@ def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
         {
             **{column: row.get(column) for column in CSV_COLUMNS},
             "multiple": round(row["length"] / document["train_seq_len"], 4),
+            "attn_temperature": temperature_label(row.get("attn_temperature")),
             "ppl": row_ppl(row),
         }
         for row in document["results"]
@@ -307,11 +309,13 @@ def setting_label(row: dict[str, Any]) -> str:
         label += f" (S={row['stride']})"
     if row.get("sinks") is not None:  # streaming: the window is the length less the sinks
         label += f" (k={row['sinks']})"
-    if row.get("variation"):
-        label += " " + row["variation"]
-    if row.get("attn_temperature"):
-        label += " " + temperature_label(row["attn_temperature"])
-    return label
+    return " ".join(filter(None, (label, condition_label(row))))
+
+
+def condition_label(row: dict[str, Any]) -> str:
+    """What a row was evaluated with besides its protocol and length (``yarn:8 logn``): the variation and the
+    attention temperature; "" for the run as trained. Rows of one run that differ in it are other measurements."""
+    return " ".join(filter(None, (row.get("variation", ""), temperature_label(row.get("attn_temperature")))))
 
 
 def format_number(value: float, digits: int = 2) -> str:

@@ -57,9 +57,14 @@ def as_plain(value: Any) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
-def variation_fields(label: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """What a result row records of the scheme's evaluation-time variation: its label and its settings."""
-    return {"variation": label, "variation_settings": {name: as_plain(value) for name, value in settings.items()}}
+def variation_fields(label: str, settings: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
+    """What a result row (perplexity, task, copy probe) records of what its model was evaluated with besides its
+    weights: the scheme's evaluation-time variation (its label and settings) and the attention temperature."""
+    return {
+        "variation": label,
+        "variation_settings": {name: as_plain(value) for name, value in settings.items()},
+        "attn_temperature": temperature_settings(cfg.model.attn_temperature),
+    }
 
 
 def run_extrapolation_eval(
@@ -103,13 +108,12 @@ def run_extrapolation_eval(
                 sinks=cfg.eval.streaming_sinks,
             )
         setting = {
-            **variation_fields(label, settings),
+            **variation_fields(label, settings, cfg),
             "data": cfg.data.name,
             "corpus": describe_corpus(cfg.data),
             "split": val_tokens.name,
             "split_digest": val_tokens.digest,
             "attn_backend": backend,
-            "attn_temperature": temperature_settings(cfg.model.attn_temperature),
             "dtype": str(dtype).removeprefix("torch."),
         }
         rows += [

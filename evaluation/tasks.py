@@ -33,9 +33,10 @@ from omegaconf import DictConfig, OmegaConf
 from core.runtime import autocast
 from data.tasks import Task, build_task, held_out_seed
 from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap
-from evaluation.report import length_header, merge_documents, render_table, write_results
+from evaluation.report import condition_label, length_header, merge_documents, render_table, write_results
 from evaluation.run import EVAL_DIR, variation_fields
 from experiment.config import eval_lengths
+from model.temperature import temperature_label
 
 JSON_FILE = "tasks.json"
 CSV_FILE = "tasks.csv"
@@ -55,6 +56,7 @@ CSV_COLUMNS = [
     "depth",
     "distance",
     "variation",
+    "attn_temperature",
     "accuracy",
     "ci_low",
     "ci_high",
@@ -145,7 +147,7 @@ def evaluate_task(
     limit = model.pe.max_positions()
     rows = []
     for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
-        setting = variation_fields(label, settings)
+        setting = variation_fields(label, settings, cfg)
         with model.pe.evaluated_with(settings):
             for length in dict.fromkeys(eval_lengths(cfg)):
                 for cell in cells(task, list(cfg.eval.task_depths)):
@@ -171,7 +173,13 @@ def grid_cell(row: dict[str, Any]) -> tuple[str, float] | None:
 
 def row_key(row: dict[str, Any]) -> tuple:
     """What identifies a task measurement: a later one with the same key replaces it."""
-    return (row["task"], row["length"], grid_cell(row), json.dumps(row.get("variation_settings"), sort_keys=True))
+    return (
+        row["task"],
+        row["length"],
+        grid_cell(row),
+        json.dumps(row.get("variation_settings"), sort_keys=True),
+        json.dumps(row.get("attn_temperature"), sort_keys=True),  # None in rows from before it existed
+    )
 
 
 def sort_key(row: dict[str, Any]) -> tuple:
@@ -196,8 +204,8 @@ def effective_lengths(rows: list[dict[str, Any]], threshold: float) -> dict[str,
 
 
 def variation(row: dict[str, Any]) -> str:
-    """The scheme's evaluation-time variation of a row ("" without one), as the perplexity rows label it."""
-    return row.get("variation", "")
+    """What a row was evaluated with ("" for the run as trained; ``yarn:8 logn``), as perplexity rows say it."""
+    return condition_label(row)
 
 
 def run_task_eval(
@@ -275,6 +283,7 @@ def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
         {
             **{column: row.get(column) for column in CSV_COLUMNS},
             "multiple": round(row["length"] / document["train_seq_len"], 4),
+            "attn_temperature": temperature_label(row.get("attn_temperature")),
         }
         for row in document["results"]
     ]

@@ -85,6 +85,7 @@ from evaluation.plots import (
 from evaluation.report import (
     RUNTIME_FIELDS,
     SCORED_FIELDS,
+    condition_label,
     format_estimate,
     group_by_scored,
     length_header,
@@ -325,7 +326,9 @@ def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data:
             rows = [row for row in run.document["results"] if _wanted(row, protocol, stride, data)]
             for scored, members in group_by_scored(rows).items():
                 for row in members:
-                    key = (row.get("variation", ""), scored)
+                    # the streaming protocol's sinks (--protocol streaming), the variation, the temperature
+                    sinks = f"k={row['sinks']}" if row.get("sinks") is not None else ""
+                    key = (" ".join(filter(None, (sinks, condition_label(row)))), scored)
                     cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
         if not cells:  # shown as a row of "-" rather than silently left out
             cells[("", None)] = {i: {} for i in range(len(group))}

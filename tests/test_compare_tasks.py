@@ -28,7 +28,8 @@ compare = load_script("compare")
 
 def task_row(task: str, length: int, accuracy: float | None, n: int = 100, **fields) -> dict:
     """A row as evaluate_task writes it (fields: depth, variation, the copy probe's distance and measures)."""
-    row = {"task": task, "length": length, "depth": None, **variation_fields("", {}), "seed": 0, "split": "held-out"}
+    row = {"task": task, "length": length, "depth": None, **variation_fields("", {}, config(1)), "seed": 0}
+    row["split"] = "held-out"
     row.update(fields)
     if accuracy is None:  # as past a learned table
         return {**row, "accuracy": None, "n": 0, "reason": "pe=learned encodes at most 16 positions"}
@@ -72,7 +73,7 @@ def language_run(
     probe: {(length, distance): (accuracy, mean_logprob)} (a run evaluated again: its rows added)."""
     cfg = config(seed, f"pe={pe}", "data=text")
     run_dir, trained = root / f"{pe}-s{seed}", OmegaConf.to_container(cfg, resolve=True)
-    row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}), "data": "text"}
+    row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}, cfg), "data": "text"}
     row.update(split="val", ppl=ppl, loss=1.0, tokens=64, target_range=[16, 80])
     write_results(results_document(pe, 16, [row], step=10, data="text", config=trained), run_dir / "eval")
     text = {"data": "text", "corpus": "files x.txt", "split": "val", "copy_span": span}
@@ -163,6 +164,26 @@ def test_task_settings_are_never_pooled_nor_compared(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         report_of([runs[0], twice], tmp_path)
     assert exit_info.value.code == 2
+
+
+def test_rows_evaluated_with_an_attention_temperature_are_rows_of_their_own(tmp_path):
+    """A task run scored as trained and with model.attn_temperature.type=logn keeps both (neither replaces the
+    other in tasks.json) and compare shows them as two rows, never one pooled cell."""
+    logn = task_row("passkey", 16, 0.9, attn_temperature={"type": "logn"})
+    runs = [task_run(tmp_path, "rope", seed, {16: 0.5}, rows=[logn]) for seed in (1, 2)]
+    assert len(json.loads((runs[0] / "eval" / "tasks.json").read_text())["results"]) == 2
+    report = report_of(runs, tmp_path)
+    assert "| rope | 2 | 0.500 ± 0.000 |" in report and "| rope logn | 2 | **0.900 ± 0.000** |" in report
+    # perplexity rows alike: the run scored again with logn adds rows beside the first, compared apart
+    for seed, run_dir in enumerate(runs, start=1):
+        cfg = config(seed, "pe=rope", "data=text", "model.attn_temperature.type=logn")
+        row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}, cfg)}
+        row.update(data="text", split="val", ppl=20.0, loss=3.0, tokens=64, target_range=[16, 80])
+        trained = OmegaConf.to_container(config(seed, "pe=rope", "data=text"), resolve=True)
+        plain = {**row, "attn_temperature": None, "ppl": 30.0}
+        write_results(results_document("rope", 16, [plain, row], step=10, data="text", config=trained), run_dir / "eval")
+    report = report_of(runs, tmp_path)
+    assert "| rope | 2 | 30.00 ± 0.00 |" in report and "| rope logn | 2 | **20.00 ± 0.00** |" in report
 
 
 def test_copy_probe_rows_aggregate_by_distance_beside_the_perplexity(tmp_path):
