@@ -181,7 +181,8 @@ def test_rows_evaluated_with_an_attention_temperature_are_rows_of_their_own(tmp_
         row.update(data="text", split="val", ppl=20.0, loss=3.0, tokens=64, target_range=[16, 80])
         trained = OmegaConf.to_container(config(seed, "pe=rope", "data=text"), resolve=True)
         plain = {**row, "attn_temperature": None, "ppl": 30.0}
-        write_results(results_document("rope", 16, [plain, row], step=10, data="text", config=trained), run_dir / "eval")
+        document = results_document("rope", 16, [plain, row], step=10, data="text", config=trained)
+        write_results(document, run_dir / "eval")
     report = report_of(runs, tmp_path)
     assert "| rope | 2 | 30.00 ± 0.00 |" in report and "| rope logn | 2 | **20.00 ± 0.00** |" in report
 
