@@ -26,6 +26,7 @@ REPORTS = [
         [f"shakespeare-probes/{probe}/*-s1/" for probe in ("h2", "w128", "s2400", "L256", "d6", "w256")],
         ["--ratios", "--data", "tinyshakespeare"],
     ),
+    ("copy-probe-width256/comparison.md", ["copy-probe-width256/*/"], []),
     (
         "shakespeare-probes/comparison_width256.md",
         ["shakespeare-probes/w256/*/"],
