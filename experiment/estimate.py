@@ -24,7 +24,7 @@ from experiment.build import build_model, model_flops_per_token
 from model import attention
 from model.gpt import padded_vocab_size
 from model.loss import FUSED_CHUNK, NO_GRAD_CHUNK, use_fused
-from model.pe import SCHEMES, PositionalEncoding
+from model.pe import PositionalEncoding
 
 MiB = 2**20
 # Tensors of B x H x T^2 the math path (CoPE) keeps per layer for backward: scores, gates, counted
@@ -53,8 +53,14 @@ class MemoryEstimate:
         }
 
 
-def _rotates(pe: type[PositionalEncoding]) -> bool:
-    return pe.rotate is not PositionalEncoding.rotate
+def _scheme(cfg: DictConfig) -> PositionalEncoding:
+    """The run's positional scheme as built (on the meta device: nothing allocated), for its flags and backend."""
+    with torch.device("meta"):
+        return build_model(cfg).pe
+
+
+def _rotates(pe: PositionalEncoding) -> bool:
+    return type(pe).rotate is not PositionalEncoding.rotate
 
 
 def count_parameters(cfg: DictConfig) -> int:
@@ -84,13 +90,13 @@ def _head_bytes(tokens: int, vocab: int, width: int, fused: bool, grad: bool, ac
 def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MemoryEstimate:
     """Peak memory of one training step (one micro-batch) of ``cfg`` on ``device`` in ``dtype`` (autocast)."""
     m, t = cfg.model, cfg.train
-    pe = SCHEMES[cfg.pe.name]
+    pe = _scheme(cfg)
     n_params = count_parameters(cfg)
     act = 2 if dtype == torch.bfloat16 else 4
     rows, T = t.batch_size // t.grad_accum_steps, t.seq_len
     tokens = rows * T
     per_token = (19 if _rotates(pe) else 17) * m.n_embd
-    backend = attention.resolve_backend(m.attn_backend, pe, torch.device(device))  # reads class attributes
+    backend = attention.resolve_backend(m.attn_backend, pe, torch.device(device))
     scores = rows * m.n_head * T * T
     per_layer_attention = {"math": MATH_SCORE_COPIES * scores * 4, "sdpa": scores / 2 * act if pe.has_score_bias else 0}
     vocab = padded_vocab_size(m.vocab_size)
@@ -110,7 +116,7 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
     (evaluation/extrapolation.py) on the given attention backend (sdpa, flex or math; sdpa of a bias scheme
     is its blockwise masked path)."""
     m = cfg.model
-    pe = SCHEMES[cfg.pe.name]
+    pe = _scheme(cfg)
     rows = max(1, cfg.eval.batch_tokens // length)
     tokens = rows * length
     act = 2 if dtype == torch.bfloat16 else 4

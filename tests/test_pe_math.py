@@ -192,8 +192,8 @@ def test_partial_rotary_refuses_fractions_without_whole_pairs(fraction):
         build("rope", RoPEConfig(rotary_fraction=fraction))
 
 
-def test_rope_declares_scaling_as_its_evaluation_time_setting():
-    assert SCHEMES["rope"].eval_time_settings == SCHEMES["p_rope"].eval_time_settings == ("scaling",)
+def test_rope_declares_scaling_and_remap_as_its_evaluation_time_settings():
+    assert SCHEMES["rope"].eval_time_settings == SCHEMES["p_rope"].eval_time_settings == ("scaling", "remap")
     others = [name for name in SCHEMES if name not in ("rope", "p_rope") and not issubclass(SCHEMES[name], Pattern)]
     assert all(SCHEMES[name].eval_time_settings == () for name in others)  # patterns have their parts' (hybrid.py)
 
