@@ -301,19 +301,23 @@ def _cell_text(row: dict[str, Any]) -> str:
     return "n/a" if row["accuracy"] is None else f"{row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
 
 
-def _row_label(row: dict[str, Any]) -> str:
+def _row_label(row: dict[str, Any], grids: set[str]) -> str:
+    """``yarn:8 depth 0.5``; a row of the run as trained off the grid of a task that has one (``grids``: the grid
+    dimensions its rows use) is ``random <dimension>``, of a task without one ``as trained``."""
     cell = grid_cell(row)
     place = f"{cell[0]} {cell[1]:g}" if cell else ""
-    return " ".join(part for part in (variation(row), place) if part) or ("random depth" if "depth" in row else "-")
+    off_grid = " ".join(f"random {name}" for name in sorted(grids)) or "as trained"
+    return " ".join(part for part in (variation(row), place) if part) or off_grid
 
 
 def format_table(document: dict[str, Any]) -> str:
     """Rows: variation and depth; columns: lengths; cells: accuracy [95% interval]; then effective lengths."""
     rows = sorted(document["results"], key=sort_key)
     lengths = sorted({row["length"] for row in rows})
+    grids = {cell[0] for cell in map(grid_cell, rows) if cell}
     table: dict[str, dict[int, dict[str, Any]]] = {}
     for row in rows:
-        table.setdefault(_row_label(row), {})[row["length"]] = row
+        table.setdefault(_row_label(row, grids), {})[row["length"]] = row
     header = [f"{document['task']} pe={document['pe']} accuracy"] + length_header(lengths, document["train_seq_len"])
     body = [[label] + [_cell_text(c[L]) if L in c else "-" for L in lengths] for label, c in table.items()]
     text = render_table(header, body)
