@@ -53,10 +53,10 @@ class MemoryEstimate:
         }
 
 
-def _scheme(cfg: DictConfig) -> PositionalEncoding:
-    """The run's positional scheme as built (on the meta device: nothing allocated), for its flags and backend."""
+def _meta_model(cfg: DictConfig) -> torch.nn.Module:
+    """The model as built, on the meta device (shapes only: nothing is allocated or initialised for real)."""
     with torch.device("meta"):
-        return build_model(cfg).pe
+        return build_model(cfg)
 
 
 def _rotates(pe: PositionalEncoding) -> bool:
@@ -64,13 +64,11 @@ def _rotates(pe: PositionalEncoding) -> bool:
 
 
 def count_parameters(cfg: DictConfig) -> int:
-    with torch.device("meta"):  # shapes only: nothing is allocated or initialised for real
-        return build_model(cfg).num_params()
+    return _meta_model(cfg).num_params()
 
 
 def flops_per_token(cfg: DictConfig) -> float:
-    with torch.device("meta"):
-        return model_flops_per_token(build_model(cfg), cfg.train.seq_len)
+    return model_flops_per_token(_meta_model(cfg), cfg.train.seq_len)
 
 
 def _head_bytes(tokens: int, vocab: int, width: int, fused: bool, grad: bool, act_bytes: int) -> float:
@@ -90,8 +88,8 @@ def _head_bytes(tokens: int, vocab: int, width: int, fused: bool, grad: bool, ac
 def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MemoryEstimate:
     """Peak memory of one training step (one micro-batch) of ``cfg`` on ``device`` in ``dtype`` (autocast)."""
     m, t = cfg.model, cfg.train
-    pe = _scheme(cfg)
-    n_params = count_parameters(cfg)
+    model = _meta_model(cfg)  # its scheme's flags and backend, and its parameter count
+    pe, n_params = model.pe, model.num_params()
     act = 2 if dtype == torch.bfloat16 else 4
     rows, T = t.batch_size // t.grad_accum_steps, t.seq_len
     tokens = rows * T
@@ -116,7 +114,8 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
     (evaluation/extrapolation.py) on the given attention backend (sdpa, flex or math; sdpa of a bias scheme
     is its blockwise masked path)."""
     m = cfg.model
-    pe = _scheme(cfg)
+    model = _meta_model(cfg)
+    pe = model.pe
     rows = max(1, cfg.eval.batch_tokens // length)
     tokens = rows * length
     act = 2 if dtype == torch.bfloat16 else 4
@@ -133,7 +132,7 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
     vocab = padded_vocab_size(m.vocab_size)
     return MemoryEstimate(
         {
-            "weights": count_parameters(cfg) * 4,
+            "weights": model.num_params() * 4,
             "residual": tokens * m.n_embd * 4,  # the stream entering the block, fp32 under autocast too
             # Attention: its LayerNorm, qkv, rotated q and k, the output, its transpose, the projection.
             "attention_layer": unit * (9 if _rotates(pe) else 7),
