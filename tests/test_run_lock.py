@@ -63,12 +63,20 @@ def test_a_refused_command_removes_only_the_empty_directories_it_made(tmp_path, 
     assert (new / "metrics.jsonl").exists()
 
 
+# The child signals once it runs its target, so after its at-fork hooks: the pid is printed only then (under
+# load the parent could otherwise be killed before the child has run them).
 HOLD_AND_FORK = """
-import multiprocessing, sys, time
+import multiprocessing, os, sys, time
 from core.rundir import lock_run
+def wait(ready):
+    open(ready, "w").close()
+    time.sleep(60)
+ready = os.path.join(sys.argv[1], "child-ready")
 with lock_run(sys.argv[1]):
-    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    child = multiprocessing.get_context("fork").Process(target=wait, args=(ready,))
     child.start()
+    while not os.path.exists(ready):
+        time.sleep(0.01)
     print(child.pid, flush=True)
     time.sleep(60)
 """
