@@ -4,9 +4,12 @@ import math
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from reference_numbers import REFERENCE_NUMBERS
 
 from core.errors import PosGPTError
+from experiment.compose import compose_config
+from experiment.settings import trained_config
 from model.pe import SCHEMES, ModelDims
 from model.pe.alibi import ALiBiConfig, alibi_slopes
 from model.pe.hybrid import HybridPositionalEncoding as Pattern
@@ -53,6 +56,21 @@ def test_sinusoidal_remedy_matches_the_token_signal_rms(dims, token_rms):
     assert dims.token_rms == pytest.approx(token_rms)
     vectors = build("sinusoidal", SinusoidalConfig(scale=None), dims).embed(torch.arange(4096))
     assert vectors.pow(2).mean().sqrt().item() == pytest.approx(token_rms, rel=0.02)
+
+
+@pytest.mark.parametrize("dims, expected_rms", [(DIMS, 0.02), (FAIRSEQ_DIMS, 2**-0.5)], ids=["gpt2", "fairseq"])
+def test_sinusoidal_match_tokens_applies_the_remedy_under_gpt2_only(dims, expected_rms):
+    """pe.match_tokens=true (configs/pe/sinusoidal.yaml): the paper's vectors under fairseq's convention, the
+    token-RMS remedy under GPT-2's, whatever pe.scale says."""
+    vectors = build("sinusoidal", SinusoidalConfig(scale=1.0, match_tokens=True), dims).embed(torch.arange(4096))
+    assert vectors.pow(2).mean().sqrt().item() == pytest.approx(expected_rms, rel=0.02)
+
+
+def test_sinusoidal_checkpoints_without_match_tokens_build_as_trained():
+    """A checkpoint written before pe.match_tokens existed gets the schema's false: its scale, as trained."""
+    saved = OmegaConf.to_container(compose_config(["pe=sinusoidal", "model.embedding=gpt2"]), resolve=True)
+    assert saved["pe"].pop("match_tokens") is True  # the YAML default of new runs
+    assert trained_config(saved).pe.match_tokens is False
 
 
 def test_sinusoidal_is_defined_far_beyond_training_length():

@@ -91,6 +91,28 @@ def test_mqar_every_query_answers_its_value():
         assert int((row[8:] != 0).sum()) == 8  # the rest is blank besides the queries
 
 
+def test_mqar_draws_distinct_values_as_zoology_does():
+    task = build_task(MQARConfig(n_pairs=8, n_keys=8, n_values=8))  # as many values as pairs: a permutation
+    tokens, _ = task.generate(64, 64, gen())
+    assert all(sorted(row[1:16:2].tolist()) == list(range(9, 17)) for row in tokens)
+    with pytest.raises(PosGPTError, match="distinct values"):
+        build_task(MQARConfig(n_pairs=8, n_keys=8, n_values=7))
+
+
+def test_mqar_query_gaps_follow_zoologys_power_law():
+    """Slot s (1 = just after the pairs) is drawn with probability proportional to a * s^(a - 1): with one pair,
+    the first draw is exactly that distribution; power_a=1 is uniform."""
+    n_slots, n = 30, 40_000
+    for power_a in (0.01, 0.5, 1.0):
+        task = build_task(MQARConfig(n_pairs=1, n_keys=2, n_values=2, power_a=power_a))
+        _, answer = task.generate(n, 2 + 2 * n_slots, gen())
+        slot = (answer.float().argmax(dim=1) - 3) // 2  # the answer sits at 2 + 2 * slot + 1
+        observed = torch.bincount(slot, minlength=n_slots).double() / n
+        s = torch.arange(1, n_slots + 1, dtype=torch.float64)
+        expected = s ** (power_a - 1) / (s ** (power_a - 1)).sum()
+        assert (observed - expected).abs().max() < 0.01, power_a
+
+
 def test_copy_repeats_the_scattered_tokens_in_order():
     task = build_task(CopyConfig(n_tokens=5, n_symbols=6))
     tokens, answer = task.generate(16, 50, gen())

@@ -3,15 +3,23 @@
 N key-value pairs, then the keys queried again, each followed by its value:
 
     k_1 v_1 k_2 v_2 .. k_N v_N  0 0 k_3 v_3 0 0 0 k_1 v_1 0 .. 0 k_N v_N 0
-    ^^^^^^^^^ context ^^^^^^^^  ^^^ queries at random places in the rest; the values there are the answers
+    ^^^^^^^^^ context ^^^^^^^^  ^^^ queries in the rest of the sequence; the values there are the answers
 
-- keys: N = n_pairs distinct keys from n_keys, values uniform from n_values (may repeat), as in Zoology;
-- queries: every key once, in random order, each at a random slot of the rest of the sequence (Zoology draws
-  query positions from a power law favouring short gaps; here uniform, so the gaps grow with the length);
-  slots are aligned pairs of positions, so queries never overlap; other positions hold the blank token 0.
+As Zoology's reference generator (``zoology/data/associative_recall.py``, ``multiquery_ar``):
+- keys and values: N = n_pairs distinct keys from n_keys and N distinct values from n_values (both drawn
+  without replacement), keys and values from separate ranges of the vocabulary;
+- queries: every key once, in random order, each in its own slot of the rest of the sequence (slots are aligned
+  pairs of positions, so queries never overlap). The slot's index s (its gap, in slots, from the context) is
+  drawn without replacement with probability proportional to ``power_a * s**(power_a - 1)``, s = 1 .. S:
+  Zoology's power law (its default a = 0.01: short gaps more likely, as repeated bigrams are in text);
+  ``power_a=1`` draws slots uniformly;
+- other positions hold the blank token 0 (Zoology's ``random_non_queries=False``; its random filler would, with
+  a vocabulary this small, repeat keys in the filler and make queries ambiguous);
+- the value follows its query as an input too, so a sequence reads left to right (Zoology puts filler there;
+  only the predictions of values after queries are scored either way).
 
 Vocabulary: blank 0, keys [1, 1 + n_keys), values [1 + n_keys, 1 + n_keys + n_values).
-Chance of an exact match (all N values): n_values^-N.
+Chance of an exact match (all N values): at most 1 / (N!) when the model knows the N values in context.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from data.tasks.base import Task, TaskConfig, random_ints
+from data.tasks.base import Task, TaskConfig
 
 
 @dataclass
@@ -31,6 +39,7 @@ class MQARConfig(TaskConfig):
     n_pairs: int = domain(8, ge=1)  # key-value pairs per example, each queried once
     n_keys: int = domain(32, ge=1)
     n_values: int = domain(32, ge=1)
+    power_a: float = domain(0.01, gt=0, le=1)  # the query gaps' power law (Zoology's a); 1: uniform
 
 
 class MQAR(Task):
@@ -38,8 +47,9 @@ class MQAR(Task):
     config_class = MQARConfig
 
     def check(self) -> None:
-        if self.cfg.n_pairs > self.cfg.n_keys:
-            raise PosGPTError(f"task.n_pairs={self.cfg.n_pairs} distinct keys need task.n_keys >= n_pairs")
+        for kind in ("keys", "values"):
+            if self.cfg.n_pairs > getattr(self.cfg, f"n_{kind}"):
+                raise PosGPTError(f"task.n_pairs={self.cfg.n_pairs} distinct {kind} need task.n_{kind} >= n_pairs")
 
     @property
     def vocab_size(self) -> int:
@@ -51,10 +61,12 @@ class MQAR(Task):
     def generate(self, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         c, n = self.cfg, self.cfg.n_pairs
         keys = 1 + torch.rand(batch, c.n_keys, generator=generator).argsort(dim=1)[:, :n]
-        values = 1 + c.n_keys + random_ints(0, c.n_values, (batch, n), generator)
+        values = 1 + c.n_keys + torch.rand(batch, c.n_values, generator=generator).argsort(dim=1)[:, :n]
         order = torch.rand(batch, n, generator=generator).argsort(dim=1)  # the order keys are queried in
         n_slots = (length - 2 * n) // 2
-        slots = torch.rand(batch, n_slots, generator=generator).argsort(dim=1)[:, :n]  # a slot per query
+        gap = torch.arange(1, n_slots + 1, dtype=torch.float64)
+        weights = (c.power_a * gap ** (c.power_a - 1)).expand(batch, n_slots)
+        slots = torch.multinomial(weights, n, replacement=False, generator=generator)  # a slot per query
         tokens = torch.zeros(batch, length, dtype=torch.long)
         answer = torch.zeros(batch, length, dtype=torch.bool)
         tokens[:, 0 : 2 * n : 2], tokens[:, 1 : 2 * n : 2] = keys, values

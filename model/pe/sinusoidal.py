@@ -15,11 +15,15 @@ signals start at RMS ~1 (the sinusoid's is 1/sqrt(2)). fairseq's table is the te
 halves, frequencies 10000^(-i/(d/2 - 1))); posgpt keeps the paper's interleaved formula above.
 
 Under GPT-2's convention (``model.embedding=gpt2``: tokens N(0, 0.02), no multiplier) the unscaled sinusoid
-swamps the tokens ~35x. ``scale: null`` is posgpt's remedy for that case, not a scheme from the literature:
-the sinusoid is scaled to the token signal's RMS at initialisation (``token_rms * sqrt(2)``), the starting
-magnitude a learned table has. Measured (docs/results.md): under GPT-2's convention the remedy trains like
-NoPE and extrapolates like NoPE; the literature's pattern (close to RoPE at 1x, worse past it) needs the
-unscaled sinusoid under fairseq's convention.
+swamps the tokens ~35x. posgpt's remedy for that case, not a scheme from the literature: the sinusoid scaled to
+the token signal's RMS at initialisation (``token_rms * sqrt(2)``), the starting magnitude a learned table has.
+``scale: null`` asks for it under either convention; ``match_tokens: true`` (the default) applies it under
+GPT-2's convention only, so that ``scale`` keeps the paper's vectors under fairseq's and the task configs
+(configs/task/, which choose GPT-2's convention) get a sinusoid they can learn with, for every scheme alike.
+(``match_tokens`` is false in checkpoints written before it existed, so that they build as they were trained.)
+Measured (docs/results.md): under GPT-2's convention on text the remedy trains like NoPE and extrapolates like
+NoPE; the literature's pattern (close to RoPE at 1x, worse past it) needs the unscaled sinusoid under
+fairseq's convention.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ class SinusoidalConfig(PEConfig):
     base: float = domain(10000.0, gt=1)
     # 1.0: the paper's vectors; null: match the token signal's init RMS (see above)
     scale: float | None = domain(1.0, gt=0)
+    # true: under GPT-2's unscaled token convention, match the token signal's RMS whatever ``scale`` says.
+    # The dataclass default (false) is what checkpoints written before this key existed did; configs/pe sets true.
+    match_tokens: bool = False
 
 
 def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -59,7 +66,8 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     def __init__(self, cfg: SinusoidalConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
         # The table's entries have RMS 1/sqrt(2): sqrt(2) * token_rms gives it the token signal's RMS.
-        self.scale = cfg.scale if cfg.scale is not None else dims.token_rms * math.sqrt(2.0)
+        match = cfg.scale is None or (cfg.match_tokens and dims.token_scale == 1.0)  # 1.0: GPT-2's convention
+        self.scale = dims.token_rms * math.sqrt(2.0) if match else cfg.scale
 
     def embed(self, positions: torch.Tensor) -> torch.Tensor:
         # Computed in float64 on the fly (T x d values: cheap next to attention): accurate at any position,
