@@ -27,10 +27,13 @@ def sample_batch(
 
 
 def draw_batch(
-    source: TokenArray | Task, batch_size: int, seq_len: int, generator: torch.Generator
+    source: TokenArray | Task, batch_size: int, seq_len: int, generator: torch.Generator, training: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch from either kind of data source: random windows of a token split, or examples of a task
-    (targets -100 except on its answers). Either way drawn from ``generator`` alone."""
+    (targets -100 except on its answers). Either way drawn from ``generator`` alone. ``training``: a task's
+    training batch, at the settings its ``training_cell`` draws (a mixture, where the task trains on one);
+    otherwise at the task's own settings, as evaluated."""
     if isinstance(source, Task):
-        return source.sample(batch_size, seq_len, generator)
+        cell = source.training_cell(generator) if training else {}
+        return source.sample(batch_size, seq_len, generator, **cell)
     return sample_batch(source, batch_size, seq_len, generator)

@@ -55,7 +55,8 @@ def test_format_shapes_vocabulary_and_answers(name, seq_len):
     if name != "mqar":  # MQAR's queries sit anywhere after the pairs; the others end on their answer
         assert (y[:, -1] != -100).all()
     tokens, answer = task.generate(8, seq_len + 1, gen())  # sample() is generate() shifted by one
-    assert torch.equal(x, tokens[:, :-1]) and torch.equal(y, tokens[:, 1:].masked_fill(~answer[:, 1:], -100))
+    inputs = tokens[:, :-1] if task.answer_input is None else tokens[:, :-1].masked_fill(answer[:, :-1], 0)
+    assert torch.equal(x, inputs) and torch.equal(y, tokens[:, 1:].masked_fill(~answer[:, 1:], -100))
 
 
 def test_passkey_format_and_depth():
@@ -111,6 +112,36 @@ def test_mqar_query_gaps_follow_zoologys_power_law():
         s = torch.arange(1, n_slots + 1, dtype=torch.float64)
         expected = s ** (power_a - 1) / (s ** (power_a - 1)).sum()
         assert (observed - expected).abs().max() < 0.01, power_a
+
+
+def test_mqar_answers_are_targets_only():
+    """An answer's input position holds the blank (Zoology's inputs have filler there): the values answered so
+    far must not tell later queries which values remain."""
+    task = build_task(MQARConfig(n_pairs=4, n_keys=8, n_values=8))
+    x, y = task.sample(16, 63, gen())
+    tokens, answer = task.generate(16, 64, gen())  # the same stream: the same examples
+    torch.testing.assert_close(y, tokens[:, 1:].masked_fill(~answer[:, 1:], -100))
+    assert (x[answer[:, :-1]] == 0).all() and (x[~answer[:, :-1]] == tokens[:, :-1][~answer[:, :-1]]).all()
+    assert (y[:, :8] == -100).all()  # nothing in the context pairs is scored
+
+
+def test_mqar_trains_on_a_mixture_of_pair_counts_and_evaluates_at_n_pairs():
+    task = build_task(MQARConfig(n_pairs=8, n_keys=16, n_values=16, min_pairs=2))
+    generator = gen()
+    drawn = [task.training_cell(generator)["n_pairs"] for _ in range(400)]
+    assert set(drawn) == set(range(2, 9))
+    tokens, answer = task.generate(4, 64, gen(), n_pairs=3)
+    assert (answer.sum(dim=1) == 3).all() and (tokens[:, 6:] != 0).sum() == 4 * 6
+    assert (task.sample(4, 63, gen())[1] != -100).sum() == 4 * 8  # evaluation: no cell, n_pairs
+    generator = gen()  # training batches (train.py's stream) mix; validation batches are at n_pairs
+    answered = {int((draw_batch(task, 4, 63, generator, training=True)[1] != -100).sum()) // 4 for _ in range(50)}
+    assert answered == set(range(2, 9))
+    assert {int((draw_batch(task, 4, 63, generator)[1] != -100).sum()) for _ in range(5)} == {4 * 8}
+    still = gen()
+    assert build_task(MQARConfig()).training_cell(still) == {}  # no mixture: nothing drawn
+    assert torch.equal(still.get_state(), gen().get_state())
+    with pytest.raises(PosGPTError, match="min_pairs"):
+        build_task(MQARConfig(n_pairs=4, min_pairs=5))
 
 
 def test_copy_repeats_the_scattered_tokens_in_order():

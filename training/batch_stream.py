@@ -51,7 +51,7 @@ class BatchStream:
 
     def _draw(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         self._state_before = self.generator.get_state()
-        x, y = draw_batch(self.tokens, self.global_batch, self.seq_len, self.generator)
+        x, y = draw_batch(self.tokens, self.global_batch, self.seq_len, self.generator, training=True)
         batch = [x[self.rows], y[self.rows]]
         if self.random_positions:
             positions = random_positions(self.global_batch, self.seq_len, self.random_positions, self.generator)

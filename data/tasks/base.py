@@ -32,6 +32,9 @@ class Task:
     config_class: ClassVar[type[TaskConfig]] = TaskConfig
     # Keyword arguments of ``generate`` that evaluation sweeps (passkey: ("depth",)); a value of None: random.
     cells: ClassVar[tuple[str, ...]] = ()
+    # The token an answer's own input position holds: None, the answer itself (teacher forcing); a token id, that
+    # token instead, where answers seen as inputs would give later answers away (MQAR's distinct values).
+    answer_input: ClassVar[int | None] = None
 
     def __init__(self, cfg: TaskConfig) -> None:
         check_domains(cfg, "task.")  # validation did this at start-up; data/ also runs without it
@@ -52,6 +55,12 @@ class Task:
         """(tokens, answer): int64 tokens and a bool mask of the answer tokens, both (batch, length)."""
         raise NotImplementedError
 
+    def training_cell(self, generator: torch.Generator) -> dict[str, Any]:
+        """Keyword arguments of ``generate`` for one training batch, drawn from ``generator`` (default: none, and
+        nothing drawn). A task that trains on a mixture of its settings, as its paper does, draws them here;
+        evaluation calls ``generate`` without them, at the task's settings."""
+        return {}
+
     def sample(
         self, batch: int, seq_len: int, generator: torch.Generator, **cell: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +72,10 @@ class Task:
             )
         tokens, answer = self.generate(batch, seq_len + 1, generator, **cell)
         targets = tokens[:, 1:].masked_fill(~answer[:, 1:], -100)
-        return tokens[:, :-1].contiguous(), targets.contiguous()
+        inputs = tokens[:, :-1]
+        if self.answer_input is not None:
+            inputs = inputs.masked_fill(answer[:, :-1], self.answer_input)
+        return inputs.contiguous(), targets.contiguous()
 
 
 def held_out_seed(seed: int, purpose: str) -> int:

@@ -1,6 +1,6 @@
 """Multi-query associative recall, MQAR (Arora et al. 2023, "Zoology", §3 and appendix E).
 
-N key-value pairs, then the keys queried again, each followed by its value:
+N key-value pairs, then the keys queried again, each answered by its value:
 
     k_1 v_1 k_2 v_2 .. k_N v_N  0 0 k_3 v_3 0 0 0 k_1 v_1 0 .. 0 k_N v_N 0
     ^^^^^^^^^ context ^^^^^^^^  ^^^ queries in the rest of the sequence; the values there are the answers
@@ -15,8 +15,12 @@ As Zoology's reference generator (``zoology/data/associative_recall.py``, ``mult
   ``power_a=1`` draws slots uniformly;
 - other positions hold the blank token 0 (Zoology's ``random_non_queries=False``; its random filler would, with
   a vocabulary this small, repeat keys in the filler and make queries ambiguous);
-- the value follows its query as an input too, so a sequence reads left to right (Zoology puts filler there;
-  only the predictions of values after queries are scored either way).
+- an answer is a target only: as an input, its position holds the blank 0 (``answer_input``; Zoology's inputs
+  have filler there too). Otherwise the values answered so far would tell the later queries which values
+  remain, a shortcut without recall (measured: it takes the answer loss from ln N towards ln(N!)/N);
+- training mixture (``min_pairs``): each training batch draws its number of pairs uniformly from
+  [min_pairs, n_pairs], as Zoology trains on a mixture of pair counts (its Figure 2 runs train on 4 to 64 pairs
+  at once); evaluation uses n_pairs. Examples with fewer pairs let the recall circuit form sooner.
 
 Vocabulary: blank 0, keys [1, 1 + n_keys), values [1 + n_keys, 1 + n_keys + n_values).
 Chance of an exact match (all N values): at most 1 / (N!) when the model knows the N values in context.
@@ -40,13 +44,17 @@ class MQARConfig(TaskConfig):
     n_keys: int = domain(32, ge=1)
     n_values: int = domain(32, ge=1)
     power_a: float = domain(0.01, gt=0, le=1)  # the query gaps' power law (Zoology's a); 1: uniform
+    min_pairs: int | None = domain(None, ge=1)  # training batches draw their pairs from [min_pairs, n_pairs]
 
 
 class MQAR(Task):
     name = "mqar"
     config_class = MQARConfig
+    answer_input = 0  # the blank
 
     def check(self) -> None:
+        if self.cfg.min_pairs is not None and self.cfg.min_pairs > self.cfg.n_pairs:
+            raise PosGPTError(f"task.min_pairs={self.cfg.min_pairs} is more than task.n_pairs={self.cfg.n_pairs}")
         for kind in ("keys", "values"):
             if self.cfg.n_pairs > getattr(self.cfg, f"n_{kind}"):
                 raise PosGPTError(f"task.n_pairs={self.cfg.n_pairs} distinct {kind} need task.n_{kind} >= n_pairs")
@@ -58,8 +66,16 @@ class MQAR(Task):
     def min_length(self) -> int:
         return 4 * self.cfg.n_pairs
 
-    def generate(self, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        c, n = self.cfg, self.cfg.n_pairs
+    def training_cell(self, generator: torch.Generator) -> dict[str, int]:
+        low = self.cfg.min_pairs
+        if low is None or low == self.cfg.n_pairs:
+            return {}
+        return {"n_pairs": low + int(torch.randint(0, self.cfg.n_pairs - low + 1, (), generator=generator))}
+
+    def generate(
+        self, batch: int, length: int, generator: torch.Generator, n_pairs: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        c, n = self.cfg, n_pairs or self.cfg.n_pairs
         keys = 1 + torch.rand(batch, c.n_keys, generator=generator).argsort(dim=1)[:, :n]
         values = 1 + c.n_keys + torch.rand(batch, c.n_values, generator=generator).argsort(dim=1)[:, :n]
         order = torch.rand(batch, n, generator=generator).argsort(dim=1)  # the order keys are queried in
