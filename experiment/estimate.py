@@ -10,6 +10,8 @@ that rotates), the attention output and its transpose (2C), the MLP's hidden lay
 (8C): 17C, 19C rotated. Attention itself keeps per layer: nothing more with flash SDPA or FlexAttention;
 the materialised bias mask on the sdpa path of a bias scheme (about B H T^2 / 2 values, query blocks skip
 the masked keys); the scores on the math path (CoPE: about MATH_SCORE_COPIES tensors of B H T^2).
+Each layer is counted with the scheme it runs (``PositionalEncoding.layer_schemes``: a per-layer pattern mixes
+them, e.g. ALiBi's mask in some layers and RoPE's rotated copies in others).
 """
 
 from __future__ import annotations
@@ -88,22 +90,25 @@ def _head_bytes(tokens: int, vocab: int, width: int, fused: bool, grad: bool, ac
 def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MemoryEstimate:
     """Peak memory of one training step (one micro-batch) of ``cfg`` on ``device`` in ``dtype`` (autocast)."""
     m, t = cfg.model, cfg.train
-    model = _meta_model(cfg)  # its scheme's flags and backend, and its parameter count
-    pe, n_params = model.pe, model.num_params()
+    model = _meta_model(cfg)  # its schemes' flags and backends, and its parameter count
+    n_params = model.num_params()
     act = 2 if dtype == torch.bfloat16 else 4
     rows, T = t.batch_size // t.grad_accum_steps, t.seq_len
     tokens = rows * T
-    per_token = (19 if _rotates(pe) else 17) * m.n_embd
-    backend = attention.resolve_backend(m.attn_backend, pe, torch.device(device))
     scores = rows * m.n_head * T * T
-    per_layer_attention = {"math": MATH_SCORE_COPIES * scores * 4, "sdpa": scores / 2 * act if pe.has_score_bias else 0}
+
+    def layer_bytes(scheme: PositionalEncoding) -> float:
+        backend = attention.resolve_backend(m.attn_backend, scheme, torch.device(device))
+        kept = {"math": MATH_SCORE_COPIES * scores * 4, "sdpa": scores / 2 * act if scheme.has_score_bias else 0}
+        return tokens * (19 if _rotates(scheme) else 17) * m.n_embd * act + kept.get(backend, 0)
+
     vocab = padded_vocab_size(m.vocab_size)
     return MemoryEstimate(
         {
             "weights": n_params * 4,
             "gradients": n_params * 4,
             "optimizer": n_params * 8,
-            "activations": m.n_layer * (tokens * per_token * act + per_layer_attention.get(backend, 0)),
+            "activations": sum(layer_bytes(scheme) for scheme, _ in model.pe.layer_schemes()),
             "loss_head": _head_bytes(tokens, vocab, m.n_embd, use_fused(m.fused_ce, torch.device(device)), True, act),
         }
     )
@@ -115,27 +120,33 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
     is its blockwise masked path)."""
     m = cfg.model
     model = _meta_model(cfg)
-    pe = model.pe
     rows = max(1, cfg.eval.batch_tokens // length)
     tokens = rows * length
     act = 2 if dtype == torch.bfloat16 else 4
     unit = tokens * m.n_embd * act  # one (rows, length, n_embd) activation
     scores = rows * m.n_head * length * length
     budget = attention._MAX_BLOCK_SCORES
-    if backend == "math" or pe.has_content_bias:
-        attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
-    elif backend == "sdpa" and pe.has_score_bias:
-        # A block's mask, per row (CPU), cut from a per-head block: at most the budget, and 1/rows more.
-        attention_bytes = min(scores, budget) * act * (1 + 1 / rows)
-    else:
-        attention_bytes = 0  # flash SDPA, FlexAttention: no T x T
+
+    def layer_parts(scheme: PositionalEncoding) -> tuple[float, float]:
+        """(attention layer's activations, attention's own) of a layer that runs ``scheme``."""
+        if backend == "math" or scheme.has_content_bias:
+            attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
+        elif backend == "sdpa" and scheme.has_score_bias:
+            # A block's mask, per row (CPU), cut from a per-head block: at most the budget, and 1/rows more.
+            attention_bytes = min(scores, budget) * act * (1 + 1 / rows)
+        else:
+            attention_bytes = 0  # flash SDPA, FlexAttention: no T x T
+        return unit * (9 if _rotates(scheme) else 7), attention_bytes
+
+    # Layers run one at a time: the largest layer's attention is the phase's peak.
+    attention_layer, attention_bytes = max((layer_parts(s) for s, _ in model.pe.layer_schemes()), key=sum)
     vocab = padded_vocab_size(m.vocab_size)
     return MemoryEstimate(
         {
             "weights": model.num_params() * 4,
             "residual": tokens * m.n_embd * 4,  # the stream entering the block, fp32 under autocast too
             # Attention: its LayerNorm, qkv, rotated q and k, the output, its transpose, the projection.
-            "attention_layer": unit * (9 if _rotates(pe) else 7),
+            "attention_layer": attention_layer,
             "attention": attention_bytes,
             # MLP: the new residual, its LayerNorm, the hidden layer before and after GELU.
             "mlp_layer": unit * 10,

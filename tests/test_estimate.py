@@ -48,6 +48,21 @@ def test_training_memory_has_adamw_states_and_bf16_halves_activations():
     assert bf16.parts["activations"] == fp32.parts["activations"] / 2
 
 
+def test_a_per_layer_pattern_counts_each_layer_with_its_own_scheme():
+    """pe=hybrid with ALiBi in one layer and RoPE in the other: training keeps ALiBi's mask in one layer and
+    RoPE's rotated copies in the other (half of each pure model's activations); scoring peaks at the larger."""
+    pure = {name: compose_config([f"pe={name}", "train.seq_len=512"]) for name in ("alibi", "rope")}
+    mixed = compose_config(["pe=hybrid", "pe.pattern=[alibi,rope]", "train.seq_len=512"])
+    activations = {name: training_memory(cfg).parts["activations"] for name, cfg in pure.items()}
+    assert activations["alibi"] != activations["rope"]
+    assert training_memory(mixed).parts["activations"] == (activations["alibi"] + activations["rope"]) / 2
+    scoring = {name: scoring_memory(cfg, 4096, "sdpa").parts for name, cfg in pure.items()}
+    layer = {name: parts["attention_layer"] + parts["attention"] for name, parts in scoring.items()}
+    parts = scoring_memory(mixed, 4096, "sdpa").parts
+    assert parts["attention_layer"] + parts["attention"] == max(layer.values())
+    assert parts["attention"] == scoring["alibi"]["attention"] > 0  # the mask of its ALiBi layer dominates
+
+
 def measured(*overrides: str) -> dict:
     """The estimate against a measured peak (scripts/estimate.py --measure: glibc returns freed blocks, so the
     peak is the live tensors', not what the allocator kept from earlier work)."""
