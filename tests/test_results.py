@@ -27,6 +27,7 @@ REPORTS = [
         ["--ratios", "--data", "tinyshakespeare"],
     ),
     ("copy-probe-width256/comparison.md", ["copy-probe-width256/*/"], []),
+    ("task-study/comparison_tasks.md", ["task-study/*/"], []),
     (
         "shakespeare-probes/comparison_width256.md",
         ["shakespeare-probes/w256/*/"],

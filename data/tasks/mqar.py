@@ -23,7 +23,8 @@ As Zoology's reference generator (``zoology/data/associative_recall.py``, ``mult
   at once); evaluation uses n_pairs. Examples with fewer pairs let the recall circuit form sooner.
 
 Vocabulary: blank 0, keys [1, 1 + n_keys), values [1 + n_keys, 1 + n_keys + n_values).
-Chance of an exact match (all N values): at most 1 / (N!) when the model knows the N values in context.
+Chance of an exact match (all N values): 1/(n_values (n_values - 1) .. (n_values - N + 1)) guessing among all the
+values, 1/N! guessing among the N in context.
 """
 
 from __future__ import annotations
