@@ -103,8 +103,8 @@ def overridden_keys(overrides: list[str]) -> list[str]:
 
 
 # Settings added to the schema after checkpoints were first written, whose default today is not what those
-# checkpoints were trained with: a checkpoint that lacks the key gets this value, never today's default.
-# (Every other key added since defaults to the earlier behaviour.)
+# checkpoints were trained with: a checkpoint that lacks the key gets this value, never today's default (a scheme's
+# own: its legacy_values). (Every other key added since defaults to the earlier behaviour.)
 LEGACY_VALUES = {"model.embedding": "gpt2"}
 # Settings renamed since checkpoints were first written: old dotted key -> today's.
 LEGACY_NAMES = {"eval.scalings": "eval.variations"}
@@ -118,7 +118,12 @@ def trained_config(saved_config: dict) -> DictConfig:
         node = OmegaConf.select(saved, section, default=None)
         if OmegaConf.is_dict(node) and key in node:
             OmegaConf.update(saved, new, node.pop(key), force_add=True)
-    for key, value in LEGACY_VALUES.items():
+    scheme = SCHEMES.get(saved["pe"]["name"])
+    legacy = {
+        **LEGACY_VALUES,
+        **{f"pe.{key}": value for key, value in (scheme.legacy_values if scheme else {}).items()},
+    }
+    for key, value in legacy.items():
         if OmegaConf.select(saved, key, default=None) is None:
             OmegaConf.update(saved, key, value, force_add=True)
     cfg = schema(saved["pe"]["name"], saved.get("task", {}).get("name", NO_TASK))  # no task: written before tasks

@@ -44,9 +44,10 @@ FAIRSEQ_DIMS = ModelDims(
 
 
 def test_sinusoidal_default_is_the_papers_unscaled_vectors():
+    """Under the default token convention (fairseq's); under GPT-2's, pe.match_tokens scales them (below)."""
     positions = torch.arange(4096)
-    vectors = build("sinusoidal", SinusoidalConfig()).embed(positions)
-    torch.testing.assert_close(vectors, sinusoid_table(positions, DIMS.n_embd).float(), rtol=0, atol=0)
+    vectors = build("sinusoidal", SinusoidalConfig(), FAIRSEQ_DIMS).embed(positions)
+    torch.testing.assert_close(vectors, sinusoid_table(positions, FAIRSEQ_DIMS.n_embd).float(), rtol=0, atol=0)
     assert vectors.abs().max().item() == pytest.approx(1.0, abs=1e-4)
 
 
@@ -60,17 +61,22 @@ def test_sinusoidal_remedy_matches_the_token_signal_rms(dims, token_rms):
 
 @pytest.mark.parametrize("dims, expected_rms", [(DIMS, 0.02), (FAIRSEQ_DIMS, 2**-0.5)], ids=["gpt2", "fairseq"])
 def test_sinusoidal_match_tokens_applies_the_remedy_under_gpt2_only(dims, expected_rms):
-    """pe.match_tokens=true (configs/pe/sinusoidal.yaml): the paper's vectors under fairseq's convention, the
-    token-RMS remedy under GPT-2's, whatever pe.scale says."""
-    vectors = build("sinusoidal", SinusoidalConfig(scale=1.0, match_tokens=True), dims).embed(torch.arange(4096))
+    """pe.match_tokens=true (the default): the paper's vectors under fairseq's convention, the token-RMS remedy
+    under GPT-2's, whatever pe.scale says; false: pe.scale under both."""
+    vectors = build("sinusoidal", SinusoidalConfig(scale=1.0), dims).embed(torch.arange(4096))
     assert vectors.pow(2).mean().sqrt().item() == pytest.approx(expected_rms, rel=0.02)
+    as_given = build("sinusoidal", SinusoidalConfig(scale=1.0, match_tokens=False), dims).embed(torch.arange(4096))
+    assert as_given.pow(2).mean().sqrt().item() == pytest.approx(2**-0.5, rel=0.02)
 
 
 def test_sinusoidal_checkpoints_without_match_tokens_build_as_trained():
-    """A checkpoint written before pe.match_tokens existed gets the schema's false: its scale, as trained."""
+    """A checkpoint written before pe.match_tokens existed gets false (LEGACY_VALUES): its scale, as trained; a
+    scheme without the key gets none."""
     saved = OmegaConf.to_container(compose_config(["pe=sinusoidal", "model.embedding=gpt2"]), resolve=True)
     assert saved["pe"].pop("match_tokens") is True  # the YAML default of new runs
     assert trained_config(saved).pe.match_tokens is False
+    rope = OmegaConf.to_container(compose_config(["pe=rope"]), resolve=True)
+    assert "match_tokens" not in trained_config(rope).pe
 
 
 def test_sinusoidal_is_defined_far_beyond_training_length():

@@ -147,6 +147,9 @@ class PositionalEncoding(nn.Module):
     # The eval.variations entries (see parse_variation) that scripts/study.sh evaluates every run of the scheme
     # with, besides the run as trained (RoPE: ("yarn:16", "ntk:16")). Empty: the run as trained only.
     study_variations: ClassVar[tuple[str, ...]] = ()
+    # Settings the scheme gained after checkpoints of it were first written, whose default today is not what those
+    # checkpoints were trained with: a checkpoint without the key gets this value (experiment/settings.py).
+    legacy_values: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:
         super().__init__()

@@ -20,7 +20,7 @@ the token signal's RMS at initialisation (``token_rms * sqrt(2)``), the starting
 ``scale: null`` asks for it under either convention; ``match_tokens: true`` (the default) applies it under
 GPT-2's convention only, so that ``scale`` keeps the paper's vectors under fairseq's and the task configs
 (configs/task/, which choose GPT-2's convention) get a sinusoid they can learn with, for every scheme alike.
-(``match_tokens`` is false in checkpoints written before it existed, so that they build as they were trained.)
+(Checkpoints written before ``match_tokens`` existed build with false, as they were trained.)
 Measured (docs/results.md): under GPT-2's convention on text the remedy trains like NoPE and extrapolates like
 NoPE; the literature's pattern (close to RoPE at 1x, worse past it) needs the unscaled sinusoid under
 fairseq's convention.
@@ -44,8 +44,8 @@ class SinusoidalConfig(PEConfig):
     # 1.0: the paper's vectors; null: match the token signal's init RMS (see above)
     scale: float | None = domain(1.0, gt=0)
     # true: under GPT-2's unscaled token convention, match the token signal's RMS whatever ``scale`` says.
-    # The dataclass default (false) is what checkpoints written before this key existed did; configs/pe sets true.
-    match_tokens: bool = False
+    # (Checkpoints written before this key existed get false, what they did: legacy_values below.)
+    match_tokens: bool = True
 
 
 def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -62,6 +62,7 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     name = "sinusoidal"
     colour = "#2ca02c"
     config_class = SinusoidalConfig
+    legacy_values = {"match_tokens": False}
 
     def __init__(self, cfg: SinusoidalConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
