@@ -531,8 +531,8 @@ def paired_report(
                 row.append(f"{bold}{estimate.mean:+.3f} ± {estimate.half_width:.3f}{bold}")
         claims.append(
             f"- {title}: {'baseline' if baseline else best} {reference.label}; interval excludes 0 "
-            f"(clearly different): {', '.join(worse) or 'none'}; interval includes 0: "
-            f"{', '.join(close) or 'none'}"
+            f"(clearly different): {', '.join(worse) or 'no setting'}; interval includes 0: "
+            f"{', '.join(close) or 'no setting'}"
         )
     reference_text = f"the baseline's ({baseline.label})" if baseline else f"the {best} setting's"
     contrast = f"/ {reference_text} value − 1" if reading.ratio else f"− {reference_text} value"
@@ -626,8 +626,8 @@ def differences(
         unseeded = [e.label for e, v in scored if v.half_width is None]
         parts = [
             f"{word} {best_entry.label}",
-            f"intervals apart (clearly worse): {', '.join(worse) or 'none'}",
-            f"intervals overlap (not distinguishable): {', '.join(close) or 'none'}",
+            f"intervals apart (clearly worse): {', '.join(worse) or 'no setting'}",
+            f"intervals overlap (not distinguishable): {', '.join(close) or 'no setting'}",
         ]
         if unseeded:
             parts.append(f"one seed, not compared: {', '.join(unseeded)}")

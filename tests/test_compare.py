@@ -365,7 +365,7 @@ def test_cells_are_mean_and_t_interval_and_the_rule_names_clear_differences():
     assert "| rope | 3 | **11.00 ± 2.48** | 22.00 ± 4.97 |" in report
     assert "| alibi | 3 | 11.50 ± 2.48 | **11.50 ± 2.48** |" in report
     assert (
-        "- 16 (1×): lowest rope; intervals apart (clearly worse): none; "
+        "- 16 (1×): lowest rope; intervals apart (clearly worse): no setting; "
         "intervals overlap (not distinguishable): alibi" in report
     )
     assert "| rope | 3 | 2.000 ± 0.000 |" in report and "| alibi | 3 | **1.000 ± 0.000** |" in report
@@ -503,7 +503,7 @@ def test_paired_differences_against_a_baseline_instead_of_the_lowest():
     assert "value / the baseline's (rope) value − 1" in text
     assert (
         lines[-1]
-        == "- 128 (2×): baseline rope; interval excludes 0 (clearly different): alibi; interval includes 0: none"
+        == "- 128 (2×): baseline rope; interval excludes 0 (clearly different): alibi; interval includes 0: no setting"
     )
     with pytest.raises(
         PosGPTError, match=r"--baseline 'xpos' is not a setting of these runs; they are: 'rope', 'alibi'"

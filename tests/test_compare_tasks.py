@@ -113,7 +113,7 @@ def test_cells_are_the_mean_and_t_interval_over_seeds_per_task_and_cell(three_se
     depth_table = report.split("depth 0.5:")[1]
     assert "| setting | seeds | 16 (1×) |\n" in depth_table and "| rope | 3 | **1.000 ± 0.000** |" in depth_table
     assert "Differences" not in depth_table  # one setting: nothing to compare
-    assert "- 16 (1×): highest rope; intervals apart (clearly worse): none; intervals overlap" in report
+    assert "- 16 (1×): highest rope; intervals apart (clearly worse): no setting; intervals overlap" in report
     assert (
         "accuracy ≥ 0.9 at every evaluated length; per seed, - where the shortest is below it): rope: 16, -, -; "
         "alibi: -, -, -." in report
@@ -288,7 +288,10 @@ def test_the_task_study_trains_each_task_scheme_and_seed_skips_what_is_done_and_
     document = json.loads((study_dir / "mqar-none-s1" / "eval" / "tasks.json").read_text())
     assert document["config"]["model"]["n_embd"] == 16 and document["config"]["train"]["lr"] == 1e-3  # the task's
     report = (study_dir / "comparison_tasks.md").read_text()  # rewritten from every finished task run
-    assert "## Task: mqar (n_keys=32, n_pairs=8, n_values=32)" in report and "## Task: passkey (" in report
+    assert (
+        "## Task: mqar (min_pairs=1, n_keys=32, n_pairs=8, n_values=32, power_a=0.01)" in report
+        and "## Task: passkey (" in report
+    )
     mqar, passkey = report.split("## Task: passkey (")
     assert "| none (NoPE) | 1 |" in mqar and "| none (NoPE) | 1 |" in passkey and "random depth:" in passkey
     assert (study_dir / "comparison_tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

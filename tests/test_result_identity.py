@@ -213,7 +213,7 @@ def test_compare_keeps_a_settings_seeds_of_another_backend_or_dtype_apart_and_na
     assert [entry.label for entry in found] == ["rope", "alibi"]
     report = compare.markdown_report(found, "nonoverlapping", None, "d", ratios=False)
     assert "Attention backend and dtype: sdpa, float32 (rope); flex, float32 (alibi)." in report
-    assert "- 16 (1×): lowest rope; intervals apart (clearly worse): none" in report
+    assert "- 16 (1×): lowest rope; intervals apart (clearly worse): no setting" in report
 
 
 def test_compare_claims_differences_only_between_rows_that_scored_the_same_tokens():
@@ -223,7 +223,7 @@ def test_compare_claims_differences_only_between_rows_that_scored_the_same_token
     report = compare.markdown_report(entries(runs), "nonoverlapping", None, "d", ratios=False)
     assert "**rows marked [...] scored other tokens**" in report
     assert "Among the rows that scored the tokens of alibi [corpus bbbbbbbbbb], t5 [corpus bbbbbbbbbb]:" in report
-    assert "- 16 (1×): lowest alibi [corpus bbbbbbbbbb]; intervals apart (clearly worse): none" in report
+    assert "- 16 (1×): lowest alibi [corpus bbbbbbbbbb]; intervals apart (clearly worse): no setting" in report
     assert "| t5 [corpus bbbbbbbbbb] | **+46.5% ± 13.8%** |" in report  # paired with alibi, not with rope
     assert "Not compared (no other row scored their tokens): rope [corpus aaaaaaaaaa]." in report
     assert "lowest rope" not in report
