@@ -28,6 +28,7 @@ REPORTS = [
     ),
     ("copy-probe-width256/comparison.md", ["copy-probe-width256/*/"], []),
     ("task-study/comparison_tasks.md", ["task-study/*/"], []),
+    ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
     (
         "shakespeare-probes/comparison_width256.md",
         ["shakespeare-probes/w256/*/"],
