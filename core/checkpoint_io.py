@@ -76,7 +76,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         state = torch.load(path, map_location=map_location, weights_only=True)
     except PermissionError as error:
         raise PosGPTError(f"cannot read the checkpoint {path} ({error.strerror})") from None
-    except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as error:
+    # Bytes that are not a checkpoint fail in the unpickler in many ways (a STOP opcode on an empty stack is an
+    # IndexError, an unknown memo key a KeyError, ...): each is a broken file, not a bug of ours.
+    except (
+        EOFError,
+        RuntimeError,
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+        ValueError,
+        OSError,
+        IndexError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ) as error:
         raise PosGPTError(
             f"checkpoint {path} is truncated or not a posgpt checkpoint ({type(error).__name__})"
         ) from None
