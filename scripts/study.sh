@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The length-extrapolation study: train every positional scheme with identical settings over several seeds,
 # evaluate each at 1-16x its training length (both protocols, at the end of training), evaluate each run again
-# with the evaluation-time variations its scheme declares (RoPE: YaRN, NTK), and compare them all: mean ± 95%
-# CI over seeds.
+# with the evaluation-time variations its scheme declares (RoPE: YaRN, NTK, Self-Extend, ReRoPE), and compare
+# them all: mean ± 95% CI over seeds.
 #
 #   scripts/study.sh                                   # -> multirun/study-<date>/, 3 seeds of every scheme
 #   scripts/study.sh runs/study                        # into runs/study/ (run it again to finish what is missing)
@@ -21,7 +21,8 @@
 # Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
 # Environment: EVAL_VARIATIONS replaces the variations of every scheme that declares some (model/pe/base.py,
-# study_variations; RoPE: [yarn:16,ntk:16]), e.g. EVAL_VARIATIONS="[yarn:16]".
+# study_variations; RoPE: [yarn:16,ntk:16,self_extend:32:32,rerope:32]), e.g. EVAL_VARIATIONS="[yarn:16]". A run
+# evaluated before is evaluated only with the variations it lacks (eval/.variations-done lists those it has).
 #
 # Task study (--tasks): each (task, scheme, seed) trains with task=<task>, so with the task's own model, steps and
 # learning rate (configs/task/<task>.yaml), into <dir>/<task>-<scheme>-s<seed>/; it is done once it has
@@ -111,6 +112,19 @@ study_variations() {
 print("[" + ",".join(v) + "]" if v else "")' "$1"
 }
 
+# "[a,b]" -> its entries, one a line
+list_entries() {
+    [[ -n "$1" ]] && tr -d '[] ' <<< "$1" | tr ',' '\n' | grep -v '^$' || true
+}
+# The entries of the list $1 that are not in the list $2, comma-separated ("" when none).
+missing_variations() {
+    local entry missing=()
+    while read -r entry; do
+        [[ -n "$entry" ]] && ! list_entries "$2" | grep -qxF -- "$entry" && missing+=("$entry")
+    done < <(list_entries "$1")
+    (IFS=,; echo "${missing[*]}")
+}
+
 declare -A variations_of
 for scheme in "${scheme_list[@]}"; do
     variations_of[$scheme]=$(study_variations "$scheme")
@@ -144,9 +158,11 @@ for task in "${task_list[@]}"; do
             fi
             # (.scalings-done: the marker of studies run before eval.scalings became eval.variations)
             done_before=$(cat "$run/eval/.variations-done" 2>/dev/null || cat "$run/eval/.scalings-done" 2>/dev/null || true)
-            if [[ -n "$variations" && "$done_before" != "$variations" ]]; then
-                python eval.py "run_dir=$run" "eval.variations=$variations"
-                echo "$variations" > "$run/eval/.variations-done"
+            missing=$(missing_variations "$variations" "$done_before")
+            if [[ -n "$missing" ]]; then  # only those not yet evaluated (a scheme may declare more later)
+                python eval.py "run_dir=$run" "eval.variations=[$missing]"
+                echo "[$({ list_entries "$done_before"; tr ',' '\n' <<< "$missing"; } | paste -sd, -)]" \
+                    > "$run/eval/.variations-done"
             fi
         done
     done

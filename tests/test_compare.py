@@ -53,15 +53,15 @@ def run(*args, cache, env=None):
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """scripts/study.sh twice: rope with seeds 1 and 2 (also evaluated with YaRN), then a part added to the
+    """scripts/study.sh three times: rope with seeds 1 and 2 (also evaluated with YaRN), then a part added to the
     same study, seed 1 of rope, rnope and learned, where rope's seed 1 is already done and rnope is refused by
-    the 1-layer model (its pattern has four layers)."""
+    the 1-layer model (its pattern has four layers), then rope's seed 1 again with one more variation (NTK)."""
     tmp = tmp_path_factory.mktemp("study")
     corpus, study_dir = tmp / "corpus.txt", tmp / "study"
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     corpus.write_text("\n".join((stdlib / name).read_text() for name in ("textwrap.py", "string.py", "bisect.py")))
 
-    def study_sh(*args):
+    def study_sh(*args, variations="[yarn:4]"):
         return run(
             "bash",
             "scripts/study.sh",
@@ -70,7 +70,7 @@ def study(tmp_path_factory):
             f"data.files=[{corpus}]",
             *TINY,
             cache=tmp / "cache",
-            env={"EVAL_VARIATIONS": "[yarn:4]"},
+            env={"EVAL_VARIATIONS": variations},
         )
 
     study_sh("--seeds", "2", "--schemes", "rope")
@@ -82,12 +82,13 @@ def study(tmp_path_factory):
     before = [path.stat().st_mtime_ns for path in done_files]
     again = study_sh("--seed-list", "1", "--schemes", "rope,rnope,learned")
     unchanged = before == [path.stat().st_mtime_ns for path in done_files]
-    return tmp, study_dir, first_table, again.stdout + again.stderr, unchanged
+    more = study_sh("--seed-list", "1", "--schemes", "rope", variations="[yarn:4,ntk:4]")
+    return tmp, study_dir, first_table, again.stdout + again.stderr, unchanged, more.stdout + more.stderr
 
 
 @pytest.mark.slow
 def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
-    _, study_dir, first_table, _, _ = study
+    _, study_dir, first_table, *_ = study
     for seed in (1, 2):
         assert load_checkpoint(study_dir / f"rope-s{seed}")["config"]["train"]["seed"] == seed
     document = json.loads((study_dir / "rope-s2" / "eval" / "extrapolation.json").read_text())
@@ -107,7 +108,7 @@ def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
 
 @pytest.mark.slow
 def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
-    _, study_dir, _, output, unchanged = study
+    _, study_dir, _, output, unchanged, _ = study
     assert output.count("is done, skipped") == 1 and unchanged  # rope-s1: neither trained nor evaluated again
     assert "study: pe=rnope is refused with these settings; its runs are skipped" in output
     assert {p.name for p in study_dir.iterdir() if p.is_dir()} == {"rope-s1", "rope-s2", "learned-s1"}
@@ -118,6 +119,17 @@ def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
     assert "one seed, not compared: learned" in text or "lowest learned, one seed: no interval" in text
     for name in ("comparison.png", "comparison_per_position.png", "comparison_sliding.png", "comparison_val_loss.png"):
         assert (study_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_study_evaluates_only_the_variations_a_run_lacks(study):
+    _, study_dir, *_, output = study
+    eval_dir = study_dir / "rope-s1" / "eval"
+    document = json.loads((eval_dir / "extrapolation.json").read_text())
+    scalings = {row["variation_settings"]["scaling"]["type"] for row in document["results"]}
+    assert scalings == {"none", "yarn", "ntk"}
+    assert "replaced" not in output  # YaRN's rows were kept, not measured again
+    assert (eval_dir / ".variations-done").read_text().strip() == "[yarn:4,ntk:4]"
 
 
 @pytest.mark.slow
@@ -141,7 +153,7 @@ def table_rows(markdown):
 
 @pytest.mark.slow
 def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     md = tmp_path / "one.md"
     compare.main(
         [
@@ -181,7 +193,7 @@ def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(c
     """extrapolation.json records the checkpoint's config (end of training, and eval.py's YaRN rows);
     export_results.py copies what compare.py reads, without checkpoints, adding the config to a file written
     before it was recorded; compare.py then writes the same report from the copies as from the runs."""
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     runs = [study_dir / "rope-s1", tmp_path / "older" / "rope-s2"]
     shutil.copytree(study_dir / "rope-s2", runs[1])
     for run_dir in runs:
@@ -225,7 +237,7 @@ def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(c
 def test_a_run_from_before_a_setting_existed_groups_with_newer_runs(study, tmp_path):
     """A run's config lacks settings added after it was trained; they read as their defaults, so the run
     stays one seed of its setting rather than a setting of its own."""
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     copies = [tmp_path / name for name in ("rope-s1", "rope-s2")]
     for copy in copies:
         shutil.copytree(study_dir / copy.name / "eval", copy / "eval")
@@ -240,7 +252,7 @@ def test_a_run_from_before_a_setting_existed_groups_with_newer_runs(study, tmp_p
 @pytest.mark.slow
 def test_export_refuses_results_of_another_step_than_the_checkpoint(cli, study, tmp_path):
     """A file without a recorded config gets the checkpoint's only if it scored that checkpoint."""
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     run_dir = tmp_path / "rope-s1"
     shutil.copytree(study_dir / "rope-s1", run_dir)
     path = run_dir / "eval" / "extrapolation.json"
@@ -256,7 +268,7 @@ def test_export_refuses_results_of_another_step_than_the_checkpoint(cli, study, 
 
 @pytest.mark.slow
 def test_compare_refuses_results_without_checkpoint_or_recorded_config(cli, study, tmp_path):
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     copy = tmp_path / "rope-s1"
     shutil.copytree(study_dir / "rope-s1" / "eval", copy / "eval")
     path = copy / "eval" / "extrapolation.json"
@@ -273,7 +285,7 @@ def test_compare_refuses_results_without_checkpoint_or_recorded_config(cli, stud
 
 @pytest.mark.slow
 def test_compare_refuses_a_run_given_twice(study, capsys):
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     with pytest.raises(SystemExit) as exit_info:
         compare.main([str(study_dir / "rope-s1"), str(study_dir / "rope-s1")])
     assert exit_info.value.code == 2 and "same train.seed (1)" in capsys.readouterr().err
@@ -282,7 +294,7 @@ def test_compare_refuses_a_run_given_twice(study, capsys):
 @pytest.mark.slow
 def test_compare_names_a_corrupt_or_malformed_results_file(cli, study, tmp_path):
     """Through the command line (in-process): one line naming the file, exit code 2, no traceback."""
-    tmp, study_dir, _, _, _ = study
+    tmp, study_dir, *_ = study
     for name, content in (("corrupt", '{"pe": "rope", "results": [ {"len'), ("malformed", "[]")):
         run_dir = tmp_path / name
         (run_dir / "eval").mkdir(parents=True)
@@ -299,7 +311,7 @@ def test_compare_names_a_corrupt_or_malformed_results_file(cli, study, tmp_path)
 
 @pytest.mark.slow
 def test_compare_without_results_says_how_to_make_them(study, capsys):
-    tmp, _, _, _, _ = study
+    tmp, *_ = study
     with pytest.raises(SystemExit) as exit_info:
         compare.main([str(tmp), "--markdown", str(tmp / "x.md")])
     assert exit_info.value.code == 2 and "no eval/extrapolation.json" in capsys.readouterr().err
@@ -307,7 +319,7 @@ def test_compare_without_results_says_how_to_make_them(study, capsys):
 
 @pytest.mark.slow
 def test_eval_py_rejects_a_scaling_for_a_scheme_without_one(study):
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     with pytest.raises(PosGPTError, match="pe.scaling.type"):
         config_for_evaluation(load_checkpoint(study_dir / "learned-s1"), ["pe.scaling.type=yarn"])
 
@@ -382,7 +394,7 @@ def test_a_seed_without_a_value_is_counted_in_its_cell():
 @pytest.mark.slow
 def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study, tmp_path):
     """--val-curve: per setting, the validation loss each seed logged (metrics.jsonl), mean ± t-interval."""
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     md, png = tmp_path / "val.md", tmp_path / "val.png"
     compare.main(
         [
@@ -418,7 +430,7 @@ def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study
 def test_compare_val_curve_refuses_a_run_without_logged_validation_loss(cli, study, tmp_path):
     """Through the command line (in-process): a run whose metrics.jsonl has no val_loss is refused with one
     line naming the file."""
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     run_dir = tmp_path / "rope-s1"
     shutil.copytree(study_dir / "rope-s1", run_dir)
     metrics = run_dir / "metrics.jsonl"
@@ -515,7 +527,7 @@ def test_paired_differences_against_a_baseline_instead_of_the_lowest():
 
 @pytest.mark.slow
 def test_compare_baseline_through_the_command_line(study, tmp_path, capsys):
-    _, study_dir, _, _, _ = study
+    _, study_dir, *_ = study
     runs = [str(study_dir / f"rope-s{seed}") for seed in (1, 2)]  # settings: rope, and rope yarn:4
     md = tmp_path / "c.md"
     compare.main(runs + ["--baseline", "rope yarn:4", "--markdown", str(md), "--plot", str(tmp_path / "c.png")])

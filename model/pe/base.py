@@ -145,7 +145,8 @@ class PositionalEncoding(nn.Module):
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
     # The eval.variations entries (see parse_variation) that scripts/study.sh evaluates every run of the scheme
-    # with, besides the run as trained (RoPE: ("yarn:16", "ntk:16")). Empty: the run as trained only.
+    # with, besides the run as trained (RoPE: YaRN and NTK at factor 16, Self-Extend, ReRoPE). Empty: the run as
+    # trained only.
     study_variations: ClassVar[tuple[str, ...]] = ()
     # Settings the scheme gained after checkpoints of it were first written, whose default today is not what those
     # checkpoints were trained with: a checkpoint without the key gets this value (experiment/settings.py).

@@ -169,7 +169,9 @@ class HybridPositionalEncoding(PositionalEncoding):
     colour = "#c5b0d5"  # a light tint of NoPE's purple
     config_class = _PerScheme(pattern_config)
     eval_time_settings = _PerScheme(_eval_time_settings)
-    study_variations = ("yarn:16", "ntk:16")  # RoPE's, for the RoPE layers of the default pattern
+    # RoPE's rescalings, for the RoPE layers of the default pattern (not its remaps: each doubles a study's task
+    # evaluation, and RoPE's own runs measure them)
+    study_variations = ("yarn:16", "ntk:16")
     # The preset: its default pattern, and the settings of its schemes that differ from their own defaults.
     default_pattern: ClassVar[tuple[str, ...]] = ("rope", "none")
     default_settings: ClassVar[dict[str, dict[str, Any]]] = {}

@@ -100,7 +100,10 @@ class RotaryPositionalEncoding(PositionalEncoding):
     config_class = RoPEConfig
     # context extension (rope_scaling.py, rope_remap.py) is applied at evaluation time
     eval_time_settings = ("scaling", "remap")
-    study_variations = ("yarn:16", "ntk:16")  # no-fine-tuning extension to the study's longest length (16x)
+    # No-fine-tuning extensions to the study's longest length, 16x. The remaps' windows are in tokens, chosen for
+    # the study's L = 64: ReRoPE's 32 < L, and Self-Extend's group 32 maps 16L's farthest distance (W + (16L - W)/G
+    # = 63) inside L.
+    study_variations = ("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32")
 
     def __init__(self, cfg: RoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
