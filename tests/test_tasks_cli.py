@@ -73,6 +73,20 @@ def test_eval_refuses_what_would_change_the_trained_task(cli, mqar_run, override
     assert_one_line_error(cli.eval(mqar_run, override), "cannot be changed for an evaluation")
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("task.min_pairs=9", "task.min_pairs=9 is more than task.n_pairs=8"),
+        ("task.power_a=0", "task.power_a=0.0 is out of its domain (0, 1]"),
+        ("task.power_a=1.5", "task.power_a=1.5 is out of its domain (0, 1]"),
+    ],
+)
+def test_train_refuses_impossible_mqar_settings_before_writing(cli, override, message):
+    run_dir = cli.base / "task-mqar-refused"
+    assert_one_line_error(cli.train_here(run_dir, "task=mqar", override), message)
+    assert not run_dir.exists()
+
+
 def test_a_task_run_resumes_exactly(cli, mqar_run):
     run_dir = cli.base / "task-mqar-resumed"
     first = cli.train(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=4")
