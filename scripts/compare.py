@@ -120,7 +120,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--data", default=None, help="compare results on this data (default: the only one)")
     parser.add_argument("--markdown", type=Path, default=Path("comparison.md"), help="table output path")
-    parser.add_argument("--plot", type=Path, default=Path("comparison.png"), help="plot output path")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="plot output path (default: the --markdown path with .png)"
+    )
     parser.add_argument(
         "--per-position",
         type=Path,
@@ -157,7 +159,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=Path,
         default=None,
         help="task runs (eval/tasks.json): accuracy vs length, a panel per task, to this path "
-        "(default: the --plot path with _tasks added)",
+        "(default: the --markdown path with _tasks.png)",
     )
     parser.add_argument(
         "--task-csv",
@@ -166,7 +168,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="task runs: the task tables as CSV, to this path (default: the --markdown path with _tasks.csv)",
     )
     args = parser.parse_args(argv)
-    args.task_plot = args.task_plot or args.plot.with_name(f"{args.plot.stem}_tasks{args.plot.suffix}")
+    # Every default output lies beside the markdown, named after it
+    args.plot = args.plot or args.markdown.with_suffix(".png")
+    args.task_plot = args.task_plot or args.markdown.with_name(f"{args.markdown.stem}_tasks.png")
     args.task_csv = args.task_csv or args.markdown.with_name(f"{args.markdown.stem}_tasks.csv")
     return args
 
@@ -1159,17 +1163,27 @@ def check_requests(args: argparse.Namespace, entries: list[Entry]) -> None:
         )
 
 
+def option_name(attribute: str) -> str:
+    """``task_plot`` -> ``--task-plot``."""
+    return "--" + attribute.replace("_", "-")
+
+
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     if args.stride is not None and args.protocol != "sliding":
         raise PosGPTError(f"--stride is the sliding protocol's; pass --protocol sliding or drop --stride {args.stride}")
-    outputs = ("markdown", "plot", "per_position", "val_curve", "entropy", "task_plot", "task_csv")
-    check_image_paths({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs[1:-1]})
-    check_outputs({f"--{name.replace('_', '-')}": getattr(args, name) for name in outputs}, inputs=args.run_dirs)
     runs = load_runs(args.run_dirs)
     language_runs = [run for run in runs if run.document is not None]  # task runs have accuracy only
     tasks = task_entries(runs)
+    # Checked before anything is written: only the outputs these runs have (a task study writes no perplexity plot)
+    outputs = ["markdown", "val_curve", "entropy"]
+    outputs += ["plot", "per_position"] if language_runs else []
+    outputs += ["task_plot", "task_csv"] if tasks else []
+    check_image_paths(
+        {option_name(name): getattr(args, name) for name in outputs if name not in ("markdown", "task_csv")}
+    )
+    check_outputs({option_name(name): getattr(args, name) for name in outputs}, inputs=args.run_dirs)
     entries, report, written = [], "", []
     if language_runs:
         data = choose_data(language_runs, args.data)

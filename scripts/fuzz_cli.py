@@ -483,7 +483,16 @@ def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
 
 
-OUTPUT_OPTIONS = ("--markdown", "--plot", "--per-position", "--val-curve", "--entropy", "--to")
+OUTPUT_OPTIONS = (
+    "--markdown",
+    "--plot",
+    "--per-position",
+    "--val-curve",
+    "--entropy",
+    "--task-plot",
+    "--task-csv",
+    "--to",
+)
 
 
 def may_write(case: Case, name: str, inputs: Path) -> bool:
@@ -497,6 +506,10 @@ def may_write(case: Case, name: str, inputs: Path) -> bool:
     path = inputs / name
     named = [Path(value) for option, value in zip(case.args, case.args[1:]) if option in OUTPUT_OPTIONS]
     named += [Path(arg.split("=", 1)[1]) for arg in case.args if arg.startswith("data.cache_dir=")]  # token caches
+    if case.command == COMPARE:  # compare.py's default plots and CSV lie beside its markdown
+        markdown = Path(dict(zip(case.args, case.args[1:])).get("--markdown", "comparison.md"))
+        named += [markdown.with_suffix(".png")]
+        named += [markdown.with_name(f"{markdown.stem}_tasks{suffix}") for suffix in (".png", ".csv")]
     # the output, what lies in an output folder, or a folder made to hold an output
     return any(path == output or output in path.parents or path in output.parents for output in named)
 

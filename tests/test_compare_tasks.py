@@ -138,6 +138,19 @@ def test_paired_differences_against_a_baseline(three_seeds, tmp_path):
     assert exit_info.value.code == 2
 
 
+def test_default_outputs_lie_beside_the_markdown(three_seeds, tmp_path, monkeypatch):
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    compare.main([*map(str, three_seeds), "--markdown", str(tmp_path / "out" / "study.md")])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "study.md",
+        "study_tasks.csv",
+        "study_tasks.png",
+    ]
+    assert not list(elsewhere.iterdir())
+
+
 def test_the_task_csv_holds_every_cell_with_its_seeds(three_seeds, tmp_path):
     report_of(three_seeds, tmp_path)
     with open(tmp_path / "c_tasks.csv") as f:
