@@ -4,6 +4,7 @@ are stopped are real processes; the resumes that follow run in-process (cli.trai
 ``python train.py ...`` would, against the session's reference run."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import torch
 from cli_runs import REPO, STEPS, TIMEOUT_S, assert_user_error, train_losses, wait_for_step
 
 from core.checkpoint_io import load_checkpoint
+from training.checkpointing import Checkpointer
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +107,31 @@ def test_resuming_a_finished_run_does_nothing(cli, reference):
 def test_resume_without_a_checkpoint_is_an_error(cli, tmp_path):
     done = cli.train_here(tmp_path / "never-trained", "train.resume=true")
     assert_user_error(done, "train.resume=true but", "holds no checkpoint")
+
+
+def test_a_signal_during_the_final_save_stops_before_the_evaluation(cli, tmp_path, monkeypatch):
+    """A SIGTERM that arrives while the last step's checkpoint is written (after the loop's last look at it) still
+    stops the run: exit 128 + 15 with the checkpoint saved and no evaluation, as at any other step; the resume
+    runs the evaluation. (It used to be swallowed: the run went on to evaluate and exited 0.)"""
+    run_dir, steps = tmp_path / "run", 3
+    save = Checkpointer.save
+
+    def save_then_signal(self, step, *args, **kwargs):
+        save(self, step, *args, **kwargs)
+        if step == steps:
+            os.kill(os.getpid(), signal.SIGTERM)  # caught by the loop's handler, as a scheduler's would be
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_signal)
+    done = cli.train_here(run_dir, f"train.max_steps={steps}", "train.eval_after=true", "eval.lengths=[16]")
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert f"stopped by SIGTERM at step {steps}; checkpoint saved" in done.stdout
+    assert load_checkpoint(run_dir)["step"] == steps
+    assert not (run_dir / "eval" / "extrapolation.json").exists()
+    monkeypatch.undo()
+    resumed = cli.train_here(
+        run_dir, f"train.max_steps={steps}", "train.eval_after=true", "eval.lengths=[16]", "train.resume=true"
+    )
+    assert resumed.returncode == 0 and "end-of-training evaluation did not finish: running it" in resumed.stdout
 
 
 def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):

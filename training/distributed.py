@@ -118,11 +118,16 @@ def all_reduce_mean(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     """True on every rank if ``flag`` is true on any rank (collective under torchrun: every rank must call)."""
+    return bool(max_over_ranks(int(flag), info, device))
+
+
+def max_over_ranks(value: int, info: DistInfo, device: torch.device) -> int:
+    """The largest of every rank's ``value`` (a small integer), on every rank (collective, as any_rank)."""
     if not info.enabled:
-        return flag
-    value = torch.tensor([float(flag)], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+        return value
+    tensor = torch.tensor([float(value)], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -208,7 +208,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
             loss, grad_norm, skipped = step_fn(x, y, skip_nonfinite=t.skip_nonfinite, positions=positions)
             step += 1
             window.add(step, loss, skipped)
-            stopping = _stop_agreed(stop, dist, step, t.log_every, device)
+            stopped_by = _agreed_stop(stop, dist, step, t.log_every, device)
+            stopping = stopped_by is not None
             last = step == t.max_steps
             record = (
                 window.close_window(step, scheduler.get_last_lr()[0], grad_norm)
@@ -229,7 +230,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
                 )
             if step % t.checkpoint_every == 0 or last or stopping:
                 checkpointer.save(step, raw_model, optimizer, scheduler, batches.sampler_state)
-            stopped_by = stop.signal if stopping else None
+        if stopped_by is None:  # a signal during the last step or its save: saved, but the evaluation is skipped
+            stopped_by = _agreed_stop(stop, dist, step, 1, device)
     window.close()
 
     if stopped_by is not None and dist.is_main:
@@ -339,11 +341,14 @@ def _evaluate(
         )
 
 
-def _stop_agreed(stop: StopRequested, dist: distributed.DistInfo, step: int, every: int, device: torch.device) -> bool:
-    """Single process: stop at once. Several processes must stop at the same step, so they agree at logging
-    intervals (one tiny all-reduce): a signal waits at most log_every steps."""
+def _agreed_stop(
+    stop: StopRequested, dist: distributed.DistInfo, step: int, every: int, device: torch.device
+) -> int | None:
+    """The signal that stops the run now, None to go on. Single process: stop at once. Several processes must stop
+    at the same step, so they agree at logging intervals (one tiny all-reduce: a signal waits at most log_every
+    steps), each taking the signal a rank received (ranks that received none stop too)."""
     if not dist.enabled:
-        return bool(stop)
+        return stop.signal
     if step % every:
-        return False
-    return distributed.any_rank(bool(stop), dist, device)
+        return None
+    return distributed.max_over_ranks(stop.signal or 0, dist, device) or None
