@@ -119,7 +119,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="sliding protocol: the stride evaluated (default: half of each length, eval's default)",
     )
     parser.add_argument("--data", default=None, help="compare results on this data (default: the only one)")
-    parser.add_argument("--markdown", type=Path, default=Path("comparison.md"), help="table output path")
+    parser.add_argument("--markdown", type=Path, default=DEFAULT_MARKDOWN, help="table output path")
     parser.add_argument(
         "--plot", type=Path, default=None, help="plot output path (default: the --markdown path with .png)"
     )
@@ -168,11 +168,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="task runs: the task tables as CSV, to this path (default: the --markdown path with _tasks.csv)",
     )
     args = parser.parse_args(argv)
-    # Every default output lies beside the markdown, named after it
-    args.plot = args.plot or args.markdown.with_suffix(".png")
-    args.task_plot = args.task_plot or args.markdown.with_name(f"{args.markdown.stem}_tasks.png")
-    args.task_csv = args.task_csv or args.markdown.with_name(f"{args.markdown.stem}_tasks.csv")
+    for name, path in default_outputs(args.markdown).items():
+        if getattr(args, name) is None:
+            setattr(args, name, path)
     return args
+
+
+DEFAULT_MARKDOWN = Path("comparison.md")
+
+
+def default_outputs(markdown: Path) -> dict[str, Path]:
+    """The outputs written beside the markdown, named after it, where their option names no other path."""
+    return {
+        "plot": markdown.with_suffix(".png"),
+        "task_plot": markdown.with_name(f"{markdown.stem}_tasks.png"),
+        "task_csv": markdown.with_name(f"{markdown.stem}_tasks.csv"),
+    }
 
 
 def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:

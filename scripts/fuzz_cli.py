@@ -46,6 +46,7 @@ import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from compare import DEFAULT_MARKDOWN, default_outputs
 from omegaconf import OmegaConf
 
 from core.domain import Interval, domain_of
@@ -507,9 +508,7 @@ def may_write(case: Case, name: str, inputs: Path) -> bool:
     named = [Path(value) for option, value in zip(case.args, case.args[1:]) if option in OUTPUT_OPTIONS]
     named += [Path(arg.split("=", 1)[1]) for arg in case.args if arg.startswith("data.cache_dir=")]  # token caches
     if case.command == COMPARE:  # compare.py's default plots and CSV lie beside its markdown
-        markdown = Path(dict(zip(case.args, case.args[1:])).get("--markdown", "comparison.md"))
-        named += [markdown.with_suffix(".png")]
-        named += [markdown.with_name(f"{markdown.stem}_tasks{suffix}") for suffix in (".png", ".csv")]
+        named += default_outputs(Path(dict(zip(case.args, case.args[1:])).get("--markdown", DEFAULT_MARKDOWN))).values()
     # the output, what lies in an output folder, or a folder made to hold an output
     return any(path == output or output in path.parents or path in output.parents for output in named)
 
