@@ -2,18 +2,28 @@
 far context of ordinary text?
 
 Each example is a window of L held-out tokens (the evaluation split, at a random start) in which a span of
-S = eval.copy_span random tokens (uniform over the vocabulary but <|endoftext|>) is written twice: the
-second copy ends the window, at [L - S, L), the first starts d tokens before it, at [L - S - d, L - d).
+S = eval.copy_span random tokens is written twice: the second copy ends the window, at [L - S, L), the first
+starts d tokens before it, at [L - S - d, L - d). The span's tokens are drawn uniformly, with replacement, from
+K candidates: by default every token but <|endoftext|> (K = 50,256, Olsson et al. 2022's random tokens); with
+eval.copy_min_count = N > 0 only the tokens that occur at least N times in the training split of data.* (the
+corpus the run was trained on, unless data.* is overridden). A small corpus leaves most of GPT-2's vocabulary
+unseen (the embedded corpus holds 22,709 distinct tokens), and a token whose embedding was never trained can be
+hard to copy even for a model that copies the tokens it knows; N tells the two apart.
 A model that uses the far context predicts the repeat's tokens after its first one (S - 1 targets) from
-the first copy; one that does not can only guess (1 in 50,256). Per cell (L, d):
+the first copy; one that does not can only guess (1 in K, a mean log-probability of -ln K). Per cell (L, d):
 
 - accuracy: the share of examples whose S - 1 targets are all the argmax (exact match, teacher forcing),
   with its 95% Wilson interval; n examples as for tasks (eval.task_half_width);
 - token_accuracy: the share of those targets that are the argmax;
-- mean_logprob: their mean log-probability (nats).
+- mean_logprob: their mean log-probability (nats);
+- control_logprob: the same, on the same windows and span without the first copy (the text left there);
+- copy_gain: mean_logprob - control_logprob, what the first copy adds (nats): 0 for a model that does not
+  look back at it, ln K at most for one that guesses uniformly without it. It separates copying from
+  what a model can guess of the span's tokens without it (the frequent ones, under eval.copy_min_count).
 
 Distances: d = l - S for each evaluated length l <= L (so at d = L - S the first copy opens the window).
-Rows go to eval/tasks.json as ``task: copy_probe`` with a ``distance`` (evaluation/tasks.py writes them).
+Rows go to eval/tasks.json as ``task: copy_probe`` with a ``distance`` (evaluation/tasks.py writes them), and
+record the span, eval.copy_min_count and K (``copy_candidates``): probes of other settings stay beside them.
 """
 
 from __future__ import annotations
@@ -25,9 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
 
+from core.errors import PosGPTError
 from core.runtime import autocast
-from data import EOT_TOKEN, TokenArray, describe_corpus
+from data import EOT_TOKEN, TokenArray, describe_corpus, load_split
 from data.tasks import held_out_seed
 from evaluation.run import variation_fields
 from evaluation.tasks import examples_for, wilson_interval, write_task_results
@@ -36,16 +48,46 @@ from experiment.config import eval_lengths
 NAME = "copy_probe"
 
 
-def probe_windows(
-    tokens: TokenArray, n: int, length: int, distance: int, span: int, vocab: int, generator: torch.Generator
+COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
+
+
+def span_candidates(
+    vocab: int, min_count: int = 0, train_tokens: TokenArray | None = None, progress: bool = False
 ) -> torch.Tensor:
-    """(n, length) windows of held-out text with a random span written at length - span - distance and at the end."""
+    """The token ids a span is drawn from, ascending: every id but <|endoftext|>, or with ``min_count`` > 0 those
+    that occur at least ``min_count`` times in ``train_tokens``."""
+    if min_count == 0:
+        ids = torch.arange(vocab)
+        return ids[ids != EOT_TOKEN]
+    if train_tokens is None:
+        raise ValueError("eval.copy_min_count > 0 needs the training split's tokens")
+    counts = np.zeros(max(vocab, 1 << 16), dtype=np.int64)
+    chunks = range(0, len(train_tokens), COUNT_CHUNK)
+    for start in tqdm(chunks, desc="copy probe: counting tokens", disable=not progress, leave=False, unit="chunk"):
+        chunk = train_tokens.read(start, min(COUNT_CHUNK, len(train_tokens) - start))
+        counts += np.bincount(chunk, minlength=len(counts))
+    ids = torch.from_numpy(np.flatnonzero(counts[:vocab] >= min_count))
+    return ids[ids != EOT_TOKEN]
+
+
+def probe_windows(
+    tokens: TokenArray,
+    n: int,
+    length: int,
+    distance: int,
+    span: int,
+    candidates: torch.Tensor,
+    generator: torch.Generator,
+    first_copy: bool = True,
+) -> torch.Tensor:
+    """(n, length) windows of held-out text with a span of random ``candidates`` written at length - span -
+    distance (unless not ``first_copy``: the control) and at the end."""
     starts = torch.randint(0, len(tokens) - length + 1, (n,), generator=generator)
     windows = torch.from_numpy(np.stack([tokens.read(int(s), length) for s in starts]).astype(np.int64))
-    draws = torch.randint(0, vocab - 1, (n, span), generator=generator)
-    copy = draws + (draws >= EOT_TOKEN).long()  # every token but <|endoftext|>
+    copy = candidates[torch.randint(0, len(candidates), (n, span), generator=generator)]
     windows[:, length - span :] = copy
-    windows[:, length - span - distance : length - distance] = copy
+    if first_copy:
+        windows[:, length - span - distance : length - distance] = copy
     return windows
 
 
@@ -85,9 +127,24 @@ def run_copy_probe(
 ) -> dict[str, Any]:
     """Every (variation, length, distance) cell, written with the task results (evaluation/tasks.py)."""
     n, span, lengths = examples_for(cfg.eval.task_half_width), cfg.eval.copy_span, eval_lengths(cfg)
+    min_count = cfg.eval.copy_min_count
+    train_tokens = load_split(cfg.data, "train") if min_count else None
+    candidates = span_candidates(model.vocab_size, min_count, train_tokens, cfg.logging.progress)
+    if len(candidates) < 2:
+        raise PosGPTError(
+            f"eval.copy_min_count={min_count} leaves {len(candidates)} token(s) of the training split of "
+            f"{cfg.data.name} to draw the copy probe's span from: lower it"
+        )
     limit = model.pe.max_positions()
-    # what the rows scored; the span too, since rows of other spans stay in tasks.json beside them
-    provenance = {"data": cfg.data.name, "corpus": describe_corpus(cfg.data), "split": tokens.name, "copy_span": span}
+    # what the rows scored; the probe's settings too, since rows of other settings stay in tasks.json beside them
+    provenance = {
+        "data": cfg.data.name,
+        "corpus": describe_corpus(cfg.data),
+        "split": tokens.name,
+        "copy_span": span,
+        "copy_min_count": min_count,
+        "copy_candidates": len(candidates),
+    }
     rows = []
     for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
         setting = variation_fields(label, settings, cfg)
@@ -102,9 +159,14 @@ def run_copy_probe(
                         row.update(accuracy=None, n=0, reason=f"the {tokens.name} split has fewer than {length} tokens")
                     else:
                         started = time.perf_counter()
-                        generator = torch.Generator().manual_seed(seed)
-                        windows = probe_windows(tokens, n, length, distance, span, model.vocab_size, generator)
-                        exact, right, logprob = score_copies(model, windows, span, cfg.eval.batch_tokens, device, dtype)
+                        scored = []
+                        for first_copy in (True, False):  # the probe, then its control (the same draws)
+                            generator = torch.Generator().manual_seed(seed)
+                            windows = probe_windows(
+                                tokens, n, length, distance, span, candidates, generator, first_copy
+                            )
+                            scored.append(score_copies(model, windows, span, cfg.eval.batch_tokens, device, dtype))
+                        (exact, right, logprob), (_, _, control) = scored
                         low, high = wilson_interval(exact, n)
                         targets = n * (span - 1)
                         row.update(
@@ -115,8 +177,11 @@ def run_copy_probe(
                             n=n,
                             token_accuracy=right / targets,
                             mean_logprob=logprob / targets,
+                            control_logprob=control / targets,
+                            copy_gain=(logprob - control) / targets,
                             seconds=round(time.perf_counter() - started, 3),
                         )
                     rows.append(row)
     extra = {"accuracy": "exact match of the repeat's tokens after its first (teacher forcing); 95% Wilson intervals"}
-    return write_task_results(cfg, NAME, rows, {**extra, "copy_span": span}, run_dir, trained_config, wandb_run, step)
+    probe = {"copy_span": span, "copy_min_count": min_count, "copy_candidates": len(candidates)}
+    return write_task_results(cfg, NAME, rows, {**extra, **probe}, run_dir, trained_config, wandb_run, step)

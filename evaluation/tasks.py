@@ -64,6 +64,8 @@ CSV_COLUMNS = [
     "n",
     "token_accuracy",
     "mean_logprob",
+    "control_logprob",
+    "copy_gain",
     "seed",
     "seconds",
     "reason",
@@ -171,14 +173,20 @@ def grid_cell(row: dict[str, Any]) -> tuple[str, float] | None:
     return next(((key, row[key]) for key in GRIDS if row.get(key) is not None), None)
 
 
+# What a probe row measured besides its cell: the text the probe was written into and the probe's settings.
+PROBE_SETTINGS = {"data": None, "corpus": None, "split": None, "copy_span": None, "copy_min_count": 0}
+
+
 def row_key(row: dict[str, Any]) -> tuple:
-    """What identifies a task measurement: a later one with the same key replaces it."""
+    """What identifies a task measurement: a later one with the same key replaces it. Probe rows of other text or
+    settings are other measurements (rows written before copy_min_count existed drew from every token: 0)."""
     return (
         row["task"],
         row["length"],
         grid_cell(row),
         json.dumps(row.get("variation_settings"), sort_keys=True),
         json.dumps(row.get("attn_temperature"), sort_keys=True),  # None in rows from before it existed
+        json.dumps({key: row.get(key, default) for key, default in PROBE_SETTINGS.items()}, sort_keys=True),
     )
 
 

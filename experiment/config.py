@@ -79,6 +79,9 @@ class EvalConfig:
     # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
     tasks: list[str] = field(default_factory=list)
     copy_span: int = domain(16, ge=2)  # tokens in the copy probe's repeated span
+    # Which tokens the span is drawn from: 0, any but <|endoftext|> (Olsson et al.'s random tokens); N > 0, only
+    # tokens that occur at least N times in the training split (tokens whose embeddings the run has learned)
+    copy_min_count: int = domain(0, ge=0)
 
 
 @dataclass

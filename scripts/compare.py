@@ -900,6 +900,7 @@ def longest_evaluated_length(entries: list[Entry]) -> int | None:
 TASK_MEASURES = {
     "accuracy": "Exact-match accuracy",
     "mean_logprob": "Mean log-probability of the answer tokens (nats)",  # the copy probe's
+    "copy_gain": "What the first copy adds to the repeat's mean log-probability (nats; 0: not used)",  # likewise
 }
 TASK_CSV_COLUMNS = ["task", "task_settings", "setting", *GRIDS, "length", "multiple", "measure", "seeds", "mean"]
 TASK_CSV_COLUMNS += ["half_width", "ci_low", "ci_high", "values"]
@@ -939,6 +940,8 @@ def task_identity(row: dict[str, Any], document: dict[str, Any]) -> str:
     span = row.get("copy_span", document.get("copy_span"))  # eval.copy_span: rows record it since 2026-11-24
     if span is not None:
         settings["copy_span"] = span
+    if row.get("copy_min_count"):  # eval.copy_min_count: 0 (or absent, before it existed) draws from every token
+        settings["copy_min_count"] = row["copy_min_count"]
     if row.get("data") is not None:  # a probe of held-out text: which text
         settings.update(data=row["data"], corpus=row.get("corpus"), split=row.get("split"))
     described = ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))

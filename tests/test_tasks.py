@@ -19,7 +19,7 @@ from data.tasks.copy import CopyConfig
 from data.tasks.flipflop import BOS, READ, WRITE, ZERO, FlipFlopConfig
 from data.tasks.mqar import MQARConfig
 from data.tasks.passkey import PasskeyConfig
-from evaluation.copy_probe import probe_windows, score_copies
+from evaluation.copy_probe import probe_windows, score_copies, span_candidates
 from evaluation.tasks import count_exact_matches, effective_lengths, evaluate_cell, examples_for, wilson_interval
 from experiment.compose import compose_config
 from experiment.config import set_task_vocabulary, validate
@@ -29,6 +29,8 @@ from model.loss import lm_head_cross_entropy
 from model.pe.rope import RoPEConfig
 from training.batch_stream import BatchStream
 from training.distributed import DistInfo
+
+CPU = torch.device("cpu")
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -328,18 +330,93 @@ def shard(tmp_path, n: int) -> TokenArray:
 
 def test_copy_probe_writes_the_span_twice_into_held_out_text(tmp_path):
     tokens = shard(tmp_path, 1000)
-    windows = probe_windows(tokens, 6, 64, 40, 8, 50257, gen())
+    windows = probe_windows(tokens, 6, 64, 40, 8, span_candidates(50257), gen())
     assert windows.shape == (6, 64)
     assert torch.equal(windows[:, 56:], windows[:, 16:24])  # first copy at 64 - 8 - 40
     text = torch.cat((windows[:, :16], windows[:, 24:56]), dim=1)
     assert ((text[:, 1:] - text[:, :-1]) == 1).sum() >= 6 * 30  # the rest is the (consecutive) text
     assert not (windows[:, 56:] == EOT_TOKEN).any()
+    # the control: the same windows and span, the text left where the first copy was
+    control = probe_windows(tokens, 6, 64, 40, 8, span_candidates(50257), gen(), first_copy=False)
+    assert torch.equal(control[:, 56:], windows[:, 56:]) and torch.equal(control[:, :16], windows[:, :16])
+    assert torch.equal(control[:, 16:24], control[:, 15:23] + 1)  # consecutive text, no copy
+
+
+def test_the_whole_vocabulary_draw_is_the_one_results_were_made_with(tmp_path):
+    """eval.copy_min_count=0 draws exactly what the probe drew before candidates existed (uniform over 0..50255,
+    shifted past <|endoftext|>), so earlier results reproduce."""
+    tokens = shard(tmp_path, 1000)
+    windows = probe_windows(tokens, 50, 64, 40, 8, span_candidates(50257), gen(3))
+    generator = gen(3)
+    torch.randint(0, 1000 - 64 + 1, (50,), generator=generator)  # the window starts
+    draws = torch.randint(0, 50257 - 1, (50, 8), generator=generator)
+    assert torch.equal(windows[:, 56:], draws + (draws >= EOT_TOKEN).long())
+
+
+def test_span_candidates_are_the_tokens_seen_often_enough(tmp_path):
+    path = tmp_path / "train.bin"
+    np.array([5, 5, 5, 7, 7, 9, EOT_TOKEN, EOT_TOKEN, EOT_TOKEN, 299], dtype=np.uint16).tofile(path)
+    train = TokenArray([path], name="train")
+    assert span_candidates(300, 1, train).tolist() == [5, 7, 9, 299]  # never <|endoftext|> (out of range here)
+    assert span_candidates(50257, 2, train).tolist() == [5, 7]  # <|endoftext|> is never a candidate
+    assert span_candidates(300, 4, train).tolist() == []
+    assert len(span_candidates(300)) == 300 and len(span_candidates(50257)) == 50256
+    windows = probe_windows(shard(tmp_path, 100), 40, 32, 10, 6, span_candidates(300, 2, train), gen())
+    assert set(windows[:, 26:].unique().tolist()) == {5, 7}
+
+
+class ContextBlind(torch.nn.Module):
+    """A bigram model: its prediction at a position depends on that position's token alone."""
+
+    vocab_size = 300
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(300, 300)
+        self.head_weight = torch.eye(300)
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.embedding(idx)
+
+
+class Copier(ContextBlind):
+    """An induction head written out: at each position, the token that followed the latest earlier occurrence of
+    this position's token (nothing where there is none)."""
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        hidden = torch.zeros(*idx.shape, 300)
+        for b, row in enumerate(idx.tolist()):
+            for t, token in enumerate(row):
+                earlier = [s for s in range(t) if row[s] == token]
+                if earlier:
+                    hidden[b, t, row[earlier[-1] + 1]] = 20.0
+        return hidden
+
+
+def probe_and_control(model, tokens: TokenArray) -> list[tuple[int, int, float]]:
+    candidates = span_candidates(300)
+    return [
+        score_copies(model, probe_windows(tokens, 7, 32, 10, 6, candidates, gen(), first), 6, 64, CPU, torch.float32)
+        for first in (True, False)
+    ]
+
+
+def test_the_first_copy_helps_a_copier_and_not_a_model_blind_to_context(tmp_path):
+    """copy_gain (the probe's log-probability minus its control's, the same span without the first copy) is
+    exactly 0 for a model that cannot look back, and near ln 300 for one that copies."""
+    torch.manual_seed(0)
+    tokens = shard(tmp_path, 300)
+    blind = probe_and_control(ContextBlind().eval(), tokens)
+    assert blind[0] == blind[1]  # same span, same predictions: the first copy changes nothing
+    (exact, right, logprob), (control_exact, _, control) = probe_and_control(Copier(), tokens)
+    assert exact >= 6 and right >= 33 and control_exact == 0  # 7 examples x 5 targets; a span may repeat a token
+    assert (logprob - control) / 35 > 0.8 * math.log(300)
 
 
 def test_copy_probe_scores_match_the_full_logits(tmp_path):
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_embd=16, n_layer=1, n_head=2, vocab_size=300), RoPEConfig(), train_seq_len=32).eval()
-    windows = probe_windows(shard(tmp_path, 300), 5, 32, 10, 6, 300, gen())
+    windows = probe_windows(shard(tmp_path, 300), 5, 32, 10, 6, span_candidates(300), gen())
     exact, right, logprob = score_copies(model, windows, 6, 64, torch.device("cpu"), torch.float32)
     with torch.no_grad():
         logits = model(windows)[:, 26:31]

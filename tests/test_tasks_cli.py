@@ -111,3 +111,17 @@ def test_copy_probe_on_a_language_model_run(cli):
         else:  # TINY's pe=learned ends at 16 positions
             assert row["accuracy"] is None and "encodes at most" in row["reason"]
     assert (run_dir / "eval" / "distance_length.png").exists()
+    scored = [row for row in rows if row["accuracy"] is not None]
+    assert all(row["copy_gain"] == pytest.approx(row["mean_logprob"] - row["control_logprob"]) for row in scored)
+    assert {row["copy_candidates"] for row in rows} == {50256} and {row["copy_min_count"] for row in rows} == {0}
+
+    # spans of frequent training tokens only: rows beside the first probe's, never replacing them
+    frequent = cli.eval(run_dir, *probe, "eval.protocols=[nonoverlapping]", "eval.copy_min_count=3")
+    assert frequent.returncode == 0, frequent.stderr
+    rows = json.loads((run_dir / "eval" / "tasks.json").read_text())["results"]
+    assert sorted(row["copy_min_count"] for row in rows) == [0, 0, 0, 3, 3, 3]
+    assert 10 < min(row["copy_candidates"] for row in rows) < 50256
+    before = (run_dir / "eval" / "tasks.json").read_text()
+    refused = cli.eval(run_dir, *probe, "eval.protocols=[nonoverlapping]", "eval.copy_min_count=1000000000")
+    assert_one_line_error(refused, "eval.copy_min_count=1000000000 leaves 0 token(s)")
+    assert (run_dir / "eval" / "tasks.json").read_text() == before
