@@ -106,6 +106,7 @@ from model.pe import display_name
 # Config keys that do not make two runs different settings: the seed, and what a resumed run may change
 # (logging, evaluation, threads, ...) except what changes the trained model (its length, its precision).
 NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key not in ("train.max_steps", "train.dtype"))
+DEFAULT_MARKDOWN = Path("comparison.md")  # the other outputs lie beside it (default_outputs)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -172,9 +173,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, path)
     return args
-
-
-DEFAULT_MARKDOWN = Path("comparison.md")
 
 
 def default_outputs(markdown: Path) -> dict[str, Path]:
