@@ -62,6 +62,9 @@ CSV_COLUMNS = [
     "ci_high",
     "correct",
     "n",
+    "copy_span",
+    "copy_min_count",
+    "copy_candidates",
     "token_accuracy",
     "mean_logprob",
     "control_logprob",
@@ -177,6 +180,17 @@ def grid_cell(row: dict[str, Any]) -> tuple[str, float] | None:
 PROBE_SETTINGS = {"data": None, "corpus": None, "split": None, "copy_span": None, "copy_min_count": 0}
 
 
+def probe_settings(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: row.get(key, default) for key, default in PROBE_SETTINGS.items()}
+
+
+def probe_labeller(rows: list[dict[str, Any]]):
+    """A function naming a row's probe settings among those that differ between ``rows`` ("" where none do):
+    ``copy_min_count=1000``."""
+    varying = [key for key in PROBE_SETTINGS if len({json.dumps(probe_settings(r)[key]) for r in rows}) > 1]
+    return lambda row: " ".join(f"{key}={probe_settings(row)[key]}" for key in varying)
+
+
 def row_key(row: dict[str, Any]) -> tuple:
     """What identifies a task measurement: a later one with the same key replaces it. Probe rows of other text or
     settings are other measurements (rows written before copy_min_count existed drew from every token: 0)."""
@@ -186,7 +200,7 @@ def row_key(row: dict[str, Any]) -> tuple:
         grid_cell(row),
         json.dumps(row.get("variation_settings"), sort_keys=True),
         json.dumps(row.get("attn_temperature"), sort_keys=True),  # None in rows from before it existed
-        json.dumps({key: row.get(key, default) for key, default in PROBE_SETTINGS.items()}, sort_keys=True),
+        json.dumps(probe_settings(row), sort_keys=True),
     )
 
 
@@ -319,18 +333,31 @@ def _row_label(row: dict[str, Any], grids: set[str]) -> str:
 
 
 def format_table(document: dict[str, Any]) -> str:
-    """Rows: variation and depth; columns: lengths; cells: accuracy [95% interval]; then effective lengths."""
+    """Rows: variation and depth (and the probe's settings where they differ); columns: lengths; cells: accuracy
+    [95% interval], and for the copy probe a second table of copy_gain; then effective lengths."""
     rows = sorted(document["results"], key=sort_key)
     lengths = sorted({row["length"] for row in rows})
     grids = {cell[0] for cell in map(grid_cell, rows) if cell}
+    probe_label = probe_labeller(rows)
     table: dict[str, dict[int, dict[str, Any]]] = {}
     for row in rows:
-        table.setdefault(_row_label(row, grids), {})[row["length"]] = row
-    header = [f"{document['task']} pe={document['pe']} accuracy"] + length_header(lengths, document["train_seq_len"])
+        label = " ".join(part for part in (_row_label(row, grids), probe_label(row)) if part)
+        table.setdefault(label, {})[row["length"]] = row
+    columns = length_header(lengths, document["train_seq_len"])
+    header = [f"{document['task']} pe={document['pe']} accuracy"] + columns
     body = [[label] + [_cell_text(c[L]) if L in c else "-" for L in lengths] for label, c in table.items()]
     text = render_table(header, body)
+    if any(row.get("copy_gain") is not None for row in rows):
+        gains = [[label] + [_gain_text(c.get(L)) for L in lengths] for label, c in table.items()]
+        text += "\n" + render_table(["copy_gain (nats the first copy adds)"] + columns, gains)
     effective = ", ".join(f"{label or 'as trained'}: {L}" for label, L in document["effective_length"].items())
     return text + (f"\n(effective length, accuracy >= {document['threshold']}: {effective})" if effective else "")
+
+
+def _gain_text(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    return "n/a" if row.get("copy_gain") is None else f"{row['copy_gain']:+.3f}"
 
 
 def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
@@ -348,11 +375,23 @@ def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
     if any(line.x for line in curves.values()):
         path = eval_dir / ACCURACY_PLOT
         plots["accuracy_vs_length"] = plot_accuracy_vs_length(list(curves.values()), {train_len}, path, title)
-    grid = [(*grid_cell(r), r["length"], r["accuracy"]) for r in rows if grid_cell(r) and not variation(r)]
+    # A heatmap per grid and probe setting (distance_length.png; with several settings in tasks.json,
+    # distance_length_copy_min_count=0.png, ...), drawn again from every row: earlier ones are replaced.
+    probe_label = probe_labeller(rows)
+    for old in (path for key in GRIDS for path in eval_dir.glob(f"{key}_length*.png")):
+        old.unlink()
+    grid = [
+        (*grid_cell(r), probe_label(r), r["length"], r["accuracy"]) for r in rows if grid_cell(r) and not variation(r)
+    ]
     for key, ylabel in GRIDS.items():
-        cells = [(value, length, accuracy) for name, value, length, accuracy in grid if name == key]
-        if cells:
-            plots[f"{key}_length"] = plot_grid_heatmap(cells, ylabel, eval_dir / f"{key}_length.png", title)
+        for setting in sorted({probe for name, _, probe, _, _ in grid if name == key}):
+            cells = [
+                (value, length, accuracy)
+                for name, value, probe, length, accuracy in grid
+                if (name, probe) == (key, setting)
+            ]
+            name = f"{key}_length" + (f"_{setting.replace(' ', '_')}" if setting else "")
+            plots[name] = plot_grid_heatmap(cells, ylabel, eval_dir / f"{name}.png", " ".join((title, setting)).strip())
     return plots
 
 

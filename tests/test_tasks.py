@@ -20,7 +20,15 @@ from data.tasks.flipflop import BOS, READ, WRITE, ZERO, FlipFlopConfig
 from data.tasks.mqar import MQARConfig
 from data.tasks.passkey import PasskeyConfig
 from evaluation.copy_probe import probe_windows, score_copies, span_candidates
-from evaluation.tasks import count_exact_matches, effective_lengths, evaluate_cell, examples_for, wilson_interval
+from evaluation.tasks import (
+    count_exact_matches,
+    effective_lengths,
+    evaluate_cell,
+    examples_for,
+    format_table,
+    wilson_interval,
+    write_plots,
+)
 from experiment.compose import compose_config
 from experiment.config import set_task_vocabulary, validate
 from model import GPT
@@ -433,3 +441,39 @@ def test_probes_are_for_language_model_runs():
     with pytest.raises(PosGPTError, match="language-model run"):
         validate(compose_config(["task=passkey", "eval.tasks=[copy_probe]"]))
     validate(compose_config(["eval.tasks=[copy_probe]"]))
+
+
+def probe_row(length: int, distance: int, min_count: int, gain: float) -> dict:
+    return dict(
+        task="copy_probe",
+        length=length,
+        distance=distance,
+        copy_span=16,
+        copy_min_count=min_count,
+        data="python_stdlib",
+        corpus="c",
+        split="val",
+        accuracy=0.0,
+        ci_low=0.0,
+        ci_high=0.1,
+        n=97,
+        copy_gain=gain,
+    )
+
+
+def test_probes_of_two_settings_are_shown_apart(tmp_path):
+    """Rows of eval.copy_min_count 0 and 1000 in one tasks.json: a table row each, a heatmap each, none pooled."""
+    rows = [probe_row(64, 48, 0, 0.161), probe_row(64, 48, 1000, 0.034), probe_row(128, 48, 1000, -0.011)]
+    document = {"task": "copy_probe", "pe": "rope", "train_seq_len": 64, "step": 500, "results": rows}
+    document.update(threshold=0.9, effective_length={})
+    text = format_table(document)
+    assert "distance 48 copy_min_count=0 " in text and "distance 48 copy_min_count=1000 " in text
+    accuracy, gain = text.split("copy_gain (nats the first copy adds)")
+    assert gain.count("+0.161") == 1 and "+0.034" in gain and "-0.011" in gain
+    (tmp_path / "distance_length.png").write_bytes(b"stale")  # drawn when the run had one probe setting
+    plots = write_plots(document, tmp_path)
+    names = sorted(path.name for path in tmp_path.glob("distance_length*.png"))
+    assert names == ["distance_length_copy_min_count=0.png", "distance_length_copy_min_count=1000.png"]
+    assert sorted(plots) == ["distance_length_copy_min_count=0", "distance_length_copy_min_count=1000"]
+    # one setting alone: no suffix, as before
+    assert "copy_min_count" not in format_table({**document, "results": rows[:1]})

@@ -121,6 +121,9 @@ def test_copy_probe_on_a_language_model_run(cli):
     rows = json.loads((run_dir / "eval" / "tasks.json").read_text())["results"]
     assert sorted(row["copy_min_count"] for row in rows) == [0, 0, 0, 3, 3, 3]
     assert 10 < min(row["copy_candidates"] for row in rows) < 50256
+    assert "copy_min_count=3" in frequent.stdout and "copy_gain (nats the first copy adds)" in frequent.stdout
+    assert (run_dir / "eval" / "distance_length_copy_min_count=3.png").exists()
+    assert not (run_dir / "eval" / "distance_length.png").exists()  # it held the first probe alone
     before = (run_dir / "eval" / "tasks.json").read_text()
     refused = cli.eval(run_dir, *probe, "eval.protocols=[nonoverlapping]", "eval.copy_min_count=1000000000")
     assert_one_line_error(refused, "eval.copy_min_count=1000000000 leaves 0 token(s)")
