@@ -9,16 +9,15 @@
     python scripts/compare.py runs/*/ --baseline rope                   # paired differences against rope
     python scripts/compare.py tasks/passkey-*/ --task-plot acc.png      # task runs: accuracy over seeds
 
-Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by
-eval.py) and the config the run was trained with (its checkpoint's; without checkpoints, the one its
-extrapolation.json records, so results copied without them still compare: run_config). Runs whose configs
-differ only in ``train.seed`` (and in settings that do not change the trained model: logging, evaluation,
-threads, ...) are seeds of one setting. Table rows: one per setting and evaluation-time variation ("rope",
-"rope yarn:16", "alibi", "rope pe.base=500000" when settings of one scheme differ in a key); columns: evaluation
-lengths; cells:
-the mean perplexity over seeds ± the half-width of its 95% Student-t confidence interval (one seed: the
-value alone), the lowest mean of each column in bold; "n/a" where the scheme cannot run at that length
-(learned beyond its table), "-" where it was not evaluated. Below the table: which differences exceed their
+Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by eval.py) and
+the config the run was trained with (its checkpoint's; without checkpoints, the one its extrapolation.json records,
+so results copied without them still compare: run_config). Runs whose configs differ only in ``train.seed`` (and in
+settings that do not change the trained model: logging, evaluation, threads, ...) and whose results scored
+checkpoints of one step are seeds of one setting. Table rows: one per setting and evaluation-time variation
+("rope", "rope yarn:16", "alibi", "rope pe.base=500000" when settings of one scheme differ in a key); columns:
+evaluation lengths; cells: the mean perplexity over seeds ± the half-width of its 95% Student-t confidence interval
+(one seed: the value alone), the lowest mean of each column in bold; "n/a" where the scheme cannot run at that
+length (learned beyond its table), "-" where it was not evaluated. Below the table: which differences exceed their
 intervals, the protocol, the data and the scored token ranges (cells scored on different tokens are flagged);
 paired by seed, every setting against the lowest in each column, or against ``--baseline`` (a row's label).
 
@@ -218,6 +217,11 @@ class Run:
     def pe(self) -> str:
         return (self.document or self.tasks)["pe"]
 
+    @property
+    def step(self) -> int:
+        """The training step of the checkpoint its results scored."""
+        return (self.document or self.tasks)["step"]
+
 
 @dataclass
 class Entry:
@@ -253,17 +257,24 @@ def load_runs(run_dirs: list[Path]) -> list[Run]:
     for run_dir in run_dirs:
         tasks = load_task_results(run_dir)
         document = load_run_results(run_dir) if tasks is None else load_results(Path(run_dir) / EVAL_DIR)
+        if document is not None and tasks is not None and document["step"] != tasks["step"]:
+            raise PosGPTError(
+                f"{run_dir}: its perplexity scored the checkpoint of step {document['step']}, its tasks.json that "
+                f"of step {tasks['step']}: evaluate it again (python eval.py run_dir={run_dir} ...)"
+            )
         runs.append(Run(run_dir, document, run_config(run_dir, document or tasks), tasks))
     return runs
 
 
-def setting(config: dict[str, Any]) -> dict[str, str]:
-    """The flattened config without the keys that do not make a different setting (NOT_A_SETTING)."""
-    return {
+def setting(run: Run) -> dict[str, str]:
+    """The flattened config without the keys that do not make a different setting (NOT_A_SETTING), and the step
+    scored: checkpoints of one run at other steps (eval.py on a copy of step_N.pt) are other models."""
+    kept = {
         key: json.dumps(value, sort_keys=True)
-        for key, value in flatten_config(config).items()
+        for key, value in flatten_config(run.config).items()
         if not may_change(key, NOT_A_SETTING)
     }
+    return {**kept, "step": json.dumps(run.step)}
 
 
 def group_by_seed(runs: list[Run]) -> list[list[Run]]:
@@ -271,7 +282,7 @@ def group_by_seed(runs: list[Run]) -> list[list[Run]]:
     (the same run twice, or a rerun: counting both would fake a narrow interval)."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
-        group = groups.setdefault(tuple(sorted(setting(run.config).items())), [])
+        group = groups.setdefault(tuple(sorted(setting(run).items())), [])
         for other in group:
             if other.config["train"]["seed"] == run.config["train"]["seed"]:
                 raise PosGPTError(
@@ -291,7 +302,7 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
     more than MAX_LABEL_KEYS differ (a fine-tuned run: its length, lr, steps, parent, ...), the name of its
     first run's directory, without a -s<seed> suffix, and with as many parent directories as it takes to tell
     it from the others (probes/h2/rope-s1 and probes/w128/rope-s1: "h2/rope", "w128/rope")."""
-    settings = [setting(group[0].config) for group in groups]
+    settings = [setting(group[0]) for group in groups]
     details: list[list[str] | None] = []
     for group, own in zip(groups, settings):
         scheme = group[0].pe

@@ -347,7 +347,7 @@ def fake_run(pe, seed, ppls, pe_keys=None):
         }
         for length, ppl in ppls.items()
     ]
-    return compare.Run(Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "results": rows}, config)
+    return compare.Run(Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "step": 10, "results": rows}, config)
 
 
 def test_runs_that_differ_only_in_seed_and_run_settings_are_one_group():
@@ -450,7 +450,7 @@ def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tm
             "pe": {"name": "rope", "base": 10000.0},
             "train": {"seed": 1, "seq_len": 64, "lr": 1e-3, "max_steps": 1200, "init_from": None, **train},
         }
-        return compare.Run(tmp_path / name, {"pe": "rope"}, config)
+        return compare.Run(tmp_path / name, {"pe": "rope", "step": 10}, config)
 
     parent, base = fake("rope-64-s1"), fake("rope-base-s1")
     base.config["pe"]["base"] = 500000.0

@@ -50,20 +50,44 @@ def config(seed: int, *overrides: str) -> DictConfig:
     return cfg
 
 
-def write(cfg: DictConfig, task: str, rows: list[dict], extra: dict, run_dir: Path) -> None:
+def write(cfg: DictConfig, task: str, rows: list[dict], extra: dict, run_dir: Path, step: int | None = None) -> None:
     """evaluation/tasks.py's writer, as the evaluation calls it; its plots (not compare's input) left out, for speed."""
     with mock.patch("evaluation.tasks.write_plots", return_value={}):
-        write_task_results(cfg, task, rows, extra, run_dir, OmegaConf.to_container(cfg, resolve=True))
+        write_task_results(cfg, task, rows, extra, run_dir, OmegaConf.to_container(cfg, resolve=True), step=step)
 
 
-def task_run(root: Path, pe: str, seed: int, accuracy: dict[int, float | None], *overrides: str, rows=()) -> Path:
-    """<root>/<task>-<pe>[-<overrides>]-s<seed> with the eval/tasks.json a task run of these settings writes."""
+def task_run(
+    root: Path, pe: str, seed: int, accuracy: dict[int, float | None], *overrides: str, rows=(), step=None
+) -> Path:
+    """<root>/<task>-<pe>[-<overrides>]-s<seed> with the eval/tasks.json a task run of these settings writes
+    (scoring the checkpoint of ``step``; None: the last)."""
     cfg = config(seed, f"pe={pe}", "task=passkey", *overrides)
     name = "-".join([cfg.task.name, pe, *(o.split("=")[-1] for o in overrides if o.startswith("task."))])
     run_dir = root / f"{name}-s{seed}"
     results = [task_row(cfg.task.name, length, value) for length, value in accuracy.items()] + list(rows)
-    write(cfg, cfg.task.name, results, {"task_config": OmegaConf.to_container(cfg.task)}, run_dir)
+    write(cfg, cfg.task.name, results, {"task_config": OmegaConf.to_container(cfg.task)}, run_dir, step)
     return run_dir
+
+
+def test_checkpoints_of_other_steps_are_other_settings(tmp_path):
+    """Step checkpoints of the same runs (eval.py on copies of step_N.pt) are tables' rows of their own, labelled
+    by the step, never pooled as seeds nor refused as the same run twice."""
+    last = config(1, "task=passkey").train.max_steps
+    runs = [task_run(tmp_path / "last", "rope", seed, {16: 0.9}) for seed in (1, 2)]
+    runs += [task_run(tmp_path / "early", "rope", seed, {16: 0.2 * seed}, step=100) for seed in (1, 2)]
+    report = report_of(runs, tmp_path)
+    assert f"| rope step={last} | 2 | **0.900 ± 0.000** |" in report
+    assert "| rope step=100 | 2 | 0.300 ± 1.271 |" in report
+
+
+def test_a_run_whose_files_scored_other_checkpoints_is_refused(tmp_path, capsys):
+    run_dir = language_run(tmp_path, "rope", 1, 10.0, {(16, 4): (0.5, -1.0)})
+    document = json.loads((run_dir / "eval" / "tasks.json").read_text())
+    (run_dir / "eval" / "tasks.json").write_text(json.dumps({**document, "step": 20}))
+    with pytest.raises(SystemExit) as exited:
+        compare.main([str(run_dir), "--markdown", str(tmp_path / "c.md")])
+    assert exited.value.code == 2
+    assert "its perplexity scored the checkpoint of step 10, its tasks.json that of step 20" in capsys.readouterr().err
 
 
 def language_run(
@@ -81,7 +105,7 @@ def language_run(
         task_row("copy_probe", length, accuracy, distance=distance, mean_logprob=logprob, **text)
         for (length, distance), (accuracy, logprob) in probe.items()
     ]
-    write(cfg, "copy_probe", rows, {"copy_span": span}, run_dir)
+    write(cfg, "copy_probe", rows, {"copy_span": span}, run_dir, step=10)  # the checkpoint the perplexity scored
     return run_dir
 
 
@@ -194,7 +218,8 @@ def test_rows_evaluated_with_an_attention_temperature_are_rows_of_their_own(tmp_
         row.update(data="text", split="val", ppl=20.0, loss=3.0, tokens=64, target_range=[16, 80])
         trained = OmegaConf.to_container(config(seed, "pe=rope", "data=text"), resolve=True)
         plain = {**row, "attn_temperature": None, "ppl": 30.0}
-        document = results_document("rope", 16, [plain, row], step=10, data="text", config=trained)
+        step = json.loads((run_dir / "eval" / "tasks.json").read_text())["step"]  # the same checkpoint
+        document = results_document("rope", 16, [plain, row], step=step, data="text", config=trained)
         write_results(document, run_dir / "eval")
     report = report_of(runs, tmp_path)
     assert "| rope | 2 | 30.00 ± 0.00 |" in report and "| rope logn | 2 | **20.00 ± 0.00** |" in report
