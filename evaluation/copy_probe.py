@@ -46,8 +46,6 @@ from evaluation.tasks import examples_for, wilson_interval, write_task_results
 from experiment.config import eval_lengths
 
 NAME = "copy_probe"
-
-
 COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
 
 

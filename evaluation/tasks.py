@@ -23,7 +23,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,7 @@ def grid_cell(row: dict[str, Any]) -> tuple[str, float] | None:
     return next(((key, row[key]) for key in GRIDS if row.get(key) is not None), None)
 
 
+FILE_UNSAFE = re.compile(r"[^\w.=-]+")  # what a heatmap's file name may not hold of a probe setting's label
 # What a probe row measured besides its cell: the text the probe was written into and the probe's settings.
 PROBE_SETTINGS = {"data": None, "corpus": None, "split": None, "copy_span": None, "copy_min_count": 0}
 
@@ -184,7 +187,7 @@ def probe_settings(row: dict[str, Any]) -> dict[str, Any]:
     return {key: row.get(key, default) for key, default in PROBE_SETTINGS.items()}
 
 
-def probe_labeller(rows: list[dict[str, Any]]):
+def probe_labeller(rows: list[dict[str, Any]]) -> Callable[[dict[str, Any]], str]:
     """A function naming a row's probe settings among those that differ between ``rows`` ("" where none do):
     ``copy_min_count=1000``."""
     varying = [key for key in PROBE_SETTINGS if len({json.dumps(probe_settings(r)[key]) for r in rows}) > 1]
@@ -390,7 +393,7 @@ def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
                 for name, value, probe, length, accuracy in grid
                 if (name, probe) == (key, setting)
             ]
-            name = f"{key}_length" + (f"_{setting.replace(' ', '_')}" if setting else "")
+            name = f"{key}_length" + ("_" + FILE_UNSAFE.sub("_", setting) if setting else "")
             plots[name] = plot_grid_heatmap(cells, ylabel, eval_dir / f"{name}.png", " ".join((title, setting)).strip())
     return plots
 

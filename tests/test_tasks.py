@@ -475,5 +475,8 @@ def test_probes_of_two_settings_are_shown_apart(tmp_path):
     names = sorted(path.name for path in tmp_path.glob("distance_length*.png"))
     assert names == ["distance_length_copy_min_count=0.png", "distance_length_copy_min_count=1000.png"]
     assert sorted(plots) == ["distance_length_copy_min_count=0", "distance_length_copy_min_count=1000"]
+    # probes of other text: the file name holds no path separator
+    other = {**document, "results": [rows[0], {**rows[1], "copy_min_count": 0, "corpus": "files /data/book one.txt"}]}
+    assert "distance_length_corpus=files_data_book_one.txt" in write_plots(other, tmp_path)
     # one setting alone: no suffix, as before
     assert "copy_min_count" not in format_table({**document, "results": rows[:1]})
