@@ -159,7 +159,9 @@ def fake_run(pe, seed, ppl, digest="a" * 64, backend="sdpa", dtype="float32", sp
         "target_range": list(targets),
     }
     config = {"pe": {"name": pe}, "train": {"seed": seed, "seq_len": 16}}
-    return compare.Run(Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "results": [row]}, config)
+    return compare.Run(
+        Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "step": 10, "results": [row]}, config
+    )
 
 
 def entries(runs):
