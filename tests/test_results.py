@@ -27,6 +27,7 @@ REPORTS = [
         ["--ratios", "--data", "tinyshakespeare"],
     ),
     ("copy-probe-width256/comparison.md", ["copy-probe-width256/*/"], []),
+    ("copy-probe-budget/comparison.md", ["copy-probe-budget/step_*/"], []),
     ("width64-newer-schemes/comparison.md", ["width64-newer-schemes/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("width64-newer-schemes/comparison_vs_rope.md", ["width64-newer-schemes/*/"], ["--ratios", "--baseline", "rope"]),
     ("task-study/comparison_tasks.md", ["task-study/*/"], []),
