@@ -16,6 +16,7 @@ from __future__ import annotations
 import colorsys
 import hashlib
 import math
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
 from core.errors import PosGPTError
 from model.pe import SCHEMES
 
+TITLE_WIDTH = 70  # characters a title line holds before it wraps (a task's settings can be long), rather than be cut
 LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (10, 3)), "v"), ((0, (5, 2, 1, 2, 1, 2)), "P")]
 
 
@@ -194,7 +196,7 @@ def plot_grid_heatmap(cells: list[tuple[float, int, float | None]], ylabel: str,
     ax.set_ylabel(ylabel)
     fig.colorbar(image, ax=ax, label="exact-match accuracy")
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_title(title, fontsize="medium")
+    ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize="medium")
     fig.savefig(path, dpi=120)
     return Path(path)
 
@@ -210,7 +212,7 @@ def plot_training_curves(series: list[Series], path: str | Path, title: str) -> 
 def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize="medium")
+    ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
 
