@@ -112,10 +112,26 @@ def score_copies(
     return exact, right, logprob
 
 
+def probe_candidates(cfg: DictConfig, vocab: int) -> torch.Tensor:
+    """The token ids the probe's span is drawn from under eval.copy_min_count; PosGPTError, naming the setting,
+    when fewer than 2 are left. Evaluations call it before they score anything, so that a setting the probe
+    refuses costs no perplexity evaluation first."""
+    min_count = cfg.eval.copy_min_count
+    train_tokens = load_split(cfg.data, "train") if min_count else None
+    candidates = span_candidates(vocab, min_count, train_tokens, cfg.logging.progress)
+    if len(candidates) < 2:
+        raise PosGPTError(
+            f"eval.copy_min_count={min_count} leaves {len(candidates)} token(s) of the training split of "
+            f"{cfg.data.name} to draw the copy probe's span from: lower it"
+        )
+    return candidates
+
+
 def run_copy_probe(
     cfg: DictConfig,
     model: torch.nn.Module,
     tokens: TokenArray,
+    candidates: torch.Tensor,
     run_dir: str | Path,
     device: torch.device,
     dtype: torch.dtype,
@@ -123,16 +139,10 @@ def run_copy_probe(
     wandb_run=None,
     step: int | None = None,
 ) -> dict[str, Any]:
-    """Every (variation, length, distance) cell, written with the task results (evaluation/tasks.py)."""
+    """Every (variation, length, distance) cell, written with the task results (evaluation/tasks.py); the span is
+    drawn from ``candidates`` (probe_candidates)."""
     n, span, lengths = examples_for(cfg.eval.task_half_width), cfg.eval.copy_span, eval_lengths(cfg)
     min_count = cfg.eval.copy_min_count
-    train_tokens = load_split(cfg.data, "train") if min_count else None
-    candidates = span_candidates(model.vocab_size, min_count, train_tokens, cfg.logging.progress)
-    if len(candidates) < 2:
-        raise PosGPTError(
-            f"eval.copy_min_count={min_count} leaves {len(candidates)} token(s) of the training split of "
-            f"{cfg.data.name} to draw the copy probe's span from: lower it"
-        )
     limit = model.pe.max_positions()
     # what the rows scored; the probe's settings too, since rows of other settings stay in tasks.json beside them
     provenance = {

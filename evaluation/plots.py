@@ -163,14 +163,20 @@ def plot_accuracy_vs_length(series: list[Series], train_lens: set[int], path: st
     return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", title, path)
 
 
-def plot_accuracy_panels(panels: list[tuple[str, list[Series], set[int]]], path: str | Path, title: str) -> Path:
-    """plot_accuracy_vs_length's plot for several tasks in one figure (scripts/compare.py): a panel per
-    (title, series, training lengths), one above the other."""
+# the y axis of a task panel, by the measure it draws (tasks.json's row fields)
+TASK_AXES = {"accuracy": "exact-match accuracy", "copy_gain": "copy gain (nats the first copy adds)"}
+
+
+def plot_task_panels(panels: list[tuple[str, list[Series], set[int], str]], path: str | Path, title: str) -> Path:
+    """plot_accuracy_vs_length's plot for several tasks or measures in one figure (scripts/compare.py): a panel per
+    (title, series, training lengths, measure: a key of TASK_AXES), one above the other."""
     fig = Figure(figsize=(7, 4.5 * len(panels)), layout="constrained")
-    for ax, (panel_title, series, train_lens) in zip(fig.subplots(len(panels), 1, squeeze=False)[:, 0], panels):
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    for ax, (panel_title, series, train_lens, measure) in zip(axes, panels):
         _draw_by_length(ax, series, train_lens)
-        ax.set_ylim(-0.02, 1.02)
-        _label(ax, "evaluation length (tokens)", "exact-match accuracy", panel_title)
+        if measure == "accuracy":
+            ax.set_ylim(-0.02, 1.02)
+        _label(ax, "evaluation length (tokens)", TASK_AXES[measure], panel_title)
     fig.suptitle(title)
     fig.savefig(path, dpi=120)
     return Path(path)

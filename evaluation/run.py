@@ -88,6 +88,10 @@ def run_extrapolation_eval(
         from evaluation.tasks import run_task_eval
 
         return run_task_eval(cfg, model, run_dir, device, dtype, trained_config, wandb_run, step)
+    if cfg.eval.tasks:  # zero-shot probes (eval.tasks=[copy_probe]): their settings are checked before any scoring
+        from evaluation.copy_probe import probe_candidates, run_copy_probe
+
+        candidates = probe_candidates(cfg, model.vocab_size)
     rows = []
     # The scheme's evaluation-time variations (eval.variations, else the run as configured); [("", {})] for most.
     for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
@@ -141,10 +145,8 @@ def run_extrapolation_eval(
     print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
     if wandb_run is not None:
         _log_to_wandb(wandb_run, document, plots)
-    if cfg.eval.tasks:  # zero-shot probes: eval.tasks=[copy_probe]
-        from evaluation.copy_probe import run_copy_probe
-
-        run_copy_probe(cfg, model, val_tokens, run_dir, device, dtype, trained_config, wandb_run, step)
+    if cfg.eval.tasks:
+        run_copy_probe(cfg, model, val_tokens, candidates, run_dir, device, dtype, trained_config, wandb_run, step)
     return document
 
 

@@ -76,9 +76,9 @@ from evaluation.plots import (
     bin_centre,
     bins_note,
     check_image_paths,
-    plot_accuracy_panels,
     plot_per_position,
     plot_ppl_vs_length,
+    plot_task_panels,
     plot_training_curves,
 )
 from evaluation.report import (
@@ -96,7 +96,7 @@ from evaluation.report import (
 )
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.stats import Estimate, clearly_different, mean_ci
-from evaluation.tasks import GRIDS, effective_lengths, grid_cell
+from evaluation.tasks import GRIDS, PROBE_SETTINGS, effective_lengths, grid_cell, probe_settings
 from evaluation.tasks import JSON_FILE as TASKS_FILE
 from evaluation.tasks import variation as row_variation
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
@@ -946,13 +946,11 @@ def task_identity(row: dict[str, Any], document: dict[str, Any]) -> str:
     and the text it was written into (data, corpus, split). Rows of different identities are never pooled nor
     compared: a passkey run with another key_len is another table."""
     settings = {key: value for key, value in (document.get("task_config") or {}).items() if key != "name"}
-    span = row.get("copy_span", document.get("copy_span"))  # eval.copy_span: rows record it since 2026-11-24
-    if span is not None:
-        settings["copy_span"] = span
-    if row.get("copy_min_count"):  # eval.copy_min_count: 0 (or absent, before it existed) draws from every token
-        settings["copy_min_count"] = row["copy_min_count"]
-    if row.get("data") is not None:  # a probe of held-out text: which text
-        settings.update(data=row["data"], corpus=row.get("corpus"), split=row.get("split"))
+    if row.get("data") is not None:  # a probe of held-out text (every probe row records its text)
+        # its settings (evaluation/tasks.py) other than their defaults (copy_min_count=0 draws from every token);
+        # files from before 2026-11-24 record copy_span once, in the document
+        probe = probe_settings({"copy_span": document.get("copy_span"), **row})
+        settings.update({key: value for key, value in probe.items() if value != PROBE_SETTINGS[key]})
     described = ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))
     return row["task"] + (f" ({described})" if described else "")
 
@@ -1150,23 +1148,26 @@ def task_csv(entries: list[TaskEntry], path: Path) -> Path:
     return atomic_write(path, text.getvalue())
 
 
-def task_panels(entries: list[TaskEntry]) -> list[tuple[str, list[Series], set[int]]]:
+def task_panels(entries: list[TaskEntry]) -> list[tuple[str, list[Series], set[int], str]]:
     """Per task identity, accuracy vs length with its CI band, one line per setting: at no grid cell (random
-    depth), or, for a task measured only on a grid (the copy probe's distances), at its first cell."""
+    depth), or, for a task measured only on a grid (the copy probe's distances), at its first cell; where the
+    rows have a copy_gain (the copy probe's), a second panel of it, which says more than an accuracy of 0 does."""
     panels = []
-    for identity, _, classes in task_tables(entries):
-        title, members = classes[0]
-        estimate = task_estimate("accuracy")
-        series = []
-        for entry in members:
-            points = [
-                (length, value)
-                for length in sorted({length for seed in entry.per_seed for length in seed})
-                if (value := estimate(entry, length)) is not None
-            ]
-            x, y, widths = [p[0] for p in points], [p[1].mean for p in points], [p[1].half_width for p in points]
-            series.append(Series(entry.label, entry.scheme, x, y, widths))
-        panels.append((identity + (f", {title}" if title else ""), series, {entry.train_len for entry in members}))
+    for identity, members, classes in task_tables(entries):
+        title, cell_members = classes[0]
+        for measure in [m for m in ("accuracy", "copy_gain") if m in task_measures(members)]:
+            estimate = task_estimate(measure)
+            series = []
+            for entry in cell_members:
+                points = [
+                    (length, value)
+                    for length in sorted({length for seed in entry.per_seed for length in seed})
+                    if (value := estimate(entry, length)) is not None
+                ]
+                x, y, widths = [p[0] for p in points], [p[1].mean for p in points], [p[1].half_width for p in points]
+                series.append(Series(entry.label, entry.scheme, x, y, widths))
+            train_lens = {entry.train_len for entry in cell_members}
+            panels.append((identity + (f", {title}" if title else ""), series, train_lens, measure))
     return panels
 
 
@@ -1232,7 +1233,7 @@ def main(argv: list[str]) -> None:
         args.task_csv.parent.mkdir(parents=True, exist_ok=True)
         args.task_plot.parent.mkdir(parents=True, exist_ok=True)
         band = " (band: 95% CI over seeds)" if any(len(entry.per_seed) > 1 for entry in tasks) else ""
-        plot_accuracy_panels(task_panels(tasks), args.task_plot, f"Task accuracy by evaluation length{band}")
+        plot_task_panels(task_panels(tasks), args.task_plot, f"Task results by evaluation length{band}")
         written += [task_csv(tasks, args.task_csv), args.task_plot]
     if entries:
         write_perplexity_plots(args, entries, data, written)

@@ -91,10 +91,10 @@ def test_a_run_whose_files_scored_other_checkpoints_is_refused(tmp_path, capsys)
 
 
 def language_run(
-    root: Path, pe: str, seed: int, ppl: float, probe: dict[tuple[int, int], tuple[float, float]], span: int = 4
+    root: Path, pe: str, seed: int, ppl: float, probe: dict[tuple[int, int], tuple[float, ...]], span: int = 4
 ) -> Path:
     """A language-model run: its extrapolation.json (one length) and its copy probe's rows in tasks.json,
-    probe: {(length, distance): (accuracy, mean_logprob)} (a run evaluated again: its rows added)."""
+    probe: {(length, distance): (accuracy, mean_logprob[, copy_gain])} (a run evaluated again: its rows added)."""
     cfg = config(seed, f"pe={pe}", "data=text")
     run_dir, trained = root / f"{pe}-s{seed}", OmegaConf.to_container(cfg, resolve=True)
     row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}, cfg), "data": "text"}
@@ -102,8 +102,9 @@ def language_run(
     write_results(results_document(pe, 16, [row], step=10, data="text", config=trained), run_dir / "eval")
     text = {"data": "text", "corpus": "files x.txt", "split": "val", "copy_span": span}
     rows = [
-        task_row("copy_probe", length, accuracy, distance=distance, mean_logprob=logprob, **text)
-        for (length, distance), (accuracy, logprob) in probe.items()
+        task_row("copy_probe", length, accuracy, distance=distance, mean_logprob=logprob, **text, **measures)
+        for (length, distance), (accuracy, logprob, *gain) in probe.items()
+        for measures in [{"copy_gain": gain[0]} if gain else {}]
     ]
     write(cfg, "copy_probe", rows, {"copy_span": span}, run_dir, step=10)  # the checkpoint the perplexity scored
     return run_dir
@@ -240,6 +241,22 @@ def test_copy_probe_rows_aggregate_by_distance_beside_the_perplexity(tmp_path):
     assert "distance 12:" in accuracy and "| rope | 2 | **0.300 ± 0.635** |" in accuracy
     assert "| rope | 2 | **-1.500 ± 6.353** |" in logprob and "| rope | 2 | **-2.500 ± 6.353** |" in logprob
     assert (tmp_path / "c.png").exists() and (tmp_path / "c_tasks.png").exists()
+
+
+def test_the_task_plot_draws_the_copy_gain_beside_the_accuracy_where_rows_have_it(tmp_path):
+    """A probe's accuracy is 0 for a model that copies a little: its copy_gain panel shows how much (mean over
+    seeds by length, at the first distance); a task without copy_gain gets its accuracy panel alone."""
+    probe = {1: {(16, 4): (0.0, -5.0, 0.2), (32, 4): (0.0, -5.0, 0.1)}, 2: {(16, 4): (0.0, -5.0, 0.4)}}
+    runs = [language_run(tmp_path, "rope", seed, 10.0, probe[seed]) for seed in (1, 2)]
+    panels = compare.task_panels(compare.task_entries(compare.load_runs(runs)))
+    assert [(title.split(" (")[0], measure) for title, _, _, measure in panels] == [
+        ("copy_probe", "accuracy"),
+        ("copy_probe", "copy_gain"),
+    ]
+    (gain,) = panels[1][1]
+    assert gain.x == [16, 32] and gain.y == pytest.approx([0.3, 0.1])
+    report_of(runs, tmp_path)
+    assert (tmp_path / "c_tasks.png").exists()
 
 
 def test_copy_probes_of_other_spans_are_other_tables(tmp_path):

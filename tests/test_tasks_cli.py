@@ -128,3 +128,4 @@ def test_copy_probe_on_a_language_model_run(cli):
     refused = cli.eval(run_dir, *probe, "eval.protocols=[nonoverlapping]", "eval.copy_min_count=1000000000")
     assert_one_line_error(refused, "eval.copy_min_count=1000000000 leaves 0 token(s)")
     assert (run_dir / "eval" / "tasks.json").read_text() == before
+    assert "eval: wrote" not in refused.stdout  # refused before the perplexity evaluation, not after it
