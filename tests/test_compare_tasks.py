@@ -257,6 +257,10 @@ def test_the_task_plot_draws_the_copy_gain_beside_the_accuracy_where_rows_have_i
     assert gain.x == [16, 32] and gain.y == pytest.approx([0.3, 0.1])
     report_of(runs, tmp_path)
     assert (tmp_path / "c_tasks.png").exists()
+    passkey = [task_run(tmp_path / "passkey", "rope", seed, {16: 1.0}) for seed in (1, 2)]
+    assert [measure for *_, measure in compare.task_panels(compare.task_entries(compare.load_runs(passkey)))] == [
+        "accuracy"
+    ]
 
 
 def test_copy_probes_of_other_spans_are_other_tables(tmp_path):
