@@ -34,7 +34,7 @@ from core.errors import MachineFault, PosGPTError
 from core.files import atomic_write
 from data.config import DataConfig, resolve_cache_dir, validate_data_config
 from data.sources import ALL, Corpus, Documents, open_corpus
-from data.tokenizer import EOT_TOKEN, gpt2_encoding
+from data.tokenizer import EOT_TOKEN, GPT2_N_VOCAB, GPT2_NAME, gpt2_encoding
 from data.tokens import TokenArray
 
 FORMAT_VERSION = 2  # bump when the layout or the tokenization rules change, to leave old entries behind
@@ -142,11 +142,10 @@ def _load(cfg: DataConfig) -> dict[str, TokenArray]:
     """train, val and all (both) of cfg's corpus, tokenizing what the cache lacks or what fails its checks."""
     validate_data_config(cfg)
     corpus = open_corpus(cfg)
-    encoding = gpt2_encoding()
     key = _hash(
         {
             "format": FORMAT_VERSION,
-            "tokenizer": [encoding.name, encoding.n_vocab],
+            "tokenizer": [GPT2_NAME, GPT2_N_VOCAB],
             "corpus": corpus.fingerprint,
             "end_with_eot": corpus.end_with_eot,
             "shard_chars": cfg.shard_chars,

