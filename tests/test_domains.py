@@ -2,14 +2,18 @@
 outside it at start-up: one line, ``error: <key>=<value> is out of its domain <interval>``, exit code 2.
 
 The keys are enumerated from the schema itself, so a key added later is walked too, and one without a declared
-domain fails test_every_numeric_key_declares_a_domain. The walk runs each command's real entry point in this
-process (``runpy``, as ``python <script>`` runs it, with the real argv): a subprocess per key would cost ~3 s of
-importing torch each. A few real subprocesses (slow) show that the in-process run answers as the command line does.
+domain fails test_every_numeric_key_declares_a_domain. Every key and bound is walked through the check itself
+(experiment.config.validate on the composed config, ~1 ms a case), and a sample of cases (every command's first
+and every eighth, ~80) through each command's real entry point in this process (``runpy``, as ``python <script>``
+runs it, with the real argv; ~0.5 s of Hydra composition a case), where the answer must equal the check's. A few
+real subprocesses (slow) show that the in-process run answers as the command line does.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import itertools
 import re
 import runpy
@@ -229,23 +233,61 @@ def run_in_process(command: str, argv: list[str], capsys, monkeypatch) -> tuple[
     return code, capsys.readouterr().err
 
 
-def walked(cases: list[Case]) -> list:
-    """Every case; the edit-test loop (-m "not slow") keeps the first of each command and every eighth, and the
-    rest of the walk (about a minute of Hydra composition) runs in the full suite."""
+def sampled(cases: list[Case]) -> list[Case]:
+    """The cases run through a command's entry point: the first of each command and every eighth."""
     firsts = {case.command: i for i, case in reversed(list(enumerate(cases)))}
-    return [
-        case if i % 8 == 0 or firsts[case.command] == i else pytest.param(case, marks=pytest.mark.slow)
-        for i, case in enumerate(cases)
-    ]
+    return [case for i, case in enumerate(cases) if i % 8 == 0 or firsts[case.command] == i]
 
 
-@pytest.mark.parametrize("case", walked(CASES), ids=str)
-def test_every_command_refuses_every_out_of_domain_value(case, rope_run, tmp_path, capsys, monkeypatch):
+@functools.cache
+def composed(pe: str):
+    """The default config with ``pe=<pe>``, composed as the commands compose it (once per scheme)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose("config", overrides=[f"pe={pe}"])
+
+
+def check_refusal(case: Case) -> str:
+    """What experiment.config.validate, the check every command runs after composing, says of the case's value,
+    as the command prints it."""
+    cfg = copy.deepcopy(composed(case.pe))
+    OmegaConf.update(cfg, case.key.key, [case.value] if case.key.is_list else case.value)
+    with pytest.raises(PosGPTError) as refused:
+        validate(cfg)
+    return f"error: {refused.value}"
+
+
+# Every key of every scheme and each bound: train.py's cases hold every other command's keys and values (bench.py
+# walks the pe. keys of every scheme, with one value each). The run-reading commands refuse most keys for
+# another reason (an evaluation may not change them): their walk is on the entry point below.
+@pytest.mark.parametrize("case", [case for case in CASES if case.command == "train.py"], ids=str)
+def test_the_check_refuses_every_out_of_domain_value_of_every_key(case):
+    assert re.fullmatch(case.expected(), check_refusal(case))
+
+
+@pytest.mark.parametrize("case", sampled(CASES), ids=str)
+def test_every_command_refuses_out_of_domain_values_through_its_entry_point(
+    case, rope_run, tmp_path, capsys, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     argv = command_argv(case.command, case.overrides, rope_run, tmp_path)
     code, err = run_in_process(case.command, argv, capsys, monkeypatch)
     assert code == 2 and re.fullmatch(case.expected(), err.strip()), err
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())  # nothing written
+    if not COMMANDS[case.command]:
+        assert err.strip() == check_refusal(case)  # the check the walk above runs is the one the command runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case", [case for case in CASES if COMMANDS[case.command] and case not in sampled(CASES)], ids=str
+)
+def test_every_run_reading_command_refuses_every_out_of_domain_value(case, rope_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = run_in_process(
+        case.command, command_argv(case.command, case.overrides, rope_run, tmp_path), capsys, monkeypatch
+    )
+    assert code == 2 and re.fullmatch(case.expected(), err.strip()), err
 
 
 # Two keys per command, run as real subprocesses: the in-process walk answers exactly as the command line does.
