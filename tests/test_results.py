@@ -30,6 +30,11 @@ REPORTS = [
     ("copy-probe-budget/comparison.md", ["copy-probe-budget/step_*/"], []),
     ("width64-newer-schemes/comparison.md", ["width64-newer-schemes/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("width64-newer-schemes/comparison_vs_rope.md", ["width64-newer-schemes/*/"], ["--ratios", "--baseline", "rope"]),
+    (
+        "width64-4layer-hybrids/comparison_vs_rope.md",
+        ["width64-4layer-hybrids/*/"],
+        ["--baseline", "rope", "--ratios"],
+    ),
     ("task-study/comparison_tasks.md", ["task-study/*/"], []),
     ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
     (
