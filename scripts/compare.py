@@ -51,6 +51,7 @@ from __future__ import annotations
 import _repo
 
 import argparse
+import collections
 import csv
 import io
 import json
@@ -298,23 +299,33 @@ MAX_LABEL_KEYS = 3
 
 
 def group_labels(groups: list[list[Run]]) -> list[str]:
-    """The scheme's name, plus the keys whose values tell this setting from others of the same scheme; when
-    more than MAX_LABEL_KEYS differ (a fine-tuned run: its length, lr, steps, parent, ...), the name of its
-    first run's directory, without a -s<seed> suffix, and with as many parent directories as it takes to tell
-    it from the others (probes/h2/rope-s1 and probes/w128/rope-s1: "h2/rope", "w128/rope")."""
+    """The scheme's name, plus the keys whose values tell this setting from others of the same scheme; a key's
+    value that most of those settings share (more than any other value of it) is left out, so that among
+    "rope", "rope model.attn_sink=True" and "rope model.attn_temperature.type=ssmax" the plain run reads "rope"
+    (labels stay distinct: two settings differ in some key, and at most one of them holds its common value).
+    When more than MAX_LABEL_KEYS keys are shown (a fine-tuned run: its length, lr, steps, parent, ...), the
+    name of its first run's directory instead, without a -s<seed> suffix, and with as many parent directories
+    as it takes to tell it from the others (probes/h2/rope-s1 and probes/w128/rope-s1: "h2/rope", "w128/rope")."""
     settings = [setting(group[0]) for group in groups]
     details: list[list[str] | None] = []
     for group, own in zip(groups, settings):
         scheme = group[0].pe
         siblings = [other for g, other in zip(groups, settings) if g[0].pe == scheme]
         differing = sorted(key for key in own if any(other.get(key) != own[key] for other in siblings))
-        details.append(
-            None if len(differing) > MAX_LABEL_KEYS else [f"{key}={json.loads(own[key])}" for key in differing]
-        )
+        shown = [key for key in differing if own[key] != common_value([other.get(key) for other in siblings])]
+        details.append(None if len(shown) > MAX_LABEL_KEYS else [f"{key}={json.loads(own[key])}" for key in shown])
     named_by_dir = [i for i, detail in enumerate(details) if detail is None]
     for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
         details[i] = [name]
     return [" ".join([display_name(group[0].pe)] + detail) for group, detail in zip(groups, details)]
+
+
+def common_value(values: list[str | None]) -> str | None:
+    """The value held more often than every other one (None where none is: a tie, or the key is absent)."""
+    counts = collections.Counter(values).most_common(2)
+    if len(counts) == 2 and counts[0][1] == counts[1][1]:
+        return None
+    return counts[0][0]
 
 
 def unique_dir_names(dirs: list[Path]) -> list[str]:

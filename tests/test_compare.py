@@ -463,6 +463,30 @@ def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tm
     assert compare.group_labels([[parent], [wide], [long]]) == ["rope rope-64", "rope w128/rope", "rope s2400/rope"]
 
 
+def test_a_value_most_settings_share_is_left_out_of_the_labels(tmp_path):
+    """Plain RoPE beside RoPE with a sink and RoPE with SSMax reads "rope"; each other names only its own key. Two
+    settings (a tie) keep both values, as before."""
+
+    def fake(name, sink=False, temperature="none"):
+        config = {
+            "model": {"n_embd": 64, "attn_sink": sink, "attn_temperature": {"type": temperature}},
+            "pe": {"name": "rope", "base": 10000.0},
+            "train": {"seed": 1, "seq_len": 64},
+        }
+        return compare.Run(tmp_path / name, {"pe": "rope", "step": 10}, config)
+
+    plain, sink, ssmax = fake("rope-s1"), fake("sink-s1", sink=True), fake("ssmax-s1", temperature="ssmax")
+    assert compare.group_labels([[plain], [sink], [ssmax]]) == [
+        "rope",
+        "rope model.attn_sink=True",
+        "rope model.attn_temperature.type=ssmax",
+    ]
+    assert compare.group_labels([[plain], [sink]]) == ["rope model.attn_sink=False", "rope model.attn_sink=True"]
+    both = fake("both-s1", sink=True, temperature="ssmax")
+    labels = compare.group_labels([[plain], [sink], [ssmax], [both]])
+    assert len(set(labels)) == 4, labels
+
+
 def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
     """Seeds move both settings together (same batches): the unpaired intervals overlap, yet every seed has
     B exactly 10% above A, which the paired report finds (+10.0% ± 0.0%), with a t-interval otherwise."""
