@@ -36,6 +36,22 @@ REPORTS = [
         ["--baseline", "rope", "--ratios"],
     ),
     ("task-study/comparison_tasks.md", ["task-study/*/"], []),
+    (
+        "width64-4layer-attention/comparison_vs_rope.md",
+        ["width64-4layer-attention/*/"],
+        ["--baseline", "rope", "--ratios", "--val-curve", "v.png"],
+    ),
+    (
+        "width64-4layer-attention/comparison_sliding.md",
+        ["width64-4layer-attention/rope-s[0-9]/", "width64-4layer-attention/rope-sink-s[0-9]/"],
+        ["--protocol", "sliding", "--baseline", "rope model.attn_sink=False", "--ratios"],
+    ),
+    (
+        "width64-4layer-attention/comparison_streaming.md",
+        ["width64-4layer-attention/rope-s[0-9]/", "width64-4layer-attention/rope-sink-s[0-9]/"],
+        ["--protocol", "streaming", "--baseline", "rope model.attn_sink=False k=4"],
+    ),
+    ("task-attention/comparison_tasks_vs_rope.md", ["task-attention/*/"], ["--baseline", "rope"]),
     ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
     (
         "shakespeare-probes/comparison_width256.md",
