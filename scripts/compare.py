@@ -303,8 +303,8 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
     value that most of those settings share (more than any other value of it) is left out, so that among
     "rope", "rope model.attn_sink=True" and "rope model.attn_temperature.type=ssmax" the plain run reads "rope"
     (labels stay distinct: two settings differ in some key, and at most one of them holds its common value).
-    When more than MAX_LABEL_KEYS keys are shown (a fine-tuned run: its length, lr, steps, parent, ...), the
-    name of its first run's directory instead, without a -s<seed> suffix, and with as many parent directories
+    When more than MAX_LABEL_KEYS keys differ (a fine-tuned run: its length, lr, steps, parent, ...), the name
+    of its first run's directory instead, without a -s<seed> suffix, and with as many parent directories
     as it takes to tell it from the others (probes/h2/rope-s1 and probes/w128/rope-s1: "h2/rope", "w128/rope")."""
     settings = [setting(group[0]) for group in groups]
     details: list[list[str] | None] = []
@@ -313,7 +313,7 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
         siblings = [other for g, other in zip(groups, settings) if g[0].pe == scheme]
         differing = sorted(key for key in own if any(other.get(key) != own[key] for other in siblings))
         shown = [key for key in differing if own[key] != common_value([other.get(key) for other in siblings])]
-        details.append(None if len(shown) > MAX_LABEL_KEYS else [f"{key}={json.loads(own[key])}" for key in shown])
+        details.append(None if len(differing) > MAX_LABEL_KEYS else [f"{key}={json.loads(own[key])}" for key in shown])
     named_by_dir = [i for i, detail in enumerate(details) if detail is None]
     for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
         details[i] = [name]
