@@ -114,8 +114,8 @@ def score_copies(
 
 def probe_candidates(cfg: DictConfig, vocab: int) -> torch.Tensor:
     """The token ids the probe's span is drawn from under eval.copy_min_count; PosGPTError, naming the setting,
-    when fewer than 2 are left. Evaluations call it before they score anything, so that a setting the probe
-    refuses costs no perplexity evaluation first."""
+    when fewer than 2 are left. Evaluations call it before they score anything, and training before its first
+    step, so that a setting the probe refuses costs no perplexity evaluation, nor training, first."""
     min_count = cfg.eval.copy_min_count
     train_tokens = load_split(cfg.data, "train") if min_count else None
     candidates = span_candidates(vocab, min_count, train_tokens, cfg.logging.progress)

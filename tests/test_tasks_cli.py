@@ -87,6 +87,15 @@ def test_train_refuses_impossible_mqar_settings_before_writing(cli, override, me
     assert not run_dir.exists()
 
 
+def test_train_refuses_a_copy_probe_it_could_not_run_before_writing(cli):
+    """eval.copy_min_count is checked against the training split before the first step, not after the last."""
+    reference_run(cli)  # its corpus is tokenized: the refusal is then the command's only output
+    run_dir = cli.base / "probe-refused"
+    probe = ["train.eval_after=true", "eval.tasks=[copy_probe]", "eval.copy_min_count=1000000000"]
+    assert_one_line_error(cli.train_here(run_dir, *probe), "eval.copy_min_count=1000000000 leaves 0 token(s)")
+    assert not run_dir.exists()
+
+
 def test_a_task_run_resumes_exactly(cli, mqar_run):
     run_dir = cli.base / "task-mqar-resumed"
     first = cli.train(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=4")

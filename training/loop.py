@@ -102,9 +102,13 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
     """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None."""
     set_task_vocabulary(cfg)
     validate(cfg)
-    if cfg.train.eval_after:
-        check_eval_settings(cfg)  # before training: the evaluation at its end would refuse them
     validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
+    if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
+        check_eval_settings(cfg)
+        if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
+            from evaluation.copy_probe import probe_candidates
+
+            probe_candidates(cfg, cfg.model.vocab_size)
     dist = distributed.init_distributed(cfg.train.device)
     try:
         run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
