@@ -19,11 +19,11 @@ import re
 import runpy
 import subprocess
 import sys
-import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
 
+import fuzz_cli
 import pytest
 import torch
 from cli_runs import REPO, Runner, assert_one_line_error
@@ -31,7 +31,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tiny_checkpoint import make_run
 
-from core.domain import Interval, check_domains, domain, domain_of
+from core.domain import Interval, check_domains, domain
 from core.errors import PosGPTError
 from data.tasks import TASKS
 from experiment.compose import CONFIG_DIR
@@ -53,34 +53,12 @@ RUN_PE = "rope"  # the scheme of the run the run-reading commands get: its pe.sc
 # --- the schema's numeric keys ------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class NumericKey:
-    key: str  # dotted, e.g. train.beta1
-    kind: type  # int or float (of each element, for a list)
-    is_list: bool
-    interval: Interval | None
+NumericKey = fuzz_cli.Key  # the fuzzer's walk of the schema (scripts/fuzz_cli.py): one walk for both
 
 
-def _scalar(hint: typing.Any) -> tuple[typing.Any, bool]:
-    """The element type of a field's type hint (None dropped from an Optional), and whether it is a list."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-    if typing.get_origin(hint) is list:
-        return typing.get_args(hint)[0], True
-    return hint, False
-
-
-def numeric_keys(config: typing.Any, prefix: str = "") -> Iterator[NumericKey]:
+def numeric_keys(config: typing.Any) -> Iterator[NumericKey]:
     """The int and float keys (and lists of them) of a config dataclass instance, nested ones included."""
-    hints = typing.get_type_hints(type(config))
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if dataclasses.is_dataclass(value):
-            yield from numeric_keys(value, f"{prefix}{field.name}.")
-            continue
-        kind, is_list = _scalar(hints[field.name])
-        if kind in (int, float):
-            yield NumericKey(prefix + field.name, kind, is_list, domain_of(field))
+    return (key for key in fuzz_cli.schema_keys(config) if key.kind in (int, float))
 
 
 def schema_keys(pe: str) -> list[NumericKey]:
