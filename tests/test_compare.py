@@ -16,6 +16,9 @@ from core.errors import PosGPTError
 from evaluation.report import format_number, format_ppl
 from evaluation.stats import Estimate, clearly_different
 from experiment.settings import config_for_evaluation
+from reports.perplexity import entries_of, markdown_report, ppl_estimate, ppl_values, ratio_estimate
+from reports.runs import Entry, Run, group_by_seed, group_labels, load_runs
+from reports.tables import find_baseline, paired_report
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -301,7 +304,7 @@ def test_compare_names_a_corrupt_or_malformed_results_file(cli, study, tmp_path)
         (run_dir / "eval" / "extrapolation.json").write_text(content)
         if name == "malformed":  # the function that reads them
             with pytest.raises(PosGPTError, match=r"malformed: expected a JSON object, found list"):
-                compare.load_runs([run_dir])
+                load_runs([run_dir])
             continue
         done = cli.here("scripts/compare.py", str(study_dir / "rope-s1"), str(run_dir))
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
@@ -347,7 +350,7 @@ def fake_run(pe, seed, ppls, pe_keys=None):
         }
         for length, ppl in ppls.items()
     ]
-    return compare.Run(Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "step": 10, "results": rows}, config)
+    return Run(Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "step": 10, "results": rows}, config)
 
 
 def test_runs_that_differ_only_in_seed_and_run_settings_are_one_group():
@@ -357,9 +360,9 @@ def test_runs_that_differ_only_in_seed_and_run_settings_are_one_group():
         fake_run("rope", 2, {16: 12.0}),
         fake_run("rope", 3, {16: 9.0}, {"base": 500000}),
     ]
-    groups = compare.group_by_seed(runs)
+    groups = group_by_seed(runs)
     assert [[r.config["train"]["seed"] for r in g] for g in groups] == [[1, 2], [1], [3]]
-    assert compare.group_labels(groups) == ["rope", "alibi", "rope pe.base=500000"]
+    assert group_labels(groups) == ["rope", "alibi", "rope pe.base=500000"]
 
 
 def test_cells_are_mean_and_t_interval_and_the_rule_names_clear_differences():
@@ -367,13 +370,13 @@ def test_cells_are_mean_and_t_interval_and_the_rule_names_clear_differences():
         fake_run("rope", s, {16: p16, 32: p32}) for s, p16, p32 in ((1, 10.0, 20.0), (2, 11.0, 22.0), (3, 12.0, 24.0))
     ]
     runs += [fake_run("alibi", s, {16: p, 32: p}) for s, p in ((1, 10.5), (2, 11.5), (3, 12.5))]
-    entries = compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
+    entries = entries_of(group_by_seed(runs), "nonoverlapping", None, "d")
     rope, alibi = entries
-    estimate = compare.ppl_estimate(rope, 16)  # mean 11, s = 1, half-width t(0.975, 2) / sqrt(3) = 2.484
+    estimate = ppl_estimate(rope, 16)  # mean 11, s = 1, half-width t(0.975, 2) / sqrt(3) = 2.484
     assert (estimate.mean, estimate.n) == (11.0, 3) and estimate.half_width == pytest.approx(2.4841377, rel=1e-6)
-    ratio = compare.ratio_estimate(rope, 2.0)  # every seed's ratio is exactly 2: a zero-width interval
+    ratio = ratio_estimate(rope, 2.0)  # every seed's ratio is exactly 2: a zero-width interval
     assert ratio == Estimate(2.0, 0.0, 3)
-    report = compare.markdown_report(entries, "nonoverlapping", None, "d", ratios=True)
+    report = markdown_report(entries, "nonoverlapping", None, "d", ratios=True)
     assert "| rope | 3 | **11.00 ± 2.48** | 22.00 ± 4.97 |" in report
     assert "| alibi | 3 | 11.50 ± 2.48 | **11.50 ± 2.48** |" in report
     assert (
@@ -386,8 +389,8 @@ def test_cells_are_mean_and_t_interval_and_the_rule_names_clear_differences():
 
 def test_a_seed_without_a_value_is_counted_in_its_cell():
     runs = [fake_run("rope", 1, {16: 10.0, 32: 20.0}), fake_run("rope", 2, {16: 12.0, 32: None})]
-    (entry,) = compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
-    report = compare.markdown_report([entry], "nonoverlapping", None, "d", ratios=False)
+    (entry,) = entries_of(group_by_seed(runs), "nonoverlapping", None, "d")
+    report = markdown_report([entry], "nonoverlapping", None, "d", ratios=False)
     assert "| rope | 2 | **11.00 ± 12.71** | **20.00 (n=1)** |" in report
 
 
@@ -450,17 +453,17 @@ def test_labels_name_the_differing_keys_or_the_run_directory_when_many_differ(tm
             "pe": {"name": "rope", "base": 10000.0},
             "train": {"seed": 1, "seq_len": 64, "lr": 1e-3, "max_steps": 1200, "init_from": None, **train},
         }
-        return compare.Run(tmp_path / name, {"pe": "rope", "step": 10}, config)
+        return Run(tmp_path / name, {"pe": "rope", "step": 10}, config)
 
     parent, base = fake("rope-64-s1"), fake("rope-base-s1")
     base.config["pe"]["base"] = 500000.0
     extended = fake("rope-256-s2", seq_len=256, lr=2e-4, max_steps=300, init_from="/runs/rope-64")
-    assert compare.group_labels([[parent], [base]]) == ["rope pe.base=10000.0", "rope pe.base=500000.0"]
-    assert compare.group_labels([[parent], [extended]]) == ["rope rope-64", "rope rope-256"]
+    assert group_labels([[parent], [base]]) == ["rope pe.base=10000.0", "rope pe.base=500000.0"]
+    assert group_labels([[parent], [extended]]) == ["rope rope-64", "rope rope-256"]
     # Directories of the same name in different studies: as many parents as it takes to tell them apart.
     wide = fake("w128/rope-s1", seq_len=256, lr=2e-4, max_steps=300, init_from="/runs/x")
     long = fake("s2400/rope-s1", max_steps=2400, lr=3e-4, seq_len=128, init_from="/runs/y")
-    assert compare.group_labels([[parent], [wide], [long]]) == ["rope rope-64", "rope w128/rope", "rope s2400/rope"]
+    assert group_labels([[parent], [wide], [long]]) == ["rope rope-64", "rope w128/rope", "rope s2400/rope"]
 
 
 def test_a_value_most_settings_share_is_left_out_of_the_labels(tmp_path):
@@ -473,17 +476,17 @@ def test_a_value_most_settings_share_is_left_out_of_the_labels(tmp_path):
             "pe": {"name": "rope", "base": 10000.0},
             "train": {"seed": 1, "seq_len": 64},
         }
-        return compare.Run(tmp_path / name, {"pe": "rope", "step": 10}, config)
+        return Run(tmp_path / name, {"pe": "rope", "step": 10}, config)
 
     plain, sink, ssmax = fake("rope-s1"), fake("sink-s1", sink=True), fake("ssmax-s1", temperature="ssmax")
-    assert compare.group_labels([[plain], [sink], [ssmax]]) == [
+    assert group_labels([[plain], [sink], [ssmax]]) == [
         "rope",
         "rope model.attn_sink=True",
         "rope model.attn_temperature.type=ssmax",
     ]
-    assert compare.group_labels([[plain], [sink]]) == ["rope model.attn_sink=False", "rope model.attn_sink=True"]
+    assert group_labels([[plain], [sink]]) == ["rope model.attn_sink=False", "rope model.attn_sink=True"]
     both = fake("both-s1", sink=True, temperature="ssmax")
-    labels = compare.group_labels([[plain], [sink], [ssmax], [both]])
+    labels = group_labels([[plain], [sink], [ssmax], [both]])
     assert len(set(labels)) == 4, labels
 
 
@@ -492,13 +495,13 @@ def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
     B exactly 10% above A, which the paired report finds (+10.0% ± 0.0%), with a t-interval otherwise."""
 
     def entry(label, ppl_by_seed):
-        return compare.Entry(label, label, 64, [{64: {"ppl": ppl}} for ppl in ppl_by_seed.values()], list(ppl_by_seed))
+        return Entry(label, label, 64, [{64: {"ppl": ppl}} for ppl in ppl_by_seed.values()], list(ppl_by_seed))
 
     a = entry("a", {1: 10.0, 2: 12.0, 3: 11.0})
     b = entry("b", {3: 12.1, 1: 11.0, 2: 13.2})  # seeds listed in another order: paired by train.seed
     c = entry("c", {1: 10.0, 2: 13.0, 3: 11.0})
-    assert not clearly_different(compare.ppl_estimate(a, 64), compare.ppl_estimate(b, 64))
-    lines = compare.paired_report([a, b, c], [64], ["64 (1×)"], compare.ppl_values)
+    assert not clearly_different(ppl_estimate(a, 64), ppl_estimate(b, 64))
+    lines = paired_report([a, b, c], [64], ["64 (1×)"], ppl_values)
     rows = {
         cells[0]: cells[1]
         for line in "\n".join(lines).splitlines()
@@ -512,7 +515,7 @@ def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
     assert rows["c"] == f"{mean:+.1%} ± {4.30265273 * sd / 3**0.5:.1%}"
     assert lines[-1] == "- 64 (1×): lowest a; interval excludes 0 (clearly different): b; interval includes 0: c"
     one_seed = entry("d", {1: 9.0})  # lower, but one seed: not the reference, not paired
-    lines = compare.paired_report([a, b, one_seed], [64], ["64 (1×)"], compare.ppl_values)
+    lines = paired_report([a, b, one_seed], [64], ["64 (1×)"], ppl_values)
     assert "| d | - |" in "\n".join(lines) and "| a | lowest |" in "\n".join(lines)
 
 
@@ -522,16 +525,16 @@ def test_paired_differences_against_a_baseline_instead_of_the_lowest():
         per_seed = [
             {length: {"ppl": by_seed[seed]} for length, by_seed in ppl_by_length_and_seed.items()} for seed in seeds
         ]
-        return compare.Entry(label, label, 64, per_seed, seeds)
+        return Entry(label, label, 64, per_seed, seeds)
 
     rope = entry("rope", {64: {1: 10.0, 2: 12.0}, 128: {1: 20.0, 2: 24.0}})
     alibi = entry("alibi", {64: {1: 11.0, 2: 13.2}, 128: {1: 11.0, 2: 13.2}})  # +10% at 1x, -45% at 2x
-    lines = compare.paired_report(
+    lines = paired_report(
         [rope, alibi],
         [64, 128],
         ["64 (1×)", "128 (2×)"],
-        compare.ppl_values,
-        baseline=compare.find_baseline([rope, alibi], "rope"),
+        ppl_values,
+        baseline=find_baseline([rope, alibi], "rope"),
     )
     text = "\n".join(lines)
     assert "| rope | baseline | baseline |" in text
@@ -544,9 +547,9 @@ def test_paired_differences_against_a_baseline_instead_of_the_lowest():
     with pytest.raises(
         PosGPTError, match=r"--baseline 'xpos' is not a setting of these runs; they are: 'rope', 'alibi'"
     ):
-        compare.find_baseline([rope, alibi], "xpos")
+        find_baseline([rope, alibi], "xpos")
     with pytest.raises(PosGPTError, match="has one seed"):
-        compare.find_baseline([entry("t5", {64: {1: 9.0}})], "t5")
+        find_baseline([entry("t5", {64: {1: 9.0}})], "t5")
 
 
 @pytest.mark.slow

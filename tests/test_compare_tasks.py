@@ -22,6 +22,8 @@ from evaluation.report import results_document, write_results
 from evaluation.run import variation_fields
 from evaluation.tasks import wilson_interval, write_task_results
 from experiment.compose import compose_config
+from reports.runs import load_runs
+from reports.tasks import task_entries, task_panels
 
 compare = load_script("compare")
 
@@ -248,7 +250,7 @@ def test_the_task_plot_draws_the_copy_gain_beside_the_accuracy_where_rows_have_i
     seeds by length, at the first distance); a task without copy_gain gets its accuracy panel alone."""
     probe = {1: {(16, 4): (0.0, -5.0, 0.2), (32, 4): (0.0, -5.0, 0.1)}, 2: {(16, 4): (0.0, -5.0, 0.4)}}
     runs = [language_run(tmp_path, "rope", seed, 10.0, probe[seed]) for seed in (1, 2)]
-    panels = compare.task_panels(compare.task_entries(compare.load_runs(runs)))
+    panels = task_panels(task_entries(load_runs(runs)))
     assert [(title.split(" (")[0], measure) for title, _, _, measure in panels] == [
         ("copy_probe", "accuracy"),
         ("copy_probe", "copy_gain"),
@@ -258,9 +260,7 @@ def test_the_task_plot_draws_the_copy_gain_beside_the_accuracy_where_rows_have_i
     report_of(runs, tmp_path)
     assert (tmp_path / "c_tasks.png").exists()
     passkey = [task_run(tmp_path / "passkey", "rope", seed, {16: 1.0}) for seed in (1, 2)]
-    assert [measure for *_, measure in compare.task_panels(compare.task_entries(compare.load_runs(passkey)))] == [
-        "accuracy"
-    ]
+    assert [measure for *_, measure in task_panels(task_entries(load_runs(passkey)))] == ["accuracy"]
 
 
 def test_copy_probes_of_other_spans_are_other_tables(tmp_path):

@@ -13,7 +13,7 @@ from experiment.config import Config
 from model.pe import SCHEMES
 
 REPO = Path(__file__).resolve().parents[1]
-POSGPT_PACKAGES = {"core", "data", "model", "experiment", "evaluation", "training"}
+POSGPT_PACKAGES = {"core", "data", "model", "experiment", "evaluation", "training", "reports"}
 
 
 def differences(composed: dict, reference: dict, prefix: str = "") -> list[str]:

@@ -1,6 +1,6 @@
 """Imports run one way, down the layers the data flows through (README, "Map of the code"; docs/design.md):
 
-    core  <  data, model  <  experiment  <  evaluation  <  training  <  train.py, eval.py, sample.py, scripts/
+    core  <  data, model  <  experiment  <  evaluation  <  training, reports  <  train.py, eval.py, sample.py, scripts/
 
 A module may import its own package and the packages of lower layers, nothing above or beside it; so there
 is no cycle between packages. Imports inside functions and under TYPE_CHECKING count too. model/ runs
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = {"core": 0, "data": 1, "model": 1, "experiment": 2, "evaluation": 3, "training": 4}
+LAYERS = {"core": 0, "data": 1, "model": 1, "experiment": 2, "evaluation": 3, "training": 4, "reports": 4}
 TOP = 5  # the commands: every top-level *.py (train.py, eval.py, sample.py) and scripts/*.py
 
 

@@ -21,6 +21,8 @@ from evaluation.report import format_estimate, format_table, row_ppl
 from evaluation.run import EVAL_DIR
 from evaluation.stats import Estimate, clearly_different, mean_ci
 from model.pe.learned import LearnedConfig
+from reports.perplexity import entries_of, markdown_report, ppl_series
+from reports.runs import group_by_seed
 
 CPU = torch.device("cpu")
 
@@ -78,11 +80,11 @@ def test_compare_with_a_diverged_seed_shows_inf_and_goes_on(tmp_path):
     runs = [fake_run("rope", 1, 10.0), fake_run("rope", 2, 12.0), fake_run("alibi", 1, 11.0)]
     diverged = fake_run("alibi", 2, None)
     diverged.document["results"][0].update(loss=900.0, reason="perplexity exp(900) is too large for a float: inf")
-    entries = compare.entries_of(compare.group_by_seed(runs + [diverged]), "nonoverlapping", None, "d")
-    report = compare.markdown_report(entries, "nonoverlapping", None, "d", ratios=False)
+    entries = entries_of(group_by_seed(runs + [diverged]), "nonoverlapping", None, "d")
+    report = markdown_report(entries, "nonoverlapping", None, "d", ratios=False)
     assert "| alibi | 2 | inf |" in report and "| rope | 2 | **11.00 ± 12.71** |" in report
     assert "| alibi | +inf% ± inf% |" in report  # paired with rope: unbounded, so never bold (never "clearly")
-    series = compare.ppl_series(entries)
+    series = ppl_series(entries)
     assert [line.y for line in series] == [[11.0], []]  # inf cannot be drawn: left out of the line
 
 

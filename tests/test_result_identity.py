@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_compare import compare
 
 from core.tracking import read_metrics
 from data import DataConfig, load_splits
@@ -20,6 +19,9 @@ from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from model import ModelConfig
 from model.pe.rope import RoPEConfig
+from reports.curves import ValidationCurve, training_runtime_note, validation_report
+from reports.perplexity import entries_of, markdown_report, ppl_estimate
+from reports.runs import Run, group_by_seed
 
 REPO = Path(__file__).resolve().parents[1]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -159,13 +161,11 @@ def fake_run(pe, seed, ppl, digest="a" * 64, backend="sdpa", dtype="float32", sp
         "target_range": list(targets),
     }
     config = {"pe": {"name": pe}, "train": {"seed": seed, "seq_len": 16}}
-    return compare.Run(
-        Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "step": 10, "results": [row]}, config
-    )
+    return Run(Path(f"/runs/{pe}-{seed}"), {"pe": pe, "train_seq_len": 16, "step": 10, "results": [row]}, config)
 
 
 def entries(runs):
-    return compare.entries_of(compare.group_by_seed(runs), "nonoverlapping", None, "d")
+    return entries_of(group_by_seed(runs), "nonoverlapping", None, "d")
 
 
 def table_row(report, label):
@@ -182,11 +182,11 @@ def test_compare_pools_seeds_only_over_rows_of_one_corpus_split_and_targets():
         "rope [corpus bbbbbbbbbb]",
         [3],
     )
-    assert compare.ppl_estimate(rope_a, 16).mean == 11.0  # seed 3 is not averaged in
+    assert ppl_estimate(rope_a, 16).mean == 11.0  # seed 3 is not averaged in
     for changed, tag in (({"split": "all"}, "split all"), ({"targets": (128, 192)}, "targets [128, 192)")):
         labels = [entry.label for entry in entries([fake_run("rope", 1, 10.0), fake_run("rope", 2, 12.0, **changed)])]
         assert labels[1] == f"rope [{tag}]" and len(labels) == 2
-    report = compare.markdown_report(entries(runs), "nonoverlapping", None, "d", ratios=False)
+    report = markdown_report(entries(runs), "nonoverlapping", None, "d", ratios=False)
     assert "**rows marked [...] scored other tokens**" in report
     assert table_row(report, "rope [corpus aaaaaaaaaa]")[0] == "2"
 
@@ -213,7 +213,7 @@ def test_compare_keeps_a_settings_seeds_of_another_backend_or_dtype_apart_and_na
     ]
     found = entries(runs)
     assert [entry.label for entry in found] == ["rope", "alibi"]
-    report = compare.markdown_report(found, "nonoverlapping", None, "d", ratios=False)
+    report = markdown_report(found, "nonoverlapping", None, "d", ratios=False)
     assert "Attention backend and dtype: sdpa, float32 (rope); flex, float32 (alibi)." in report
     assert "- 16 (1×): lowest rope; intervals apart (clearly worse): no setting" in report
 
@@ -222,7 +222,7 @@ def test_compare_claims_differences_only_between_rows_that_scored_the_same_token
     runs = [fake_run("rope", s, 10.0 + s) for s in (1, 2)]
     runs += [fake_run("alibi", s, 20.0 + s, digest="b" * 64) for s in (1, 2)]
     runs += [fake_run("t5", s, 30.0 + s, digest="b" * 64) for s in (1, 2)]
-    report = compare.markdown_report(entries(runs), "nonoverlapping", None, "d", ratios=False)
+    report = markdown_report(entries(runs), "nonoverlapping", None, "d", ratios=False)
     assert "**rows marked [...] scored other tokens**" in report
     assert "Among the rows that scored the tokens of alibi [corpus bbbbbbbbbb], t5 [corpus bbbbbbbbbb]:" in report
     assert "- 16 (1×): lowest alibi [corpus bbbbbbbbbb]; intervals apart (clearly worse): no setting" in report
@@ -260,14 +260,12 @@ def test_train_records_its_backend_and_eval_of_another_corpus_keeps_the_validati
 
 def test_compare_val_curve_names_the_backends_and_dtypes_runs_trained_with():
     def curve(label, *runtimes):
-        return compare.ValidationCurve(label, label, 2, {10: Estimate(3.0, 0.1, 2)}, list(runtimes))
+        return ValidationCurve(label, label, 2, {10: Estimate(3.0, 0.1, 2)}, list(runtimes))
 
-    assert compare.training_runtime_note([curve("rope"), curve("alibi")]) == []  # not recorded (older runs)
-    same = compare.validation_report([curve("rope", "sdpa, float32"), curve("alibi", "sdpa, float32")])
+    assert training_runtime_note([curve("rope"), curve("alibi")]) == []  # not recorded (older runs)
+    same = validation_report([curve("rope", "sdpa, float32"), curve("alibi", "sdpa, float32")])
     assert "Trained with attention backend and dtype sdpa, float32 (every run that records it)." in same
-    mixed = compare.validation_report(
-        [curve("rope", "sdpa, float32", "sdpa, bfloat16"), curve("alibi", "flex, float32")]
-    )
+    mixed = validation_report([curve("rope", "sdpa, float32", "sdpa, bfloat16"), curve("alibi", "flex, float32")])
     assert (
         "Trained with attention backend and dtype: rope: sdpa, float32 / sdpa, bfloat16 (its seeds differ: pooled "
         "above); alibi: flex, float32." in mixed

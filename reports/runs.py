@@ -1,0 +1,224 @@
+"""The runs a comparison reads, and which of them are seeds of one setting.
+
+A run's results are its eval/extrapolation.json (perplexity) and eval/tasks.json (a task run's accuracy, or a
+language-model run's copy probe); its config is the one it was trained with, read from its checkpoint, or, for
+results copied without checkpoints (results/), from the config its results record (run_config). Runs whose
+configs differ only in ``train.seed`` and in what does not change the trained model (NOT_A_SETTING), and whose
+results scored checkpoints of one step, are seeds of one setting (group_by_seed), labelled by what tells them
+from the other settings of their scheme (group_labels). An Entry is a table row: one setting's rows pooled over
+its seeds.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from core.checkpoint_io import last_checkpoint_path, load_checkpoint
+from core.errors import PosGPTError
+from evaluation.report import load_results
+from evaluation.run import EVAL_DIR, load_run_results
+from evaluation.tasks import GRIDS
+from evaluation.tasks import JSON_FILE as TASKS_FILE
+from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
+from model.pe import display_name
+
+# Config keys that do not make two runs different settings: the seed, and what a resumed run may change
+# (logging, evaluation, threads, ...) except what changes the trained model (its length, its precision).
+NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key not in ("train.max_steps", "train.dtype"))
+
+
+def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config a run was trained with, from its checkpoint: the one source of truth (Hydra's
+    .hydra/config.yaml can be rewritten by a later command aimed at the run). A directory without checkpoints
+    (results copied elsewhere, as in results/) is read from the config its extrapolation.json records, which is
+    the checkpoint's (evaluation/run.py). compare reads configs only here.
+
+    The config is typed by today's schema, so that a setting added since a run was trained (absent from its
+    config) reads as its default and does not set that run apart from newer ones."""
+    if last_checkpoint_path(run_dir).is_file():
+        saved = load_checkpoint(run_dir)["config"]
+    elif document.get("config") is None:
+        raise PosGPTError(
+            f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json (written before "
+            "posgpt recorded the trained config there) does not say how the run was trained"
+        )
+    else:
+        saved = document["config"]
+    return OmegaConf.to_container(trained_config(saved), resolve=True)
+
+
+@dataclass
+class Run:
+    """A training run: its eval/extrapolation.json (None for a task run, which has none), its trained config, and
+    its eval/tasks.json where it has one (a task run's accuracy, or a language-model run's copy probe)."""
+
+    dir: Path
+    document: dict[str, Any] | None
+    config: dict[str, Any]
+    tasks: dict[str, Any] | None = None
+
+    @property
+    def pe(self) -> str:
+        return (self.document or self.tasks)["pe"]
+
+    @property
+    def step(self) -> int:
+        """The training step of the checkpoint its results scored."""
+        return (self.document or self.tasks)["step"]
+
+
+@dataclass
+class Entry:
+    """A table row: one setting (seeds pooled), variation and what was scored (report.scored_identity);
+    per_seed holds {length: row} per seed, and seeds the train.seed of each (what pairs it with other
+    settings' runs)."""
+
+    label: str
+    scheme: str
+    train_len: int
+    per_seed: list[dict[int, dict[str, Any]]] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    scored: tuple | None = None
+
+    def example(self) -> dict[str, Any] | None:
+        """A row that shows what this entry scored (a scored one where there is one)."""
+        rows = [row for seed in self.per_seed for row in seed.values()]
+        return next((row for row in rows if row.get("target_range")), rows[0] if rows else None)
+
+    def same_tokens(self, other: Entry) -> bool:
+        """Whether both scored the same corpus content, split and targets (backend and dtype aside)."""
+        return self.scored is None or other.scored is None or _tokens(self.scored) == _tokens(other.scored)
+
+
+def _tokens(scored: tuple) -> tuple:
+    content, split, _, _, targets = scored  # report.scored_identity: (content, split, backend, dtype, targets)
+    return content, split, targets
+
+
+# The measures a task row may hold (evaluation/tasks.py), with what they are: reports/tasks.py makes a table of
+# each one some row has.
+TASK_MEASURES = {
+    "accuracy": "Exact-match accuracy",
+    "mean_logprob": "Mean log-probability of the answer tokens (nats)",  # the copy probe's
+    "copy_gain": "What the first copy adds to the repeat's mean log-probability (nats; 0: not used)",  # likewise
+}
+
+
+def load_task_results(run_dir: Path) -> dict[str, Any] | None:
+    """A run's eval/tasks.json, or None where it has none; a corrupt or malformed one is a PosGPTError naming it."""
+    path = Path(run_dir) / EVAL_DIR / TASKS_FILE
+    try:
+        document = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):  # no such file, or run_dir is not a directory
+        return None
+    except (OSError, ValueError) as error:
+        raise PosGPTError(f"{path} is unreadable or not JSON ({type(error).__name__}: {error})") from None
+    needed = {"task", "pe", "train_seq_len", "results"}
+    if not isinstance(document, dict) or not needed <= document.keys() or not isinstance(document["results"], list):
+        raise PosGPTError(f"{path} is malformed: expected a JSON object with {', '.join(sorted(needed))}")
+    for i, row in enumerate(document["results"]):  # what the tables read of a row
+        number = (int, float, type(None))
+        if not (
+            isinstance(row, dict)
+            and isinstance(row.get("task"), str)
+            and isinstance(row.get("length"), int)
+            and isinstance(row.get("n", 0), int)
+            and all(isinstance(row.get(key), number) for key in (*TASK_MEASURES, *GRIDS))
+        ):
+            raise PosGPTError(f"{path} is malformed: result {i} lacks a task, an integer length or numeric values")
+    return document
+
+
+def load_runs(run_dirs: list[Path]) -> list[Run]:
+    """Each run's results: extrapolation.json, and tasks.json where there is one (a task run has only that)."""
+    runs = []
+    for run_dir in run_dirs:
+        tasks = load_task_results(run_dir)
+        document = load_run_results(run_dir) if tasks is None else load_results(Path(run_dir) / EVAL_DIR)
+        if document is not None and tasks is not None and document["step"] != tasks["step"]:
+            raise PosGPTError(
+                f"{run_dir}: its perplexity scored the checkpoint of step {document['step']}, its tasks.json that "
+                f"of step {tasks['step']}: evaluate it again (python eval.py run_dir={run_dir} ...)"
+            )
+        runs.append(Run(run_dir, document, run_config(run_dir, document or tasks), tasks))
+    return runs
+
+
+def setting(run: Run) -> dict[str, str]:
+    """The flattened config without the keys that do not make a different setting (NOT_A_SETTING), and the step
+    scored: checkpoints of one run at other steps (eval.py on a copy of step_N.pt) are other models."""
+    kept = {
+        key: json.dumps(value, sort_keys=True)
+        for key, value in flatten_config(run.config).items()
+        if not may_change(key, NOT_A_SETTING)
+    }
+    return {**kept, "step": json.dumps(run.step)}
+
+
+def group_by_seed(runs: list[Run]) -> list[list[Run]]:
+    """Runs with the same setting, in the order given; two runs of one setting with one seed are refused
+    (the same run twice, or a rerun: counting both would fake a narrow interval)."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        group = groups.setdefault(tuple(sorted(setting(run).items())), [])
+        for other in group:
+            if other.config["train"]["seed"] == run.config["train"]["seed"]:
+                raise PosGPTError(
+                    f"{other.dir} and {run.dir} are the same setting with the same train.seed "
+                    f"({run.config['train']['seed']}): pass each run once, one per seed"
+                )
+        group.append(run)
+    return list(groups.values())
+
+
+# More keys than this tell a setting from the others of its scheme: it is named by its run directory instead.
+MAX_LABEL_KEYS = 3
+
+
+def group_labels(groups: list[list[Run]]) -> list[str]:
+    """The scheme's name, plus the keys whose values tell this setting from others of the same scheme; a key's
+    value that most of those settings share (more than any other value of it) is left out, so that among
+    "rope", "rope model.attn_sink=True" and "rope model.attn_temperature.type=ssmax" the plain run reads "rope"
+    (labels stay distinct: two settings differ in some key, and at most one of them holds its common value).
+    When more than MAX_LABEL_KEYS keys differ (a fine-tuned run: its length, lr, steps, parent, ...), the name
+    of its first run's directory instead, without a -s<seed> suffix, and with as many parent directories
+    as it takes to tell it from the others (probes/h2/rope-s1 and probes/w128/rope-s1: "h2/rope", "w128/rope")."""
+    settings = [setting(group[0]) for group in groups]
+    details: list[list[str] | None] = []
+    for group, own in zip(groups, settings):
+        scheme = group[0].pe
+        siblings = [other for g, other in zip(groups, settings) if g[0].pe == scheme]
+        differing = sorted(key for key in own if any(other.get(key) != own[key] for other in siblings))
+        shown = [key for key in differing if own[key] != common_value([other.get(key) for other in siblings])]
+        details.append(None if len(differing) > MAX_LABEL_KEYS else [f"{key}={json.loads(own[key])}" for key in shown])
+    named_by_dir = [i for i, detail in enumerate(details) if detail is None]
+    for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
+        details[i] = [name]
+    return [" ".join([display_name(group[0].pe)] + detail) for group, detail in zip(groups, details)]
+
+
+def common_value(values: list[str | None]) -> str | None:
+    """The value held more often than every other one (None where none is: a tie, or the key is absent)."""
+    counts = collections.Counter(values).most_common(2)
+    if len(counts) == 2 and counts[0][1] == counts[1][1]:
+        return None
+    return counts[0][0]
+
+
+def unique_dir_names(dirs: list[Path]) -> list[str]:
+    """Each run directory's name without its -s<seed> suffix, lengthened by parent directories until no
+    other directory's name of the same length equals it; the whole path where even that is not enough."""
+    parts = [dir.resolve().parts[:-1] + (re.sub(r"-s\d+$", "", dir.resolve().name),) for dir in dirs]
+    names = []
+    for i, own in enumerate(parts):
+        others = [other for j, other in enumerate(parts) if j != i]
+        depth = next((d for d in range(1, len(own) + 1) if all(other[-d:] != own[-d:] for other in others)), None)
+        names.append("/".join(own[-depth:]) if depth else str(dirs[i].resolve()))  # x/rope-s1 vs x/rope-s2
+    return names
