@@ -3,10 +3,11 @@
 MQAR (data/tasks/mqar.py) writes the pairs k_1 v_1 .. k_N v_N at positions 0 .. 2N - 1; a query k_i later asks
 for v_i. A recall head attends from the query to v_i's position in the context (the value, whose first layer has
 seen its key). For each run, on 64 held-out examples at each length, this prints, for the layer-1 head that puts
-the most attention there, its mean attention weight on v_i's position over every query, and over the queries
-farther than the training length (64) from it and those nearer.
+the most attention there (with --every-layer: the head of each layer that does), its mean attention weight on v_i's
+position over every query, and over the queries farther than the training length (64) from it and those nearer.
 
     python results/task-study/attention_on_value.py <task-study run dir> ...   # runs with their checkpoints
+    python results/task-study/attention_on_value.py --every-layer <run dir> ...   # a deeper model's every layer
 
 Used for docs/results.md (the hybrid's MQAR); the checkpoints are not committed, so it runs on the study's run
 directories (multirun/task-study/mqar-<scheme>-s<seed>). Its output there is attention_on_value.txt.
@@ -30,7 +31,7 @@ EXAMPLES = 64
 FAR = 64  # the training length: queries farther than this from their value are past it
 
 
-def attention_on_value(run_dir: Path) -> list[str]:
+def attention_on_value(run_dir: Path, every_layer: bool = False) -> list[str]:
     run = load_trained_run(run_dir, [])
     task = build_task(OmegaConf.to_object(run.cfg.task))
     generator = torch.Generator().manual_seed(held_out_seed(7, "attention on value"))
@@ -43,18 +44,21 @@ def attention_on_value(run_dir: Path) -> list[str]:
         context_keys = inputs[:, : 2 * task.cfg.n_pairs : 2]
         pair = (context_keys[example] == inputs[example, query][:, None]).float().argmax(1)
         value_at = 2 * pair + 1
-        on_value = probs[1][example, :, query, value_at]  # (queries, heads)
-        head = int(on_value.mean(0).argmax())
-        weight, far = on_value[:, head], (query - value_at) > FAR
-        line = f"{run_dir.name} length {length}: layer 1 head {head}: all {weight.mean():.3f}"
-        if far.any():
-            near = weight[~far].mean()
-            line += f"; far (> {FAR}, {int(far.sum())} queries) {weight[far].mean():.3f}, near {near:.3f}"
-        lines.append(line)
+        far = (query - value_at) > FAR
+        for layer in range(len(probs)) if every_layer else [1]:
+            on_value = probs[layer][example, :, query, value_at]  # (queries, heads)
+            head = int(on_value.mean(0).argmax())
+            weight = on_value[:, head]
+            line = f"{run_dir.name} length {length}: layer {layer} head {head}: all {weight.mean():.3f}"
+            if far.any():
+                near = weight[~far].mean()
+                line += f"; far (> {FAR}, {int(far.sum())} queries) {weight[far].mean():.3f}, near {near:.3f}"
+            lines.append(line)
     return lines
 
 
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
-    for argument in sys.argv[1:]:
-        print("\n".join(attention_on_value(Path(argument))), flush=True)
+    every_layer = sys.argv[1:2] == ["--every-layer"]
+    for argument in sys.argv[1 + every_layer :]:
+        print("\n".join(attention_on_value(Path(argument), every_layer)), flush=True)
