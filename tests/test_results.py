@@ -52,6 +52,7 @@ REPORTS = [
         ["--protocol", "streaming", "--baseline", "rope model.attn_sink=False k=4"],
     ),
     ("task-attention/comparison_tasks_vs_rope.md", ["task-attention/*/"], ["--baseline", "rope"]),
+    ("task-4layer-hybrids/comparison_tasks_vs_rope.md", ["task-4layer-hybrids/*/"], ["--baseline", "rope"]),
     ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
     (
         "shakespeare-probes/comparison_width256.md",
