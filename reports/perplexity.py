@@ -19,7 +19,6 @@ from evaluation.plots import Series, bin_centre
 from evaluation.report import (
     RUNTIME_FIELDS,
     SCORED_FIELDS,
-    condition_label,
     group_by_scored,
     length_header,
     provenance,
@@ -27,7 +26,7 @@ from evaluation.report import (
     row_ppl,
 )
 from evaluation.stats import Estimate, mean_ci
-from reports.runs import Entry, Run, group_labels
+from reports.runs import Entry, Run, evaluated_with, group_labels
 from reports.tables import differences, paired_report, table
 
 
@@ -54,7 +53,7 @@ def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data:
                 for row in members:
                     # the streaming protocol's sinks (--protocol streaming), the variation, the temperature
                     sinks = f"k={row['sinks']}" if row.get("sinks") is not None else ""
-                    key = (" ".join(filter(None, (sinks, condition_label(row)))), scored)
+                    key = (" ".join(filter(None, (sinks, evaluated_with(row, run)))), scored)
                     cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
         if not cells:  # shown as a row of "-" rather than silently left out
             cells[("", None)] = {i: {} for i in range(len(group))}

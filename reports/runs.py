@@ -22,12 +22,13 @@ from omegaconf import OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.errors import PosGPTError
-from evaluation.report import load_results
+from evaluation.report import condition_label, load_results
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.tasks import GRIDS
 from evaluation.tasks import JSON_FILE as TASKS_FILE
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
 from model.pe import display_name
+from model.temperature import temperature_settings
 
 # Config keys that do not make two runs different settings: the seed, and what a resumed run may change
 # (logging, evaluation, threads, ...) except what changes the trained model (its length, its precision).
@@ -149,6 +150,16 @@ def load_runs(run_dirs: list[Path]) -> list[Run]:
             )
         runs.append(Run(run_dir, document, run_config(run_dir, document or tasks), tasks))
     return runs
+
+
+def evaluated_with(row: dict[str, Any], run: Run) -> str:
+    """What a row was evaluated with besides the run as trained, for a table row's label: evaluation/report.py's
+    condition_label without the attention temperature the run was trained with (a run trained with SSMax reads
+    as trained, not "ssmax": its setting's label names it already)."""
+    trained = run.config.get("model", {}).get("attn_temperature")  # every run_config has it; hand-made runs may not
+    if trained is not None and row.get("attn_temperature") == temperature_settings(trained):
+        row = {**row, "attn_temperature": None}
+    return condition_label(row)
 
 
 def setting(run: Run) -> dict[str, str]:

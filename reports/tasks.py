@@ -21,7 +21,7 @@ from evaluation.report import length_header
 from evaluation.stats import Estimate, mean_ci
 from evaluation.tasks import GRIDS, PROBE_SETTINGS, effective_lengths, grid_cell, probe_settings
 from evaluation.tasks import variation as row_variation
-from reports.runs import TASK_MEASURES, Entry, Run, group_by_seed, group_labels
+from reports.runs import TASK_MEASURES, Entry, Run, evaluated_with, group_by_seed, group_labels
 from reports.tables import ACCURACY, differences, paired_report, table
 
 TASK_CSV_COLUMNS = ["task", "task_settings", "setting", *GRIDS, "length", "multiple", "measure", "seeds", "mean"]
@@ -68,14 +68,15 @@ def task_entries(runs: list[Run]) -> list[TaskEntry]:
             cells: dict[tuple, dict[int, dict[int, dict[str, Any]]]] = {}  # (identity, cell, variation) -> run -> ...
             for i, run in enumerate(group):
                 for row in run.tasks["results"]:
-                    key = (task_identity(row, run.tasks), grid_cell(row), row_variation(row))
+                    key = (task_identity(row, run.tasks), grid_cell(row), evaluated_with(row, run))
                     cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
             for (identity, cell, variation), by_run in sorted(cells.items(), key=lambda item: item[0][2] != ""):
                 indices = sorted(by_run)
-                effective = [  # as eval.py finds it, from the rows pooled here
-                    (effective_lengths(list(by_run[i].values()), group[i].tasks["threshold"])[variation], threshold)
+                effective = [  # as eval.py finds it, from the rows pooled here (keyed by eval.py's label)
+                    (effective_lengths(rows, threshold)[row_variation(rows[0])], threshold)
                     for i in indices
                     if cell is None and (threshold := group[i].tasks.get("threshold")) is not None
+                    for rows in [list(by_run[i].values())]
                 ]
                 entries.append(
                     TaskEntry(

@@ -17,7 +17,7 @@ from evaluation.report import format_number, format_ppl
 from evaluation.stats import Estimate, clearly_different
 from experiment.settings import config_for_evaluation
 from reports.perplexity import entries_of, markdown_report, ppl_estimate, ppl_values, ratio_estimate
-from reports.runs import Entry, Run, group_by_seed, group_labels, load_runs
+from reports.runs import Entry, Run, evaluated_with, group_by_seed, group_labels, load_runs
 from reports.tables import find_baseline, paired_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -488,6 +488,26 @@ def test_a_value_most_settings_share_is_left_out_of_the_labels(tmp_path):
     both = fake("both-s1", sink=True, temperature="ssmax")
     labels = group_labels([[plain], [sink], [ssmax], [both]])
     assert len(set(labels)) == 4, labels
+
+
+def test_a_temperature_a_run_was_trained_with_is_not_labelled_again_as_a_variation(tmp_path):
+    """A run trained with SSMax: its rows as trained add nothing to the setting's label (which names the key);
+    rows evaluated with another temperature, or a variation, say so."""
+    config = {"model": {"attn_temperature": {"type": "ssmax", "floor_scale": None, "attn_scale": 0.1}}}
+    ssmax, plain = (
+        Run(tmp_path / "a", None, config),
+        Run(
+            tmp_path / "b",
+            None,
+            {"model": {"attn_temperature": {"type": "none", "floor_scale": None, "attn_scale": 0.1}}},
+        ),
+    )
+    trained, logn = {"attn_temperature": {"type": "ssmax"}}, {"attn_temperature": {"type": "logn"}}
+    assert evaluated_with(trained, ssmax) == ""
+    assert evaluated_with({**trained, "variation": "yarn:16"}, ssmax) == "yarn:16"
+    assert evaluated_with(logn, ssmax) == "logn"
+    assert evaluated_with(trained, plain) == "ssmax"  # a run trained without one, evaluated with SSMax
+    assert evaluated_with({"attn_temperature": None}, plain) == ""
 
 
 def test_paired_differences_cancel_what_the_seed_does_to_every_scheme():
