@@ -72,12 +72,13 @@ def task_entries(runs: list[Run]) -> list[TaskEntry]:
                     cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
             for (identity, cell, variation), by_run in sorted(cells.items(), key=lambda item: item[0][2] != ""):
                 indices = sorted(by_run)
-                effective = [  # as eval.py finds it, from the rows pooled here (keyed by eval.py's label)
-                    (effective_lengths(rows, threshold)[row_variation(rows[0])], threshold)
-                    for i in indices
-                    if cell is None and (threshold := group[i].tasks.get("threshold")) is not None
-                    for rows in [list(by_run[i].values())]
-                ]
+                effective = []  # as eval.py finds it, from the rows pooled here
+                for i in indices:
+                    threshold = group[i].tasks.get("threshold")
+                    if cell is None and threshold is not None:
+                        rows = list(by_run[i].values())
+                        # keyed by eval.py's label, which names a trained temperature that ``variation`` leaves out
+                        effective.append((effective_lengths(rows, threshold)[row_variation(rows[0])], threshold))
                 entries.append(
                     TaskEntry(
                         label + (f" {variation}" if variation else ""),

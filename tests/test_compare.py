@@ -493,15 +493,12 @@ def test_a_value_most_settings_share_is_left_out_of_the_labels(tmp_path):
 def test_a_temperature_a_run_was_trained_with_is_not_labelled_again_as_a_variation(tmp_path):
     """A run trained with SSMax: its rows as trained add nothing to the setting's label (which names the key);
     rows evaluated with another temperature, or a variation, say so."""
-    config = {"model": {"attn_temperature": {"type": "ssmax", "floor_scale": None, "attn_scale": 0.1}}}
-    ssmax, plain = (
-        Run(tmp_path / "a", None, config),
-        Run(
-            tmp_path / "b",
-            None,
-            {"model": {"attn_temperature": {"type": "none", "floor_scale": None, "attn_scale": 0.1}}},
-        ),
-    )
+
+    def trained_with(temperature):
+        settings = {"type": temperature, "floor_scale": None, "attn_scale": 0.1}
+        return Run(tmp_path / temperature, None, {"model": {"attn_temperature": settings}})
+
+    ssmax, plain = trained_with("ssmax"), trained_with("none")
     trained, logn = {"attn_temperature": {"type": "ssmax"}}, {"attn_temperature": {"type": "logn"}}
     assert evaluated_with(trained, ssmax) == ""
     assert evaluated_with({**trained, "variation": "yarn:16"}, ssmax) == "yarn:16"
