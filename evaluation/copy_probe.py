@@ -28,13 +28,14 @@ record the span, eval.copy_min_count and K (``copy_candidates``): probes of othe
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from core.errors import PosGPTError
@@ -47,6 +48,7 @@ from experiment.config import eval_lengths
 
 NAME = "copy_probe"
 COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
+_COUNTED_CANDIDATES: dict[tuple[str, int, int], torch.Tensor] = {}  # probe_candidates' (data.*, N, vocab) -> ids
 
 
 def span_candidates(
@@ -115,10 +117,14 @@ def score_copies(
 def probe_candidates(cfg: DictConfig, vocab: int) -> torch.Tensor:
     """The token ids the probe's span is drawn from under eval.copy_min_count; PosGPTError, naming the setting,
     when fewer than 2 are left. Evaluations call it before they score anything, and training before its first
-    step, so that a setting the probe refuses costs no perplexity evaluation, nor training, first."""
+    step, so that a setting the probe refuses costs no perplexity evaluation, nor training, first. The training
+    split is counted once a process (training's check, then its end-of-training evaluation, ask for the same)."""
     min_count = cfg.eval.copy_min_count
-    train_tokens = load_split(cfg.data, "train") if min_count else None
-    candidates = span_candidates(vocab, min_count, train_tokens, cfg.logging.progress)
+    key = (json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True), min_count, vocab)
+    if key not in _COUNTED_CANDIDATES:
+        train_tokens = load_split(cfg.data, "train") if min_count else None
+        _COUNTED_CANDIDATES[key] = span_candidates(vocab, min_count, train_tokens, cfg.logging.progress)
+    candidates = _COUNTED_CANDIDATES[key]
     if len(candidates) < 2:
         raise PosGPTError(
             f"eval.copy_min_count={min_count} leaves {len(candidates)} token(s) of the training split of "

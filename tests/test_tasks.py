@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from core.errors import PosGPTError
 from data import EOT_TOKEN, TokenArray, draw_batch
@@ -19,6 +19,7 @@ from data.tasks.copy import CopyConfig
 from data.tasks.flipflop import BOS, READ, WRITE, ZERO, FlipFlopConfig
 from data.tasks.mqar import MQARConfig
 from data.tasks.passkey import PasskeyConfig
+from evaluation import copy_probe
 from evaluation.copy_probe import probe_windows, score_copies, span_candidates
 from evaluation.tasks import (
     count_exact_matches,
@@ -371,6 +372,27 @@ def test_span_candidates_are_the_tokens_seen_often_enough(tmp_path):
     assert len(span_candidates(300)) == 300 and len(span_candidates(50257)) == 50256
     windows = probe_windows(shard(tmp_path, 100), 40, 32, 10, 6, span_candidates(300, 2, train), gen())
     assert set(windows[:, 26:].unique().tolist()) == {5, 7}
+
+
+def test_probe_candidates_count_the_training_split_once_a_process(tmp_path, monkeypatch):
+    """Training checks eval.copy_min_count before its first step and scores the probe after its last: one count."""
+    path = tmp_path / "train.bin"
+    np.array([5, 5, 7, 7, 9], dtype=np.uint16).tofile(path)
+    loads = []
+    monkeypatch.setattr(copy_probe, "_COUNTED_CANDIDATES", {})
+    monkeypatch.setattr(copy_probe, "load_split", lambda data, split: loads.append(data.name) or TokenArray([path]))
+
+    def config(name: str, min_count: int) -> DictConfig:
+        return OmegaConf.create(
+            {"data": {"name": name}, "eval": {"copy_min_count": min_count}, "logging": {"progress": False}}
+        )
+
+    assert copy_probe.probe_candidates(config("a", 2), 300).tolist() == [5, 7]
+    assert copy_probe.probe_candidates(config("a", 2), 300).tolist() == [5, 7] and loads == ["a"]
+    assert copy_probe.probe_candidates(config("b", 1), 300).tolist() == [5, 7, 9] and loads == ["a", "b"]
+    for _ in range(2):  # a refusal is as reliable the second time
+        with pytest.raises(PosGPTError, match="eval.copy_min_count=3 leaves 0 token"):
+            copy_probe.probe_candidates(config("a", 3), 300)
 
 
 class ContextBlind(torch.nn.Module):
