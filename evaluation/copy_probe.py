@@ -21,7 +21,11 @@ the first copy; one that does not can only guess (1 in K, a mean log-probability
   look back at it, ln K at most for one that guesses uniformly without it. It separates copying from
   what a model can guess of the span's tokens without it (the frequent ones, under eval.copy_min_count).
 
-Distances: d = l - S for each evaluated length l <= L (so at d = L - S the first copy opens the window).
+Distances: d = l - S for each evaluated length l <= L (so at d = L - S the first copy opens the window). The
+windows and spans are drawn once a length (seeded by the run's seed and L), and every distance writes its first
+copy into the same ones: the distances of a length are compared on the same text, and the control, the same for
+all of them, is scored once. (Before 2026-11-26 each cell drew its own windows and scored its own control: the
+same measure, scoring 1.6x the tokens at lengths 1x-16x; rows made then differ by their draws.)
 Rows go to eval/tasks.json as ``task: copy_probe`` with a ``distance`` (evaluation/tasks.py writes them), and
 record the span, eval.copy_min_count and K (``copy_candidates``): probes of other settings stay beside them.
 """
@@ -71,24 +75,22 @@ def span_candidates(
 
 
 def probe_windows(
-    tokens: TokenArray,
-    n: int,
-    length: int,
-    distance: int,
-    span: int,
-    candidates: torch.Tensor,
-    generator: torch.Generator,
-    first_copy: bool = True,
+    tokens: TokenArray, n: int, length: int, span: int, candidates: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
-    """(n, length) windows of held-out text with a span of random ``candidates`` written at length - span -
-    distance (unless not ``first_copy``: the control) and at the end."""
+    """(n, length) windows of held-out text, each ending in a span of random ``candidates``: the control, to
+    which :func:`with_first_copy` writes the first copy."""
     starts = torch.randint(0, len(tokens) - length + 1, (n,), generator=generator)
     windows = torch.from_numpy(np.stack([tokens.read(int(s), length) for s in starts]).astype(np.int64))
-    copy = candidates[torch.randint(0, len(candidates), (n, span), generator=generator)]
-    windows[:, length - span :] = copy
-    if first_copy:
-        windows[:, length - span - distance : length - distance] = copy
+    windows[:, length - span :] = candidates[torch.randint(0, len(candidates), (n, span), generator=generator)]
     return windows
+
+
+def with_first_copy(windows: torch.Tensor, distance: int, span: int) -> torch.Tensor:
+    """The windows with their final span written again ``distance`` tokens earlier, over the text there."""
+    length = windows.shape[1]
+    copied = windows.clone()
+    copied[:, length - span - distance : length - distance] = windows[:, length - span :]
+    return copied
 
 
 @torch.inference_mode()
@@ -133,6 +135,60 @@ def probe_candidates(cfg: DictConfig, vocab: int) -> torch.Tensor:
     return candidates
 
 
+def probe_length(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    tokens: TokenArray,
+    candidates: torch.Tensor,
+    cell: dict[str, Any],
+    distances: list[int],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> list[dict[str, Any]]:
+    """The rows of one length (``cell["length"]``), a distance each. One draw of windows and spans serves every
+    distance, so its control is scored once and the distances are compared on the same text."""
+    length, span, n = cell["length"], cfg.eval.copy_span, examples_for(cfg.eval.task_half_width)
+    seed = held_out_seed(cfg.train.seed, f"{NAME}:{length}")
+    cell = {**cell, "seed": seed}
+    limit = model.pe.max_positions()
+    if limit is not None and length > limit:
+        reason = f"pe={model.pe.name} encodes at most {limit} positions"
+    elif len(tokens) < length:
+        reason = f"the {tokens.name} split has fewer than {length} tokens"
+    else:
+        reason = None
+    if reason is not None or not distances:
+        return [{**cell, "distance": d, "accuracy": None, "n": 0, "reason": reason} for d in distances]
+    started = time.perf_counter()
+    control = probe_windows(tokens, n, length, span, candidates, torch.Generator().manual_seed(seed))
+    *_, control_logprob = score_copies(model, control, span, cfg.eval.batch_tokens, device, dtype)
+    control_seconds = (time.perf_counter() - started) / len(distances)  # shared by the length's cells
+    rows = []
+    for distance in distances:
+        started = time.perf_counter()
+        windows = with_first_copy(control, distance, span)
+        exact, right, logprob = score_copies(model, windows, span, cfg.eval.batch_tokens, device, dtype)
+        low, high = wilson_interval(exact, n)
+        targets = n * (span - 1)
+        rows.append(
+            {
+                **cell,
+                "distance": distance,
+                "accuracy": exact / n,
+                "ci_low": low,
+                "ci_high": high,
+                "correct": exact,
+                "n": n,
+                "token_accuracy": right / targets,
+                "mean_logprob": logprob / targets,
+                "control_logprob": control_logprob / targets,
+                "copy_gain": (logprob - control_logprob) / targets,
+                "seconds": round(time.perf_counter() - started + control_seconds, 3),
+            }
+        )
+    return rows
+
+
 def run_copy_probe(
     cfg: DictConfig,
     model: torch.nn.Module,
@@ -147,9 +203,7 @@ def run_copy_probe(
 ) -> dict[str, Any]:
     """Every (variation, length, distance) cell, written with the task results (evaluation/tasks.py); the span is
     drawn from ``candidates`` (probe_candidates)."""
-    n, span, lengths = examples_for(cfg.eval.task_half_width), cfg.eval.copy_span, eval_lengths(cfg)
-    min_count = cfg.eval.copy_min_count
-    limit = model.pe.max_positions()
+    span, lengths, min_count = cfg.eval.copy_span, eval_lengths(cfg), cfg.eval.copy_min_count
     # what the rows scored; the probe's settings too, since rows of other settings stay in tasks.json beside them
     provenance = {
         "data": cfg.data.name,
@@ -164,38 +218,9 @@ def run_copy_probe(
         setting = variation_fields(label, settings, cfg)
         with model.pe.evaluated_with(settings):
             for length in dict.fromkeys(lengths):
-                for distance in [d - span for d in dict.fromkeys(lengths) if span < d <= length]:
-                    seed = held_out_seed(cfg.train.seed, f"{NAME}:{length}:{distance}")
-                    row = {"task": NAME, "length": length, "distance": distance, **setting, **provenance, "seed": seed}
-                    if limit is not None and length > limit:
-                        row.update(accuracy=None, n=0, reason=f"pe={model.pe.name} encodes at most {limit} positions")
-                    elif len(tokens) < length:
-                        row.update(accuracy=None, n=0, reason=f"the {tokens.name} split has fewer than {length} tokens")
-                    else:
-                        started = time.perf_counter()
-                        scored = []
-                        for first_copy in (True, False):  # the probe, then its control (the same draws)
-                            generator = torch.Generator().manual_seed(seed)
-                            windows = probe_windows(
-                                tokens, n, length, distance, span, candidates, generator, first_copy
-                            )
-                            scored.append(score_copies(model, windows, span, cfg.eval.batch_tokens, device, dtype))
-                        (exact, right, logprob), (_, _, control) = scored
-                        low, high = wilson_interval(exact, n)
-                        targets = n * (span - 1)
-                        row.update(
-                            accuracy=exact / n,
-                            ci_low=low,
-                            ci_high=high,
-                            correct=exact,
-                            n=n,
-                            token_accuracy=right / targets,
-                            mean_logprob=logprob / targets,
-                            control_logprob=control / targets,
-                            copy_gain=(logprob - control) / targets,
-                            seconds=round(time.perf_counter() - started, 3),
-                        )
-                    rows.append(row)
+                distances = [d - span for d in dict.fromkeys(lengths) if span < d <= length]
+                cell = {"task": NAME, "length": length, **setting, **provenance}
+                rows += probe_length(cfg, model, tokens, candidates, cell, distances, device, dtype)
     extra = {"accuracy": "exact match of the repeat's tokens after its first (teacher forcing); 95% Wilson intervals"}
     probe = {"copy_span": span, "copy_min_count": min_count, "copy_candidates": len(candidates)}
     return write_task_results(cfg, NAME, rows, {**extra, **probe}, run_dir, trained_config, wandb_run, step)

@@ -20,7 +20,7 @@ from data.tasks.flipflop import BOS, READ, WRITE, ZERO, FlipFlopConfig
 from data.tasks.mqar import MQARConfig
 from data.tasks.passkey import PasskeyConfig
 from evaluation import copy_probe
-from evaluation.copy_probe import probe_windows, score_copies, span_candidates
+from evaluation.copy_probe import probe_windows, score_copies, span_candidates, with_first_copy
 from evaluation.tasks import (
     count_exact_matches,
     effective_lengths,
@@ -339,23 +339,27 @@ def shard(tmp_path, n: int) -> TokenArray:
 
 def test_copy_probe_writes_the_span_twice_into_held_out_text(tmp_path):
     tokens = shard(tmp_path, 1000)
-    windows = probe_windows(tokens, 6, 64, 40, 8, span_candidates(50257), gen())
-    assert windows.shape == (6, 64)
+    control = probe_windows(tokens, 6, 64, 8, span_candidates(50257), gen())
+    windows = with_first_copy(control, 40, 8)
+    assert windows.shape == control.shape == (6, 64)
     assert torch.equal(windows[:, 56:], windows[:, 16:24])  # first copy at 64 - 8 - 40
     text = torch.cat((windows[:, :16], windows[:, 24:56]), dim=1)
     assert ((text[:, 1:] - text[:, :-1]) == 1).sum() >= 6 * 30  # the rest is the (consecutive) text
     assert not (windows[:, 56:] == EOT_TOKEN).any()
     # the control: the same windows and span, the text left where the first copy was
-    control = probe_windows(tokens, 6, 64, 40, 8, span_candidates(50257), gen(), first_copy=False)
     assert torch.equal(control[:, 56:], windows[:, 56:]) and torch.equal(control[:, :16], windows[:, :16])
     assert torch.equal(control[:, 16:24], control[:, 15:23] + 1)  # consecutive text, no copy
+    # another distance writes into the same windows, and leaves the control as drawn
+    farther = with_first_copy(control, 48, 8)
+    assert torch.equal(farther[:, 8:16], control[:, 56:]) and torch.equal(farther[:, 16:], control[:, 16:])
+    assert torch.equal(control[:, 16:24], control[:, 15:23] + 1)
 
 
 def test_the_whole_vocabulary_draw_is_the_one_results_were_made_with(tmp_path):
-    """eval.copy_min_count=0 draws exactly what the probe drew before candidates existed (uniform over 0..50255,
-    shifted past <|endoftext|>), so earlier results reproduce."""
+    """eval.copy_min_count=0 draws the span as the probe did before candidates existed (uniform over 0..50255,
+    shifted past <|endoftext|>)."""
     tokens = shard(tmp_path, 1000)
-    windows = probe_windows(tokens, 50, 64, 40, 8, span_candidates(50257), gen(3))
+    windows = probe_windows(tokens, 50, 64, 8, span_candidates(50257), gen(3))
     generator = gen(3)
     torch.randint(0, 1000 - 64 + 1, (50,), generator=generator)  # the window starts
     draws = torch.randint(0, 50257 - 1, (50, 8), generator=generator)
@@ -370,7 +374,7 @@ def test_span_candidates_are_the_tokens_seen_often_enough(tmp_path):
     assert span_candidates(50257, 2, train).tolist() == [5, 7]  # <|endoftext|> is never a candidate
     assert span_candidates(300, 4, train).tolist() == []
     assert len(span_candidates(300)) == 300 and len(span_candidates(50257)) == 50256
-    windows = probe_windows(shard(tmp_path, 100), 40, 32, 10, 6, span_candidates(300, 2, train), gen())
+    windows = probe_windows(shard(tmp_path, 100), 40, 32, 6, span_candidates(300, 2, train), gen())
     assert set(windows[:, 26:].unique().tolist()) == {5, 7}
 
 
@@ -424,10 +428,10 @@ class Copier(ContextBlind):
 
 
 def probe_and_control(model, tokens: TokenArray) -> list[tuple[int, int, float]]:
-    candidates = span_candidates(300)
+    control = probe_windows(tokens, 7, 32, 6, span_candidates(300), gen())
     return [
-        score_copies(model, probe_windows(tokens, 7, 32, 10, 6, candidates, gen(), first), 6, 64, CPU, torch.float32)
-        for first in (True, False)
+        score_copies(model, windows, 6, 64, CPU, torch.float32)
+        for windows in (with_first_copy(control, 10, 6), control)
     ]
 
 
@@ -446,7 +450,7 @@ def test_the_first_copy_helps_a_copier_and_not_a_model_blind_to_context(tmp_path
 def test_copy_probe_scores_match_the_full_logits(tmp_path):
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_embd=16, n_layer=1, n_head=2, vocab_size=300), RoPEConfig(), train_seq_len=32).eval()
-    windows = probe_windows(shard(tmp_path, 300), 5, 32, 10, 6, span_candidates(300), gen())
+    windows = with_first_copy(probe_windows(shard(tmp_path, 300), 5, 32, 6, span_candidates(300), gen()), 10, 6)
     exact, right, logprob = score_copies(model, windows, 6, 64, torch.device("cpu"), torch.float32)
     with torch.no_grad():
         logits = model(windows)[:, 26:31]
@@ -455,6 +459,26 @@ def test_copy_probe_scores_match_the_full_logits(tmp_path):
     assert (exact, right) == (int(hits.all(1).sum()), int(hits.sum()))
     expected = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).sum()
     assert logprob == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_the_distances_of_a_length_share_their_windows_and_control(tmp_path):
+    """probe_length draws one set of windows and spans a length: each distance's row scores its first copy
+    written into them, against one control."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_embd=16, n_layer=1, n_head=2, vocab_size=300), RoPEConfig(), train_seq_len=32).eval()
+    cfg = OmegaConf.create({"eval": {"copy_span": 6, "task_half_width": 0.3, "batch_tokens": 64}, "train": {"seed": 1}})
+    tokens, candidates = shard(tmp_path, 300), span_candidates(300)
+    rows = copy_probe.probe_length(cfg, model, tokens, candidates, {"length": 32}, [10, 26], CPU, torch.float32)
+    assert [row["distance"] for row in rows] == [10, 26] and len({row["seed"] for row in rows}) == 1
+    control = probe_windows(tokens, 11, 32, 6, candidates, torch.Generator().manual_seed(rows[0]["seed"]))
+    *_, control_logprob = score_copies(model, control, 6, 64, CPU, torch.float32)
+    for row in rows:
+        exact, _, logprob = score_copies(model, with_first_copy(control, row["distance"], 6), 6, 64, CPU, torch.float32)
+        assert row["n"] == 11 and row["correct"] == exact
+        assert row["mean_logprob"] == pytest.approx(logprob / 55) and row["control_logprob"] == control_logprob / 55
+    assert rows[0]["mean_logprob"] != rows[1]["mean_logprob"]  # the first copies differ
+    other = copy_probe.probe_length(cfg, model, tokens, candidates, {"length": 16}, [10], CPU, torch.float32)
+    assert other[0]["seed"] != rows[0]["seed"]  # another length, another draw
 
 
 def test_probes_are_for_language_model_runs():
