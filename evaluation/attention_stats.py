@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from core.errors import PosGPTError
 from core.runtime import autocast
-from evaluation.plots import scheme_colour
+from evaluation.plots import new_figure, scheme_colour
 from evaluation.run import EVAL_DIR
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from data import TokenArray
 
 BINS_PER_OCTAVE = 4
@@ -156,7 +157,7 @@ def _bin_centres(bins: list[list[int]], offset: int = 0) -> np.ndarray:
 
 
 def _grid(n_rows: int, n_cols: int) -> tuple[Figure, np.ndarray]:
-    fig = Figure(figsize=(4.2 * n_cols, 2.8 * n_rows + 0.6), layout="constrained")
+    fig = new_figure(2.8 * n_rows + 0.6, 4.2 * n_cols)
     return fig, np.atleast_2d(fig.subplots(n_rows, n_cols, squeeze=False))
 
 

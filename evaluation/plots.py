@@ -20,12 +20,13 @@ import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
+from typing import TYPE_CHECKING
 
 from core.errors import PosGPTError
 from model.pe import SCHEMES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE_WIDTH = 70  # characters a title line holds before it wraps (a task's settings can be long), rather than be cut
 LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (10, 3)), "v"), ((0, (5, 2, 1, 2, 1, 2)), "P")]
@@ -96,6 +97,8 @@ def _label_log_axis(axis, low: float, high: float) -> None:
     def plain(value: float) -> str:
         return f"{value:,.{decimals}f}"
 
+    from matplotlib.ticker import FuncFormatter
+
     wide = high / low > 20
     axis.set_major_formatter(FuncFormatter(lambda value, _: plain(value)))
     axis.set_minor_formatter(
@@ -103,11 +106,19 @@ def _label_log_axis(axis, low: float, high: float) -> None:
     )
 
 
+def new_figure(height: float = 4.5, width: float = 7) -> Figure:
+    """A figure (inches). matplotlib is imported here, at the first plot, not with this module: a command
+    refused before it draws anything does not pay for it (about half a second)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
 def check_image_paths(paths: Mapping[str, str | Path | None]) -> None:
     """Refuse, before anything is computed or written, a plot path (named by its option) whose extension is not an
     image format matplotlib writes: the extension chooses the format (savefig would fail after the work, or
     add .png to a name without one)."""
-    formats = Figure().canvas.get_supported_filetypes()
+    formats = new_figure().canvas.get_supported_filetypes()
     for option, path in paths.items():
         if path is not None and Path(path).suffix.lstrip(".").lower() not in formats:
             raise PosGPTError(
@@ -123,17 +134,19 @@ def _mark_training_length(ax, train_lens: set[int]) -> None:
 
 def _draw_by_length(ax, series: list[Series], train_lens: set[int]) -> None:
     """The series against evaluation length (those with points), on a log2 axis ticked at the lengths measured."""
+    from matplotlib import ticker
+
     _draw(ax, [line for line in series if line.x])
     lengths = sorted({int(x) for line in series for x in line.x})
     _mark_training_length(ax, train_lens)
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(length) for length in lengths])
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def plot_ppl_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
     """One line per series (x: lengths, y: perplexities; lengths without a perplexity left out)."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = new_figure()
     ax = fig.subplots()
     _draw_by_length(ax, series, train_lens)
     ax.set_yscale("log")
@@ -143,12 +156,14 @@ def plot_ppl_vs_length(series: list[Series], train_lens: set[int], path: str | P
 
 def plot_per_position(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
     """One line per series (x: bin centres, y: mean loss in the bin)."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    from matplotlib import ticker
+
+    fig = new_figure()
     ax = fig.subplots()
     _draw(ax, series)
     _mark_training_length(ax, train_lens)
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
     return _label_and_save(
         fig, ax, "position in the window (1 = first token; log scale)", "mean loss (nats)", title, path
     )
@@ -156,7 +171,7 @@ def plot_per_position(series: list[Series], train_lens: set[int], path: str | Pa
 
 def plot_accuracy_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
     """Task accuracy (x: lengths, log scale; y: accuracy in [0, 1]), each series' 95% interval as its band."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = new_figure()
     ax = fig.subplots()
     _draw_by_length(ax, series, train_lens)
     ax.set_ylim(-0.02, 1.02)
@@ -170,7 +185,7 @@ TASK_AXES = {"accuracy": "exact-match accuracy", "copy_gain": "copy gain (nats t
 def plot_task_panels(panels: list[tuple[str, list[Series], set[int], str]], path: str | Path, title: str) -> Path:
     """plot_accuracy_vs_length's plot for several tasks or measures in one figure (scripts/compare.py): a panel per
     (title, series, training lengths, measure: a key of TASK_AXES), one above the other."""
-    fig = Figure(figsize=(7, 4.5 * len(panels)), layout="constrained")
+    fig = new_figure(4.5 * len(panels))
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     for ax, (panel_title, series, train_lens, measure) in zip(axes, panels):
         _draw_by_length(ax, series, train_lens)
@@ -189,7 +204,7 @@ def plot_grid_heatmap(cells: list[tuple[float, int, float | None]], ylabel: str,
     grid = [[math.nan] * len(lengths) for _ in depths]
     for depth, length, accuracy in cells:
         grid[depths.index(depth)][lengths.index(length)] = math.nan if accuracy is None else accuracy
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = new_figure()
     ax = fig.subplots()
     image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
     for i, row in enumerate(grid):
@@ -209,7 +224,7 @@ def plot_grid_heatmap(cells: list[tuple[float, int, float | None]], ylabel: str,
 
 def plot_training_curves(series: list[Series], path: str | Path, title: str) -> Path:
     """One line per series (x: training steps, y: validation loss)."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = new_figure()
     ax = fig.subplots()
     _draw(ax, series)
     return _label_and_save(fig, ax, "training step", "validation loss (nats)", title, path)
