@@ -140,16 +140,17 @@ def probe_length(
     model: torch.nn.Module,
     tokens: TokenArray,
     candidates: torch.Tensor,
-    cell: dict[str, Any],
+    fields: dict[str, Any],
     distances: list[int],
     device: torch.device,
     dtype: torch.dtype,
 ) -> list[dict[str, Any]]:
-    """The rows of one length (``cell["length"]``), a distance each. One draw of windows and spans serves every
-    distance, so its control is scored once and the distances are compared on the same text."""
-    length, span, n = cell["length"], cfg.eval.copy_span, examples_for(cfg.eval.task_half_width)
+    """The rows of one length, a distance each, each starting with ``fields`` (what every row of the length
+    records: its length, variation and provenance). One draw of windows and spans serves every distance, so its
+    control is scored once and the distances are compared on the same text."""
+    length, span, n = fields["length"], cfg.eval.copy_span, examples_for(cfg.eval.task_half_width)
     seed = held_out_seed(cfg.train.seed, f"{NAME}:{length}")
-    cell = {**cell, "seed": seed}
+    fields = {**fields, "seed": seed}
     limit = model.pe.max_positions()
     if limit is not None and length > limit:
         reason = f"pe={model.pe.name} encodes at most {limit} positions"
@@ -158,7 +159,7 @@ def probe_length(
     else:
         reason = None
     if reason is not None or not distances:
-        return [{**cell, "distance": d, "accuracy": None, "n": 0, "reason": reason} for d in distances]
+        return [{**fields, "distance": d, "accuracy": None, "n": 0, "reason": reason} for d in distances]
     started = time.perf_counter()
     control = probe_windows(tokens, n, length, span, candidates, torch.Generator().manual_seed(seed))
     *_, control_logprob = score_copies(model, control, span, cfg.eval.batch_tokens, device, dtype)
@@ -172,7 +173,7 @@ def probe_length(
         targets = n * (span - 1)
         rows.append(
             {
-                **cell,
+                **fields,
                 "distance": distance,
                 "accuracy": exact / n,
                 "ci_low": low,
@@ -219,8 +220,8 @@ def run_copy_probe(
         with model.pe.evaluated_with(settings):
             for length in dict.fromkeys(lengths):
                 distances = [d - span for d in dict.fromkeys(lengths) if span < d <= length]
-                cell = {"task": NAME, "length": length, **setting, **provenance}
-                rows += probe_length(cfg, model, tokens, candidates, cell, distances, device, dtype)
+                fields = {"task": NAME, "length": length, **setting, **provenance}
+                rows += probe_length(cfg, model, tokens, candidates, fields, distances, device, dtype)
     extra = {"accuracy": "exact match of the repeat's tokens after its first (teacher forcing); 95% Wilson intervals"}
     probe = {"copy_span": span, "copy_min_count": min_count, "copy_candidates": len(candidates)}
     return write_task_results(cfg, NAME, rows, {**extra, **probe}, run_dir, trained_config, wandb_run, step)
