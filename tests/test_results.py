@@ -28,6 +28,7 @@ REPORTS = [
     ),
     ("copy-probe-width256/comparison.md", ["copy-probe-width256/*/"], []),
     ("copy-probe-budget/comparison.md", ["copy-probe-budget/step_*/"], []),
+    ("copy-probe-study/comparison_vs_rope.md", ["copy-probe-study/*/"], ["--baseline", "rope", "--ratios"]),
     ("width64-newer-schemes/comparison.md", ["width64-newer-schemes/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("width64-newer-schemes/comparison_vs_rope.md", ["width64-newer-schemes/*/"], ["--ratios", "--baseline", "rope"]),
     (
