@@ -92,12 +92,12 @@ def _draw(ax, series: list[Series]) -> None:
 def _label_log_axis(axis, low: float, high: float) -> None:
     """Plain numbers (20, 300, 4,000; 19.5 over a narrow range) on a log axis; over a wide range only the
     minor ticks at 2 and 5 times a power of ten are labelled."""
+    from matplotlib.ticker import FuncFormatter
+
     decimals = max(0, 1 - math.floor(math.log10(high - low)))
 
     def plain(value: float) -> str:
         return f"{value:,.{decimals}f}"
-
-    from matplotlib.ticker import FuncFormatter
 
     wide = high / low > 20
     axis.set_major_formatter(FuncFormatter(lambda value, _: plain(value)))
