@@ -4,7 +4,7 @@
 
 A module may import its own package and the packages of lower layers, nothing above or beside it; so there
 is no cycle between packages. Imports inside functions and under TYPE_CHECKING count too. model/ runs
-without Hydra.
+without Hydra, and the packages import matplotlib only where they draw.
 """
 
 import ast
@@ -69,3 +69,25 @@ def test_the_check_catches_an_upward_import(tmp_path):
     data_module.parent.mkdir()
     data_module.write_text("import model\n")  # beside, not below: data and model share a layer
     assert layer_violations(data_module, LAYERS["data"], root=tmp_path) == ["data/bad.py imports model"]
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported: its top-level imports, outside ``if TYPE_CHECKING:``."""
+    names = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_matplotlib_is_imported_only_to_draw():
+    """matplotlib costs about half a second a process: the packages import it where they draw (plots.new_figure),
+    so that a command refused before it draws anything, or one that never draws, does not pay for it."""
+    eager = [
+        str(path.relative_to(REPO))
+        for path, layer in sources()
+        if layer < TOP and any(name.split(".")[0] == "matplotlib" for name in module_level_imports(path))
+    ]
+    assert eager == []
