@@ -17,9 +17,12 @@ LAYERS = {"core": 0, "data": 1, "model": 1, "experiment": 2, "evaluation": 3, "t
 TOP = 5  # the commands: every top-level *.py (train.py, eval.py, sample.py) and scripts/*.py
 
 
-def imported_modules(path: Path) -> set[str]:
+def imported_modules(path: Path, when_imported: bool = False) -> set[str]:
+    """Every module ``path`` imports, or with ``when_imported`` only what importing it imports: its top-level
+    imports, not those in functions or under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in tree.body if when_imported else ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -71,23 +74,13 @@ def test_the_check_catches_an_upward_import(tmp_path):
     assert layer_violations(data_module, LAYERS["data"], root=tmp_path) == ["data/bad.py imports model"]
 
 
-def module_level_imports(path: Path) -> set[str]:
-    """What a module imports when it is imported: its top-level imports, outside ``if TYPE_CHECKING:``."""
-    names = set()
-    for node in ast.parse(path.read_text(), str(path)).body:
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return names
-
-
 def test_matplotlib_is_imported_only_to_draw():
     """matplotlib costs about half a second a process: the packages import it where they draw (plots.new_figure),
     so that a command refused before it draws anything, or one that never draws, does not pay for it."""
     eager = [
         str(path.relative_to(REPO))
         for path, layer in sources()
-        if layer < TOP and any(name.split(".")[0] == "matplotlib" for name in module_level_imports(path))
+        if layer < TOP
+        and any(name.split(".")[0] == "matplotlib" for name in imported_modules(path, when_imported=True))
     ]
     assert eager == []
