@@ -15,9 +15,9 @@
 # Schemes: every configs/pe/*.yaml (found at run time, so a new scheme is included without editing this). A
 # scheme that train.py refuses with the study's settings (a per-layer pattern longer than model.n_layer) is
 # skipped with one line, and the study goes on.
-# Resumable: each (scheme, seed) trains into <dir>/<scheme>-s<seed>/; a run that has its evaluation is
-# skipped, an interrupted one is resumed (train.resume=true), and a run's evaluation with its scheme's
-# variations is skipped once done. The comparison is rewritten at the end from every finished run in <dir>.
+# Resumable: each (scheme, seed) trains into <dir>/<scheme>-s<seed>/; a run with a checkpoint is resumed
+# (train.resume=true: a finished and evaluated run has nothing to do, an interrupted one trains on or runs the
+# evaluation it missed), and a run's evaluation with its scheme's variations is skipped once done. The comparison is rewritten at the end from every finished run in <dir>.
 # Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
 # Environment: EVAL_VARIATIONS replaces the variations of every scheme that declares some (model/pe/base.py,
@@ -25,8 +25,8 @@
 # evaluated before is evaluated only with the variations it lacks (eval/.variations-done lists those it has).
 #
 # Task study (--tasks): each (task, scheme, seed) trains with task=<task>, so with the task's own model, steps and
-# learning rate (configs/task/<task>.yaml), into <dir>/<task>-<scheme>-s<seed>/; it is done once it has
-# eval/tasks.json (accuracy at 1x .. 16x), and is evaluated with its scheme's variations as above. The same
+# learning rate (configs/task/<task>.yaml), into <dir>/<task>-<scheme>-s<seed>/; its evaluation is
+# eval/tasks.json (accuracy at 1x .. 16x), and it is evaluated with its scheme's variations as above. The same
 # skipping and resuming apply; the comparison is comparison_tasks.md (a table per task, mean ± CI over seeds),
 # comparison_tasks.csv and comparison_tasks.png (accuracy vs length, a panel per task).
 #
@@ -78,13 +78,10 @@ elif [[ ! "$seed_list" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
 fi
 IFS=, read -ra scheme_list <<< "$schemes"
 IFS=, read -ra seeds <<< "$seed_list"
-# The task study trains on each task and is done with a run once it has its accuracy; the language-model study
-# (task "none": train.py's default) once it has its perplexity.
+# The task study trains on each task; the language-model study on task "none" (train.py's default).
 task_list=(none)
-results=extrapolation.json
 if [[ -n "$tasks" ]]; then
     IFS=, read -ra task_list <<< "$tasks"
-    results=tasks.json
     for task in "${task_list[@]}"; do
         if [[ "$task" == none || ! -f "configs/task/$task.yaml" ]]; then
             known=$(find configs/task -maxdepth 1 -name '*.yaml' ! -name none.yaml -exec basename {} .yaml \; | sort)
@@ -139,23 +136,20 @@ for task in "${task_list[@]}"; do
         variations=${variations_of[$scheme]}
         for seed in "${seeds[@]}"; do
             run=$(run_dir "$task" "$scheme" "$seed")
-            if [[ -f "$run/eval/$results" ]]; then
-                echo "study: $run is done, skipped"
-            else
-                resume=()
-                [[ -f "$run/checkpoints/last.pt" ]] && resume=(train.resume=true)  # interrupted: continue it
-                status=0
-                python train.py "${task_args[@]}" "pe=$scheme" "train.seed=$seed" "hydra.run.dir=$run" \
-                    "eval.length_multipliers=[1,2,4,8,16]" "logging.wandb.group=$(basename "$study_dir")" \
-                    "${resume[@]}" "$@" || status=$?
-                if [[ $status -eq 2 && ! -f "$run/checkpoints/last.pt" ]]; then  # refused at start-up (the line above)
-                    echo "study: pe=$scheme is refused with these settings; its runs are skipped" >&2
-                    continue 2
-                fi
-                [[ $status -eq 0 ]] || exit "$status"
-                # a run stopped during its end-of-training evaluation resumes with nothing left to train
-                [[ -f "$run/eval/$results" ]] || python eval.py "run_dir=$run"
+            # A run with a checkpoint is resumed: train.py alone knows whether it is done (it says "nothing to
+            # do"), still training, or trained but not (fully) evaluated, e.g. stopped between its perplexity and
+            # the probes of eval.tasks (it then runs that evaluation).
+            resume=()
+            [[ -f "$run/checkpoints/last.pt" ]] && resume=(train.resume=true)
+            status=0
+            python train.py "${task_args[@]}" "pe=$scheme" "train.seed=$seed" "hydra.run.dir=$run" \
+                "eval.length_multipliers=[1,2,4,8,16]" "logging.wandb.group=$(basename "$study_dir")" \
+                "${resume[@]}" "$@" || status=$?
+            if [[ $status -eq 2 && ! -f "$run/checkpoints/last.pt" ]]; then  # refused at start-up (the line above)
+                echo "study: pe=$scheme is refused with these settings; its runs are skipped" >&2
+                continue 2
             fi
+            [[ $status -eq 0 ]] || exit "$status"
             # (.scalings-done: the marker of studies run before eval.scalings became eval.variations)
             done_before=$(cat "$run/eval/.variations-done" 2>/dev/null || cat "$run/eval/.scalings-done" 2>/dev/null || true)
             missing=$(missing_variations "$variations" "$done_before")

@@ -112,7 +112,7 @@ def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
 @pytest.mark.slow
 def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
     _, study_dir, _, output, unchanged, _ = study
-    assert output.count("is done, skipped") == 1 and unchanged  # rope-s1: neither trained nor evaluated again
+    assert output.count("nothing to do") == 1 and unchanged  # rope-s1: neither trained nor evaluated again
     assert "study: pe=rnope is refused with these settings; its runs are skipped" in output
     assert {p.name for p in study_dir.iterdir() if p.is_dir()} == {"rope-s1", "rope-s2", "learned-s1"}
     rows = table_rows((study_dir / "comparison.md").read_text())

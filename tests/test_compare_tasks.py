@@ -341,7 +341,7 @@ def test_the_task_study_trains_each_task_scheme_and_seed_skips_what_is_done_and_
     first = (study_dir / "passkey-none-s1" / "checkpoints" / "last.pt").stat().st_mtime_ns
     (study_dir / "comparison_tasks.md").unlink()
     again = study("--tasks", "passkey", "--schemes", "none", "--seed-list", "1")
-    assert again.stdout.count("is done, skipped") == 1
+    assert again.stdout.count("nothing to do") == 1
     assert (study_dir / "passkey-none-s1" / "checkpoints" / "last.pt").stat().st_mtime_ns == first
     assert {p.name for p in study_dir.iterdir() if p.is_dir()} == {"passkey-none-s1", "mqar-none-s1"}
     document = json.loads((study_dir / "mqar-none-s1" / "eval" / "tasks.json").read_text())

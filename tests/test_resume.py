@@ -16,6 +16,7 @@ import torch
 from cli_runs import REPO, STEPS, TIMEOUT_S, assert_user_error, train_losses, wait_for_step
 
 from core.checkpoint_io import load_checkpoint
+from evaluation import copy_probe
 from training.checkpointing import Checkpointer
 
 pytestmark = pytest.mark.slow
@@ -132,6 +133,37 @@ def test_a_signal_during_the_final_save_stops_before_the_evaluation(cli, tmp_pat
         run_dir, f"train.max_steps={steps}", "train.eval_after=true", "eval.lengths=[16]", "train.resume=true"
     )
     assert resumed.returncode == 0 and "end-of-training evaluation did not finish: running it" in resumed.stdout
+
+
+def test_a_run_stopped_between_its_perplexity_and_its_probe_is_not_done(cli, tmp_path, monkeypatch):
+    """With eval.tasks=[copy_probe] the end-of-training evaluation writes the perplexity, then the probe's rows.
+    Stopped between the two, the run is not done: resumed, it runs that evaluation (it used to say "nothing to
+    do", and scripts/study.sh, which resumes through it, skipped the run's probe for good)."""
+    run_dir, steps = tmp_path / "run", 3
+    evaluation = ["train.eval_after=true", "eval.lengths=[16]", "eval.protocols=[nonoverlapping]"]
+    probe = [*evaluation, "eval.tasks=[copy_probe]", "eval.copy_span=4", "eval.task_half_width=0.3"]
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C: what a stopped process leaves is what matters here
+
+    monkeypatch.setattr(copy_probe, "run_copy_probe", stopped)
+    stopped_run = cli.train_here(run_dir, f"train.max_steps={steps}", *probe)
+    assert stopped_run.returncode == 128 + signal.SIGINT and "interrupted" in stopped_run.stderr
+    monkeypatch.undo()
+    assert (run_dir / "eval" / "extrapolation.json").exists() and not (run_dir / "eval" / "tasks.json").exists()
+
+    resumed = cli.train_here(run_dir, f"train.max_steps={steps}", "train.resume=true", *probe)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "end-of-training evaluation did not finish: running it" in resumed.stdout
+    assert json.loads((run_dir / "eval" / "tasks.json").read_text())["step"] == steps
+    done = cli.train_here(run_dir, f"train.max_steps={steps}", "train.resume=true", *probe)
+    assert done.returncode == 0 and f"has already trained {steps} steps" in done.stdout
+    # without probes, the perplexity alone is the evaluation: done
+    plain = tmp_path / "plain"
+    shutil.copytree(run_dir, plain)
+    (plain / "eval" / "tasks.json").unlink()
+    done = cli.train_here(plain, f"train.max_steps={steps}", "train.resume=true", *evaluation)
+    assert done.returncode == 0 and f"has already trained {steps} steps" in done.stdout
 
 
 def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):

@@ -306,8 +306,12 @@ def _nothing_to_do(cfg: DictConfig, run_dir: Path, checkpoint: dict, dist: distr
     from evaluation.tasks import read_task_results
 
     step, t = checkpoint["step"], cfg.train
-    results = read_results(run_dir / EVAL_DIR) if cfg.task.name == NO_TASK else read_task_results(run_dir / EVAL_DIR)
-    if t.eval_after and (results or {}).get("step") != step:
+    eval_dir = run_dir / EVAL_DIR
+    if cfg.task.name != NO_TASK:
+        reports = [read_task_results(eval_dir)]
+    else:  # perplexity, then the zero-shot probes (eval.tasks): a run stopped between them is not done
+        reports = [read_results(eval_dir)] + ([read_task_results(eval_dir)] if cfg.eval.tasks else [])
+    if t.eval_after and any((report or {}).get("step") != step for report in reports):
         return False
     if dist.is_main:
         print(
