@@ -128,9 +128,8 @@ def attention_statistics(
 ) -> dict[str, Any]:
     """Statistics over up to ``windows`` consecutive windows of ``length`` tokens from the start of ``tokens``;
     an entry with a ``reason`` (and nothing else) where the scheme or the data cannot provide one window."""
-    limit = model.pe.max_positions()
-    if limit is not None and length > limit:
-        return {"length": length, "windows": 0, "reason": f"pe={model.pe.name} encodes at most {limit} positions"}
+    if reason := model.pe.beyond_reach(length):
+        return {"length": length, "windows": 0, "reason": reason}
     n_windows = min(windows, len(tokens) // length)
     if n_windows == 0:
         return {

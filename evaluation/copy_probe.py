@@ -151,13 +151,9 @@ def probe_length(
     length, span, n = fields["length"], cfg.eval.copy_span, examples_for(cfg.eval.task_half_width)
     seed = held_out_seed(cfg.train.seed, f"{NAME}:{length}")
     fields = {**fields, "seed": seed}
-    limit = model.pe.max_positions()
-    if limit is not None and length > limit:
-        reason = f"pe={model.pe.name} encodes at most {limit} positions"
-    elif len(tokens) < length:
+    reason = model.pe.beyond_reach(length)
+    if reason is None and len(tokens) < length:
         reason = f"the {tokens.name} split has fewer than {length} tokens"
-    else:
-        reason = None
     if reason is not None or not distances:
         return [{**fields, "distance": d, "accuracy": None, "n": 0, "reason": reason} for d in distances]
     started = time.perf_counter()

@@ -233,7 +233,6 @@ def evaluate_extrapolation(
     """One row per (length, protocol). Lengths that cannot be scored get loss and ppl None and a reason.
     ``sinks``: the streaming protocol's k."""
     model.eval()
-    limit = model.pe.max_positions()
     span = scored_range(len(tokens), lengths, max_tokens)
     rows = []
     jobs = [(length, protocol) for length in dict.fromkeys(lengths) for protocol in dict.fromkeys(protocols)]
@@ -244,8 +243,8 @@ def evaluate_extrapolation(
             "stride": effective_stride(length, stride) if protocol == "sliding" else None,
             **({"sinks": sinks, "window": length - sinks} if protocol == "streaming" else {}),
         }
-        if limit is not None and length > limit:
-            row.update(tokens=0, loss=None, ppl=None, reason=f"pe={model.pe.name} encodes at most {limit} positions")
+        if reason := model.pe.beyond_reach(length):
+            row.update(tokens=0, loss=None, ppl=None, reason=reason)
         elif span is None or length > span[0]:  # span[0] is the longest length that fits
             row.update(
                 tokens=0,

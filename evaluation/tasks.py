@@ -151,7 +151,6 @@ def evaluate_task(
 ) -> list[dict[str, Any]]:
     """Rows for every evaluation-time variation of the scheme (as evaluation/run.py), length and cell."""
     n = examples_for(cfg.eval.task_half_width)
-    limit = model.pe.max_positions()
     rows = []
     for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
         setting = variation_fields(label, settings, cfg)
@@ -161,8 +160,8 @@ def evaluate_task(
                     seed = held_out_seed(cfg.train.seed, f"eval:{length}:{json.dumps(cell, sort_keys=True)}")
                     row = {"task": task.name, "length": length, "depth": cell.get("depth"), **setting}
                     row.update(seed=seed, split="held-out")
-                    if limit is not None and length > limit:  # as perplexity: not evaluable there
-                        row.update(accuracy=None, n=0, reason=f"pe={model.pe.name} encodes at most {limit} positions")
+                    if reason := model.pe.beyond_reach(length):  # as perplexity: not evaluable there
+                        row.update(accuracy=None, n=0, reason=reason)
                     else:
                         row.update(
                             evaluate_cell(model, task, length, cell, n, seed, cfg.eval.batch_tokens, device, dtype)

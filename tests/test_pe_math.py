@@ -81,7 +81,7 @@ def test_sinusoidal_checkpoints_without_match_tokens_build_as_trained():
 
 def test_sinusoidal_is_defined_far_beyond_training_length():
     pe = build("sinusoidal", SinusoidalConfig())
-    assert pe.max_positions() is None
+    assert pe.max_positions() is None and pe.beyond_reach(100_000) is None
     assert torch.isfinite(pe.embed(torch.arange(100_000, 100_010))).all()
 
 
@@ -165,6 +165,8 @@ def test_alibi_bias_is_linear_in_distance_per_head():
 def test_learned_table_size_is_training_length_by_default():
     pe = build("learned", LearnedConfig())
     assert pe.max_positions() == DIMS.train_seq_len
+    assert pe.beyond_reach(DIMS.train_seq_len) is None  # the evaluators' reason for lengths past the table
+    assert pe.beyond_reach(DIMS.train_seq_len + 1) == f"pe=learned encodes at most {DIMS.train_seq_len} positions"
 
 
 @pytest.mark.parametrize("dims, std", [(DIMS, 0.02), (FAIRSEQ_DIMS, 32**-0.5)], ids=["gpt2", "fairseq"])

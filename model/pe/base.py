@@ -168,6 +168,11 @@ class PositionalEncoding(nn.Module):
         """The longest sequence this scheme can encode, or None when it is defined for any length."""
         return None
 
+    def beyond_reach(self, length: int) -> str | None:
+        """Why a window of ``length`` positions cannot be scored (a result row's ``reason``); None when it can."""
+        limit = self.max_positions()
+        return None if limit is None or length <= limit else f"pe={self.name} encodes at most {limit} positions"
+
     def check_random_positions(self, n_positions: int) -> None:
         """PosGPTError unless training with positions drawn from [0, n_positions) makes sense for this scheme."""
         if not self.uses_positions():
