@@ -103,10 +103,15 @@ if $list_only; then
     exit 0
 fi
 
-# The eval.variations list a study evaluates the scheme's runs with ("" when the scheme declares none).
+# "<scheme> <eval.variations list>" a line per scheme given: the variations a study evaluates the scheme's runs
+# with (the list "" when the scheme declares none). One process for all: each imports torch.
 study_variations() {
-    python -c 'import sys; from model.pe import SCHEMES; v = SCHEMES[sys.argv[1]].study_variations
-print("[" + ",".join(v) + "]" if v else "")' "$1"
+    python -c 'import sys; from model.pe import SCHEMES
+unknown, known = [name for name in sys.argv[1:] if name not in SCHEMES], ",".join(sorted(SCHEMES))
+if unknown:
+    print("error: --schemes takes schemes of configs/pe/ (" + known + "), got " + ",".join(unknown), file=sys.stderr)
+    sys.exit(2)
+for name in sys.argv[1:]: v = SCHEMES[name].study_variations; print(name, "[" + ",".join(v) + "]" if v else "")' "$@"
 }
 
 # "[a,b]" -> its entries, one a line
@@ -123,10 +128,11 @@ missing_variations() {
 }
 
 declare -A variations_of
-for scheme in "${scheme_list[@]}"; do
-    variations_of[$scheme]=$(study_variations "$scheme")
-    [[ -n "${variations_of[$scheme]}" && -n "${EVAL_VARIATIONS:-}" ]] && variations_of[$scheme]="$EVAL_VARIATIONS"
-done
+declared=$(study_variations "${scheme_list[@]}")
+while read -r scheme variations; do
+    [[ -n "$variations" && -n "${EVAL_VARIATIONS:-}" ]] && variations="$EVAL_VARIATIONS"
+    variations_of[$scheme]=$variations
+done <<< "$declared"
 
 mkdir -p "$study_dir"
 for task in "${task_list[@]}"; do

@@ -359,14 +359,18 @@ def test_the_task_study_trains_each_task_scheme_and_seed_skips_what_is_done_and_
 
 
 @pytest.mark.slow
-def test_the_study_refuses_an_unknown_task(tmp_path):
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--tasks", "passkey,nosuch"], "error: --tasks takes tasks of configs/task/"),
+        (["--schemes", "rope,nosuch"], "error: --schemes takes schemes of configs/pe/ (alibi,cope,"),
+    ],
+)
+def test_the_study_refuses_an_unknown_task_or_scheme(tmp_path, option, message):
     done = subprocess.run(
-        ["bash", "scripts/study.sh", "--tasks", "passkey,nosuch", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+        ["bash", "scripts/study.sh", *option, str(tmp_path)], cwd=REPO, capture_output=True, text=True
     )
-    assert done.returncode == 2 and "error: --tasks takes tasks of configs/task/" in done.stderr
+    assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert not list(tmp_path.iterdir())
 
 
