@@ -17,7 +17,8 @@
 # skipped with one line, and the study goes on.
 # Resumable: each (scheme, seed) trains into <dir>/<scheme>-s<seed>/; a run with a checkpoint is resumed
 # (train.resume=true: a finished and evaluated run has nothing to do, an interrupted one trains on or runs the
-# evaluation it missed), and a run's evaluation with its scheme's variations is skipped once done. The comparison is rewritten at the end from every finished run in <dir>.
+# evaluation it missed), and a run's evaluation with its scheme's variations is skipped once done. The
+# comparison is rewritten at the end from every finished run in <dir>.
 # Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
 # Environment: EVAL_VARIATIONS replaces the variations of every scheme that declares some (model/pe/base.py,
