@@ -29,6 +29,7 @@ REPORTS = [
     ("copy-probe-width256/comparison.md", ["copy-probe-width256/*/"], []),
     ("copy-probe-budget/comparison.md", ["copy-probe-budget/step_*/"], []),
     ("copy-probe-study/comparison_vs_rope.md", ["copy-probe-study/*/"], ["--baseline", "rope", "--ratios"]),
+    ("induction-control/comparison.md", ["induction-control/rope-s1/", "induction-control/rope-gpt2-s1/"], []),
     ("width64-newer-schemes/comparison.md", ["width64-newer-schemes/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("width64-newer-schemes/comparison_vs_rope.md", ["width64-newer-schemes/*/"], ["--ratios", "--baseline", "rope"]),
     (

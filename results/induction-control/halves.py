@@ -48,7 +48,7 @@ for run in sys.argv[1:]:
     print(
         json.dumps(
             {
-                "run": Path(run).name,
+                "run": f"{Path(run).parent.name}/{Path(run).name}",
                 "step": trained.checkpoint["step"],
                 "embedding": trained.cfg.model.embedding,
                 "first_occurrence_loss": round(first_loss, 4),
