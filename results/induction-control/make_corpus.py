@@ -1,4 +1,4 @@
-"""The positive control's corpus: text in which every passage repeats. Each row of the .jsonl written to argv[1]
+"""The corpus of the induction control: text in which every passage repeats. Each row of the .jsonl written to argv[1]
 is a passage of n consecutive whitespace-separated words of one standard-library file (n uniform in 8..40,
 about 10-70 GPT-2 tokens), written twice: a model that copies from its context predicts the repeat.
 
