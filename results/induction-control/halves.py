@@ -7,31 +7,24 @@ each with both occurrences within the training length (64 tokens). One JSON line
 """
 
 import json
-import random
 import sys
-import sysconfig
 from pathlib import Path
 
 import torch
+from make_corpus import passages as draw_passages
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for its packages
 from data.tokenizer import gpt2_encoding  # noqa: E402
 from experiment.build import load_trained_run  # noqa: E402
 
-rng = random.Random(12345)
-stdlib = Path(sysconfig.get_paths()["stdlib"])
-files = sorted(path for path in stdlib.rglob("*.py") if "site-packages" not in path.parts)
-texts = [text for text in (path.read_text(errors="ignore").split() for path in files) if len(text) > 50]
 encoding = gpt2_encoding()
 passages = []
-while len(passages) < 300:
-    words = rng.choice(texts)
-    n = rng.randint(8, 40)
-    start = rng.randrange(len(words) - n)
-    passage = " ".join(words[start : start + n])
+for passage in draw_passages(seed=12345):  # not the corpus's seed
     first, repeat = encoding.encode(passage), encoding.encode(" " + passage)
     if len(first) + len(repeat) <= 64 and len(repeat) >= 4:
         passages.append((first, repeat))
+    if len(passages) == 300:
+        break
 for run in sys.argv[1:]:
     trained = load_trained_run(Path(run), ["train.num_threads=1"])
     sums, counts = [0.0, 0.0], [0, 0]
