@@ -15,7 +15,8 @@ Backends (``model.attn_backend``):
   materialised (CUDA, compiled). On CPU, torch 2.13 runs FlexAttention forward only (eager and unfused,
   for checking), so training there with ``flex`` is refused with a clear error.
 - ``math``: the plain formula, written out; the reference the tests compare every backend against.
-- ``auto``: flex for bias schemes on CUDA, sdpa otherwise.
+- ``auto``: flex for bias schemes on CUDA, sdpa otherwise. A scheme whose ``score_bias`` inductor cannot compile
+  into a score_mod (``score_mod_compiles``: FIRE, KERPLE) runs sdpa on CUDA, even when flex is asked for.
 
 If FlexAttention fails when it is first used (its compilation, say, on an unsupported GPU), the process
 warns once and runs sdpa from then on; :func:`resolve_backend` then reports ``sdpa`` and ``flex_failure``
@@ -71,6 +72,8 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) 
     if backend == "auto":
         biased = pe.has_score_bias or pe.has_cumulative_bias
         backend = "flex" if biased and device.type == "cuda" else "sdpa"
+    if backend == "flex" and device.type == "cuda" and pe.has_score_bias and not pe.score_mod_compiles:
+        return "sdpa"  # the scheme's score_mod cannot be compiled (CPU runs FlexAttention eagerly: it can there)
     return "sdpa" if backend == "flex" and flex_failure is not None else backend
 
 
@@ -334,10 +337,14 @@ def _score_mod(pe: PositionalEncoding, state: PositionState, layer: int, sums: t
     if sums is None:
         return score_mod
 
+    # Read through two tensors: FlexAttention's backward cannot index one tensor that needs a gradient twice
+    # (inductor refuses to lower it, seen on an H200 with torch 2.11); autograd adds the clone's gradient back.
+    key_sums = sums.clone()
+
     def with_sums(score, b, h, q_idx, kv_idx):
         if score_mod is not None:
             score = score_mod(score, b, h, q_idx, kv_idx)
-        return score + (sums[b, h, q_idx] - sums[b, h, kv_idx])
+        return score + (sums[b, h, q_idx] - key_sums[b, h, kv_idx])
 
     return with_sums
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+import model.attention as attention
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write, check_outputs, read_user_text
@@ -270,6 +271,7 @@ def main(argv: list[str]) -> None:
         records.append(bench_scheme(cfg, args))
         print_record(records[-1])
         torch._dynamo.reset()  # each scheme compiles its own model
+        attention.flex_failure = None  # and tries FlexAttention afresh: one scheme's failure is not the next's
     if args.record:
         save_run(args.record, "scripts/bench.py", argv, records)
 

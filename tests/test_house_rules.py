@@ -55,8 +55,13 @@ def test_scripts_put_the_repository_on_the_path_before_importing_it(path):
 
 
 def python_sources() -> list[Path]:
-    """Every posgpt source file but the tests."""
-    return [path for path in sorted(REPO.rglob("*.py")) if path.relative_to(REPO).parts[0] not in ("tests", "docs")]
+    """Every posgpt source file but the tests (none under a hidden folder either: a .venv or .gpu_site is not ours)."""
+    sources = []
+    for path in sorted(REPO.rglob("*.py")):
+        top = path.relative_to(REPO).parts[0]
+        if top not in ("tests", "docs") and not top.startswith("."):
+            sources.append(path)
+    return sources
 
 
 def test_no_module_state_drives_a_forward_pass():

@@ -149,13 +149,15 @@ def test_the_model_on_sdpa_equals_math_forward_and_backward():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["flex", "sdpa"])
-def test_cuda_paths_equal_math_forward_and_backward(backend):
+def test_cuda_paths_equal_math_forward_and_backward(backend, monkeypatch):
     """FlexAttention's score_mod reads c through its closure: the gradients reaching the gates through it must
     equal the written-out path's (head size 16, FlexAttention's smallest)."""
+    monkeypatch.setattr(attention, "flex_failure", None)  # an earlier failure would have turned flex into sdpa
     idx = torch.randint(0, 101, (B, 256), generator=torch.Generator().manual_seed(0)).cuda()
     models = [tiny(name, n_head=4, n_embd=64).cuda().train() for name in (backend, "math")]
     for g, w in zip(*(forward_and_grads(model, idx) for model in models)):
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4)
+    assert attention.flex_failure is None, "FlexAttention failed: sdpa ran instead"
 
 
 @pytest.mark.parametrize("backend", ["math", "sdpa"])

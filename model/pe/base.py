@@ -137,6 +137,10 @@ class PositionalEncoding(nn.Module):
     # True when score_bias depends on the positions only through q_pos - k_pos (ALiBi, T5, KERPLE; not FIRE,
     # whose normaliser reads q_pos): attention then evaluates it once per distance, not once per score.
     bias_is_relative: ClassVar[bool] = False
+    # False when inductor cannot compile score_bias into a FlexAttention score_mod with its gradients (FIRE's MLP,
+    # KERPLE's per-layer parameters; seen on an H200): on GPU the bias then goes through sdpa as a mask, block by
+    # block. FlexAttention's backward is compiled at the first backward pass, where no fallback can catch it.
+    score_mod_compiles: ClassVar[bool] = True
     # True when content_bias is overridden: attention always runs the written-out path.
     has_content_bias: ClassVar[bool] = False
     # True when cumulative_bias is overridden: each layer computes its terms from its input (model/gpt.py).

@@ -50,11 +50,13 @@ class CoPEPositionalEncoding(PositionalEncoding):
         return [self.pos_emb]
 
     def content_bias(self, q: torch.Tensor, scores: torch.Tensor, layer: int) -> torch.Tensor:
-        gates = torch.sigmoid(scores)  # -inf (masked) -> 0
+        # The counts in float32 whatever the scores' dtype: in bfloat16 (8 significant bits) a sum of gates
+        # near 100 moves in steps of 0.5, so the interpolation between the integer positions would be lost.
+        gates = torch.sigmoid(scores.float())  # -inf (masked) -> 0
         positions = gates.flip(-1).cumsum(dim=-1).flip(-1).clamp(max=self.cfg.npos - 1)
         floor = positions.floor()
         weight = positions - floor
         logits = q @ self.pos_emb[layer].to(q.dtype)  # (B, H, Tq, npos): z_i[p] for every integer p
         at_floor = logits.gather(-1, floor.long())
         at_ceil = logits.gather(-1, positions.ceil().long())
-        return at_ceil * weight + at_floor * (1 - weight)
+        return (at_ceil * weight + at_floor * (1 - weight)).to(scores.dtype)

@@ -48,6 +48,9 @@ class FirePositionalEncoding(PositionalEncoding):
     config_class = FireConfig
     has_score_bias = True
     bias_depends_on_layer = True
+    # Inductor could not compile the MLP into FlexAttention's kernel on an H200 (torch 2.11): "Buffers cannot be
+    # created while lowering a pointwise subgraph". CUDA runs the bias through sdpa instead.
+    score_mod_compiles = False
 
     def __init__(self, cfg: FireConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
