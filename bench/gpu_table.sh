@@ -13,7 +13,7 @@ F=${RESULTS:-bench/results/$(date +%F)-$gpu.json}
 echo "recording into $F"
 
 # 1. The CUDA-only tests (they skip on CPU), the compile tests with inductor included.
-tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_compile.py)
+tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_pe_fox.py tests/test_compile.py)
 set +e
 python -m pytest -q -rs "${tests[@]}" -k "cuda or compile or flex" 2>&1 | tee /tmp/gpu_table_tests.txt
 status=${PIPESTATUS[0]}
