@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks that fit a short lease (at most 9 minutes of one H100/H200; 5 on an H200 on 2026-11-26):
 # gpu_table.sh's CUDA tests, every scheme's training step at GPT-2 small (eager, then compiled for RoPE and the
-# bias schemes), and train.py + its
-# evaluation end to end on a synthetic task. Each step has a time limit and writes into $OUT as it goes, so a
-# step cut short loses only itself. gpu_table.sh is the full table (about half an hour).
+# bias schemes), and train.py + its evaluation end to end on a synthetic task. Each step has a time limit and
+# writes into $OUT as it goes, so a step cut short loses only itself. gpu_table.sh is the full table (about half
+# an hour).
 #
 #   OUT=/some/dir bash bench/gpu_lease.sh
 #
