@@ -178,6 +178,8 @@ def plot_accuracy_vs_length(series: list[Series], train_lens: set[int], path: st
     return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", title, path)
 
 
+CROWDED_LEGEND = 8  # entries above which a panel's legend goes beside it
+
 # the y axis of a task panel, by the measure it draws (tasks.json's row fields)
 TASK_AXES = {"accuracy": "exact-match accuracy", "copy_gain": "copy gain (nats the first copy adds)"}
 
@@ -235,7 +237,10 @@ def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    if len(ax.get_legend_handles_labels()[1]) > CROWDED_LEGEND:  # beside the panel, where it hides no line
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize="small")
 
 
 def _label_and_save(fig: Figure, ax, xlabel: str, ylabel: str, title: str, path: str | Path) -> Path:

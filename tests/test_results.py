@@ -29,6 +29,7 @@ REPORTS = [
     ("copy-probe-width256/comparison.md", ["copy-probe-width256/*/"], []),
     ("copy-probe-budget/comparison.md", ["copy-probe-budget/step_*/"], []),
     ("copy-probe-study/comparison_vs_rope.md", ["copy-probe-study/*/"], ["--baseline", "rope", "--ratios"]),
+    ("copy-probe-gpu/comparison_vs_rope.md", ["copy-probe-gpu/*/"], ["--baseline", "rope", "--ratios"]),
     ("induction-control/comparison.md", ["induction-control/rope-s1/", "induction-control/rope-gpt2-s1/"], []),
     ("width64-newer-schemes/comparison.md", ["width64-newer-schemes/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("width64-newer-schemes/comparison_vs_rope.md", ["width64-newer-schemes/*/"], ["--ratios", "--baseline", "rope"]),
@@ -56,6 +57,8 @@ REPORTS = [
     ("task-attention/comparison_tasks_vs_rope.md", ["task-attention/*/"], ["--baseline", "rope"]),
     ("task-4layer-hybrids/comparison_tasks_vs_rope.md", ["task-4layer-hybrids/*/"], ["--baseline", "rope"]),
     ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
+    ("task-study-gpu/comparison_tasks.md", ["task-study-gpu/*/"], []),
+    ("task-study-gpu/comparison_tasks_vs_rope.md", ["task-study-gpu/*/"], ["--baseline", "rope"]),
     (
         "shakespeare-probes/comparison_width256.md",
         ["shakespeare-probes/w256/*/"],

