@@ -69,23 +69,9 @@ schemes=$1
 seeds=$2
 shift 2
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export POSGPT_CACHE_DIR=/tmp/posgpt-cache
-[[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site
-if [[ -f .gpu_site/stdlib.tar.xz ]]; then
-    mkdir -p /tmp/lease-stdlib && tar -xJf .gpu_site/stdlib.tar.xz -C /tmp/lease-stdlib
-    export POSGPT_LEASE_STDLIB=/tmp/lease-stdlib
-fi
+source bench/gpu_env.sh
 study=/tmp/gpu-study
-{
-    nvidia-smi -L 2>/dev/null
-    python -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
-    if [[ "$tasks" == none ]]; then  # tokenize once, before the studies start (each would do it at once)
-        python -c "from data.config import DataConfig; from data.sources import open_corpus; from data.cache import load_splits
-cfg = DataConfig(name='python_stdlib', source='python_stdlib')
-print('corpus fingerprint', open_corpus(cfg).fingerprint); print({k: len(v) for k, v in load_splits(cfg).items()})"
-    fi
-} 2>&1 | tee "$OUT/env.txt"
+{ describe_machine; [[ "$tasks" == none ]] && prepare_corpus; } 2>&1 | tee "$OUT/env.txt"  # tasks need no corpus
 
 pids=()
 IFS=, read -ra scheme_list <<< "$schemes"

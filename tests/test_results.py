@@ -28,6 +28,7 @@ REPORTS = [
     ),
     ("copy-probe-width256/comparison.md", ["copy-probe-width256/*/"], []),
     ("copy-probe-budget/comparison.md", ["copy-probe-budget/step_*/"], []),
+    ("induction-budget-gpu/comparison.md", ["induction-budget-gpu/steps_*/"], []),
     ("copy-probe-study/comparison_vs_rope.md", ["copy-probe-study/*/"], ["--baseline", "rope", "--ratios"]),
     ("copy-probe-gpu/comparison_vs_rope.md", ["copy-probe-gpu/*/"], ["--baseline", "rope", "--ratios"]),
     ("induction-control/comparison.md", ["induction-control/rope-s1/", "induction-control/rope-gpt2-s1/"], []),

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# At what budget does the default model form an induction head? The default run (model=tiny_wide, RoPE, context
+# 64, seed 1) with 32x its batch (256 sequences, 16,384 tokens a step), trained for each budget in STEPS on its own
+# cosine schedule, beside each other on one GPU, then scored with the copy probe (its README has the settings).
+#
+#   OUT=/some/dir bash results/induction-budget-gpu/run.sh           # on the GPU machine, carry [".gpu_site"]
+#   STEPS="5 10" OUT=/tmp/x bash results/induction-budget-gpu/run.sh train.batch_size=4 train.device=cpu   # a check
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source bench/gpu_env.sh
+OUT=${OUT:-/tmp/induction-budget}
+STEPS=${STEPS:-500 1500 4500}
+LIMIT=${LIMIT:-200}
+runs=/tmp/induction-budget
+mkdir -p "$OUT" "$runs"
+{ describe_machine; prepare_corpus; } 2>&1 | tee "$OUT/env.txt"
+for steps in $STEPS; do
+    timeout "$LIMIT" python train.py pe=rope train.seed=1 train.batch_size=256 train.max_steps="$steps" \
+        train.compile=false train.val_every=500 train.checkpoint_every=100000 "eval.tasks=[copy_probe]" \
+        eval.copy_min_count=1000 "eval.protocols=[nonoverlapping]" "eval.length_multipliers=[1,4]" \
+        logging.progress=false logging.wandb.mode=disabled hydra.run.dir="$runs/steps_$steps" "$@" \
+        > "$runs/steps_$steps.log" 2>&1 &
+done
+wait
+finished=("$runs"/steps_*/)
+python scripts/export_results.py "${finished[@]}" --to /tmp/induction-export
+cp "$runs"/*.log /tmp/induction-export/
+tar -czf "$OUT/results.tgz" -C /tmp induction-export
+grep -h -A3 "copy_probe" "$runs"/*.log | tail -n 30
