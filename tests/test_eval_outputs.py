@@ -253,6 +253,24 @@ def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
         assert len(ax.collections) == 2  # a CI band for each series with half-widths
 
 
+def test_a_crowded_legend_goes_beside_the_panel_where_it_hides_no_line(tmp_path, monkeypatch):
+    drawn = []
+
+    def label_only(fig, ax, xlabel, ylabel, title, path):
+        plots._label(ax, xlabel, ylabel, title)
+        drawn.append(ax)
+
+    monkeypatch.setattr(plots, "_label_and_save", label_only)
+    for count in (plots.CROWDED_LEGEND - 1, plots.CROWDED_LEGEND + 1):  # with the training length's line: <=, >
+        series = [Series(f"s{i}", "rope", [8, 16], [0.5, 0.4]) for i in range(count)]
+        plots.plot_accuracy_vs_length(series, {8}, tmp_path / f"{count}.png", "accuracy")
+    few, many = (ax.get_legend() for ax in drawn)
+    assert len(few.get_texts()) == plots.CROWDED_LEGEND and len(many.get_texts()) == plots.CROWDED_LEGEND + 2
+    beside = many.get_bbox_to_anchor().transformed(drawn[1].transAxes.inverted())
+    assert beside.x0 > 1  # right of the axes
+    assert few.get_bbox_to_anchor().transformed(drawn[0].transAxes.inverted()).x0 == 0  # inside, matplotlib's best
+
+
 def test_a_malformed_previous_results_file_is_reported_and_rewritten(val_tokens, tmp_path, capsys):
     (tmp_path / EVAL_DIR).mkdir()
     (tmp_path / EVAL_DIR / "extrapolation.json").write_text('{"pe": "rope", "results": [{"length": 8}]}')
