@@ -1,8 +1,8 @@
-# Sourced by the scripts that run on a GPU lease (bench/gpu_study.sh, results/induction-budget-gpu/run.sh): the
-# packages of .gpu_site/ and, as the default corpus, the standard library it carries from the machine that made it
-# (`bash bench/gpu_study.sh --prepare` says why). describe_machine prints the GPU and the versions; prepare_corpus
-# tokenizes that corpus once, before runs start beside each other, and prints its fingerprint, which must equal
-# the one --prepare printed.
+# Sourced by the scripts that run on a GPU lease (bench/gpu_lease.sh, bench/gpu_study.sh,
+# results/induction-budget-gpu/run.sh): the packages of .gpu_site/ and, as the default corpus, the standard
+# library it carries from the machine that made it (`bash bench/gpu_study.sh --prepare` says why).
+# describe_machine prints the GPU and the versions; prepare_corpus tokenizes that corpus once, before runs start
+# beside each other, and prints its fingerprint, which must equal the one --prepare printed.
 export PYTHONUNBUFFERED=1
 export POSGPT_CACHE_DIR=/tmp/posgpt-cache
 [[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site

