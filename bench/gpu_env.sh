@@ -2,7 +2,8 @@
 # results/induction-budget-gpu/run.sh): the packages of .gpu_site/ and, as the default corpus, the standard
 # library it carries from the machine that made it (`bash bench/gpu_study.sh --prepare` says why).
 # describe_machine prints the GPU and the versions; prepare_corpus tokenizes that corpus once, before runs start
-# beside each other, and prints its fingerprint, which must equal the one --prepare printed.
+# beside each other, and prints its fingerprint, which must equal the one --prepare printed; pack_finished_runs
+# exports what a lease finished.
 export PYTHONUNBUFFERED=1
 export POSGPT_CACHE_DIR=/tmp/posgpt-cache
 [[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site
@@ -13,11 +14,29 @@ fi
 
 describe_machine() {
     nvidia-smi -L 2>/dev/null
-    python -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+    python -c "import importlib.util, sys, torch
+triton = importlib.util.find_spec('triton') and __import__('triton').__version__
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton or 'absent')"
 }
 
 prepare_corpus() {
     python -c "from data.config import DataConfig; from data.sources import open_corpus; from data.cache import load_splits
 cfg = DataConfig(name='python_stdlib', source='python_stdlib')
 print('corpus fingerprint', open_corpus(cfg).fingerprint); print({k: len(v) for k, v in load_splits(cfg).items()})"
+}
+
+# pack_finished_runs ARCHIVE LOGS RUN_DIR...: the runs that finished (their perplexity, or a task run's accuracy,
+# is written; one stopped by a time limit has neither, and scripts/export_results.py would refuse the whole list
+# for it) exported without checkpoints into /tmp/lease-export, with the *.log files of the folder LOGS, packed into
+# ARCHIVE.
+pack_finished_runs() {
+    local archive=$1 logs=$2 run finished=()
+    shift 2
+    for run in "$@"; do
+        [[ -f "$run/eval/extrapolation.json" || -f "$run/eval/tasks.json" ]] && finished+=("$run")
+    done
+    echo "finished runs: ${#finished[@]} of $#"
+    rm -rf /tmp/lease-export && mkdir -p /tmp/lease-export/logs && cp "$logs"/*.log /tmp/lease-export/logs/
+    [[ ${#finished[@]} -gt 0 ]] && python scripts/export_results.py "${finished[@]}" --to /tmp/lease-export
+    tar -czf "$archive" -C /tmp lease-export
 }

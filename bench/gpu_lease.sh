@@ -16,7 +16,7 @@ OUT=${OUT:-/tmp/gpu_lease}
 mkdir -p "$OUT"
 source bench/gpu_env.sh
 F=$OUT/gpu.json
-{ nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/env.txt"
+describe_machine 2>&1 | tee "$OUT/env.txt"
 
 # 1. train.py on the GPU (bf16 autocast, compile, fused AdamW: its defaults there), then its own evaluation:
 #    passkey with RoPE at its default settings, and FoX (FlexAttention with a cumulative bias) for 500 steps.

@@ -2,7 +2,7 @@
 # A study on one GPU lease: scripts/study.sh for several schemes (and tasks) at once, one study.sh per (task,
 # scheme) running its seeds in turn, all beside each other on the one GPU (tiny models leave it mostly idle: each
 # process's Python is the limit), then every finished run exported (scripts/export_results.py, no checkpoints)
-# into $OUT/results.tgz with the study logs.
+# into $OUT/results.tgz (lease-export/) with the study logs.
 #
 #   bash bench/gpu_study.sh --prepare                  # here, where pip works: makes .gpu_site (below)
 #   OUT=/some/dir LIMIT=480 bash bench/gpu_study.sh rope,alibi,none 1,2,3 <train.py overrides...>
@@ -45,15 +45,15 @@ EOF
     python - <<'EOF'
 import tarfile
 
-from data.config import DataConfig
-from data.sources import open_corpus, stdlib_files
+from data.sources import stdlib_files
 
 root, files = stdlib_files()
 with tarfile.open(".gpu_site/stdlib.tar.xz", "w:xz") as tar:
     for file in files:
         tar.add(root / file, arcname=file)
-print("corpus fingerprint", open_corpus(DataConfig(name="python_stdlib", source="python_stdlib")).fingerprint)
 EOF
+    source bench/gpu_env.sh  # reads the corpus back from the packed files, as the GPU machine will
+    prepare_corpus
     du -sh .gpu_site
     exit
 fi
@@ -71,6 +71,7 @@ shift 2
 mkdir -p "$OUT"
 source bench/gpu_env.sh
 study=/tmp/gpu-study
+mkdir -p "$study/logs"
 { describe_machine; [[ "$tasks" == none ]] && prepare_corpus; } 2>&1 | tee "$OUT/env.txt"  # tasks need no corpus
 
 pids=()
@@ -82,21 +83,11 @@ for task in "${task_list[@]}"; do
     for scheme in "${scheme_list[@]}"; do
         OMP_NUM_THREADS=1 timeout "$LIMIT" scripts/study.sh "${task_option[@]}" --schemes "$scheme" \
             --seed-list "$seeds" "$study/$task-$scheme" train.num_threads=1 logging.progress=false \
-            logging.wandb.mode=disabled "$@" > "$study-$task-$scheme.log" 2>&1 &
+            logging.wandb.mode=disabled "$@" > "$study/logs/$task-$scheme.log" 2>&1 &
         pids+=($!)
     done
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
-# Finished: a language-model run has its perplexity (its probes, where asked, are checked when the results are
-# read), a task run its accuracy.
-finished=()
-for run in "$study"/*/*-s*/; do
-    [[ -f "$run/eval/extrapolation.json" || ( "$tasks" != none && -f "$run/eval/tasks.json" ) ]] && finished+=("$run")
-done
-echo "finished runs: ${#finished[@]}" | tee -a "$OUT/env.txt"
-mkdir -p /tmp/gpu-export/logs
-[[ ${#finished[@]} -gt 0 ]] && python scripts/export_results.py "${finished[@]}" --to /tmp/gpu-export
-cp "$study"-*.log /tmp/gpu-export/logs/
-tar -czf "$OUT/results.tgz" -C /tmp gpu-export
-tail -n 3 "$study"-*.log
+pack_finished_runs "$OUT/results.tgz" "$study/logs" "$study"/*/*-s*/ | tee -a "$OUT/env.txt"
+tail -n 3 "$study"/logs/*.log

@@ -12,18 +12,15 @@ OUT=${OUT:-/tmp/induction-budget}
 STEPS=${STEPS:-500 1500 4500}
 LIMIT=${LIMIT:-200}
 runs=/tmp/induction-budget
-mkdir -p "$OUT" "$runs"
+mkdir -p "$OUT" "$runs/logs"
 { describe_machine; prepare_corpus; } 2>&1 | tee "$OUT/env.txt"
 for steps in $STEPS; do
     timeout "$LIMIT" python train.py pe=rope train.seed=1 train.batch_size=256 train.max_steps="$steps" \
         train.compile=false train.val_every=500 train.checkpoint_every=100000 "eval.tasks=[copy_probe]" \
         eval.copy_min_count=1000 "eval.protocols=[nonoverlapping]" "eval.length_multipliers=[1,4]" \
         logging.progress=false logging.wandb.mode=disabled hydra.run.dir="$runs/steps_$steps" "$@" \
-        > "$runs/steps_$steps.log" 2>&1 &
+        > "$runs/logs/steps_$steps.log" 2>&1 &
 done
 wait
-finished=("$runs"/steps_*/)
-python scripts/export_results.py "${finished[@]}" --to /tmp/induction-export
-cp "$runs"/*.log /tmp/induction-export/
-tar -czf "$OUT/results.tgz" -C /tmp induction-export
-grep -h -A3 "copy_probe" "$runs"/*.log | tail -n 30
+pack_finished_runs "$OUT/results.tgz" "$runs/logs" "$runs"/steps_*/
+grep -h -A3 "copy_probe" "$runs"/logs/*.log | tail -n 30
