@@ -1,9 +1,9 @@
 # Sourced by the scripts that run on a GPU lease (bench/gpu_lease.sh, bench/gpu_study.sh,
 # results/induction-budget-gpu/run.sh): the packages of .gpu_site/ and, as the default corpus, the standard
 # library it carries from the machine that made it (`bash bench/gpu_study.sh --prepare` says why).
-# describe_machine prints the GPU and the versions; prepare_corpus tokenizes that corpus once, before runs start
-# beside each other, and prints its fingerprint, which must equal the one --prepare printed; pack_finished_runs
-# exports what a lease finished.
+# describe_machine prints the GPU and the versions; prepare_corpus refuses a corpus whose fingerprint is not the one
+# --prepare recorded, then tokenizes it once, before runs start beside each other; pack_finished_runs exports what
+# a lease finished.
 export PYTHONUNBUFFERED=1
 export POSGPT_CACHE_DIR=/tmp/posgpt-cache
 [[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site
@@ -20,9 +20,23 @@ print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', tr
 }
 
 prepare_corpus() {
-    python -c "from data.config import DataConfig; from data.sources import open_corpus; from data.cache import load_splits
-cfg = DataConfig(name='python_stdlib', source='python_stdlib')
-print('corpus fingerprint', open_corpus(cfg).fingerprint); print({k: len(v) for k, v in load_splits(cfg).items()})"
+    python - <<'EOF'
+import sys
+from pathlib import Path
+
+from data.cache import load_splits
+from data.config import DataConfig
+from data.sources import open_corpus
+
+cfg = DataConfig(name="python_stdlib", source="python_stdlib")
+fingerprint = open_corpus(cfg).fingerprint
+print("corpus fingerprint", fingerprint)
+made_beside = Path(".gpu_site/corpus_fingerprint")
+if made_beside.exists() and made_beside.read_text().strip() != fingerprint:
+    sys.exit(f"error: this corpus is not the one .gpu_site was made beside ({made_beside.read_text().strip()}): "
+             "the runs would train on other tokens; make .gpu_site again with bench/gpu_study.sh --prepare")
+print({split: len(tokens) for split, tokens in load_splits(cfg).items()})
+EOF
 }
 
 # pack_finished_runs ARCHIVE LOGS RUN_DIR...: the runs that finished (their perplexity, or a task run's accuracy,

@@ -18,7 +18,7 @@
 # Python's standard library", so a GPU machine with another Python would train on other tokens: --prepare also
 # packs the .py files data.sources.stdlib_files() lists here into .gpu_site/stdlib.tar.xz, and
 # .gpu_site/sitecustomize.py points sysconfig's stdlib folder at them there (POSGPT_LEASE_STDLIB). The corpus
-# fingerprint in $OUT/env.txt must equal the one --prepare prints.
+# fingerprint is recorded there and checked on the GPU machine before any run starts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,15 +45,20 @@ EOF
     python - <<'EOF'
 import tarfile
 
-from data.sources import stdlib_files
+from pathlib import Path
+
+from data.config import DataConfig
+from data.sources import open_corpus, stdlib_files
 
 root, files = stdlib_files()
 with tarfile.open(".gpu_site/stdlib.tar.xz", "w:xz") as tar:
     for file in files:
         tar.add(root / file, arcname=file)
+fingerprint = open_corpus(DataConfig(name="python_stdlib", source="python_stdlib")).fingerprint
+Path(".gpu_site/corpus_fingerprint").write_text(fingerprint + "\n")
 EOF
     source bench/gpu_env.sh  # reads the corpus back from the packed files, as the GPU machine will
-    prepare_corpus
+    prepare_corpus || exit
     du -sh .gpu_site
     exit
 fi
@@ -72,7 +77,10 @@ mkdir -p "$OUT"
 source bench/gpu_env.sh
 study=/tmp/gpu-study
 mkdir -p "$study/logs"
-{ describe_machine; [[ "$tasks" == none ]] && prepare_corpus; } 2>&1 | tee "$OUT/env.txt"  # tasks need no corpus
+describe_machine 2>&1 | tee "$OUT/env.txt"
+if [[ "$tasks" == none ]]; then  # tasks need no corpus
+    prepare_corpus 2>&1 | tee -a "$OUT/env.txt" || exit
+fi
 
 pids=()
 IFS=, read -ra scheme_list <<< "$schemes"

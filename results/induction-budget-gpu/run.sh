@@ -13,7 +13,8 @@ STEPS=${STEPS:-500 1500 4500}
 LIMIT=${LIMIT:-200}
 runs=/tmp/induction-budget
 mkdir -p "$OUT" "$runs/logs"
-{ describe_machine; prepare_corpus; } 2>&1 | tee "$OUT/env.txt"
+describe_machine 2>&1 | tee "$OUT/env.txt"
+prepare_corpus 2>&1 | tee -a "$OUT/env.txt" || exit
 for steps in $STEPS; do
     timeout "$LIMIT" python train.py pe=rope train.seed=1 train.batch_size=256 train.max_steps="$steps" \
         train.compile=false train.val_every=500 train.checkpoint_every=100000 "eval.tasks=[copy_probe]" \
