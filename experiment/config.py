@@ -61,7 +61,8 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     lengths: list[int] | None = domain(None, ge=1)  # absolute lengths; None: length_multipliers x train.seq_len
-    length_multipliers: list[int] = domain(default_factory=lambda: [1, 2, 4, 8], ge=1)
+    # x train.seq_len, rounded to whole tokens; below 1 checks that a run holds its 1x result at shorter lengths
+    length_multipliers: list[float] = domain(default_factory=lambda: [1, 2, 4, 8], gt=0)
     protocols: list[str] = field(default_factory=lambda: ["nonoverlapping", "sliding"])  # or streaming
     stride: int | None = domain(None, ge=1)  # sliding-window stride; None: half the window
     streaming_sinks: int = domain(4, ge=0)  # streaming protocol: the first k tokens kept; the window is length - k
@@ -187,10 +188,11 @@ def compile_enabled(setting: str, device_type: str) -> bool:
 
 
 def eval_lengths(cfg: DictConfig) -> list[int]:
-    """The evaluation lengths: eval.lengths if given, else the multipliers times the training length."""
+    """The evaluation lengths: eval.lengths if given, else the multipliers times the training length, rounded to
+    the nearest whole token (0.75 x 64 = 48)."""
     if cfg.eval.lengths:
         return list(cfg.eval.lengths)
-    return [m * cfg.train.seq_len for m in cfg.eval.length_multipliers]
+    return [round(m * cfg.train.seq_len) for m in cfg.eval.length_multipliers]
 
 
 def check_list_elements(config: Any, prefix: str = "") -> None:
@@ -242,6 +244,11 @@ def validate(cfg: DictConfig) -> None:
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
     if not eval_lengths(cfg):
         raise PosGPTError("eval.lengths (or eval.length_multipliers) must name at least one length")
+    if min(eval_lengths(cfg)) < 1:
+        raise PosGPTError(
+            f"eval.length_multipliers={list(cfg.eval.length_multipliers)} gives a length below one token at "
+            f"train.seq_len={t.seq_len}: each multiple of it must round to at least 1"
+        )
     protocols = ["nonoverlapping", "sliding", "streaming"]  # evaluation/extrapolation.py
     unknown = set(cfg.eval.protocols) - set(protocols)
     if unknown or not cfg.eval.protocols:
