@@ -6,8 +6,9 @@ from the model's distribution at temperature tau, restricted to the top_k most l
 
     p(x_t = v | x_<t)  ∝  exp(z_v / tau)  for v among the top_k largest logits z,  0 otherwise
 
-and tau = 0 means greedy decoding, x_t = argmax_v z_v. Only the real vocabulary (ids < vocab_size) can be
-drawn: the embedding's padding rows are never candidates.
+and tau = 0 means greedy decoding, x_t = argmax_v z_v; so does, in effect, a tau so small that only the largest
+logit keeps a probability (next_token computes the formula for every tau > 0 without overflow). Only the real
+vocabulary (ids < vocab_size) can be drawn: the embedding's padding rows are never candidates.
 """
 
 from __future__ import annotations
@@ -33,15 +34,19 @@ def check_length(model: GPT, total_tokens: int) -> None:
 def next_token(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """(B, V) logits -> (B, 1) token ids: argmax when temperature is 0, else a draw as in the module docstring."""
-    logits = logits.float()
+    """(B, V) logits -> (B, 1) token ids: argmax when temperature is 0, else a draw as in the module docstring.
+
+    Any temperature > 0 gives a valid distribution: the logits are divided as gaps below the largest one, in
+    float64, so no quotient overflows (1e-40 made inf - inf = nan in float32). A temperature so small that every
+    other gap underflows to probability 0 is greedy decoding, the limit of the formula (exact ties drawn evenly)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    logits = logits.double()
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+    gaps = logits - logits.amax(dim=-1, keepdim=True)  # <= 0: divided by any temperature, never above 0
+    return torch.multinomial(torch.softmax(gaps / temperature, dim=-1), 1, generator=generator)
 
 
 @torch.inference_mode()

@@ -209,6 +209,24 @@ def test_a_seed_gives_the_same_text_through_the_cli_and_greedy_ignores_it(runs, 
     assert greedy[0] == greedy[1]
 
 
+@pytest.mark.parametrize("temperature", ["1e-40", "5e-324"])  # float32 overflows; the smallest positive double
+def test_a_temperature_too_small_to_divide_by_is_greedy_decoding(runs, capsys, temperature):
+    """Any temperature in the domain computes a distribution: one whose other tokens all underflow is greedy."""
+    args = [f"run_dir={runs[1]['rope']}", "sample.prompt='x = 1'", "sample.max_new_tokens=12", "sample.seed=3"]
+    greedy = sample_main(capsys, *args, "sample.temperature=0")
+    assert greedy[0] == 0, greedy[2]
+    code, out, err = sample_main(capsys, *args, f"sample.temperature={temperature}")
+    assert (code, out) == greedy[:2], err
+
+
+def test_the_largest_temperature_draws_from_the_whole_vocabulary(runs, capsys):
+    """1e308 divides every gap to about 0: a uniform draw, not a nan."""
+    args = [f"run_dir={runs[1]['rope']}", "sample.max_new_tokens=12", "sample.top_k=null"]
+    code, out, err = sample_main(capsys, *args, "sample.temperature=1e308")
+    assert code == 0, err
+    assert len(set(out.splitlines()[-1].split())) > 6, out  # an untrained model's greedy text repeats a token
+
+
 @pytest.mark.parametrize(
     ("pe", "args", "message"),
     [
