@@ -20,7 +20,8 @@ from core.domain import check_domains, domain
 from core.errors import PosGPTError
 from core.runtime import MAX_SEED
 from data.config import DataConfig
-from data.tasks import NO_TASK, TASKS, TaskConfig, build_task, task_config_class
+from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config_class
+from data.tokenizer import GPT2_N_VOCAB
 from model.gpt import ModelConfig, validate_model_config
 from model.pe import SCHEMES
 from model.temperature import check_temperature
@@ -164,8 +165,15 @@ def set_task_vocabulary(cfg: DictConfig) -> None:
     """A task run's model has the task's vocabulary (a few dozen tokens, not GPT-2's 50,257): model.vocab_size
     is set from the task before the model is built, and so recorded in the run's checkpoints."""
     task = build_task(OmegaConf.to_object(cfg.task))
-    if task is not None:
-        cfg.model.vocab_size = task.vocab_size
+    if task is None:
+        return
+    given = cfg.model.vocab_size
+    if given not in (ModelConfig.vocab_size, task.vocab_size):  # a value set for this run, which would be ignored
+        raise PosGPTError(
+            f"model.vocab_size={given} is set by task={task.name} to its own vocabulary ({task.vocab_size} tokens): "
+            "drop model.vocab_size"
+        )
+    cfg.model.vocab_size = task.vocab_size
 
 
 def unknown_keys(cfg: DictConfig, reference: DictConfig, prefix: str = "") -> list[str]:
@@ -217,8 +225,9 @@ def check_list_elements(config: Any, prefix: str = "") -> None:
                 )
 
 
-def validate(cfg: DictConfig) -> None:
-    """Checks that types alone cannot express; raises PosGPTError saying what to change."""
+def validate(cfg: DictConfig, reads_data: bool = True) -> None:
+    """Checks that types alone cannot express; raises PosGPTError saying what to change. ``reads_data=False``
+    (scripts/bench.py, scripts/estimate.py: random token ids) skips what only relates the config to its data."""
     unknown = unknown_keys(cfg, schema(cfg.pe.name, cfg.task.name))
     if unknown:
         raise PosGPTError(
@@ -259,7 +268,7 @@ def validate(cfg: DictConfig) -> None:
     pe = OmegaConf.to_object(cfg.pe)
     SCHEMES[cfg.pe.name].check_layers(pe, cfg.model.n_layer)
     SCHEMES[cfg.pe.name].check_variations(pe, list(cfg.eval.variations or []))
-    _validate_task(cfg)
+    _validate_task(cfg, reads_data)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
 
@@ -267,10 +276,12 @@ def validate(cfg: DictConfig) -> None:
 PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
 
 
-def _validate_task(cfg: DictConfig) -> None:
+def _validate_task(cfg: DictConfig, reads_data: bool) -> None:
     """The task's own settings (build_task checks them), that its format fits train.seq_len; eval.tasks (probes of
     a language-model run). The eval.task_* settings' ranges are their declared domains."""
     task = build_task(OmegaConf.to_object(cfg.task))
+    if reads_data:
+        _check_vocabulary(cfg, task)
     if set(cfg.eval.tasks) - set(PROBES):
         raise PosGPTError(f"eval.tasks may hold {list(PROBES)} (got {list(cfg.eval.tasks)})")
     if cfg.eval.tasks and task is not None:
@@ -281,4 +292,17 @@ def _validate_task(cfg: DictConfig) -> None:
         raise PosGPTError(
             f"task={task.name} needs train.seq_len >= {task.min_length() - 1} with its settings "
             f"(got {cfg.train.seq_len})"
+        )
+
+
+def _check_vocabulary(cfg: DictConfig, task: Task | None) -> None:
+    """model.vocab_size must give every token id the data holds an embedding: the GPT-2 tokenizer's 50,257 for
+    a corpus (even one whose ids happen to be smaller: its perplexity would be over a vocabulary that cannot
+    represent the tokenizer's output), the task's for a task."""
+    needed = GPT2_N_VOCAB if task is None else task.vocab_size
+    source = f"data.name={cfg.data.name} is tokenized by GPT-2" if task is None else f"task={task.name}"
+    if cfg.model.vocab_size < needed:
+        raise PosGPTError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of the data ({source}: "
+            f"{needed} tokens): raise model.vocab_size to at least {needed}"
         )
