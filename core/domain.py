@@ -4,10 +4,14 @@ A config dataclass declares a numeric field with :func:`domain` instead of a bar
 
     beta1: float = domain(0.9, ge=0, lt=1)
     lengths: list[int] | None = domain(None, ge=1)  # a list: each element; None is always allowed
+    beta_fast: float = domain(32.0, gt=0, used_with=("type", ("yarn",)))  # read only when type is yarn
 
 and :func:`check_domains` walks a config (nested dataclass instances, e.g. ``OmegaConf.to_object`` of a
 composed config) and raises PosGPTError naming the first value outside its field's domain, e.g.
-``train.beta1=1.5 is out of its domain [0, 1)``. Checks that relate several keys stay code beside the schema.
+``train.beta1=1.5 is out of its domain [0, 1)``. A field declared ``used_with=(selector, values)`` is read only
+when its sibling field ``selector`` is one of ``values`` (or, for a list, holds one): :func:`check_used` refuses it
+set to anything but its default otherwise, since the run would silently ignore it. Other checks that relate
+several keys stay code beside the schema.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from core.errors import PosGPTError
 
 _KEY = "domain"  # the metadata key of a dataclass field that holds its Interval
+_OWNER = "used_with"  # the metadata key of a field's (selector, values): the settings that read it
 
 
 def _bound(value: float) -> str:
@@ -62,15 +67,53 @@ def domain(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
+    used_with: tuple[str, tuple[str, ...]] | None = None,
 ) -> Any:
-    """A dataclass field (``dataclasses.field``) whose values must lie in the interval the bounds describe."""
-    interval = Interval(ge=ge, gt=gt, le=le, lt=lt)
-    return dataclasses.field(default=default, default_factory=default_factory, metadata={_KEY: interval})
+    """A dataclass field (``dataclasses.field``) whose values must lie in the interval the bounds describe, and,
+    with ``used_with=(selector, values)``, that only those values of its sibling ``selector`` read."""
+    metadata: dict[str, Any] = {_KEY: Interval(ge=ge, gt=gt, le=le, lt=lt)}
+    if used_with is not None:
+        metadata[_OWNER] = used_with
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
 def domain_of(field: dataclasses.Field) -> Interval | None:
     """The domain a field declares, or None."""
     return field.metadata.get(_KEY)
+
+
+def used_with(field: dataclasses.Field) -> tuple[str, tuple[str, ...]] | None:
+    """(selector, values) of a field read only under those values of its sibling ``selector``, or None."""
+    return field.metadata.get(_OWNER)
+
+
+def _default(field: dataclasses.Field) -> Any:
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+
+
+def check_used(config: Any, prefix: str = "", also: frozenset[str] = frozenset()) -> None:
+    """PosGPTError naming the first field of a config dataclass instance (nested ones included) that is set to
+    something but its default while its selector does not read it (``used_with``): ignored, it would change
+    nothing. ``also``: selector values in use elsewhere (eval.variations' types, which read the settings of a
+    scheme configured without one)."""
+    for field in dataclasses.fields(config):
+        value, key = getattr(config, field.name), prefix + field.name
+        if dataclasses.is_dataclass(value):
+            check_used(value, key + ".", also)
+            continue
+        owner = used_with(field)
+        if owner is None or value == _default(field):
+            continue
+        selector, users = owner
+        chosen = getattr(config, selector)
+        if ((set(chosen) if isinstance(chosen, list) else {chosen}) | also) & set(users):
+            continue
+        name = prefix + selector
+        wanted = f"{name} holds {' or '.join(users)}" if isinstance(chosen, list) else f"{name}={'|'.join(users)}"
+        shown = f"[{','.join(map(str, chosen))}]" if isinstance(chosen, list) else chosen
+        raise PosGPTError(
+            f"{key}={value} is read only when {wanted}; {name}={shown} ignores it: drop it or change {name}"
+        )
 
 
 def check_domains(config: Any, prefix: str = "") -> None:

@@ -9,6 +9,7 @@ exist and their types, so a misspelt key or a wrong type fails at start-up, and 
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from core.domain import check_domains, domain
+from core.domain import check_domains, check_used, domain
 from core.errors import PosGPTError
 from core.runtime import MAX_SEED
 from data.config import DataConfig
@@ -59,6 +60,9 @@ class TrainConfig:
     random_positions: int | None = domain(None, ge=1)
 
 
+PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
+
+
 @dataclass
 class EvalConfig:
     lengths: list[int] | None = domain(None, ge=1)  # absolute lengths; None: length_multipliers x train.seq_len
@@ -66,7 +70,8 @@ class EvalConfig:
     length_multipliers: list[float] = domain(default_factory=lambda: [1, 2, 4, 8], gt=0)
     protocols: list[str] = field(default_factory=lambda: ["nonoverlapping", "sliding"])  # or streaming
     stride: int | None = domain(None, ge=1)  # sliding-window stride; None: half the window
-    streaming_sinks: int = domain(4, ge=0)  # streaming protocol: the first k tokens kept; the window is length - k
+    # streaming protocol only: the first k tokens kept; the window is length - k
+    streaming_sinks: int = domain(4, ge=0, used_with=("protocols", ("streaming",)))
     max_tokens: int = domain(32768, ge=1)  # scored tokens per (length, protocol): the same token range for all
     batch_tokens: int = domain(16384, ge=1)  # tokens per forward pass (windows are batched up to this)
     # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
@@ -80,10 +85,10 @@ class EvalConfig:
     task_depths: list[float] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1)  # passkey
     # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
     tasks: list[str] = field(default_factory=list)
-    copy_span: int = domain(16, ge=2)  # tokens in the copy probe's repeated span
+    copy_span: int = domain(16, ge=2, used_with=("tasks", PROBES))  # tokens in the copy probe's repeated span
     # Which tokens the span is drawn from: 0, any but <|endoftext|> (Olsson et al.'s random tokens); N > 0, only
     # tokens that occur at least N times in the training split (tokens whose embeddings the run has learned)
-    copy_min_count: int = domain(0, ge=0)
+    copy_min_count: int = domain(0, ge=0, used_with=("tasks", PROBES))
 
 
 @dataclass
@@ -237,6 +242,9 @@ def validate(cfg: DictConfig, reads_data: bool = True) -> None:
     config = OmegaConf.to_object(cfg)  # the dataclasses, which declare each numeric key's domain
     check_list_elements(config)
     check_domains(config)
+    # a scheme configured without an extension holds the settings its eval.variations entries read
+    variation_types = frozenset(re.split(r"[:.]", spec)[0] for spec in cfg.eval.variations or [])
+    check_used(config, also=variation_types)
     validate_model_config(config.model)
     check_temperature(config.model.attn_temperature, config.train.seq_len)
     t = cfg.train
@@ -271,9 +279,6 @@ def validate(cfg: DictConfig, reads_data: bool = True) -> None:
     _validate_task(cfg, reads_data)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
-
-
-PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
 
 
 def _validate_task(cfg: DictConfig, reads_data: bool) -> None:

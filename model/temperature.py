@@ -66,8 +66,10 @@ LEARNED = ("ssmax",)  # types with parameters: fixed at training
 @dataclass
 class TemperatureConfig:
     type: str = "none"  # none | logn | llama4 | ssmax (model/temperature.py)
-    floor_scale: int | None = domain(None, ge=1)  # llama4: the step length; None: train.seq_len (Llama 4: 8192)
-    attn_scale: float = domain(0.1, ge=0)  # llama4: the factor's growth per step (Llama 4: 0.1)
+    # llama4 only (core.domain.used_with): the step length, None: train.seq_len (Llama 4: 8192); the factor's growth
+    # per step (Llama 4: 0.1)
+    floor_scale: int | None = domain(None, ge=1, used_with=("type", ("llama4",)))
+    attn_scale: float = domain(0.1, ge=0, used_with=("type", ("llama4",)))
 
 
 def check_temperature(cfg: TemperatureConfig, train_seq_len: int) -> None:

@@ -159,7 +159,13 @@ def test_eval_variations_take_each_types_settings_from_the_run():
     variations = dict(pe.eval_variations(["llama3:8", "longrope:8"]))
     with pe.evaluated_with(variations["longrope:8(attention_factor=1)"]):
         assert pe.frequencies(128)[1] == 1.0 and pe.rotation_depends_on_length()
-    validate(OmegaConf.structured(Config(pe=RoPEConfig(scaling=run), eval=EvalConfig(variations=["longrope:8"]))))
+    for variations in (["llama3:8", "longrope:8"], ["longrope:8"]):
+        config = OmegaConf.structured(Config(pe=RoPEConfig(scaling=run), eval=EvalConfig(variations=variations)))
+        if "llama3:8" in variations:
+            validate(config)
+            continue
+        with pytest.raises(PosGPTError, match="low_freq_factor=2.0 is read only when pe.scaling.type=llama3"):
+            validate(config)  # no entry reads it: it would be ignored
 
 
 def test_per_row_random_positions_equal_each_row_alone():

@@ -30,3 +30,32 @@ def refused_before_writing(done, run_dir: Path, *fragments: str) -> None:
 def test_a_vocabulary_smaller_than_the_datas_is_refused(cli, tmp_path, extra, fragments):
     run_dir = tmp_path / "run"
     refused_before_writing(cli.train_here(run_dir, *extra), run_dir, *fragments)
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        # a non-null default, given under a type that never reads it: the run would equal one without it
+        (["pe=rope", "pe.scaling.beta_fast=16"], ["pe.scaling.beta_fast=16.0", "pe.scaling.type=yarn"]),
+        (["pe=rope", "pe.scaling.type=ntk", "pe.scaling.factor=2", "pe.scaling.beta_slow=2"], ["pe.scaling.type=ntk"]),
+        (["model.attn_temperature.attn_scale=0.2"], ["attn_scale=0.2", "model.attn_temperature.type=llama4"]),
+        (["eval.streaming_sinks=2"], ["eval.streaming_sinks=2", "eval.protocols holds streaming"]),
+        (["eval.copy_span=4"], ["eval.copy_span=4", "eval.tasks holds copy_probe"]),
+        # a null default too, where the run's type (none) holds it for variations that do not read it
+        (["pe=rope", "pe.scaling.low_freq_factor=2"], ["low_freq_factor=2.0", "pe.scaling.type=llama3"]),
+        (["pe=rope", "pe.scaling.beta_fast=16", "eval.variations=[none,ntk:4]"], ["pe.scaling.beta_fast=16.0"]),
+        (["pe=hybrid", "pe.rope.scaling.beta_fast=16"], ["pe.rope.scaling.beta_fast=16.0"]),
+    ],
+)
+def test_a_setting_its_type_ignores_is_refused(cli, tmp_path, extra, fragments):
+    run_dir = tmp_path / "run"
+    refused_before_writing(cli.train_here(run_dir, *extra), run_dir, "ignores it", *fragments)
+
+
+def test_a_setting_read_by_an_evaluation_variation_is_accepted(cli, tmp_path):
+    """Type none holds the settings of eval.variations' entries: YaRN's betas for a yarn entry."""
+    run_dir = tmp_path / "run"
+    done = cli.train_here(
+        run_dir, "pe=rope", "pe.scaling.beta_fast=16", "eval.variations=[none,yarn:4]", "train.max_steps=1"
+    )
+    assert done.returncode == 0, done.stderr

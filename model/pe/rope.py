@@ -36,7 +36,6 @@ from model.pe.rope_remap import RoPERemapConfig, check_remap, far_positions, par
 from model.pe.rope_scaling import (
     LENGTH_DEPENDENT,
     ROPE_SCALINGS,
-    TYPE_SETTINGS,
     RoPEScalingConfig,
     check_scaling,
     check_scaling_fits,
@@ -129,24 +128,15 @@ class RotaryPositionalEncoding(PositionalEncoding):
     def check_variations(cls, cfg: RoPEConfig, specs: Sequence[str]) -> None:
         """eval.variations are scalings (``yarn:8``) or remaps (``rerope:32``) of a run configured with neither; a
         scaling and a remap never go together; an attention factor needs a type that uses it (YaRN's temperature,
-        LongRoPE's factor)."""
+        LongRoPE's factor: core.domain.check_used, with the variations' types)."""
         check_remap(cfg.remap)
         check_one_extension(cfg.scaling, cfg.remap)
         if specs and (cfg.scaling.type != "none" or cfg.remap.type != "none"):
             raise PosGPTError(
                 "set either pe.scaling.type or pe.remap.type (one extension) or eval.variations (several), not both"
             )
-        variations = [cls.parse_variation(spec, cfg) for spec in specs]
-        scalings = [variation["scaling"] for variation in variations if "scaling" in variation]
-        if (
-            cfg.scaling.type == "none"
-            and cfg.scaling.attention_factor is not None
-            and not any(scaling.type in TYPE_SETTINGS["attention_factor"] for scaling in scalings)
-        ):
-            raise PosGPTError(
-                "pe.scaling.attention_factor is YaRN's temperature (or LongRoPE's factor): it needs "
-                "pe.scaling.type=yarn or longrope, or such an entry in eval.variations"
-            )
+        for spec in specs:
+            cls.parse_variation(spec, cfg)
 
     @classmethod
     def parse_variation(cls, spec: str, cfg: RoPEConfig) -> dict[str, Any]:

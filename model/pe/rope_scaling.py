@@ -70,36 +70,40 @@ from dataclasses import dataclass
 
 import torch
 
-from core.domain import check_domains, domain
+from core.domain import check_domains, domain, used_with
 from core.errors import PosGPTError
+
+# The settings only some types read (core.domain.used_with): (the selector field, its values that read them).
+_YARN, _LLAMA3, _LONGROPE = ("type", ("yarn",)), ("type", ("llama3",)), ("type", ("longrope",))
 
 
 @dataclass
 class RoPEScalingConfig:
     type: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope
     factor: float = domain(1.0, ge=1)  # s: how many times longer than the training length to reach
-    beta_fast: float = domain(32.0, gt=0)  # yarn only: pairs turning more than this many times over L are kept
-    beta_slow: float = domain(1.0, gt=0)  # yarn only: pairs turning fewer times are interpolated
-    attention_factor: float | None = domain(None, gt=0)  # yarn and longrope: a; null: the paper's (yarn: 0.1 ln(s) + 1)
+    # yarn only: pairs turning more than beta_fast times over L are kept, fewer than beta_slow interpolated
+    beta_fast: float = domain(32.0, gt=0, used_with=_YARN)
+    beta_slow: float = domain(1.0, gt=0, used_with=_YARN)
+    # yarn and longrope: a; null: the paper's (yarn: 0.1 ln(s) + 1)
+    attention_factor: float | None = domain(None, gt=0, used_with=("type", ("yarn", "longrope")))
     # L: the length the frequencies were learned at; null: train.seq_len. A run extended by fine-tuning
     # (train.init_from, training/init_from.py) keeps its parent's L: yarn, dynamic_ntk, llama3, longrope depend on it.
     original_seq_len: int | None = domain(None, ge=1)
     # llama3 only: pairs turning fewer times over L are divided by s (null: 1); more times are kept (null: 4)
-    low_freq_factor: float | None = domain(None, gt=0)
-    high_freq_factor: float | None = domain(None, gt=0)
+    low_freq_factor: float | None = domain(None, gt=0, used_with=_LLAMA3)
+    high_freq_factor: float | None = domain(None, gt=0, used_with=_LLAMA3)
     # longrope only: d/2 divisors of the frequencies while L' <= L (short) and beyond (long)
-    short_factor: list[float] | None = domain(None, gt=0)
-    long_factor: list[float] | None = domain(None, gt=0)
+    short_factor: list[float] | None = domain(None, gt=0, used_with=_LONGROPE)
+    long_factor: list[float] | None = domain(None, gt=0, used_with=_LONGROPE)
 
 
-# The settings only some types use: any other type but none (which holds them as the defaults of eval.variations'
-# entries, see parse_scaling) refuses them. (YaRN's betas predate this table and are not refused elsewhere.)
+# The settings only some types use, without a default of their own (declared with each field: used_with): any other
+# type but none (which holds them as the defaults of eval.variations' entries, see parse_scaling) refuses them, and
+# core.domain.check_used refuses any type-specific setting (YaRN's betas too) that no type of the run reads.
 TYPE_SETTINGS = {
-    "attention_factor": ("yarn", "longrope"),
-    "low_freq_factor": ("llama3",),
-    "high_freq_factor": ("llama3",),
-    "short_factor": ("longrope",),
-    "long_factor": ("longrope",),
+    field.name: used_with(field)[1]
+    for field in dataclasses.fields(RoPEScalingConfig)
+    if used_with(field) is not None and field.default is None
 }
 LLAMA3_FREQ_FACTORS = (1.0, 4.0)  # Llama 3.1's low_freq_factor and high_freq_factor: the defaults
 
