@@ -7,9 +7,10 @@ evaluation settings wrong) and eval.py before it loads any data.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from core.errors import PosGPTError
+from data.tasks import build_task
 from experiment.config import eval_lengths
 
 
@@ -33,9 +34,28 @@ def check_eval_settings(cfg: DictConfig) -> None:
             f"evaluation lengths {too_long} exceed eval.max_tokens={e.max_tokens}, the targets every length is "
             "scored on: no window of them fits; raise eval.max_tokens or drop those lengths"
         )
+    _check_tasks_fit(cfg, lengths)
     not_evaluated = sorted(set(e.per_position_plot_lengths or []) - set(lengths))
     if not_evaluated:
         raise PosGPTError(
             f"eval.per_position_plot_lengths names {not_evaluated}, which are not evaluated (the lengths are "
             f"{lengths}): choose among them"
+        )
+
+
+def _check_tasks_fit(cfg: DictConfig, lengths: list[int]) -> None:
+    """A task run's lengths must fit the task's format (a shorter one fails after training, with nothing scored);
+    the copy probe needs a length longer than its span (its two copies), else it writes no row at all."""
+    task = build_task(OmegaConf.to_object(cfg.task))
+    if task is not None and min(lengths) + 1 < task.min_length():
+        short = [length for length in lengths if length + 1 < task.min_length()]
+        raise PosGPTError(
+            f"evaluation lengths {short} (eval.lengths or eval.length_multipliers x train.seq_len) are shorter than "
+            f"task={task.name} can fill with its settings ({task.min_length() - 1} tokens): drop them"
+        )
+    span = cfg.eval.copy_span
+    if cfg.eval.tasks and span >= max(lengths):
+        raise PosGPTError(
+            f"eval.copy_span={span} is not shorter than any evaluation length (the longest is {max(lengths)}): the "
+            "copy probe writes its span twice in a window, so it would score nothing; lower eval.copy_span"
         )

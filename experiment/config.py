@@ -257,6 +257,12 @@ def validate(cfg: DictConfig, reads_data: bool = True) -> None:
             f"train.random_positions={t.random_positions} must be at least train.seq_len={t.seq_len} "
             "(each sequence draws seq_len distinct positions from [0, N))"
         )
+    table = getattr(config.pe, "max_positions", None)  # a learned position table: no position past it exists
+    if table is not None and table < t.seq_len:
+        raise PosGPTError(
+            f"pe.max_positions={table} is shorter than train.seq_len={t.seq_len}: the table has no vector for "
+            "the positions past it; raise pe.max_positions (or drop it: null is train.seq_len)"
+        )
     if t.distributed not in ("ddp", "fsdp"):
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
     if not eval_lengths(cfg):

@@ -59,3 +59,29 @@ def test_a_setting_read_by_an_evaluation_variation_is_accepted(cli, tmp_path):
         run_dir, "pe=rope", "pe.scaling.beta_fast=16", "eval.variations=[none,yarn:4]", "train.max_steps=1"
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        # each was refused only where the value is used: after the run directory was written, or after training
+        (["pe=learned", "pe.max_positions=8"], ["pe.max_positions=8", "train.seq_len=16"]),
+        (["task=passkey", "eval.lengths=[4,16]", "train.eval_after=true"], ["evaluation lengths [4]", "task=passkey"]),
+        # a probe longer than every length would write an empty result and exit 0
+        (
+            ["train.eval_after=true", "eval.tasks=[copy_probe]", "eval.copy_span=200"],
+            ["eval.copy_span=200", "the longest is 128"],
+        ),
+    ],
+)
+def test_what_is_known_before_the_first_step_is_checked_before_it(cli, tmp_path, extra, fragments):
+    run_dir = tmp_path / "run"
+    refused_before_writing(cli.train_here(run_dir, *extra), run_dir, *fragments)
+
+
+def test_an_evaluation_that_would_produce_nothing_is_refused(cli, reference):
+    before = sorted(p.name for p in (reference / "eval").iterdir()) if (reference / "eval").exists() else []
+    done = cli.eval_here(reference, "eval.tasks=[copy_probe]", "eval.copy_span=64", "eval.lengths=[16,64]")
+    assert_one_line_error(done, "eval.copy_span=64", "the longest is 64")
+    after = sorted(p.name for p in (reference / "eval").iterdir()) if (reference / "eval").exists() else []
+    assert after == before
