@@ -22,10 +22,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from core.cli import exit_on_user_error
+from core.errors import PosGPTError
 from core.rundir import removed_if_unused
-from experiment.compose import hydra_errors_as_user_errors
+from experiment.compose import compose_config, hydra_errors_as_user_errors, sweep_jobs
 from experiment.config import register_configs
-from training.loop import train
+from training.loop import check_before_training, train
 
 register_configs()
 
@@ -35,16 +36,31 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    with removed_if_unused(run_dir):  # Hydra made it before train.py could check the command
+    # Hydra's errors in the job itself (an interpolation that does not resolve) are ours to print: escaping the
+    # job, Hydra would print its own line before ours.
+    with removed_if_unused(run_dir), hydra_errors_as_user_errors():  # Hydra made run_dir before train.py's checks
         stopped_by = train(cfg, run_dir, list(hydra_cfg.overrides.task))
     if stopped_by is not None:
         # The exit status of a process killed by that signal: `train.py && eval.py` and sweeps stop here too.
         sys.exit(128 + stopped_by)
 
 
+def check_sweep(argv: list[str]) -> None:
+    """A multirun checks every job's config before the first one trains: one invalid value stops the whole sweep
+    before any work, naming its job (each job checks itself again when it starts)."""
+    jobs = sweep_jobs(argv)
+    for number, job in enumerate(jobs):
+        try:
+            check_before_training(compose_config(job))
+        except PosGPTError as error:
+            swept = [override for override in job if any(override not in other for other in jobs)]
+            raise type(error)(f"job {number} of the sweep ({' '.join(swept)}): {error}") from None
+
+
 @exit_on_user_error
 def cli() -> None:
     with hydra_errors_as_user_errors():
+        check_sweep(sys.argv[1:])
         main()
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -109,6 +111,21 @@ class NoteNewRunDirs(Callback):
         except OmegaConfBaseException:  # it interpolates what only the job knows: nothing is noted, nothing removed
             return
         note_existing(directory)
+
+
+# Hydra's flags that choose another primary config: its jobs cannot be composed from configs/ ahead of the run.
+_CONFIG_FLAGS = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
+
+
+def sweep_jobs(argv: list[str]) -> list[list[str]]:
+    """The overrides of every job of a multirun command line (``-m``/``--multirun``, as Hydra's basic sweeper
+    expands ``pe=rope,alibi train.seed=1,2``), less Hydra's own (``hydra.*``, ``hydra/launcher=...``); none for a
+    single run or one composed from another primary config."""
+    if not {"-m", "--multirun"} & set(argv) or any(a.split("=")[0] in _CONFIG_FLAGS for a in argv):
+        return []
+    overrides = [a for a in argv if not a.startswith(("-", "hydra.", "hydra/", "+hydra", "~hydra"))]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [job for batch in BasicSweeper.split_arguments(parsed, max_batch_size=None) for job in batch]
 
 
 def compose_config(overrides: list[str]) -> DictConfig:

@@ -85,3 +85,18 @@ def test_an_evaluation_that_would_produce_nothing_is_refused(cli, reference):
     assert_one_line_error(done, "eval.copy_span=64", "the longest is 64")
     after = sorted(p.name for p in (reference / "eval").iterdir()) if (reference / "eval").exists() else []
     assert after == before
+
+
+def test_a_sweep_with_one_invalid_value_trains_no_job(cli, tmp_path):
+    """The invalid job is the second: without the check the first would train (and keep its run directory)."""
+    sweep_dir = tmp_path / "sweep"
+    args = [*cli.overrides(tmp_path / "unused"), f"hydra.sweep.dir={sweep_dir}", "train.max_steps=1"]
+    done = cli.here("train.py", "-m", *args, "train.lr=1e-3,-1")
+    assert_one_line_error(done, "job 1 of the sweep (train.lr=-1)", "train.lr=-1.0 is out of its domain")
+    assert not sweep_dir.exists()
+
+
+def test_an_unresolvable_interpolation_is_only_posgpts_line(cli, tmp_path):
+    """Hydra printed 'Error executing job with overrides: [...]' before it."""
+    run_dir = tmp_path / "run"
+    refused_before_writing(cli.train_here(run_dir, "train.lr=${no.such.key}"), run_dir, "no.such.key")

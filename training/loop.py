@@ -98,8 +98,9 @@ def estimate_val_loss(
     return float(distributed.all_reduce_mean(total / cfg.train.val_batches, dist))
 
 
-def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
-    """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None."""
+def check_before_training(cfg: DictConfig) -> None:
+    """Everything a training run's config can be refused for before its first step or write (sets the task's
+    vocabulary): train runs it at its start, train.py for every job of a sweep before the first one trains."""
     set_task_vocabulary(cfg)
     validate(cfg)
     validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
@@ -109,6 +110,11 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
             from evaluation.copy_probe import probe_candidates
 
             probe_candidates(cfg, cfg.model.vocab_size)
+
+
+def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
+    """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None."""
+    check_before_training(cfg)
     dist = distributed.init_distributed(cfg.train.device)
     try:
         run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
