@@ -60,6 +60,23 @@ class ArgumentParser(argparse.ArgumentParser):
         raise PosGPTError(f"{message} (see {self.prog} --help)")
 
 
+def count(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum``, so that a script option declares its domain where it is
+    declared (a zero or negative length would print a negative memory or skip the measurement, and exit 0)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is out of its domain [{minimum}, inf)")
+        return value
+
+    parse.__name__ = f"whole number >= {minimum}"  # argparse names the type so in its messages
+    return parse
+
+
 def _exit_with(error: PosGPTError) -> None:
     print(f"error: {error}", file=sys.stderr, flush=True)
     sys.exit(error.exit_code)

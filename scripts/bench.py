@@ -40,7 +40,7 @@ import torch
 from omegaconf import DictConfig
 
 import model.attention as attention
-from core.cli import ArgumentParser, exit_on_user_error
+from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write, check_outputs, read_user_text
 from core.runtime import autocast, peak_flops, set_up_runtime
@@ -56,8 +56,8 @@ from training.step import TrainStep
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     """The options shared with scripts/bench_nanogpt.py, so both time and record the same way."""
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
-    parser.add_argument("--steps", type=int, default=10, help="timed training steps")
+    parser.add_argument("--warmup", type=count(0), default=3, help="untimed steps first (compilation, allocator)")
+    parser.add_argument("--steps", type=count(1), default=10, help="timed training steps")
     parser.add_argument(
         "--record",
         type=Path,
@@ -244,17 +244,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     add_common_args(parser)
     parser.add_argument(
         "--eval-length",
-        type=int,
+        type=count(1),
         default=None,
         help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len",
     )
-    parser.add_argument("--eval-steps", type=int, default=2, help="timed evaluation batches (after one untimed)")
+    parser.add_argument("--eval-steps", type=count(1), default=2, help="timed evaluation batches (after one untimed)")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.warmup < 0 or min(args.steps, args.eval_steps, args.eval_length or 1) < 1:
-        parser.error("--warmup must be >= 0; --steps, --eval-steps and --eval-length >= 1")
     return args, overrides
 
 

@@ -27,7 +27,7 @@ import torch
 
 # importing bench also puts the repository root on sys.path, for core.runtime and evaluation.memory
 from bench import add_common_args, device_name, print_record, read_results_file, save_run, seconds_per_step
-from core.cli import ArgumentParser, exit_on_user_error
+from core.cli import ArgumentParser, count, exit_on_user_error
 from core.runtime import flops_per_token, peak_flops
 from evaluation.memory import PeakMemory
 
@@ -49,12 +49,12 @@ def main(argv: list[str]) -> None:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-py", type=Path, required=True, help="path to nanoGPT's model.py")
     add_common_args(parser)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=256)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads on CPU")
+    parser.add_argument("--n-layer", type=count(1), default=4)
+    parser.add_argument("--n-head", type=count(1), default=4)
+    parser.add_argument("--n-embd", type=count(1), default=256)
+    parser.add_argument("--seq-len", type=count(1), default=256)
+    parser.add_argument("--batch-size", type=count(1), default=8)
+    parser.add_argument("--threads", type=count(1), default=2, help="torch.set_num_threads on CPU")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     read_results_file(args.record)

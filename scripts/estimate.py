@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import _repo  # noqa: F401
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from bench import device_name, save_run
-from core.cli import exit_on_user_error
+from core.cli import ArgumentParser, count, exit_on_user_error
 from core.runtime import autocast, set_up_runtime
 from evaluation.memory import PeakMemory, resident_mb, return_freed_memory
 from experiment.build import build_model
@@ -73,8 +72,8 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--eval-length", type=int, default=None, help="also predict scoring at this length")
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--eval-length", type=count(1), default=None, help="also predict scoring at this length")
     parser.add_argument("--measure", action="store_true", help="run it here and compare (see above)")
     parser.add_argument("--record", type=Path, default=None, help="also append the report to a results file")
     args, overrides = parser.parse_known_args(argv)
