@@ -79,6 +79,13 @@ elif [[ ! "$seed_list" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
 fi
 IFS=, read -ra scheme_list <<< "$schemes"
 IFS=, read -ra seeds <<< "$seed_list"
+for scheme in "${scheme_list[@]}"; do  # here, so that --list never lists runs of a scheme that does not exist
+    if [[ ! "$scheme" =~ ^[A-Za-z0-9_]+$ || ! -f "configs/pe/$scheme.yaml" ]]; then
+        known=$(find configs/pe -maxdepth 1 -name '*.yaml' -exec basename {} .yaml \; | sort | paste -sd, -)
+        echo "error: --schemes takes schemes of configs/pe/ ($known), got '$scheme'" >&2
+        exit 2
+    fi
+done
 # The task study trains on each task; the language-model study on task "none" (train.py's default).
 task_list=(none)
 if [[ -n "$tasks" ]]; then
@@ -135,7 +142,15 @@ while read -r scheme variations; do
     variations_of[$scheme]=$variations
 done <<< "$declared"
 
-mkdir -p "$study_dir"
+# A path through a file is a mistake in the command (2); a missing permission or a full disk, the machine's (74).
+if ! mkdir_error=$(mkdir -p "$study_dir" 2>&1); then
+    case "$mkdir_error" in
+        *"Not a directory"* | *"File exists"* | *"File name too long"* | *"Too many levels"*) code=2 ;;
+        *) code=74 ;;
+    esac
+    echo "error: cannot make the study directory $study_dir: ${mkdir_error##*: }" >&2
+    exit "$code"
+fi
 for task in "${task_list[@]}"; do
     task_args=()
     [[ "$task" != none ]] && task_args=("task=$task")

@@ -5,10 +5,11 @@ line (in this process, as ``python <script> <argv>`` runs it)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
-from cli_runs import assert_one_line_error
+from cli_runs import REPO, assert_one_line_error
 
 
 def refused_before_writing(done, run_dir: Path, *fragments: str) -> None:
@@ -115,3 +116,21 @@ def test_an_unresolvable_interpolation_is_only_posgpts_line(cli, tmp_path):
 )
 def test_a_scripts_own_options_are_checked_against_their_domain(cli, script, args, message):
     assert_one_line_error(cli.here(script, *args), message)
+
+
+def study(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "scripts/study.sh", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_study_list_refuses_a_scheme_that_does_not_exist(tmp_path):
+    """It listed <dir>/fourier-s1 with exit 0."""
+    done = study("--schemes", "rope,fourier", "--list", str(tmp_path / "study"))
+    assert_one_line_error(done, "--schemes takes schemes of configs/pe/", "got 'fourier'")
+    assert done.stdout == ""
+
+
+def test_study_a_directory_it_cannot_make_is_one_line(tmp_path):
+    """mkdir's own message and exit code 1 before; a path through a file is a mistake in the command (2)."""
+    (tmp_path / "file").write_text("")
+    done = study("--schemes", "rope", "--seeds", "1", str(tmp_path / "file" / "study"))
+    assert_one_line_error(done, f"cannot make the study directory {tmp_path / 'file' / 'study'}: Not a directory")
