@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise PosGPTError(f"no checkpoint at {path}: this run has not saved one (train with hydra.run.dir=...)")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        # Bytes that are not a checkpoint make torch warn (e.g. "Detected pickle protocol 17") before it fails:
+        # the failure below is the one line the user sees, so what torch says about the bytes is not printed.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except PermissionError as error:
         raise PosGPTError(f"cannot read the checkpoint {path} ({error.strerror})") from None
     # Bytes that are not a checkpoint fail in the unpickler in many ways (a STOP opcode on an empty stack is an
@@ -97,6 +103,61 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(state, dict) or not required <= state.keys():
         found = set(state) if isinstance(state, dict) else set()
         raise PosGPTError(f"{path} is not a posgpt checkpoint (missing {sorted(required - found)})")
+    if not isinstance(state["model"], dict):
+        kind = type(state["model"]).__name__
+        raise PosGPTError(f"{path} is not a posgpt checkpoint (its model weights are a {kind}, not a dict)")
     if state["format_version"] > FORMAT_VERSION:
         raise PosGPTError(f"{path} was written by a newer posgpt (format {state['format_version']})")
     return state
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """The file :func:`load_checkpoint` reads for ``path`` (a run directory or a ``.pt`` file), for messages."""
+    path = Path(path)
+    return path if path.suffix == ".pt" else last_checkpoint_path(path)
+
+
+def load_weights(model: torch.nn.Module, weights: Mapping[str, Any], source: str | Path) -> None:
+    """Load a checkpoint's model weights into ``model`` after :func:`check_weights`: nothing is loaded unless every
+    parameter is there with its shape, so a model never runs with a weight left at its initialisation."""
+    check_weights(model.state_dict(), weights, source)
+    model.load_state_dict(weights)
+
+
+def check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, Any], source: str | Path) -> None:
+    """:class:`WeightsMismatch` naming the first parameter (in the model's order) that ``weights`` lacks, holds with
+    another shape, or holds besides the model's: a checkpoint whose config no longer describes its weights (an
+    edit, a file copied from another run, a half-migrated format) or that lost a weight."""
+    for name, tensor in expected.items():
+        theirs = weights.get(name)
+        if not isinstance(theirs, torch.Tensor):
+            what = "has no" if theirs is None else f"holds a {type(theirs).__name__} as"
+            raise WeightsMismatch(
+                f"checkpoint {source} is incomplete: it {what} {name} (shape {list(tensor.shape)} in the model "
+                "its config describes); nothing was loaded",
+                name,
+            )
+        if theirs.shape != tensor.shape:
+            raise WeightsMismatch(
+                f"checkpoint {source} does not fit the model its config describes: {name} has shape "
+                f"{list(theirs.shape)} in the checkpoint but {list(tensor.shape)} in the model; nothing was loaded",
+                name,
+                list(theirs.shape),
+                list(tensor.shape),
+            )
+    unexpected = next((name for name in weights if name not in expected), None)
+    if unexpected is not None:
+        raise WeightsMismatch(
+            f"checkpoint {source} does not fit the model its config describes: it holds {unexpected}, which the "
+            "model has not; nothing was loaded",
+            unexpected,
+        )
+
+
+class WeightsMismatch(PosGPTError):
+    """A checkpoint's weights do not fit its model: ``name`` is the first parameter that does not, and for a shape
+    mismatch ``shapes`` are (the checkpoint's, the model's)."""
+
+    def __init__(self, message: str, name: str, *shapes: list[int]) -> None:
+        super().__init__(message)
+        self.name, self.shapes = name, shapes

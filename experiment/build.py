@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from core.checkpoint_io import CHECKPOINT_DIR, load_checkpoint
+from core.checkpoint_io import CHECKPOINT_DIR, checkpoint_file, load_checkpoint, load_weights
 from core.errors import PosGPTError
 from core.runtime import flops_per_token, set_up_runtime
 from experiment.config import validate
@@ -64,6 +64,6 @@ def load_trained_run(run_dir: Path, overrides: list[str]) -> TrainedRun:
     validate(cfg)
     device, dtype = set_up_runtime(cfg.train)
     model = build_model(cfg)
-    model.load_state_dict(checkpoint["model"])
+    load_weights(model, checkpoint["model"], checkpoint_file(run_dir))
     model.to(device).eval()
     return TrainedRun(run_dir, checkpoint, cfg, model, device, dtype)

@@ -1,7 +1,9 @@
 import os
+import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,6 +19,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pyproject.toml runs a worker per co
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Token caches go to one per-session temporary directory, never to the user's ~/.cache."""
     monkeypatch.setenv("POSGPT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "posgpt-cache"))
+
+
+def _seed_everything() -> None:
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _seeded_module():
+    """A module's fixtures draw the same numbers whichever test file ran before it in the same worker."""
+    _seed_everything()
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same state of torch's, numpy's and Python's global generators, so a test that
+    draws from them (torch.randn without a generator) draws the same numbers on every run and in any order."""
+    _seed_everything()
 
 
 from cli_runs import cli, reference  # noqa: E402, F401  (the session fixtures, for every test module)

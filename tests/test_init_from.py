@@ -45,7 +45,7 @@ def test_a_learned_table_cannot_be_extended():
     parent = GPT(cfg, LearnedConfig(), train_seq_len=16)
     child = GPT(cfg, LearnedConfig(), train_seq_len=32)
     with pytest.raises(PosGPTError, match=r"pe.table.weight has shape \[16, 16\] .* cannot be extended"):
-        Parent("parent", 10, 16, parent.state_dict()).load_into(child)
+        Parent("parent", 10, 16, parent.state_dict()).load_into(child, 32)
 
 
 # --- Through the CLI (in-process, cli.train_here): a tiny RoPE parent at 16 tokens, a child at 32 with YaRN -------

@@ -12,6 +12,7 @@ import errno
 import io
 import json
 import os
+import random
 import resource
 import shutil
 import subprocess
@@ -234,17 +235,27 @@ def test_a_bad_config_file_is_one_line(cli, tmp_path, content, message):
     assert not run_dir.exists()
 
 
+# Bytes fixed once and for all (a CI gate must not fail by chance): seeded noise, and the classes of bytes that
+# once failed, each a case of its own. A first byte 0x80 (PROTO) with a protocol torch does not know made torch
+# print "UserWarning: Detected pickle protocol 17 ..." above the error line (bytes drawn afresh on each run began so
+# about once in 256 runs); a lone STOP opcode is an IndexError in the unpickler.
+BAD_PARENTS = {
+    "seeded random bytes": random.Random(1000).randbytes(1000),
+    "pickle protocol 17": b"\x80\x11" + random.Random(17).randbytes(998),
+    "stop on an empty stack": b".",
+    "a directory": None,
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "garbage", [b"random", b".", None], ids=["random bytes", "stop on an empty stack", "a directory"]
-)
+@pytest.mark.parametrize("garbage", BAD_PARENTS.values(), ids=BAD_PARENTS.keys())
 def test_a_bad_parent_checkpoint_is_one_line(cli, tmp_path, garbage):
-    """Random bytes fail in the unpickler in many ways (one CI run drew an IndexError): b"." is that one, always."""
+    """Through a real command line: a warning printed beside the error line is only seen on the process's stderr."""
     parent = tmp_path / "parent.pt"
     if garbage is None:
         parent.mkdir()
     else:
-        parent.write_bytes(os.urandom(1000) if garbage == b"random" else garbage)
+        parent.write_bytes(garbage)
     done = cli.train(tmp_path / "run", f"train.init_from={parent}")
     assert_one_line_error(done, "is a directory" if garbage is None else "is truncated or not a posgpt checkpoint")
     assert not (tmp_path / "run").exists()

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from core.checkpoint_io import load_checkpoint
+from core.checkpoint_io import WeightsMismatch, checkpoint_file, load_checkpoint, load_weights
 from core.errors import PosGPTError
 from experiment.settings import RUNTIME_SETTINGS, changed_settings, flatten_config, trained_config
 from model.pe import SCHEMES
@@ -56,24 +56,21 @@ class Parent:
         """The first metrics.jsonl record of the new run."""
         return {"step": 0, "init_from": self.path, "parent_step": self.step, "parent_seq_len": self.seq_len}
 
-    def load_into(self, model: torch.nn.Module) -> None:
-        """Copy the parent's weights into ``model``; PosGPTError if a parameter does not fit."""
-        ours = model.state_dict()
-        for name, tensor in self.state.items():
-            if name in ours and ours[name].shape != tensor.shape:
+    def load_into(self, model: torch.nn.Module, seq_len: int) -> None:
+        """Copy the parent's weights into ``model``, built for ``train.seq_len=seq_len``; PosGPTError naming the first
+        parameter that does not fit."""
+        try:
+            load_weights(model, self.state, checkpoint_file(self.path))
+        except WeightsMismatch as mismatch:
+            # The architecture matched (check_same_architecture), so a size that differs follows train.seq_len.
+            if mismatch.shapes and seq_len != self.seq_len:
+                theirs, ours = mismatch.shapes
                 raise PosGPTError(
-                    f"train.init_from: {name} has shape {list(tensor.shape)} in {self.path} but "
-                    f"{list(ours[name].shape)} here: its size follows train.seq_len (parent {self.seq_len}), and "
-                    f"positions the parent never trained have no weights, so this scheme cannot be extended by "
-                    f"fine-tuning; keep train.seq_len={self.seq_len}"
-                )
-        missing, unexpected = set(ours) - set(self.state), set(self.state) - set(ours)
-        if missing or unexpected:
-            raise PosGPTError(
-                f"train.init_from: {self.path} does not hold this model's weights "
-                f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
-            )
-        model.load_state_dict(self.state)
+                    f"train.init_from: {mismatch.name} has shape {theirs} in {self.path} but {ours} here: its size "
+                    f"follows train.seq_len (parent {self.seq_len}), and positions the parent never trained have no "
+                    f"weights, so this scheme cannot be extended by fine-tuning; keep train.seq_len={self.seq_len}"
+                ) from None
+            raise PosGPTError(f"train.init_from: {mismatch}") from None
         self.state = {}  # not kept for the rest of the run
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from core.checkpoint_io import last_checkpoint_path, load_weights
 from core.cli import tee_console
 from core.errors import PosGPTError
 from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
@@ -267,10 +268,11 @@ def _initial_model(
     if cfg.train.random_positions:
         model.pe.check_random_positions(cfg.train.random_positions)
     checkpoint = resume_checkpoint(cfg, run_dir)
-    if checkpoint is not None:
+    if checkpoint is not None:  # checked whole here, before anything is written (Checkpointer.restore loads it again)
+        load_weights(model, checkpoint["model"], last_checkpoint_path(run_dir))
         return cfg, model, checkpoint, None
     if parent is not None:
-        parent.load_into(model)
+        parent.load_into(model, cfg.train.seq_len)
     return cfg, model, None, parent
 
 
@@ -293,8 +295,7 @@ def _finish_trained(
             f"train: {run_dir} has trained {step} steps, but its end-of-training evaluation did not finish: running it",
             flush=True,
         )
-    model.load_state_dict(checkpoint["model"])
-    val_tokens = _load_data(cfg, dist)["val"]
+    val_tokens = _load_data(cfg, dist)["val"]  # the model holds the checkpoint's weights (_initial_model)
     if dist.is_main:
         wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"))
         run_extrapolation_eval(

@@ -1,0 +1,115 @@
+"""A checkpoint that contradicts itself or lost a weight is refused in one line by every command that loads it.
+
+core.checkpoint_io.check_weights is the one check: every parameter of the model the checkpoint's config describes
+must be there with its shape, and nothing else. eval.py, sample.py, scripts/inspect_attention.py, a resume
+(train.resume=true) and a parent (train.init_from) all go through it, so a config edited after training, a file
+copied from another run or a weight gone missing ends in ``error: ...`` naming the first parameter that does not
+fit (and both shapes), exit 2, before anything is written. Before, the first three ended in load_state_dict's
+traceback and a resume trained on, the missing weight left at its fresh initialisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from cli_runs import STEPS, assert_one_line_error
+
+from core.checkpoint_io import WeightsMismatch, check_weights, last_checkpoint_path
+
+FIRST = "pe.table.weight"  # the first parameter, in the model's order, whose shape follows model.n_embd (pe=learned)
+
+
+def expected() -> dict[str, torch.Tensor]:
+    return {"a.weight": torch.zeros(4, 2), "b.bias": torch.zeros(3)}
+
+
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ({"b.bias": torch.zeros(3)}, r"^checkpoint x is incomplete: it has no a.weight \(shape \[4, 2\] in the model"),
+        ({"a.weight": [1], "b.bias": torch.zeros(3)}, r"it holds a list as a.weight"),
+        (
+            {"a.weight": torch.zeros(2, 4), "b.bias": torch.zeros(3)},
+            r"a.weight has shape \[2, 4\] in the checkpoint but \[4, 2\] in the model",
+        ),  # noqa: E501
+        ({**expected(), "c.weight": torch.zeros(1)}, r"it holds c.weight, which the model has not"),
+    ],
+    ids=["missing", "not a tensor", "shape", "unexpected"],
+)
+def test_check_weights_names_the_first_parameter_that_does_not_fit(weights, message):
+    with pytest.raises(WeightsMismatch, match=message):
+        check_weights(expected(), weights, "x")
+    check_weights(expected(), expected(), "x")  # a whole, fitting checkpoint passes
+
+
+def damage(run: Path, how: str) -> str:
+    """Damage the checkpoint of ``run`` in place; the line the refusal must hold."""
+    path = last_checkpoint_path(run)
+    state = torch.load(path, weights_only=True)
+    if how == "a weight missing":
+        name = list(state["model"])[-1]
+        shape = list(state["model"].pop(name).shape)
+        fragment = f"checkpoint {path} is incomplete: it has no {name} (shape {shape} in the model"
+    elif how == "config that no longer fits":
+        state["config"]["model"]["n_embd"] = 32  # as if edited after training: the weights are 16 wide
+        shape = list(state["model"][FIRST].shape)
+        fragment = (
+            f"checkpoint {path} does not fit the model its config describes: {FIRST} has shape {shape} in the "
+            f"checkpoint but {[shape[0], 32]} in the model"
+        )
+    else:
+        state["model"]["blocks.7.extra.weight"] = torch.zeros(2)
+        fragment = f"checkpoint {path} does not fit the model its config describes: it holds blocks.7.extra.weight"
+    torch.save(state, path)
+    return fragment
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }  # noqa: E501
+
+
+DAMAGES = ["a weight missing", "config that no longer fits", "an unexpected weight"]
+
+
+@pytest.mark.slow  # the reference run trains once per session
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("command", ["eval.py", "sample.py", "scripts/inspect_attention.py"])
+def test_a_run_whose_checkpoint_does_not_fit_is_refused(cli, reference, tmp_path, command, how):
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    fragment = damage(run, how)
+    before = digest(run)
+    assert_one_line_error(cli.here(command, f"run_dir={run}", "sample.max_new_tokens=2"), fragment)
+    assert digest(run) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_resume_from_a_checkpoint_that_does_not_fit_is_refused(cli, reference, tmp_path, how):
+    """A weight missing trained on, from its fresh initialisation, with exit 0."""
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    fragment = damage(run, how)
+    before = digest(run)
+    width = ["model.n_embd=32"] if how == "config that no longer fits" else []  # the resume's own settings
+    done = cli.train_here(run, "train.resume=true", f"train.max_steps={STEPS + 2}", *width)
+    assert_one_line_error(done, fragment)
+    assert digest(run) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_parent_that_does_not_fit_is_refused(cli, reference, tmp_path, how):
+    parent = tmp_path / "parent"
+    shutil.copytree(reference, parent)
+    fragment = damage(parent, how)
+    width = ["model.n_embd=32"] if how == "config that no longer fits" else []  # the parent's recorded settings
+    done = cli.train_here(tmp_path / "child", f"train.init_from={parent}", "train.max_steps=1", *width)
+    assert_one_line_error(done, f"train.init_from: {fragment}")
+    assert not (tmp_path / "child").exists()
