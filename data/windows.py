@@ -31,9 +31,10 @@ def draw_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch from either kind of data source: random windows of a token split, or examples of a task
     (targets -100 except on its answers). Either way drawn from ``generator`` alone. ``training``: a task's
-    training batch, at the settings its ``training_cell`` draws (a mixture, where the task trains on one);
-    otherwise at the task's own settings, as evaluated."""
+    training batch (Task.training_batch: the lengths and settings the task trains on); otherwise instances of
+    exactly seq_len tokens at the task's own settings, as evaluated."""
     if isinstance(source, Task):
-        cell = source.training_cell(generator) if training else {}
-        return source.sample(batch_size, seq_len, generator, **cell)
+        if training:
+            return source.training_batch(batch_size, seq_len, generator)
+        return source.sample(batch_size, seq_len, generator)
     return sample_batch(source, batch_size, seq_len, generator)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PosGPTError
-from data.tasks import NO_TASK
+from data.tasks import NO_TASK, TASKS
 from experiment.compose import compose_config, one_line
 from experiment.config import schema
 from model.pe import SCHEMES
@@ -104,7 +104,7 @@ def overridden_keys(overrides: list[str]) -> list[str]:
 
 # Settings added to the schema after checkpoints were first written, whose default today is not what those
 # checkpoints were trained with: a checkpoint that lacks the key gets this value, never today's default (a scheme's
-# own: its legacy_values). (Every other key added since defaults to the earlier behaviour.)
+# or a task's own: its legacy_values). (Every other key added since defaults to the earlier behaviour.)
 LEGACY_VALUES = {"model.embedding": "gpt2"}
 # Settings renamed since checkpoints were first written: old dotted key -> today's.
 LEGACY_NAMES = {"eval.scalings": "eval.variations"}
@@ -119,14 +119,17 @@ def trained_config(saved_config: dict) -> DictConfig:
         if OmegaConf.is_dict(node) and key in node:
             OmegaConf.update(saved, new, node.pop(key), force_add=True)
     scheme = SCHEMES.get(saved["pe"]["name"])
+    task_name = saved.get("task", {}).get("name", NO_TASK)  # no task: written before tasks
+    task = TASKS.get(task_name)
     legacy = {
         **LEGACY_VALUES,
         **{f"pe.{key}": value for key, value in (scheme.legacy_values if scheme else {}).items()},
+        **{f"task.{key}": value for key, value in (task.legacy_values if task else {}).items()},
     }
     for key, value in legacy.items():
         if OmegaConf.select(saved, key, default=None) is None:
             OmegaConf.update(saved, key, value, force_add=True)
-    cfg = schema(saved["pe"]["name"], saved.get("task", {}).get("name", NO_TASK))  # no task: written before tasks
+    cfg = schema(saved["pe"]["name"], task_name)
     try:
         return OmegaConf.merge(cfg, saved)
     except OmegaConfBaseException as error:

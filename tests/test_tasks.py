@@ -293,7 +293,7 @@ def test_an_untrained_model_scores_at_chance():
 def test_task_group_sets_the_vocabulary_and_defaults():
     cfg = compose_config(["task=passkey", "task.key_len=3", "model.n_embd=64"])
     assert cfg.task.name == "passkey" and cfg.task.key_len == 3 and cfg.model.n_embd == 64
-    assert cfg.train.seq_len == 64 and list(cfg.eval.length_multipliers) == [1, 2, 4, 8, 16]
+    assert cfg.train.seq_len == 64 and list(cfg.eval.length_multipliers) == [0.5, 0.75, 1, 2, 4, 8, 16]
     set_task_vocabulary(cfg)
     assert cfg.model.vocab_size == 17
     validate(cfg)

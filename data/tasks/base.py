@@ -3,6 +3,16 @@ the answer tokens. A task is a data source like a token split: ``sample(batch, s
 inputs x and targets y of shape (batch, seq_len), drawn from ``generator`` alone (so a checkpointed
 generator state resumes the exact stream of examples), with y = -100 on every position that is not an
 answer, so the loss (model/loss.py, ignore_index=-100) and the accuracy cover the answer tokens only.
+
+Training lengths. As in the length-generalisation literature (Ruoss et al. 2023 draw each training instance's
+length uniformly from [1, N]; Kazemnejad et al. 2023 train on every length up to the training length), a
+training batch (``training_batch``) holds instances of every length the task's format fits, up to seq_len,
+drawn uniformly per instance (``task.train_lengths=uniform``, the default). Each instance starts at position 0
+and is padded on the right up to seq_len; a pad is never a target, and under causal attention no instance token
+sees one, so a shorter instance is computed exactly as it would be alone. Without this a run learns the one
+layout of its training length and fails *below* it, and "extrapolation" then measures that shortcut.
+``task.train_lengths=fixed`` trains at exactly seq_len (the protocol before this setting existed; checkpoints
+without the key were trained so). Evaluation always scores instances of exactly the evaluated length.
 """
 
 from __future__ import annotations
@@ -16,12 +26,23 @@ import torch
 from core.domain import check_domains
 from core.errors import PosGPTError
 
+TRAIN_LENGTHS = ("uniform", "fixed")
+
 
 @dataclass
 class TaskConfig:
-    """``task=none``: language modelling on data.* (the default). Each task's dataclass extends this one."""
+    """``task=none``: language modelling on data.* (the default)."""
 
     name: str = "none"
+
+
+@dataclass
+class GeneratedTaskConfig(TaskConfig):
+    """What every generated task has; each task's dataclass extends this one."""
+
+    # uniform: each training instance's length drawn uniformly from the lengths the format fits, up to
+    # train.seq_len; fixed: every instance exactly train.seq_len long (one layout only)
+    train_lengths: str = "uniform"
 
 
 class Task:
@@ -29,26 +50,35 @@ class Task:
     ``min_length`` and ``generate``; ``cells`` names the task's evaluation dimensions besides length."""
 
     name: ClassVar[str] = ""
-    config_class: ClassVar[type[TaskConfig]] = TaskConfig
+    config_class: ClassVar[type[GeneratedTaskConfig]] = GeneratedTaskConfig
     # Keyword arguments of ``generate`` that evaluation sweeps (passkey: ("depth",)); a value of None: random.
     cells: ClassVar[tuple[str, ...]] = ()
     # The token an answer's own input position holds: None, the answer itself (teacher forcing); a token id, that
     # token instead, where answers seen as inputs would give later answers away (MQAR's distinct values).
     answer_input: ClassVar[int | None] = None
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    # Settings added since task checkpoints were first written, with the value those checkpoints were trained with.
+    legacy_values: ClassVar[dict[str, Any]] = {"train_lengths": "fixed"}
+
+    def __init__(self, cfg: GeneratedTaskConfig) -> None:
         check_domains(cfg, "task.")  # validation did this at start-up; data/ also runs without it
         self.cfg = cfg
 
     def check(self) -> None:
-        """Raise PosGPTError for settings the format cannot take (called by build_task)."""
+        """Raise PosGPTError for settings the format cannot take (called by build_task). A subclass that overrides
+        it calls this one too."""
+        if self.cfg.train_lengths not in TRAIN_LENGTHS:
+            raise PosGPTError(
+                f"task.train_lengths must be one of {', '.join(TRAIN_LENGTHS)} (got {self.cfg.train_lengths!r})"
+            )
 
     @property
     def vocab_size(self) -> int:
         raise NotImplementedError
 
-    def min_length(self) -> int:
-        """The shortest sequence (inputs plus the last target) the format fits in."""
+    def min_length(self, **cell: Any) -> int:
+        """The shortest sequence (inputs plus the last target) the format fits in, at the task's settings or at
+        those of ``cell`` (a training mixture's draw)."""
         raise NotImplementedError
 
     def generate(self, batch: int, length: int, generator: torch.Generator, **cell: Any) -> tuple[torch.Tensor, ...]:
@@ -64,13 +94,35 @@ class Task:
     def sample(
         self, batch: int, seq_len: int, generator: torch.Generator, **cell: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs x and next-token targets y, (batch, seq_len) each; y is -100 except on answer tokens."""
-        if seq_len + 1 < self.min_length():
+        """Inputs x and next-token targets y, (batch, seq_len) each, every instance exactly seq_len long; y is -100
+        except on answer tokens."""
+        self._check_fits(seq_len, **cell)
+        return self._inputs_and_targets(*self.generate(batch, seq_len + 1, generator, **cell))
+
+    def training_batch(self, batch: int, seq_len: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch as ``sample``'s, at the settings ``training_cell`` draws; under train_lengths=uniform
+        each row an instance of a length drawn uniformly from [min_length, seq_len + 1] tokens, padded on the
+        right (the pads' targets -100)."""
+        cell = self.training_cell(generator)
+        if self.cfg.train_lengths == "fixed":
+            return self.sample(batch, seq_len, generator, **cell)
+        self._check_fits(seq_len, **cell)
+        lengths = torch.randint(self.min_length(**cell), seq_len + 2, (batch,), generator=generator)
+        tokens = torch.zeros(batch, seq_len + 1, dtype=torch.long)
+        answer = torch.zeros(batch, seq_len + 1, dtype=torch.bool)
+        for length in lengths.unique().tolist():  # ascending: the draws' order is fixed by the lengths alone
+            rows = (lengths == length).nonzero().squeeze(1)
+            tokens[rows, :length], answer[rows, :length] = self.generate(len(rows), length, generator, **cell)
+        return self._inputs_and_targets(tokens, answer)
+
+    def _check_fits(self, seq_len: int, **cell: Any) -> None:
+        if seq_len + 1 < self.min_length(**cell):
             raise PosGPTError(
-                f"task={self.name} needs sequences of at least {self.min_length() - 1} tokens with its settings "
-                f"(got {seq_len}): raise train.seq_len or shrink the task (configs/task/{self.name}.yaml)"
+                f"task={self.name} needs sequences of at least {self.min_length(**cell) - 1} tokens with its "
+                f"settings (got {seq_len}): raise train.seq_len or shrink the task (configs/task/{self.name}.yaml)"
             )
-        tokens, answer = self.generate(batch, seq_len + 1, generator, **cell)
+
+    def _inputs_and_targets(self, tokens: torch.Tensor, answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         targets = tokens[:, 1:].masked_fill(~answer[:, 1:], -100)
         inputs = tokens[:, :-1]
         if self.answer_input is not None:

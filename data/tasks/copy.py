@@ -12,15 +12,16 @@ Vocabulary: blank 0, symbols [1, 1 + n_symbols), COPY. Chance of an exact match:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from core.domain import domain
-from data.tasks.base import Task, TaskConfig, random_ints
+from data.tasks.base import GeneratedTaskConfig, Task, random_ints
 
 
 @dataclass
-class CopyConfig(TaskConfig):
+class CopyConfig(GeneratedTaskConfig):
     name: str = "copy"
     n_tokens: int = domain(8, ge=1)  # data tokens to copy
     n_symbols: int = domain(16, ge=1)
@@ -34,7 +35,7 @@ class Copy(Task):
     def vocab_size(self) -> int:
         return self.cfg.n_symbols + 2
 
-    def min_length(self) -> int:
+    def min_length(self, **cell: Any) -> int:
         return 2 * self.cfg.n_tokens + 1
 
     def generate(self, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,18 +16,19 @@ sequence, the more reads it takes; the paper reports the rate of wrong reads).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from data.tasks.base import Task, TaskConfig
+from data.tasks.base import GeneratedTaskConfig, Task
 
 WRITE, READ, IGNORE, ZERO, BOS = 0, 1, 2, 3, 5
 
 
 @dataclass
-class FlipFlopConfig(TaskConfig):
+class FlipFlopConfig(GeneratedTaskConfig):
     name: str = "flipflop"
     p_write: float = domain(0.1, gt=0, lt=1)
     p_read: float = domain(0.1, gt=0, lt=1)
@@ -38,6 +39,7 @@ class FlipFlop(Task):
     config_class = FlipFlopConfig
 
     def check(self) -> None:
+        super().check()
         c = self.cfg
         if c.p_write + c.p_read > 1:
             raise PosGPTError(f"task.p_write + task.p_read must be at most 1 (got {c.p_write}, {c.p_read})")
@@ -46,7 +48,7 @@ class FlipFlop(Task):
     def vocab_size(self) -> int:
         return 6
 
-    def min_length(self) -> int:
+    def min_length(self, **cell: Any) -> int:
         return 4  # w b r b
 
     def generate(self, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,11 +35,11 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from data.tasks.base import Task, TaskConfig
+from data.tasks.base import GeneratedTaskConfig, Task
 
 
 @dataclass
-class MQARConfig(TaskConfig):
+class MQARConfig(GeneratedTaskConfig):
     name: str = "mqar"
     n_pairs: int = domain(8, ge=1)  # key-value pairs per example, each queried once
     n_keys: int = domain(32, ge=1)
@@ -54,6 +54,7 @@ class MQAR(Task):
     answer_input = 0  # the blank
 
     def check(self) -> None:
+        super().check()
         if self.cfg.min_pairs is not None and self.cfg.min_pairs > self.cfg.n_pairs:
             raise PosGPTError(f"task.min_pairs={self.cfg.min_pairs} is more than task.n_pairs={self.cfg.n_pairs}")
         for kind in ("keys", "values"):
@@ -64,8 +65,8 @@ class MQAR(Task):
     def vocab_size(self) -> int:
         return 1 + self.cfg.n_keys + self.cfg.n_values
 
-    def min_length(self) -> int:
-        return 4 * self.cfg.n_pairs
+    def min_length(self, n_pairs: int | None = None) -> int:
+        return 4 * (n_pairs or self.cfg.n_pairs)
 
     def training_cell(self, generator: torch.Generator) -> dict[str, int]:
         low = self.cfg.min_pairs

@@ -20,16 +20,17 @@ Chance of an exact match: n_symbols^-K.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from data.tasks.base import Task, TaskConfig, random_ints
+from data.tasks.base import GeneratedTaskConfig, Task, random_ints
 
 
 @dataclass
-class PasskeyConfig(TaskConfig):
+class PasskeyConfig(GeneratedTaskConfig):
     name: str = "passkey"
     key_len: int = domain(4, ge=1)  # symbols in the key
     n_symbols: int = domain(10, ge=1)  # the key's alphabet (digits)
@@ -45,7 +46,7 @@ class Passkey(Task):
     def vocab_size(self) -> int:
         return self.cfg.n_symbols + self.cfg.filler_len + 2
 
-    def min_length(self) -> int:
+    def min_length(self, **cell: Any) -> int:
         return 2 * self.cfg.key_len + 2
 
     def generate(
