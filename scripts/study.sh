@@ -27,7 +27,7 @@
 #
 # Task study (--tasks): each (task, scheme, seed) trains with task=<task>, so with the task's own model, steps and
 # learning rate (configs/task/<task>.yaml), into <dir>/<task>-<scheme>-s<seed>/; its evaluation is
-# eval/tasks.json (accuracy at 1x .. 16x), and it is evaluated with its scheme's variations as above. The same
+# eval/tasks.json (accuracy at 0.5x .. 16x, the task's grid), and it is evaluated with its scheme's variations as above. The same
 # skipping and resuming apply; the comparison is comparison_tasks.md (a table per task, mean ± CI over seeds),
 # comparison_tasks.csv and comparison_tasks.png (accuracy vs length, a panel per task).
 #
@@ -152,7 +152,8 @@ if ! mkdir_error=$(mkdir -p "$study_dir" 2>&1); then
     exit "$code"
 fi
 for task in "${task_list[@]}"; do
-    task_args=()
+    # A task run scores its own grid (configs/task/: 0.5x and 0.75x too); the language-model study 1x .. 16x.
+    task_args=("eval.length_multipliers=[1,2,4,8,16]")
     [[ "$task" != none ]] && task_args=("task=$task")
     for scheme in "${scheme_list[@]}"; do
         variations=${variations_of[$scheme]}
@@ -165,7 +166,7 @@ for task in "${task_list[@]}"; do
             [[ -f "$run/checkpoints/last.pt" ]] && resume=(train.resume=true)
             status=0
             python train.py "${task_args[@]}" "pe=$scheme" "train.seed=$seed" "hydra.run.dir=$run" \
-                "eval.length_multipliers=[1,2,4,8,16]" "logging.wandb.group=$(basename "$study_dir")" \
+                "logging.wandb.group=$(basename "$study_dir")" \
                 "${resume[@]}" "$@" || status=$?
             if [[ $status -eq 2 && ! -f "$run/checkpoints/last.pt" ]]; then  # refused at start-up (the line above)
                 echo "study: pe=$scheme is refused with these settings; its runs are skipped" >&2
