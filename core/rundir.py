@@ -116,8 +116,17 @@ def note_existing(path: str | Path) -> None:
     existing parent, so that what is made below it is known to be this command's (removed_if_unused)."""
     global _EXISTING
     _EXISTING = next(
-        directory for directory in (Path(path).absolute(), *Path(path).absolute().parents) if directory.exists()
+        directory for directory in (Path(path).absolute(), *Path(path).absolute().parents) if _exists(directory)
     )
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; False for a path no file can have (a name too long), which the command then refuses
+    in its own one line. Raised here, in Hydra's callback, it became a UserWarning printed beside that line."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _new_dirs(path: Path) -> list[Path]:

@@ -89,6 +89,7 @@ def repository_copy(destination: Path) -> Path:
 
 
 @pytest.mark.parametrize("pe", sorted(SCHEMES))
+@pytest.mark.e2e
 def test_train_then_eval_every_scheme(pe, sweep, cli, tmp_path):
     (run_dir,) = sweep.glob(f"*-{pe}")
     assert (run_dir / "checkpoints" / "last.pt").is_file()

@@ -90,6 +90,7 @@ def study(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
     _, study_dir, first_table, *_ = study
     for seed in (1, 2):
@@ -110,6 +111,7 @@ def test_study_trains_each_seed_evaluates_rope_scalings_and_compares(study):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
     _, study_dir, _, output, unchanged, _ = study
     assert output.count("nothing to do") == 1 and unchanged  # rope-s1: neither trained nor evaluated again
@@ -125,6 +127,7 @@ def test_study_run_again_skips_what_is_done_and_adds_the_rest(study):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_study_evaluates_only_the_variations_a_run_lacks(study):
     _, study_dir, *_, output = study
     eval_dir = study_dir / "rope-s1" / "eval"
@@ -155,6 +158,7 @@ def table_rows(markdown):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compare_one_seed_shows_values_without_intervals(study, tmp_path):
     _, study_dir, *_ = study
     md = tmp_path / "one.md"
@@ -192,6 +196,7 @@ def export(cli, *args):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(cli, study, tmp_path):
     """extrapolation.json records the checkpoint's config (end of training, and eval.py's YaRN rows);
     export_results.py copies what compare.py reads, without checkpoints, adding the config to a file written
@@ -237,6 +242,7 @@ def test_exported_results_record_the_trained_config_and_compare_as_the_runs_do(c
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_run_from_before_a_setting_existed_groups_with_newer_runs(study, tmp_path):
     """A run's config lacks settings added after it was trained; they read as their defaults, so the run
     stays one seed of its setting rather than a setting of its own."""
@@ -253,6 +259,7 @@ def test_a_run_from_before_a_setting_existed_groups_with_newer_runs(study, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_export_refuses_results_of_another_step_than_the_checkpoint(cli, study, tmp_path):
     """A file without a recorded config gets the checkpoint's only if it scored that checkpoint."""
     _, study_dir, *_ = study
@@ -270,6 +277,7 @@ def test_export_refuses_results_of_another_step_than_the_checkpoint(cli, study, 
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compare_refuses_results_without_checkpoint_or_recorded_config(cli, study, tmp_path):
     _, study_dir, *_ = study
     copy = tmp_path / "rope-s1"
@@ -287,6 +295,7 @@ def test_compare_refuses_results_without_checkpoint_or_recorded_config(cli, stud
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compare_refuses_a_run_given_twice(study, capsys):
     _, study_dir, *_ = study
     with pytest.raises(SystemExit) as exit_info:
@@ -295,6 +304,7 @@ def test_compare_refuses_a_run_given_twice(study, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compare_names_a_corrupt_or_malformed_results_file(cli, study, tmp_path):
     """Through the command line (in-process): one line naming the file, exit code 2, no traceback."""
     tmp, study_dir, *_ = study
@@ -313,6 +323,7 @@ def test_compare_names_a_corrupt_or_malformed_results_file(cli, study, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compare_without_results_says_how_to_make_them(study, capsys):
     tmp, *_ = study
     with pytest.raises(SystemExit) as exit_info:
@@ -321,6 +332,7 @@ def test_compare_without_results_says_how_to_make_them(study, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_eval_py_rejects_a_scaling_for_a_scheme_without_one(study):
     _, study_dir, *_ = study
     with pytest.raises(PosGPTError, match="pe.scaling.type"):
@@ -395,6 +407,7 @@ def test_a_seed_without_a_value_is_counted_in_its_cell():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study, tmp_path):
     """--val-curve: per setting, the validation loss each seed logged (metrics.jsonl), mean ± t-interval."""
     _, study_dir, *_ = study
@@ -430,6 +443,7 @@ def test_compare_val_curve_tabulates_the_logged_validation_loss_over_seeds(study
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compare_val_curve_refuses_a_run_without_logged_validation_loss(cli, study, tmp_path):
     """Through the command line (in-process): a run whose metrics.jsonl has no val_loss is refused with one
     line naming the file."""
@@ -570,6 +584,7 @@ def test_paired_differences_against_a_baseline_instead_of_the_lowest():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_compare_baseline_through_the_command_line(study, tmp_path, capsys):
     _, study_dir, *_ = study
     runs = [str(study_dir / f"rope-s{seed}") for seed in (1, 2)]  # settings: rope, and rope yarn:4

@@ -321,6 +321,7 @@ TINY_TASKS = [
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_task_study_trains_each_task_scheme_and_seed_skips_what_is_done_and_compares(tmp_path):
     study_dir = tmp_path / "study"
     env = {**os.environ, "POSGPT_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}

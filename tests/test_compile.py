@@ -89,6 +89,7 @@ def test_every_scheme_compiles_as_one_graph_and_trains_as_eager(name):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_inductor_compiles_a_bias_scheme_and_trains_as_eager():
     assert_same_training("alibi", "inductor")
 

@@ -87,6 +87,7 @@ def measured(*overrides: str) -> dict:
     ],
     ids=["train-default", "train-alibi-256", "score-alibi-16x"],
 )
+@pytest.mark.e2e
 def test_predicted_memory_is_within_15_percent_of_the_measured_peak(overrides):
     """bench/results/2026-11-24-cpu-2core-estimate.json: 0.92-1.07 on this CPU with 1 or 2 threads."""
     result = measured(*overrides)

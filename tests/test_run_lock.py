@@ -147,6 +147,7 @@ def test_torchrun_is_refused_on_every_rank(cli, finished_run):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_one_training_per_run_directory_and_resume_after_kill_9(cli, tmp_path):
     run_dir = tmp_path / "run"
     first = cli.start_train(run_dir, "train.max_steps=100000", "train.checkpoint_every=5")
