@@ -20,18 +20,21 @@ field) are counted: more than half of them is refused, fewer are skipped with a 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import sysconfig
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.errors import PosGPTError
+from core.errors import PosGPTError, first_line
 from core.files import not_utf8, read_user_text
 from data.config import DataConfig, is_url, loader_for, resolve_cache_dir
 
@@ -223,14 +226,31 @@ def _load_table(cfg: DataConfig, loader: str, files: list[str]) -> datasets.Data
     # sample_by="document": a whole .txt file is one document, not one per line.
     options = {"sample_by": "document"} if loader == "text" else {}
     try:
-        return datasets.load_dataset(loader, data_files=files, split="train", cache_dir=str(cache_dir), **options)
+        with _quiet(datasets):
+            return datasets.load_dataset(loader, data_files=files, split="train", cache_dir=str(cache_dir), **options)
     except ImportError as e:  # datasets reads URLs through fsspec's HTTP filesystem, without installing it
         raise PosGPTError(
             f"data.files: reading URLs needs aiohttp ({e}): pip install aiohttp, or download the file "
             "and list its local path"
         ) from e
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:  # ValueError: pyarrow's ArrowInvalid
-        raise PosGPTError(f"data.files: could not read {', '.join(files)} ({e}); fix or drop these files") from e
+        reason = first_line(e.__cause__ or e).split(": ", 1)[-1]  # "JSON parse error: ...", not datasets' wrapper
+        raise PosGPTError(f"data.files: could not read {', '.join(files)} ({reason}); fix or drop these files") from e
+
+
+@contextlib.contextmanager
+def _quiet(datasets: types.ModuleType) -> Iterator[None]:
+    """datasets' progress bar and its logged errors off while it reads the files: for a file it cannot read, they
+    stood above posgpt's one line, which names the file and the reason itself."""
+    bars, verbosity = datasets.utils.logging.is_progress_bar_enabled(), datasets.utils.logging.get_verbosity()
+    datasets.utils.logging.disable_progress_bar()
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.utils.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.utils.logging.enable_progress_bar()
 
 
 def _hub_corpus(cfg: DataConfig) -> Corpus:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fuzz_cli
 import pytest
+from cli_runs import assert_one_line_error
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
@@ -148,3 +149,14 @@ def test_a_run_directory_no_file_can_have_is_one_line_without_hydras_warning(tmp
     outcome = fuzz_cli.run_in_process("train.py", ["pe=learned", f"hydra.run.dir={too_long}"], tmp_path)
     assert outcome.code == 2 and outcome.stderr.startswith("error: "), outcome.stderr
     assert len(outcome.stderr.strip().splitlines()) == 1, outcome.stderr
+
+
+@pytest.mark.slow  # imports datasets (pyarrow, pandas)
+def test_a_data_file_datasets_cannot_read_is_one_line_without_its_progress_bar(cli, tmp_path):
+    """data.files=[<truncated JSON>]: datasets' "Generating train split: 0 examples" bar and its logged "Failed to
+    load JSON ..." stood above the error line (found by the fuzzer through eval.py, shrunk to this case); the
+    line now gives pyarrow's reason instead of datasets' "An error occurred while generating the dataset"."""
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text('{"pe": "x", "results": [')
+    done = cli.train_here(tmp_path / "run", f"data.files=[{garbage}]")
+    assert_one_line_error(done, f"data.files: could not read {garbage} (JSON parse error: Invalid value. in row 0)")
