@@ -39,8 +39,9 @@ from core.tracking import init_wandb
 from data import eval_tokens
 from data.tasks import NO_TASK
 from evaluation.checks import check_eval_settings
+from evaluation.context import EvalContext
 from evaluation.report import CSV_FILE, JSON_FILE
-from evaluation.run import PER_POSITION_PLOT, PPL_PLOT, run_extrapolation_eval
+from evaluation.run import PER_POSITION_PLOT, PPL_PLOT, evaluate_run
 from experiment.build import load_trained_run, parse_run_dir
 
 USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
@@ -74,17 +75,10 @@ def evaluate(run_dir: Path, overrides: list[str]) -> None:
         f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
         flush=True,
     )
-    run_extrapolation_eval(
-        cfg,
-        run.model,
-        val_tokens,
-        run.dir,
-        run.device,
-        run.dtype,
-        checkpoint["config"],
-        wandb_run,
-        step=checkpoint["step"],
+    context = EvalContext.of(
+        cfg, run.model, run.dir, run.device, run.dtype, checkpoint["config"], checkpoint["step"], wandb_run
     )
+    evaluate_run(context, val_tokens)
     if wandb_run is not None:
         wandb_run.finish()
 

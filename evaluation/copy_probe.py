@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,9 +45,8 @@ from core.errors import PosGPTError
 from core.runtime import autocast
 from data import EOT_TOKEN, TokenArray, describe_corpus, load_split
 from data.tasks import held_out_seed
-from evaluation.run import variation_fields
+from evaluation.context import EvalContext
 from evaluation.tasks import examples_for, wilson_interval, write_task_results
-from experiment.config import eval_lengths
 
 NAME = "copy_probe"
 COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
@@ -136,20 +134,14 @@ def probe_candidates(cfg: DictConfig, vocab: int) -> torch.Tensor:
 
 
 def probe_length(
-    cfg: DictConfig,
-    model: torch.nn.Module,
-    tokens: TokenArray,
-    candidates: torch.Tensor,
-    fields: dict[str, Any],
-    distances: list[int],
-    device: torch.device,
-    dtype: torch.dtype,
+    ctx: EvalContext, tokens: TokenArray, candidates: torch.Tensor, fields: dict[str, Any], distances: list[int]
 ) -> list[dict[str, Any]]:
     """The rows of one length, a distance each, each starting with ``fields`` (what every row of the length
     records: its length, variation and provenance). One draw of windows and spans serves every distance, so its
     control is scored once and the distances are compared on the same text."""
-    length, span, n = fields["length"], cfg.eval.copy_span, examples_for(cfg.eval.task_half_width)
-    seed = held_out_seed(cfg.train.seed, f"{NAME}:{length}")
+    model, e = ctx.model, ctx.cfg.eval
+    length, span, n = fields["length"], e.copy_span, examples_for(e.task_half_width)
+    seed = held_out_seed(ctx.cfg.train.seed, f"{NAME}:{length}")
     fields = {**fields, "seed": seed}
     reason = model.pe.beyond_reach(length)
     if reason is None and len(tokens) < length:
@@ -158,13 +150,13 @@ def probe_length(
         return [{**fields, "distance": d, "accuracy": None, "n": 0, "reason": reason} for d in distances]
     started = time.perf_counter()
     control = probe_windows(tokens, n, length, span, candidates, torch.Generator().manual_seed(seed))
-    *_, control_logprob = score_copies(model, control, span, cfg.eval.batch_tokens, device, dtype)
+    *_, control_logprob = score_copies(model, control, span, e.batch_tokens, ctx.device, ctx.dtype)
     control_seconds = (time.perf_counter() - started) / len(distances)  # shared by the length's cells
     rows = []
     for distance in distances:
         started = time.perf_counter()
         windows = with_first_copy(control, distance, span)
-        exact, right, logprob = score_copies(model, windows, span, cfg.eval.batch_tokens, device, dtype)
+        exact, right, logprob = score_copies(model, windows, span, e.batch_tokens, ctx.device, ctx.dtype)
         low, high = wilson_interval(exact, n)
         targets = n * (span - 1)
         rows.append(
@@ -186,38 +178,20 @@ def probe_length(
     return rows
 
 
-def run_copy_probe(
-    cfg: DictConfig,
-    model: torch.nn.Module,
-    tokens: TokenArray,
-    candidates: torch.Tensor,
-    run_dir: str | Path,
-    device: torch.device,
-    dtype: torch.dtype,
-    trained_config: dict[str, Any],
-    wandb_run=None,
-    step: int | None = None,
-) -> dict[str, Any]:
+def run_copy_probe(ctx: EvalContext, tokens: TokenArray, candidates: torch.Tensor) -> dict[str, Any]:
     """Every (variation, length, distance) cell, written with the task results (evaluation/tasks.py); the span is
     drawn from ``candidates`` (probe_candidates)."""
-    span, lengths, min_count = cfg.eval.copy_span, eval_lengths(cfg), cfg.eval.copy_min_count
+    cfg = ctx.cfg
+    span, min_count = cfg.eval.copy_span, cfg.eval.copy_min_count
     # what the rows scored; the probe's settings too, since rows of other settings stay in tasks.json beside them
-    provenance = {
-        "data": cfg.data.name,
-        "corpus": describe_corpus(cfg.data),
-        "split": tokens.name,
-        "copy_span": span,
-        "copy_min_count": min_count,
-        "copy_candidates": len(candidates),
-    }
-    rows = []
-    for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
-        setting = variation_fields(label, settings, cfg)
-        with model.pe.evaluated_with(settings):
-            for length in dict.fromkeys(lengths):
-                distances = [d - span for d in dict.fromkeys(lengths) if span < d <= length]
-                fields = {"task": NAME, "length": length, **setting, **provenance}
-                rows += probe_length(cfg, model, tokens, candidates, fields, distances, device, dtype)
-    extra = {"accuracy": "exact match of the repeat's tokens after its first (teacher forcing); 95% Wilson intervals"}
     probe = {"copy_span": span, "copy_min_count": min_count, "copy_candidates": len(candidates)}
-    return write_task_results(cfg, NAME, rows, {**extra, **probe}, run_dir, trained_config, wandb_run, step)
+    provenance = {"data": cfg.data.name, "corpus": describe_corpus(cfg.data), "split": tokens.name, **probe}
+    lengths = list(dict.fromkeys(ctx.lengths))
+    rows = []
+    for _, setting in ctx.variations():
+        for length in lengths:
+            distances = [d - span for d in lengths if span < d <= length]
+            fields = {"task": NAME, "length": length, **setting, **provenance}
+            rows += probe_length(ctx, tokens, candidates, fields, distances)
+    extra = {"accuracy": "exact match of the repeat's tokens after its first (teacher forcing); 95% Wilson intervals"}
+    return write_task_results(ctx, NAME, rows, {**extra, **probe})

@@ -1,4 +1,6 @@
-"""Run the extrapolation evaluation of a model and write its reports (called by train.py's loop and eval.py).
+"""Evaluate a trained run and write its reports: ``evaluate_run(ctx, val_tokens)``, called by eval.py and at the
+end of training with the run's context (evaluation/context.py). A task run is scored by evaluation/tasks.py; a
+language-model run by perplexity here, then by the probes of eval.tasks (evaluation/copy_probe.py).
 
 Outputs, in ``<run_dir>/eval/``:
     extrapolation.json   every result row, accumulated over evaluations of this checkpoint (see report.py)
@@ -16,18 +18,16 @@ scored at all.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
-
-import torch
-from omegaconf import DictConfig
 
 from core.errors import PosGPTError
 from core.rundir import EVAL_DIR
 from data import TokenArray, describe_corpus
 from data.tasks import NO_TASK
+from evaluation.context import EvalContext
+from evaluation.copy_probe import probe_candidates, run_copy_probe
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
 from evaluation.report import (
@@ -44,110 +44,88 @@ from evaluation.report import (
     write_csv,
     write_results,
 )
-from experiment.config import eval_lengths
+from evaluation.tasks import run_task_eval
 from model.attention import resolve_layer_backends
-from model.temperature import temperature_settings
 
 PPL_PLOT = "ppl_vs_length.png"
 PER_POSITION_PLOT = "per_position.png"
 
 
-def as_plain(value: Any) -> Any:
-    """A setting's value as JSON can hold it (a dataclass, such as a scheme's nested config, becomes a dict)."""
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+def evaluate_run(ctx: EvalContext, val_tokens: TokenArray | None) -> dict[str, Any]:
+    """The run's evaluation: a task run's accuracy by length (evaluation/tasks.py); a language-model run's
+    perplexity on ``val_tokens`` by length and protocol, then the probes of eval.tasks. Returns the document written
+    last."""
+    if ctx.cfg.task.name != NO_TASK:
+        return run_task_eval(ctx)
+    # zero-shot probes (eval.tasks=[copy_probe]): their settings are checked before any scoring
+    candidates = probe_candidates(ctx.cfg, ctx.model.vocab_size) if ctx.cfg.eval.tasks else None
+    document = run_extrapolation_eval(ctx, val_tokens)
+    if candidates is not None:
+        document = run_copy_probe(ctx, val_tokens, candidates)
+    return document
 
 
-def variation_fields(label: str, settings: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
-    """What a result row (perplexity, task, copy probe) records of what its model was evaluated with besides its
-    weights: the scheme's evaluation-time variation (its label and settings) and the attention temperature."""
-    return {
-        "variation": label,
-        "variation_settings": {name: as_plain(value) for name, value in settings.items()},
-        "attn_temperature": temperature_settings(cfg.model.attn_temperature),
-    }
-
-
-def run_extrapolation_eval(
-    cfg: DictConfig,
-    model: torch.nn.Module,
-    val_tokens: TokenArray,
-    run_dir: str | Path,
-    device: torch.device,
-    dtype: torch.dtype,
-    trained_config: dict[str, Any],
-    wandb_run=None,
-    step: int | None = None,
-) -> dict[str, Any]:
-    """Evaluate, merge into ``<run_dir>/eval/extrapolation.json``, write the CSV and plots, log to W&B.
-
-    ``trained_config`` is the checkpoint's config (what the weights were trained with; ``cfg`` may differ in
-    what an evaluation may change, e.g. the data), recorded in the document. ``step`` is the checkpoint's
-    training step (None: training just ended, at ``train.max_steps``).
-    """
-    if cfg.task.name != NO_TASK:  # a task run: accuracy by length instead of perplexity
-        from evaluation.tasks import run_task_eval
-
-        return run_task_eval(cfg, model, run_dir, device, dtype, trained_config, wandb_run, step)
-    if cfg.eval.tasks:  # zero-shot probes (eval.tasks=[copy_probe]): their settings are checked before any scoring
-        from evaluation.copy_probe import probe_candidates, run_copy_probe
-
-        candidates = probe_candidates(cfg, model.vocab_size)
-    rows = []
-    # The scheme's evaluation-time variations (eval.variations, else the run as configured); [("", {})] for most.
-    for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
-        with model.pe.evaluated_with(settings):
-            backend = resolve_layer_backends(cfg.model.attn_backend, model.pe, device)  # a variation may change it
-            new_rows = evaluate_extrapolation(
-                model,
-                val_tokens,
-                eval_lengths(cfg),
-                list(cfg.eval.protocols),
-                cfg.eval.stride,
-                cfg.eval.max_tokens,
-                cfg.eval.batch_tokens,
-                device,
-                dtype,
-                progress=cfg.logging.progress,
-                description=label,
-                sinks=cfg.eval.streaming_sinks,
-            )
-        setting = {
-            **variation_fields(label, settings, cfg),
-            "data": cfg.data.name,
-            "corpus": describe_corpus(cfg.data),
-            "split": val_tokens.name,
-            "split_digest": val_tokens.digest,
-            "attn_backend": backend,
-            "dtype": str(dtype).removeprefix("torch."),
-        }
-        rows += [
-            {"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r} for r in new_rows
-        ]
+def run_extrapolation_eval(ctx: EvalContext, val_tokens: TokenArray) -> dict[str, Any]:
+    """Score perplexity by length and protocol, merge into ``<run_dir>/eval/extrapolation.json``, write the CSV
+    and plots, log to W&B."""
+    rows = score_perplexity(ctx, val_tokens)
     if all(row_ppl(row) is None for row in rows):
         shortest = min(rows, key=lambda row: row["length"])
         print(
-            f"eval: nothing could be scored on {cfg.data.name} ({val_tokens.name} split, {len(val_tokens):,} "
+            f"eval: nothing could be scored on {ctx.cfg.data.name} ({val_tokens.name} split, {len(val_tokens):,} "
             f"tokens); at the shortest length, {shortest['length']}: {shortest['reason']}",
             flush=True,
         )
-    step = cfg.train.max_steps if step is None else step
+    cfg = ctx.cfg
     document = results_document(
-        cfg.pe.name, cfg.train.seq_len, rows, step=step, data=cfg.data.name, config=trained_config
+        cfg.pe.name, cfg.train.seq_len, rows, step=ctx.step, data=cfg.data.name, config=ctx.trained_config
     )
-    eval_dir = Path(run_dir) / EVAL_DIR
-    document, replaced = merge_documents(read_results(eval_dir), document)
+    document, replaced = merge_documents(read_results(ctx.eval_dir), document)
     if replaced:
         print(f"eval: {replaced}", flush=True)
-    path = write_results(document, eval_dir)
-    write_csv(document, eval_dir / CSV_FILE)
-    plots = write_plots(document, eval_dir, cfg.eval.per_position_plot_lengths)
+    path = write_results(document, ctx.eval_dir)
+    write_csv(document, ctx.eval_dir / CSV_FILE)
+    plots = write_plots(document, ctx.eval_dir, cfg.eval.per_position_plot_lengths)
     print(format_table(document), flush=True)
     print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
-    if wandb_run is not None:
-        _log_to_wandb(wandb_run, document, plots)
-    if cfg.eval.tasks:
-        run_copy_probe(cfg, model, val_tokens, candidates, run_dir, device, dtype, trained_config, wandb_run, step)
+    if ctx.wandb_run is not None:
+        _log_to_wandb(ctx.wandb_run, document, plots)
     return document
+
+
+def score_perplexity(ctx: EvalContext, val_tokens: TokenArray) -> list[dict[str, Any]]:
+    """Rows for every evaluation-time variation, length and protocol, each recording what it scored (the corpus
+    by content, the split) and what computed it (the attention backend that ran, the dtype)."""
+    cfg, e = ctx.cfg, ctx.cfg.eval
+    provenance = {
+        "data": cfg.data.name,
+        "corpus": describe_corpus(cfg.data),
+        "split": val_tokens.name,
+        "split_digest": val_tokens.digest,
+    }
+    dtype = str(ctx.dtype).removeprefix("torch.")
+    rows = []
+    for label, fields in ctx.variations():
+        backend = resolve_layer_backends(cfg.model.attn_backend, ctx.model.pe, ctx.device)  # a variation may change it
+        scored = evaluate_extrapolation(
+            ctx.model,
+            val_tokens,
+            ctx.lengths,
+            list(e.protocols),
+            e.stride,
+            e.max_tokens,
+            e.batch_tokens,
+            ctx.device,
+            ctx.dtype,
+            progress=ctx.progress,
+            description=label,
+            sinks=e.streaming_sinks,
+        )
+        setting = {**fields, **provenance, "attn_backend": backend, "dtype": dtype}
+        rows += [
+            {"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r} for r in scored
+        ]
+    return rows
 
 
 def load_run_results(run_dir: Path) -> dict[str, Any]:

@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from core.runtime import autocast
 from data.tasks import Task, build_task, held_out_seed
+from evaluation.context import EvalContext
 from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap
 from evaluation.report import condition_label, length_header, merge_documents, render_table, write_results
-from evaluation.run import EVAL_DIR, variation_fields
-from experiment.config import eval_lengths
 from model.temperature import temperature_label
 
 JSON_FILE = "tasks.json"
@@ -146,29 +145,27 @@ def evaluate_cell(
     }
 
 
-def evaluate_task(
-    cfg: DictConfig, model: torch.nn.Module, task: Task, device: torch.device, dtype: torch.dtype
-) -> list[dict[str, Any]]:
-    """Rows for every evaluation-time variation of the scheme (as evaluation/run.py), length and cell."""
-    n = examples_for(cfg.eval.task_half_width)
+def evaluate_task(ctx: EvalContext, task: Task) -> list[dict[str, Any]]:
+    """Rows for every evaluation-time variation of the scheme (as perplexity's), length and cell."""
+    e = ctx.cfg.eval
+    n = examples_for(e.task_half_width)
     rows = []
-    for label, settings in model.pe.eval_variations(list(cfg.eval.variations or [])):
-        setting = variation_fields(label, settings, cfg)
-        with model.pe.evaluated_with(settings):
-            for length in dict.fromkeys(eval_lengths(cfg)):
-                for cell in cells(task, list(cfg.eval.task_depths)):
-                    seed = held_out_seed(cfg.train.seed, f"eval:{length}:{json.dumps(cell, sort_keys=True)}")
-                    row = {"task": task.name, "length": length, "depth": cell.get("depth"), **setting}
-                    row.update(seed=seed, split="held-out")
-                    if reason := model.pe.beyond_reach(length):  # as perplexity: not evaluable there
-                        row.update(accuracy=None, n=0, reason=reason)
-                    else:
-                        row.update(
-                            evaluate_cell(model, task, length, cell, n, seed, cfg.eval.batch_tokens, device, dtype)
-                        )
-                    rows.append(row)
-                    if cfg.logging.progress:
-                        print(f"eval: {task.name} {label} L={length} {cell or ''}: {_cell_text(row)}", flush=True)
+    for label, setting in ctx.variations():
+        for length in dict.fromkeys(ctx.lengths):
+            for cell in cells(task, list(e.task_depths)):
+                seed = held_out_seed(ctx.cfg.train.seed, f"eval:{length}:{json.dumps(cell, sort_keys=True)}")
+                row = {"task": task.name, "length": length, "depth": cell.get("depth"), **setting}
+                row.update(seed=seed, split="held-out")
+                if reason := ctx.model.pe.beyond_reach(length):  # as perplexity: not evaluable there
+                    row.update(accuracy=None, n=0, reason=reason)
+                else:
+                    scored = evaluate_cell(
+                        ctx.model, task, length, cell, n, seed, e.batch_tokens, ctx.device, ctx.dtype
+                    )
+                    row.update(scored)
+                rows.append(row)
+                if ctx.progress:
+                    print(f"eval: {task.name} {label} L={length} {cell or ''}: {_cell_text(row)}", flush=True)
     return rows
 
 
@@ -232,58 +229,42 @@ def variation(row: dict[str, Any]) -> str:
     return condition_label(row)
 
 
-def run_task_eval(
-    cfg: DictConfig,
-    model: torch.nn.Module,
-    run_dir: str | Path,
-    device: torch.device,
-    dtype: torch.dtype,
-    trained_config: dict[str, Any],
-    wandb_run=None,
-    step: int | None = None,
-) -> dict[str, Any]:
+def run_task_eval(ctx: EvalContext) -> dict[str, Any]:
     """Evaluate the run's task, then :func:`write_task_results`."""
-    model.eval()
-    task = build_task(OmegaConf.to_object(cfg.task))
-    rows = evaluate_task(cfg, model, task, device, dtype)
+    ctx.model.eval()
+    task = build_task(OmegaConf.to_object(ctx.cfg.task))
+    rows = evaluate_task(ctx, task)
     accuracy = "exact match of all answer tokens, greedy under teacher forcing; 95% Wilson intervals"
-    extra = {"task_config": OmegaConf.to_container(cfg.task), "accuracy": accuracy}
-    return write_task_results(cfg, task.name, rows, extra, run_dir, trained_config, wandb_run, step)
+    extra = {"task_config": OmegaConf.to_container(ctx.cfg.task), "accuracy": accuracy}
+    return write_task_results(ctx, task.name, rows, extra)
 
 
 def write_task_results(
-    cfg: DictConfig,
-    name: str,
-    rows: list[dict[str, Any]],
-    extra: dict[str, Any],
-    run_dir: str | Path,
-    trained_config: dict[str, Any],
-    wandb_run=None,
-    step: int | None = None,
+    ctx: EvalContext, name: str, rows: list[dict[str, Any]], extra: dict[str, Any]
 ) -> dict[str, Any]:
     """Merge rows into ``<run_dir>/eval/tasks.json``, write the CSV and plots, print the table, log to W&B."""
+    cfg = ctx.cfg
     document = {
         "task": name,
         "pe": cfg.pe.name,
         "train_seq_len": cfg.train.seq_len,
-        "step": cfg.train.max_steps if step is None else step,
+        "step": ctx.step,
         **extra,
-        "config": trained_config,
+        "config": ctx.trained_config,
         "results": rows,
     }
-    eval_dir = Path(run_dir) / EVAL_DIR
-    document, replaced = merge_documents(read_task_results(eval_dir), document, key=row_key, sort=sort_key)
+    document, replaced = merge_documents(read_task_results(ctx.eval_dir), document, key=row_key, sort=sort_key)
     if replaced:
         print(f"eval: {replaced}", flush=True)
     document["threshold"] = cfg.eval.task_threshold
     document["effective_length"] = effective_lengths(document["results"], cfg.eval.task_threshold)
-    path = write_results(document, eval_dir, name=JSON_FILE)
-    write_csv(document, eval_dir / CSV_FILE)
-    plots = write_plots(document, eval_dir)
+    path = write_results(document, ctx.eval_dir, name=JSON_FILE)
+    write_csv(document, ctx.eval_dir / CSV_FILE)
+    plots = write_plots(document, ctx.eval_dir)
     print(format_table(document), flush=True)
     print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
-    if wandb_run is not None:
-        _log_to_wandb(wandb_run, document, plots)
+    if ctx.wandb_run is not None:
+        _log_to_wandb(ctx.wandb_run, document, plots)
     return document
 
 

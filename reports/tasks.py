@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.files import atomic_write
+from data.tasks import TASKS
 from evaluation.plots import Series
 from evaluation.report import length_header
 from evaluation.stats import Estimate, mean_ci
@@ -32,8 +33,11 @@ def task_identity(row: dict[str, Any], document: dict[str, Any]) -> str:
     """What a task row measured besides its length, grid cell and variation, in words: the task and its settings
     (a task run's, as trained: "passkey (filler_len=5, key_len=4, n_symbols=10)"), and for the copy probe the span
     and the text it was written into (data, corpus, split). Rows of different identities are never pooled nor
-    compared: a passkey run with another key_len is another table."""
-    settings = {key: value for key, value in (document.get("task_config") or {}).items() if key != "name"}
+    compared: a passkey run with another key_len, or trained on other lengths, is another table."""
+    trained = document.get("task_config") or {}
+    task = TASKS.get(trained.get("name"))
+    # a setting added since the run was written reads as what the run was trained with (train_lengths=fixed)
+    settings = {**(task.legacy_values if task else {}), **{k: v for k, v in trained.items() if k != "name"}}
     if row.get("data") is not None:  # a probe of held-out text (every probe row records its text)
         # its settings (evaluation/tasks.py) other than their defaults (copy_min_count=0 draws from every token);
         # files from before 2026-11-24 record copy_span once, in the document

@@ -14,12 +14,13 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 from cli_runs import REPO, assert_one_line_error, load_script
 from omegaconf import DictConfig, OmegaConf
 from tiny_checkpoint import make_run
 
+from evaluation.context import EvalContext, variation_fields
 from evaluation.report import results_document, write_results
-from evaluation.run import variation_fields
 from evaluation.tasks import wilson_interval, write_task_results
 from experiment.compose import compose_config
 from reports.runs import load_runs
@@ -54,8 +55,10 @@ def config(seed: int, *overrides: str) -> DictConfig:
 
 def write(cfg: DictConfig, task: str, rows: list[dict], extra: dict, run_dir: Path, step: int | None = None) -> None:
     """evaluation/tasks.py's writer, as the evaluation calls it; its plots (not compare's input) left out, for speed."""
+    trained = OmegaConf.to_container(cfg, resolve=True)
+    context = EvalContext.of(cfg, None, run_dir, torch.device("cpu"), torch.float32, trained, step)  # no model: written
     with mock.patch("evaluation.tasks.write_plots", return_value={}):
-        write_task_results(cfg, task, rows, extra, run_dir, OmegaConf.to_container(cfg, resolve=True), step=step)
+        write_task_results(context, task, rows, extra)
 
 
 def task_run(
@@ -131,7 +134,7 @@ def three_seeds(tmp_path_factory) -> list[Path]:
 
 def test_cells_are_the_mean_and_t_interval_over_seeds_per_task_and_cell(three_seeds, tmp_path):
     report = report_of(three_seeds, tmp_path)
-    assert report.startswith("## Task: passkey (filler_len=5, key_len=4, n_symbols=10)\n")
+    assert report.startswith("## Task: passkey (filler_len=5, key_len=4, n_symbols=10, train_lengths=uniform)\n")
     # rope at 16: mean 0.8, s = 0.1, half-width t(0.975, 2) * 0.1 / sqrt(3) = 0.248; alibi: s = 0.2
     assert "| rope | 3 | **0.800 ± 0.248** | 0.400 ± 0.248 | n/a |" in report
     assert "| alibi | 3 | 0.650 ± 0.497 | **0.500 ± 0.248** | **0.100 ± 0.000** |" in report
@@ -183,7 +186,10 @@ def test_the_task_csv_holds_every_cell_with_its_seeds(three_seeds, tmp_path):
     with open(tmp_path / "c_tasks.csv") as f:
         lines = list(csv.DictReader(f))
     rope16 = next(line for line in lines if line["setting"] == "rope" and line["length"] == "16" and not line["depth"])
-    assert rope16["task"] == "passkey" and rope16["task_settings"] == "filler_len=5, key_len=4, n_symbols=10"
+    assert (
+        rope16["task"] == "passkey"
+        and rope16["task_settings"] == "filler_len=5, key_len=4, n_symbols=10, train_lengths=uniform"
+    )
     assert float(rope16["mean"]) == pytest.approx(0.8) and float(rope16["half_width"]) == pytest.approx(0.2484138)
     assert json.loads(rope16["values"]) == {"1": 0.9, "2": 0.8, "3": 0.7} and rope16["multiple"] == "1.0"
     rope64 = next(line for line in lines if line["setting"] == "rope" and line["length"] == "64")
@@ -196,14 +202,30 @@ def test_task_settings_are_never_pooled_nor_compared(tmp_path):
     runs = [task_run(tmp_path, "rope", seed, {16: 0.5 + seed / 10}) for seed in (1, 2)]
     runs += [task_run(tmp_path, "rope", seed, {16: 0.1 * seed}, "task.key_len=6") for seed in (1, 2)]
     report = report_of(runs, tmp_path)
-    four, six = report.split("## Task: passkey (filler_len=5, key_len=6, n_symbols=10)")
-    assert "## Task: passkey (filler_len=5, key_len=4, n_symbols=10)" in four
+    four, six = report.split("## Task: passkey (filler_len=5, key_len=6, n_symbols=10, train_lengths=uniform)")
+    assert "## Task: passkey (filler_len=5, key_len=4, n_symbols=10, train_lengths=uniform)" in four
     assert "| rope task.key_len=4 | 2 | **0.650 ± 0.635** |" in four and "key_len=6 |" not in four
     assert "| rope task.key_len=6 | 2 | **0.150 ± 0.635** |" in six
     twice = task_run(tmp_path / "again", "rope", 1, {16: 0.2})
     with pytest.raises(SystemExit) as exit_info:
         report_of([runs[0], twice], tmp_path)
     assert exit_info.value.code == 2
+
+
+def test_runs_trained_on_other_lengths_are_never_pooled_and_old_runs_read_as_fixed(tmp_path):
+    """A run written before task.train_lengths existed (its task_config lacks the key) trained at fixed length: its
+    table says so, apart from the runs trained on every length up to L."""
+    runs = [task_run(tmp_path, "rope", seed, {16: 0.5 + seed / 10}) for seed in (1, 2)]
+    old = [task_run(tmp_path / "old", "rope", seed, {16: 0.1 * seed}) for seed in (1, 2)]
+    for run_dir in old:
+        path = run_dir / "eval" / "tasks.json"
+        document = json.loads(path.read_text())
+        del document["task_config"]["train_lengths"], document["config"]["task"]["train_lengths"]
+        path.write_text(json.dumps(document))
+    report = report_of(runs + old, tmp_path)
+    uniform, fixed = report.split("## Task: passkey (filler_len=5, key_len=4, n_symbols=10, train_lengths=fixed)")
+    assert "## Task: passkey (filler_len=5, key_len=4, n_symbols=10, train_lengths=uniform)" in uniform
+    assert "| 2 | **0.650 ± 0.635** |" in uniform and "| 2 | **0.150 ± 0.635** |" in fixed
 
 
 def test_rows_evaluated_with_an_attention_temperature_are_rows_of_their_own(tmp_path):

@@ -16,9 +16,10 @@ from omegaconf import OmegaConf
 
 from data import DataConfig, load_splits
 from evaluation import plots
+from evaluation.context import EvalContext
 from evaluation.plots import Series, scheme_colour
 from evaluation.report import CSV_COLUMNS, format_ppl, format_table
-from evaluation.run import EVAL_DIR, per_position_rows, run_extrapolation_eval
+from evaluation.run import EVAL_DIR, evaluate_run, per_position_rows
 from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from model import ModelConfig
@@ -78,15 +79,9 @@ def config(pe=None, **eval_keys):
 
 def evaluate(cfg, tokens, run_dir, **kwargs):
     torch.manual_seed(0)
-    return run_extrapolation_eval(
-        cfg,
-        build_model(cfg).eval(),
-        tokens,
-        run_dir,
-        CPU,
-        torch.float32,
-        OmegaConf.to_container(cfg, resolve=True),
-        **kwargs,
+    trained = OmegaConf.to_container(cfg, resolve=True)
+    return evaluate_run(
+        EvalContext.of(cfg, build_model(cfg).eval(), run_dir, CPU, torch.float32, trained, **kwargs), tokens
     )
 
 

@@ -12,8 +12,9 @@ from omegaconf import OmegaConf
 
 from core.tracking import read_metrics
 from data import DataConfig, load_splits
+from evaluation.context import EvalContext
 from evaluation.report import format_table, group_by_scored, scored_identity
-from evaluation.run import EVAL_DIR, run_extrapolation_eval
+from evaluation.run import EVAL_DIR, evaluate_run
 from evaluation.stats import Estimate
 from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
@@ -71,14 +72,13 @@ def eval_config(pe=None, **eval_keys):
 
 
 def evaluate(tokens, run_dir, cfg=None, prepare=lambda model: None, **eval_keys):
-    """run_extrapolation_eval of a freshly initialised model (``prepare`` may alter it first)."""
+    """evaluate_run of a freshly initialised model (``prepare`` may alter it first)."""
     cfg = cfg or eval_config(**eval_keys)
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     prepare(model)
-    return run_extrapolation_eval(
-        cfg, model, tokens, run_dir, torch.device("cpu"), torch.float32, OmegaConf.to_container(cfg, resolve=True)
-    )
+    trained = OmegaConf.to_container(cfg, resolve=True)
+    return evaluate_run(EvalContext.of(cfg, model, run_dir, torch.device("cpu"), torch.float32, trained), tokens)
 
 
 def test_rows_record_what_they_scored_and_what_computed_them(corpus, tmp_path):

@@ -202,5 +202,5 @@ def test_init_from_fills_in_the_parents_length_for_llama3(tmp_path):
     parent_dir = make_run(tmp_path / "parent", corpus, "pe=rope")
     overrides = [*TINY, f"data.files=[{corpus}]", "pe=rope", f"train.init_from={parent_dir}", "train.seq_len=64"]
     cfg, parent = load_parent(compose_config([*overrides, "pe.scaling.type=llama3", "pe.scaling.factor=4"]))
-    parent.load_into(build_model(cfg))
+    parent.load_into(build_model(cfg), cfg.train.seq_len)
     assert cfg.pe.scaling.original_seq_len == 16

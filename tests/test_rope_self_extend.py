@@ -26,7 +26,7 @@ from rope_remap_cases import (
 from tiny_checkpoint import make_run
 
 from core.errors import PosGPTError
-from evaluation.run import as_plain
+from evaluation.context import as_plain
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import validate
@@ -262,7 +262,7 @@ def test_a_fine_tuned_child_keeps_its_own_remap_and_takes_nothing_from_its_paren
     remap = ["pe.remap.type=self_extend", "pe.remap.window=8", "pe.remap.group=2"]
     cfg, parent = load_parent(compose_config([*overrides, *remap]))
     model = build_model(cfg)
-    parent.load_into(model)
+    parent.load_into(model, cfg.train.seq_len)
     assert model.pe.cfg.remap == RoPERemapConfig("self_extend", 8, 2)
     assert cfg.pe.scaling.original_seq_len is None
     cfg, _ = load_parent(compose_config(overrides))

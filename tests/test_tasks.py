@@ -20,6 +20,7 @@ from data.tasks.flipflop import BOS, READ, WRITE, ZERO, FlipFlopConfig
 from data.tasks.mqar import MQARConfig
 from data.tasks.passkey import PasskeyConfig
 from evaluation import copy_probe
+from evaluation.context import EvalContext
 from evaluation.copy_probe import probe_windows, score_copies, span_candidates, with_first_copy
 from evaluation.tasks import (
     count_exact_matches,
@@ -468,7 +469,8 @@ def test_the_distances_of_a_length_share_their_windows_and_control(tmp_path):
     model = GPT(ModelConfig(n_embd=16, n_layer=1, n_head=2, vocab_size=300), RoPEConfig(), train_seq_len=32).eval()
     cfg = OmegaConf.create({"eval": {"copy_span": 6, "task_half_width": 0.3, "batch_tokens": 64}, "train": {"seed": 1}})
     tokens, candidates = shard(tmp_path, 300), span_candidates(300)
-    rows = copy_probe.probe_length(cfg, model, tokens, candidates, {"length": 32}, [10, 26], CPU, torch.float32)
+    context = EvalContext(cfg, model, tmp_path, CPU, torch.float32, trained_config={}, step=0, lengths=[16, 32])
+    rows = copy_probe.probe_length(context, tokens, candidates, {"length": 32}, [10, 26])
     assert [row["distance"] for row in rows] == [10, 26] and len({row["seed"] for row in rows}) == 1
     control = probe_windows(tokens, 11, 32, 6, candidates, torch.Generator().manual_seed(rows[0]["seed"]))
     *_, control_logprob = score_copies(model, control, 6, 64, CPU, torch.float32)
@@ -477,7 +479,7 @@ def test_the_distances_of_a_length_share_their_windows_and_control(tmp_path):
         assert row["n"] == 11 and row["correct"] == exact
         assert row["mean_logprob"] == pytest.approx(logprob / 55) and row["control_logprob"] == control_logprob / 55
     assert rows[0]["mean_logprob"] != rows[1]["mean_logprob"]  # the first copies differ
-    other = copy_probe.probe_length(cfg, model, tokens, candidates, {"length": 16}, [10], CPU, torch.float32)
+    other = copy_probe.probe_length(context, tokens, candidates, {"length": 16}, [10])
     assert other[0]["seed"] != rows[0]["seed"]  # another length, another draw
 
 

@@ -287,7 +287,8 @@ def _finish_trained(
 ) -> None:
     """Resuming a run that has trained all its steps, and whose end-of-training evaluation never finished (it was
     stopped, or it was stopped at the last step): run that evaluation."""
-    from evaluation.run import run_extrapolation_eval  # matplotlib (1 s): only when it is needed
+    from evaluation.context import EvalContext
+    from evaluation.run import evaluate_run  # matplotlib (1 s): only when it is needed
 
     step = checkpoint["step"]
     if dist.is_main:
@@ -298,8 +299,8 @@ def _finish_trained(
     val_tokens = _load_data(cfg, dist)["val"]  # the model holds the checkpoint's weights (_initial_model)
     if dist.is_main:
         wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"))
-        run_extrapolation_eval(
-            cfg, model, val_tokens, run_dir, device, dtype, checkpoint["config"], wandb_run, step=step
+        evaluate_run(
+            EvalContext.of(cfg, model, run_dir, device, dtype, checkpoint["config"], step, wandb_run), val_tokens
         )
         if wandb_run is not None:
             wandb_run.finish()
@@ -342,7 +343,8 @@ def _evaluate(
 ) -> None:
     """The extrapolation eval, on rank 0 alone: with FSDP it gets an unsharded copy of the model (the same
     memory eval.py needs)."""
-    from evaluation.run import run_extrapolation_eval  # imports matplotlib (1 s): only when it is needed
+    from evaluation.context import EvalContext
+    from evaluation.run import evaluate_run  # imports matplotlib (1 s): only when it is needed
 
     if dist.enabled and cfg.train.distributed == "fsdp":
         state, _ = distributed.full_state_dicts(model, optimizer)
@@ -351,9 +353,8 @@ def _evaluate(
             model.load_state_dict(state)
     if dist.is_main:
         # the config the checkpoints of this run hold (Checkpointer saves the same)
-        run_extrapolation_eval(
-            cfg, model, val_tokens, run_dir, device, dtype, OmegaConf.to_container(cfg, resolve=True), wandb_run
-        )
+        trained = OmegaConf.to_container(cfg, resolve=True)
+        evaluate_run(EvalContext.of(cfg, model, run_dir, device, dtype, trained, wandb_run=wandb_run), val_tokens)
 
 
 def _agreed_stop(
