@@ -3,7 +3,8 @@
     core  <  data, model  <  experiment  <  evaluation  <  training, reports  <  train.py, eval.py, sample.py, scripts/
 
 A module may import its own package and the packages of lower layers, nothing above or beside it; so there
-is no cycle between packages. Imports inside functions and under TYPE_CHECKING count too. model/ runs
+is no cycle between packages. Nor between the modules of one package: no module imports one that imports it
+back, directly or through others. Imports inside functions and under TYPE_CHECKING count too. model/ runs
 without Hydra, and the packages import matplotlib only where they draw.
 """
 
@@ -56,6 +57,62 @@ def test_every_package_is_checked():
 )
 def test_imports_go_down_the_layers(path, layer):
     assert layer_violations(path, layer) == []
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """Every module of the packages -> the modules of the packages it imports (``from a import b`` names the
+    module a.b where there is one, else a; an import of a.b.c that is not a module, its nearest module)."""
+    paths = {module_name(p, root): p for package in LAYERS for p in sorted((root / package).rglob("*.py"))}
+
+    def nearest(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(), str(path))
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {nearest(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found |= {nearest(f"{node.module}.{alias.name}") for alias in node.names}
+        graph[name] = found - {None, name}
+    return graph
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that reach each other through their imports (strongly connected, more than one)."""
+    reach = {name: set() for name in graph}
+    for start in graph:
+        todo = list(graph[start])
+        while todo:
+            name = todo.pop()
+            if name not in reach[start]:
+                reach[start].add(name)
+                todo += graph.get(name, ())
+    groups = {frozenset({a} | {b for b in reach[a] if a in reach[b]}) for a in graph}
+    return sorted(sorted(group) for group in groups if len(group) > 1)
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert module_cycles(module_graph()) == []
+
+
+def test_the_check_catches_a_cycle_through_a_function_level_import(tmp_path):
+    (tmp_path / "evaluation").mkdir()
+    (tmp_path / "evaluation" / "run.py").write_text("def f():\n    from evaluation.tasks import g\n")
+    (tmp_path / "evaluation" / "tasks.py").write_text("from evaluation import run\n")
+    (tmp_path / "evaluation" / "plots.py").write_text("import evaluation.run\n")
+    graph = module_graph(tmp_path)
+    assert graph["evaluation.plots"] == {"evaluation.run"}
+    assert module_cycles(graph) == [["evaluation.run", "evaluation.tasks"]]
 
 
 def test_model_runs_without_hydra():
