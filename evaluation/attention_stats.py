@@ -6,9 +6,9 @@ per layer and head, accumulated over evaluation windows of length T:
 
 - weight by distance: w_i(d) = p[i, i - d] for d = 0 .. i, so each row's weights sum to 1 over the distances
   it can see. The mean weight at distance d is the mean of w_i(d) over every query with i >= d; it is reported
-  in log-spaced bins of d (the mean over every (query, distance) pair in the bin). ALiBi's slope m_h shows as
-  a decay ~exp(-m_h d); a RoPE head that breaks past the training length shows as weight at distances it
-  never saw. The mean distance of a head, E_i[sum_d d w_i(d)], summarises the curve in one number.
+  in log-spaced bins of d (the mean over every (query, distance) pair in the bin). A linear distance penalty
+  of slope m_h shows as a decay ~exp(-m_h d); a head that breaks past the training length shows as weight at
+  distances it never saw. The mean distance of a head, E_i[sum_d d w_i(d)], summarises the curve in one number.
 - entropy by query position: H_i = -sum_j p[i, j] ln p[i, j] (nats), between 0 (one key) and ln(i + 1)
   (uniform over the i + 1 keys), in log-spaced bins of the 1-based position i + 1. Its growth with length
   dilutes attention; YaRN's temperature (rope_scaling.py) counteracts it.

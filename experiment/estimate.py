@@ -9,9 +9,10 @@ inputs are bf16): the two LayerNorm inputs and outputs (4C), q, k, v (3C, +2C ro
 that rotates), the attention output and its transpose (2C), the MLP's hidden layer before and after GELU
 (8C): 17C, 19C rotated. Attention itself keeps per layer: nothing more with flash SDPA or FlexAttention;
 the materialised bias mask on the sdpa path of a bias scheme (about B H T^2 / 2 values, query blocks skip
-the masked keys); the scores on the math path (CoPE: about MATH_SCORE_COPIES tensors of B H T^2).
+the masked keys); the scores on the math path (a scheme that counts positions from the scores keeps about
+MATH_SCORE_COPIES tensors of B H T^2).
 Each layer is counted with the scheme it runs (``PositionalEncoding.layer_schemes``: a per-layer pattern mixes
-them, e.g. ALiBi's mask in some layers and RoPE's rotated copies in others).
+them, e.g. a bias mask in some layers and rotated copies in others).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from model.loss import FUSED_CHUNK, NO_GRAD_CHUNK, use_fused
 from model.pe import PositionalEncoding
 
 MiB = 2**20
-# Tensors of B x H x T^2 the math path (CoPE) keeps per layer for backward: scores, gates, counted
-# positions, their floor, weight, the two gathered logits and the probabilities.
+# Tensors of B x H x T^2 the math path of a position-counting scheme keeps per layer for backward: scores,
+# gates, counted positions, their floor, weight, the two gathered logits and the probabilities.
 MATH_SCORE_COPIES = 8
 
 

@@ -5,16 +5,17 @@
 The new run takes the parent's model weights (``checkpoints/last.pt``, or the ``.pt`` file given) and nothing
 else: optimizer moments, learning-rate schedule, step, data position and RNG start afresh, as in the
 fine-tuning of Chen et al. 2023 (position interpolation, sec. 3) and Peng et al. 2023 (YaRN, sec. 4). It
-may train at a longer ``train.seq_len`` and, for RoPE, with a ``pe.scaling``.
+may train at a longer ``train.seq_len`` and, for a scheme that declares one, with an evaluation-time setting such
+as a frequency scaling (``pe.scaling``).
 
 What may differ from the parent: the training itself (``train.*``, ``data``, ``eval``, ``logging``), the
 model settings that do not change what the weights compute (``CHANGEABLE_MODEL_KEYS``) and the scheme's
-declared evaluation-time settings (``PositionalEncoding.eval_time_settings``: RoPE's ``scaling``).
+declared evaluation-time settings (``PositionalEncoding.eval_time_settings``, e.g. a rotary scheme's ``scaling``).
 Everything else of ``model.*`` and ``pe.*`` must match, or the run is refused with the key named. So is a
 parameter whose shape changes with ``train.seq_len``: a learned position table has no rows for positions it
 never trained, so it cannot be extended by fine-tuning.
 
-What the scheme takes from its parent is the scheme's to say (``PositionalEncoding.inherit``). RoPE's scalings
+What the scheme takes from its parent is the scheme's to say (``PositionalEncoding.inherit``). Frequency scalings
 take the length L its frequencies were learned at (model/pe/rope_scaling.py): a model trained at 64 and
 extended to 256 with factor 4 keeps L = 64, not 256, so a scaled child that leaves
 ``pe.scaling.original_seq_len`` null gets its parent's L, recorded in its checkpoint config, from which
