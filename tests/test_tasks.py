@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -15,10 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import PosGPTError
 from data import EOT_TOKEN, TokenArray, draw_batch
 from data.tasks import TASKS, build_task, held_out_seed
+from data.tasks.aggregation import AggregationConfig
 from data.tasks.copy import CopyConfig
 from data.tasks.flipflop import BOS, READ, WRITE, ZERO, FlipFlopConfig
 from data.tasks.mqar import MQARConfig
+from data.tasks.needles import NeedlesConfig
 from data.tasks.passkey import PasskeyConfig
+from data.tasks.vartrack import VarTrackConfig
 from evaluation import copy_probe
 from evaluation.context import EvalContext
 from evaluation.copy_probe import probe_windows, score_copies, span_candidates, with_first_copy
@@ -55,7 +59,7 @@ def test_every_task_is_registered_with_a_config_file():
         assert (CONFIG_DIR / "task" / f"{name}.yaml").exists(), name
 
 
-@pytest.mark.parametrize("name", ["passkey", "mqar", "copy", "flipflop"])
+@pytest.mark.parametrize("name", sorted(TASKS))
 @pytest.mark.parametrize("seq_len", [63, 64, 200])
 def test_format_shapes_vocabulary_and_answers(name, seq_len):
     task = build_task(TASKS[name].config_class())
@@ -182,6 +186,56 @@ def test_flipflop_reads_return_the_last_write():
                 elif op == READ:
                     assert bit == last
             assert torch.equal(mask[offset + 1 :: 2], ops == READ) and not mask[offset::2].any()
+
+
+def test_needles_answer_the_queried_keys_values_among_distractors():
+    cfg = NeedlesConfig(n_keys=3, n_values=2, n_symbols=6, n_key_symbols=5, filler_len=3)
+    task = build_task(cfg)
+    key_marker, query_marker = 6 + 5 + 3, 6 + 5 + 3 + 1
+    for length in (cfg.n_keys * 4 + 4, 47):
+        tokens, answer = task.generate(32, length, gen())
+        for row, mask in zip(tokens.tolist(), answer.tolist()):
+            assert row[-4] == query_marker and mask == [False] * (length - 2) + [True, True]
+            needles = {row[i + 1]: row[i + 2 : i + 4] for i in range(length - 4) if row[i] == key_marker}
+            assert len(needles) == 3 and all(6 <= key < 11 for key in needles)  # distinct keys, all intact
+            assert row[-2:] == needles[row[-3]]  # the queried key's values
+            fill = [t for i, t in enumerate(row[:-4]) if not any(s <= i < s + 4 for s in _starts(row, key_marker))]
+            assert set(fill) <= {11, 12, 13}
+
+
+def _starts(row: list[int], marker: int) -> list[int]:
+    return [i for i, token in enumerate(row) if token == marker]
+
+
+def test_vartrack_lists_every_variable_that_holds_the_queried_value():
+    cfg = VarTrackConfig(n_chains=3, n_hops=2, n_symbols=5, n_var_symbols=12, filler_len=2)
+    task = build_task(cfg)
+    let, query = 5 + 12 + 2, 5 + 12 + 2 + 1
+    for length in (task.min_length(), 80):
+        tokens, answer = task.generate(32, length, gen(1))
+        for row, mask in zip(tokens.tolist(), answer.tolist()):
+            assert row[-5] == query and sum(mask) == 3 and all(mask[-3:])
+            statements = [(row[i + 1], row[i + 2]) for i in _starts(row[:-5], let)]
+            assert len(statements) == 9 and len({target for target, _ in statements}) == 9
+            holds, value = [], row[-4]  # follow the assignments in order: who holds the value
+            for target, source in statements:
+                if source == value or source in holds:
+                    holds.append(target)
+            assert row[-3:] == holds
+
+
+def test_aggregation_answers_the_symbols_twice_as_frequent_in_ascending_order():
+    task = build_task(AggregationConfig(n_symbols=6, n_frequent=2))
+    for length in (task.min_length(), 100):
+        tokens, answer = task.generate(16, length, gen(2))
+        a = (length - 3) // (2 * 2 + 4)
+        for row, mask in zip(tokens.tolist(), answer.tolist()):
+            counts = Counter(row[:-3])
+            frequent = sorted(symbol for symbol in range(6) if counts[symbol] == 2 * a)
+            assert len(frequent) == 2 and all(counts[s] == a for s in range(6) if s not in frequent)
+            assert row[-3] == 7 and row[-2:] == frequent and mask == [False] * (length - 2) + [True, True]
+    with pytest.raises(PosGPTError, match="n_frequent"):
+        build_task(AggregationConfig(n_symbols=3, n_frequent=3))
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))

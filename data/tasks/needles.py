@@ -1,0 +1,84 @@
+"""Needle retrieval among distractors (RULER's multi-key and multi-value needles, Hsieh et al. 2024, §3.1): several
+key-value needles are hidden in filler; the query names one key, and all of its values must be repeated.
+
+    f f f KEY k_a v v f f KEY k_b v v f f f f ... f QUERY k_b v v
+                                                               ^^^ answer tokens: the queried key's values, in order
+
+- needles: n_keys distinct keys (from n_key_symbols), each followed by n_values values drawn uniformly from
+  n_symbols; n_keys > 1 is RULER's multi-key needle (the other keys are distractors), n_values > 1 its
+  multi-value needle (every value of the key must come back);
+- filler: one fixed "sentence" of filler_len distinct tokens repeated, as passkey's;
+- placement: the needles at random, non-overlapping places of the context, in any order; the queried needle
+  drawn uniformly among them. A longer instance has more filler between the needles (they stay the same).
+
+Vocabulary: values [0, n_symbols), keys [n_symbols, n_symbols + n_key_symbols), filler (filler_len), KEY, QUERY.
+Chance of an exact match: 1/n_keys choosing among the needles in context, n_symbols^-n_values guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from core.domain import domain
+from core.errors import PosGPTError
+from data.tasks.base import GeneratedTaskConfig, Task, random_ints
+
+
+@dataclass
+class NeedlesConfig(GeneratedTaskConfig):
+    name: str = "needles"
+    n_keys: int = domain(4, ge=1)  # needles in context: one queried, the others distractors
+    n_values: int = domain(2, ge=1)  # values per needle, all to be repeated
+    n_symbols: int = domain(10, ge=1)  # the values' alphabet
+    n_key_symbols: int = domain(16, ge=1)  # the keys' alphabet
+    filler_len: int = domain(5, ge=1)
+
+
+def non_overlapping_starts(batch: int, room: int, count: int, size: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, count) sorted starts of ``count`` blocks of ``size`` tokens at random in ``room`` tokens, none
+    overlapping: ``count`` distinct sorted offsets among room - count * (size - 1), each block shifting the next."""
+    free = room - count * (size - 1)
+    offsets = torch.rand(batch, free, generator=generator).argsort(dim=1)[:, :count].sort(dim=1).values
+    return offsets + torch.arange(count) * (size - 1)
+
+
+class Needles(Task):
+    name = "needles"
+    config_class = NeedlesConfig
+
+    def check(self) -> None:
+        super().check()
+        if self.cfg.n_keys > self.cfg.n_key_symbols:
+            raise PosGPTError(
+                f"task.n_keys={self.cfg.n_keys} distinct keys need task.n_key_symbols >= n_keys "
+                f"(got {self.cfg.n_key_symbols})"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        c = self.cfg
+        return c.n_symbols + c.n_key_symbols + c.filler_len + 2
+
+    def min_length(self, **cell: Any) -> int:
+        return (self.cfg.n_keys + 1) * (2 + self.cfg.n_values)
+
+    def generate(self, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        c, size = self.cfg, 2 + self.cfg.n_values
+        key_marker = c.n_symbols + c.n_key_symbols + c.filler_len
+        context = length - size  # the query and its answers close the instance
+        keys = c.n_symbols + torch.rand(batch, c.n_key_symbols, generator=generator).argsort(dim=1)[:, : c.n_keys]
+        values = random_ints(0, c.n_symbols, (batch, c.n_keys, c.n_values), generator)
+        starts = non_overlapping_starts(batch, context, c.n_keys, size, generator)
+        queried = random_ints(0, c.n_keys, (batch, 1), generator)
+        tokens = (c.n_symbols + c.n_key_symbols + torch.arange(length) % c.filler_len).repeat(batch, 1)
+        needles = torch.cat((torch.full((batch, c.n_keys, 1), key_marker), keys.unsqueeze(2), values), dim=2)
+        tokens.scatter_(1, (starts.unsqueeze(2) + torch.arange(size)).flatten(1), needles.flatten(1))
+        query = torch.cat((keys.gather(1, queried), values[torch.arange(batch), queried[:, 0]]), dim=1)
+        tokens[:, context] = key_marker + 1
+        tokens[:, context + 1 :] = query
+        answer = torch.zeros(batch, length, dtype=torch.bool)
+        answer[:, context + 2 :] = True
+        return tokens, answer
