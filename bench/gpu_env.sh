@@ -1,15 +1,15 @@
-# Sourced by the scripts that run on a GPU lease (bench/gpu_lease.sh, bench/gpu_study.sh,
-# results/induction-budget-gpu/run.sh): the packages of .gpu_site/ and, as the default corpus, the standard
-# library it carries from the machine that made it (`bash bench/gpu_study.sh --prepare` says why).
+# Sourced by the scripts that run on a GPU node (bench/gpu_table.sh, bench/gpu_study.sh,
+# results/induction-budget-gpu/run.sh). Where .offline_bundle/ exists (bench/offline_bundle.sh, for a node without
+# internet), it puts its packages on the path and reads the default corpus from the standard library it packed.
 # describe_machine prints the GPU and the versions; prepare_corpus refuses a corpus whose fingerprint is not the one
-# --prepare recorded, then tokenizes it once, before runs start beside each other; pack_finished_runs exports what
-# a lease finished.
+# the bundle recorded, then tokenizes it once, before runs start beside each other; pack_finished_runs exports the
+# runs that finished.
 export PYTHONUNBUFFERED=1
-export POSGPT_CACHE_DIR=/tmp/posgpt-cache
-[[ -d .gpu_site ]] && export PYTHONPATH=$PWD/.gpu_site
-if [[ -f .gpu_site/stdlib.tar.xz ]]; then
-    mkdir -p /tmp/lease-stdlib && tar -xJf .gpu_site/stdlib.tar.xz -C /tmp/lease-stdlib
-    export POSGPT_LEASE_STDLIB=/tmp/lease-stdlib
+export POSGPT_CACHE_DIR=${POSGPT_CACHE_DIR:-/tmp/posgpt-cache}
+[[ -d .offline_bundle ]] && export PYTHONPATH=$PWD/.offline_bundle${PYTHONPATH:+:$PYTHONPATH}
+if [[ -f .offline_bundle/stdlib.tar.xz ]]; then
+    mkdir -p /tmp/posgpt-stdlib && tar -xJf .offline_bundle/stdlib.tar.xz -C /tmp/posgpt-stdlib
+    export POSGPT_STDLIB_CORPUS=/tmp/posgpt-stdlib
 fi
 
 describe_machine() {
@@ -31,26 +31,27 @@ from data.sources import open_corpus
 cfg = DataConfig(name="python_stdlib", source="python_stdlib")
 fingerprint = open_corpus(cfg).fingerprint
 print("corpus fingerprint", fingerprint)
-made_beside = Path(".gpu_site/corpus_fingerprint")
-if made_beside.exists() and made_beside.read_text().strip() != fingerprint:
-    sys.exit(f"error: this corpus is not the one .gpu_site was made beside ({made_beside.read_text().strip()}): "
-             "the runs would train on other tokens; make .gpu_site again with bench/gpu_study.sh --prepare")
+packed = Path(".offline_bundle/corpus_fingerprint")
+if packed.exists() and packed.read_text().strip() != fingerprint:
+    sys.exit(f"error: this corpus is not the one .offline_bundle packed ({packed.read_text().strip()}): "
+             "the runs would train on other tokens; make the bundle again with bash bench/offline_bundle.sh")
 print({split: len(tokens) for split, tokens in load_splits(cfg).items()})
 EOF
 }
 
 # pack_finished_runs ARCHIVE LOGS RUN_DIR...: the runs that finished (their perplexity, or a task run's accuracy,
 # is written; one stopped by a time limit has neither, and scripts/export_results.py would refuse the whole list
-# for it) exported without checkpoints into /tmp/lease-export, with the *.log files of the folder LOGS, packed into
-# ARCHIVE.
+# for it) exported without checkpoints into runs/ of ARCHIVE, with the *.log files of the folder LOGS in runs/logs/.
 pack_finished_runs() {
-    local archive=$1 logs=$2 run finished=()
+    local archive=$1 logs=$2 run finished=() staging
     shift 2
     for run in "$@"; do
         [[ -f "$run/eval/extrapolation.json" || -f "$run/eval/tasks.json" ]] && finished+=("$run")
     done
     echo "finished runs: ${#finished[@]} of $#"
-    rm -rf /tmp/lease-export && mkdir -p /tmp/lease-export/logs && cp "$logs"/*.log /tmp/lease-export/logs/
-    [[ ${#finished[@]} -gt 0 ]] && python scripts/export_results.py "${finished[@]}" --to /tmp/lease-export
-    tar -czf "$archive" -C /tmp lease-export
+    staging=$(mktemp -d)
+    mkdir -p "$staging/runs/logs" && cp "$logs"/*.log "$staging/runs/logs/"
+    [[ ${#finished[@]} -gt 0 ]] && python scripts/export_results.py "${finished[@]}" --to "$staging/runs"
+    tar -czf "$archive" -C "$staging" runs
+    rm -rf "$staging"
 }

@@ -55,7 +55,7 @@ def test_scripts_put_the_repository_on_the_path_before_importing_it(path):
 
 
 def python_sources() -> list[Path]:
-    """Every posgpt source file but the tests (none under a hidden folder either: a .venv or .gpu_site is not ours)."""
+    """Every posgpt source file but the tests (none under a hidden folder either: a .venv or .offline_bundle is not ours)."""
     sources = []
     for path in sorted(REPO.rglob("*.py")):
         top = path.relative_to(REPO).parts[0]

@@ -3,7 +3,7 @@
 # 64, seed 1) with 32x its batch (256 sequences, 16,384 tokens a step), trained for each budget in STEPS on its own
 # cosine schedule, beside each other on one GPU, then scored with the copy probe (its README has the settings).
 #
-#   OUT=/some/dir bash results/induction-budget-gpu/run.sh           # on the GPU machine, carry [".gpu_site"]
+#   OUT=/some/dir bash results/induction-budget-gpu/run.sh           # on one GPU (offline: bench/README.md)
 #   STEPS="5 10" OUT=/tmp/x bash results/induction-budget-gpu/run.sh train.batch_size=4 train.device=cpu   # a check
 set -uo pipefail
 cd "$(dirname "$0")/../.."
