@@ -1,0 +1,169 @@
+"""Slim exported results (scripts/export_results.py) to what scripts/compare.py reads, in place: the files a study
+commits under results/.
+
+    python scripts/slim_results.py results/my-study/         # after export_results.py; a second run changes nothing
+    python scripts/slim_results.py --csv results/my-study/   # write the per-run CSVs back from the JSON
+
+Under each folder given, per run:
+
+- ``eval/extrapolation.json`` loses each row's ``per_position_loss`` (one loss per position, thousands of numbers
+  a row, that nothing in compare.py reads); ``per_position_bins``, which ``compare.py --per-position`` draws, stays.
+- ``eval/extrapolation.csv`` and ``eval/tasks.csv`` are removed: each is the JSON beside it, row for row
+  (evaluation/report.py and evaluation/tasks.py write them from it), and ``--csv`` writes them again. A CSV is
+  removed only once every value in it is checked to be the JSON's; one that is not is refused, and nothing is
+  written.
+- ``metrics.jsonl`` (and a study's ``*metrics.jsonl`` copied beside its runs) keeps, per logged step, the step, the
+  training loss and the validation loss (``compare.py --val-curve``), and every other record (each start's
+  attention backend and dtype, a fine-tuning's parent) whole; the learning rate (the config's schedule), the
+  gradient norm and the step timings (tokens/s, MFU) are dropped.
+"""
+
+from __future__ import annotations
+
+import _repo
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.cli import ArgumentParser, exit_on_user_error
+from core.errors import PosGPTError
+from core.files import atomic_write
+from evaluation.report import CSV_FILE, JSON_FILE, write_results
+from evaluation.report import csv_rows as extrapolation_rows
+from evaluation.report import write_csv as write_extrapolation_csv
+from evaluation.run import EVAL_DIR
+from evaluation.tasks import CSV_FILE as TASKS_CSV
+from evaluation.tasks import JSON_FILE as TASKS_JSON
+from evaluation.tasks import csv_rows as task_rows
+from evaluation.tasks import write_csv as write_task_csv
+
+DROPPED_ROW_KEYS = ("per_position_loss",)
+KEPT_STEP_KEYS = ("step", "train_loss", "val_loss")  # a logged step's record: what --val-curve and the READMEs read
+METRICS_GLOB = "*metrics.jsonl"
+Change = str | dict[str, Any] | None  # a file's new text, a results document to write, or None: remove the file
+# (the JSON, the CSV written from it, its rows as that CSV writes them, the writer)
+CSV_PAIRS = (
+    (JSON_FILE, CSV_FILE, extrapolation_rows, write_extrapolation_csv),
+    (TASKS_JSON, TASKS_CSV, task_rows, write_task_csv),
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", type=Path, help="folders of exported runs (a study under results/)")
+    parser.add_argument("--csv", action="store_true", help="only write each run's CSVs back from its JSON")
+    return parser.parse_args(argv)
+
+
+def slim_document(document: dict[str, Any]) -> dict[str, Any]:
+    """``extrapolation.json``'s document without the rows' per-position losses."""
+    rows = [{key: value for key, value in row.items() if key not in DROPPED_ROW_KEYS} for row in document["results"]]
+    return {**document, "results": rows}
+
+
+def slim_metrics(text: str) -> str:
+    """``metrics.jsonl`` with each logged step's record cut to KEPT_STEP_KEYS; other records (a start's backend and
+    dtype, a fine-tuning's parent) and blank lines as they are."""
+    lines = []
+    for line in text.splitlines():
+        record = json.loads(line) if line.strip() else None
+        if isinstance(record, dict) and "train_loss" in record:
+            line = json.dumps({key: record[key] for key in KEPT_STEP_KEYS if key in record})
+        lines.append(line)
+    return "".join(line + "\n" for line in lines)
+
+
+def _cell(value: Any) -> str:
+    """A value as csv.DictWriter writes it."""
+    return "" if value is None else str(value)
+
+
+def csv_problem(csv_path: Path, rows: list[dict[str, Any]], document: dict[str, Any]) -> str | None:
+    """Why ``csv_path`` is not the JSON's rows (``rows``, as today's writer writes them), or None when it holds
+    nothing more. A column today's writer no longer writes (a CSV of an older posgpt: ``scaling``, the label of
+    the row's ``scaling`` settings) must be a setting the JSON's row records."""
+    with open(csv_path, newline="") as f:
+        written = list(csv.DictReader(f))
+    if len(written) != len(rows):
+        return f"{len(written)} rows, the JSON has {len(rows)}"
+    for number, (old, new, source) in enumerate(zip(written, rows, document["results"]), start=2):
+        for column, value in old.items():
+            if column not in new:
+                if column not in source:
+                    return f"line {number}: column {column!r} is not in the JSON"
+            elif value != _cell(new[column]):
+                return f"line {number}: {column} is {value!r}, the JSON's is {_cell(new[column])!r}"
+    return None
+
+
+def plan_folder(folder: Path) -> dict[Path, Change]:
+    """What slimming ``folder`` writes: {path: its new text or document, or None to remove it}; refuses, naming the
+    file, a CSV that holds something its JSON does not."""
+    plan: dict[Path, Change] = {}
+    for json_name, csv_name, rows_of, _ in CSV_PAIRS:
+        for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{json_name}")):
+            document = json.loads(json_path.read_text())
+            csv_path = json_path.with_name(csv_name)
+            if csv_path.is_file():
+                problem = csv_problem(csv_path, rows_of(document), document)
+                if problem is not None:
+                    raise PosGPTError(f"{csv_path} is not {json_name} beside it ({problem}): nothing was written")
+                plan[csv_path] = None
+            if json_name == JSON_FILE and any(key in row for row in document["results"] for key in DROPPED_ROW_KEYS):
+                plan[json_path] = slim_document(document)
+    for metrics_path in sorted(folder.rglob(METRICS_GLOB)):
+        text = metrics_path.read_text()
+        slim = slim_metrics(text)
+        if slim != text:
+            plan[metrics_path] = slim
+    return plan
+
+
+def apply_plan(plan: dict[Path, Change]) -> None:
+    for path, change in plan.items():
+        if change is None:
+            path.unlink()
+        elif isinstance(change, dict):
+            write_results(change, path.parent, path.name)  # eval's layout (one row a line), atomically
+        else:
+            atomic_write(path, change)
+
+
+def write_csvs(folder: Path) -> list[Path]:
+    """Each run's CSVs written again from its JSON (today's columns)."""
+    written = []
+    for json_name, csv_name, _, write in CSV_PAIRS:
+        for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{json_name}")):
+            written.append(write(json.loads(json_path.read_text()), json_path.with_name(csv_name)))
+    return written
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    missing = [str(folder) for folder in args.folders if not folder.is_dir()]
+    if missing:
+        raise PosGPTError(f"no such folder: {', '.join(missing)}")
+    if args.csv:
+        for folder in args.folders:
+            print(f"slim_results: wrote {len(write_csvs(folder))} CSVs under {folder}", flush=True)
+        return
+    plans = {folder: plan_folder(folder) for folder in args.folders}  # every folder checked before any is written
+    for folder, plan in plans.items():
+        before = sum(path.stat().st_size for path in plan)
+        apply_plan(plan)
+        after = sum(path.stat().st_size for path in plan if path.exists())
+        removed = sum(text is None for text in plan.values())
+        print(
+            f"slim_results: {folder}: {len(plan) - removed} files slimmed, {removed} removed, "
+            f"{before:,} -> {after:,} bytes",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

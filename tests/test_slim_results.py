@@ -1,0 +1,141 @@
+"""scripts/slim_results.py keeps what scripts/compare.py reads and removes only what a command rebuilds; and
+results/ holds no code, no per-run CSV, no per-position losses and no figure that no page shows."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import slim_results
+from test_docs_links import PAGES, links
+
+from evaluation.report import write_csv, write_results
+from evaluation.tasks import write_csv as write_task_csv
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+ROW = {"length": 4, "protocol": "nonoverlapping", "stride": None, "variation": "", "data": "d", "tokens": 8}
+STEP = {"step": 10, "train_loss": 3.5, "lr": 0.001, "grad_norm": 0.5, "tokens_per_s": 900.0, "mfu": None}
+START = {"step": 0, "attn_backend": "sdpa", "dtype": "float32"}
+
+
+def extrapolation(rows: int = 2) -> dict:
+    bins = [{"positions": [1, 3], "loss": 2.0, "tokens": 4}, {"positions": [3, 5], "loss": 1.0, "tokens": 4}]
+    return {
+        "pe": "rope",
+        "train_seq_len": 4,
+        "step": 10,
+        "results": [
+            {
+                **ROW,
+                "length": 4 * (i + 1),
+                "loss": 1.5,
+                "ppl": 4.48,
+                "per_position_loss": [2.0, 2.0, 1.0, 1.0],
+                "per_position_bins": bins,
+            }
+            for i in range(rows)
+        ],
+    }
+
+
+def task_document() -> dict:
+    row = {"task": "passkey", "length": 4, "depth": None, "variation": "", "accuracy": 1.0, "n": 10, "correct": 10}
+    return {"task": "passkey", "pe": "rope", "train_seq_len": 4, "step": 10, "results": [row]}
+
+
+@pytest.fixture
+def study(tmp_path: Path) -> Path:
+    """A study as export_results.py writes it: a language-model run and a task run."""
+    lm, task = tmp_path / "study" / "rope-s1", tmp_path / "study" / "passkey-rope-s1"
+    write_results(extrapolation(), lm / "eval")
+    write_csv(extrapolation(), lm / "eval" / "extrapolation.csv")
+    (lm / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [START, STEP, {**STEP, "step": 20, "val_loss": 3.0}])
+    )
+    (task / "eval").mkdir(parents=True)
+    (task / "eval" / "tasks.json").write_text(json.dumps(task_document()))
+    write_task_csv(task_document(), task / "eval" / "tasks.csv")
+    return tmp_path / "study"
+
+
+def test_slimming_keeps_what_compare_reads_and_removes_what_a_command_rebuilds(study, capsys):
+    slim_results.main([str(study)])
+    document = json.loads((study / "rope-s1" / "eval" / "extrapolation.json").read_text())
+    expected = extrapolation()
+    for row in expected["results"]:
+        del row["per_position_loss"]
+    assert document == expected  # per_position_bins, which --per-position draws, kept
+    assert not (study / "rope-s1" / "eval" / "extrapolation.csv").exists()
+    assert not (study / "passkey-rope-s1" / "eval" / "tasks.csv").exists()
+    assert (study / "passkey-rope-s1" / "eval" / "tasks.json").read_text() == json.dumps(task_document())
+    metrics = [json.loads(line) for line in (study / "rope-s1" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == [START, {"step": 10, "train_loss": 3.5}, {"step": 20, "train_loss": 3.5, "val_loss": 3.0}]
+    assert "2 files slimmed, 2 removed" in capsys.readouterr().out
+
+
+def test_slimming_again_changes_nothing(study, capsys):
+    slim_results.main([str(study)])
+    files = {path: path.read_bytes() for path in study.rglob("*") if path.is_file()}
+    slim_results.main([str(study)])
+    assert {path: path.read_bytes() for path in study.rglob("*") if path.is_file()} == files
+    assert "0 files slimmed, 0 removed" in capsys.readouterr().out
+
+
+def test_csv_writes_the_removed_csvs_back_as_they_were(study):
+    written = {path: path.read_bytes() for path in study.rglob("*.csv")}
+    slim_results.main([str(study)])
+    slim_results.main(["--csv", str(study)])
+    assert {path: path.read_bytes() for path in study.rglob("*.csv")} == written
+
+
+def test_an_older_csvs_column_is_accepted_where_the_json_records_it(study):
+    """A CSV of an older posgpt has a column today's writer no longer writes (scaling): the row records it."""
+    path = study / "rope-s1" / "eval" / "extrapolation.json"
+    document = json.loads(path.read_text())
+    for row in document["results"]:
+        row["scaling"] = {"type": "none"}
+    write_results(document, path.parent)
+    csv_path = path.with_name("extrapolation.csv")
+    lines = csv_path.read_text().splitlines()
+    csv_path.write_text("".join(f"{line},{'scaling' if i == 0 else 'none'}\n" for i, line in enumerate(lines)))
+    slim_results.main([str(study)])
+    assert not csv_path.exists()
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda text: text.replace("4.48", "4.49", 1), "line 2: ppl is '4.49', the JSON's is '4.48'"),
+        (lambda text: text + text.splitlines()[1] + "\n", "3 rows, the JSON has 2"),
+        (lambda text: "".join(f"{line},x\n" for line in text.splitlines()), "column 'x' is not in the JSON"),
+    ],
+    ids=["a value", "a row", "a column"],
+)
+def test_a_csv_holding_more_than_its_json_is_refused_before_anything_is_written(study, capsys, edit, problem):
+    csv_path = study / "rope-s1" / "eval" / "extrapolation.csv"
+    csv_path.write_text(edit(csv_path.read_text()))
+    files = {path: path.read_bytes() for path in study.rglob("*") if path.is_file()}
+    with pytest.raises(SystemExit) as exit_info:
+        slim_results.main([str(study)])
+    assert exit_info.value.code == 2 and problem in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in study.rglob("*") if path.is_file()} == files
+
+
+def test_results_hold_no_code_no_run_csv_and_no_per_position_losses():
+    assert sorted(RESULTS.rglob("*.py")) == []
+    assert sorted(RESULTS.rglob("eval/*.csv")) == []
+    assert [p for p in RESULTS.rglob("eval/extrapolation.json") if "per_position_loss" in p.read_text()] == []
+    assert [
+        p for p in RESULTS.rglob("*metrics.jsonl") if re.search(r'"(lr|grad_norm|tokens_per_s|mfu)"', p.read_text())
+    ] == []
+
+
+def test_every_figure_under_results_is_shown_by_a_page():
+    """A figure compare.py redraws is committed only where a page shows it (each study's README gives the command)."""
+    shown = {
+        (page.parent / target.partition("#")[0]).resolve()
+        for page in PAGES
+        for target in links(page)
+        if not re.match(r"[a-z]+:", target)
+    }
+    assert sorted(str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*.png") if p.resolve() not in shown) == []
