@@ -16,10 +16,12 @@ What makes a run safe to stop, kill and continue:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -166,12 +168,10 @@ def _check_batch(t: DictConfig, dist: distributed.DistInfo) -> None:
 
 
 def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distributed.DistInfo) -> int | None:
-    t = cfg.train
-    _check_batch(t, dist)
-    device, dtype = set_up_runtime(t, local_rank=dist.local_rank if dist.enabled else None)
+    _check_batch(cfg.train, dist)
+    device, dtype = set_up_runtime(cfg.train, local_rank=dist.local_rank if dist.enabled else None)
     cfg, raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
-    t = cfg.train
-    finished = checkpoint is not None and checkpoint["step"] >= t.max_steps
+    finished = checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
     if finished and _nothing_to_do(cfg, run_dir, checkpoint, dist):
         return None  # and nothing was written
     # Every check has passed: only now does this command write into the run directory.
@@ -185,13 +185,91 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     splits = _load_data(cfg, dist)
     if cfg.task.name == NO_TASK:
         checkpointer.track_corpus(splits, checkpoint, cfg.data)
+    loop = _set_up_loop(cfg, run_dir, raw_model, checkpoint, parent, checkpointer, splits, dist, device, dtype)
+    step, stopped_by = _run_loop(loop)
+
+    if stopped_by is not None and dist.is_main:
+        print(
+            f"train: stopped by {signal.Signals(stopped_by).name} at step {step}; checkpoint saved. "
+            "Continue with train.resume=true",
+            flush=True,
+        )
+    elif stopped_by is None and cfg.train.eval_after:
+        _evaluate(cfg, raw_model, loop.optimizer, splits["val"], run_dir, device, dtype, dist, loop.window.wandb_run)
+    loop.window.finish()
+    return stopped_by
+
+
+@dataclasses.dataclass
+class _Loop:
+    """What the training steps use, built once every check has passed and the data is loaded."""
+
+    cfg: DictConfig
+    dist: distributed.DistInfo
+    device: torch.device
+    dtype: torch.dtype
+    checkpointer: Checkpointer
+    raw_model: GPT  # the weights the checkpoints hold, unwrapped and uncompiled
+    eager: torch.nn.Module  # raw_model as the processes share it (DDP, FSDP), uncompiled
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    batches: BatchStream
+    step_fn: TrainStep
+    window: MetricsWindow
+    val_tokens: Any
+    start_step: int
+
+
+def _set_up_loop(
+    cfg: DictConfig,
+    run_dir: Path,
+    raw_model: GPT,
+    checkpoint: dict | None,
+    parent: Parent | None,
+    checkpointer: Checkpointer,
+    splits: dict,
+    dist: distributed.DistInfo,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> _Loop:
+    """The optimizer, schedule, batches and metrics, restored from the checkpoint when resuming."""
+    t = cfg.train
     eager = distributed.wrap_model(raw_model, dist, t.distributed, device)
     optimizer = build_optimizer(raw_model, t, device)
     scheduler = build_scheduler(optimizer, t)
     start_step = checkpointer.restore(checkpoint, raw_model, optimizer, scheduler) if checkpoint else 0
-    compiling = compile_enabled(t.compile, device.type)
-    batches = BatchStream(
-        splits["train"],
+    batches = _batch_stream(cfg, splits["train"], checkpoint, dist, device)
+    step_fn = _train_step(cfg, eager, optimizer, scheduler, device, dtype)
+    window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
+    checkpointer.wandb_run_id = window.wandb_run_id
+    if parent is not None:
+        window.write(parent.record())  # the run records its parent
+    window.record_runtime(start_step)
+    return _Loop(
+        cfg=cfg,
+        dist=dist,
+        device=device,
+        dtype=dtype,
+        checkpointer=checkpointer,
+        raw_model=raw_model,
+        eager=eager,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        batches=batches,
+        step_fn=step_fn,
+        window=window,
+        val_tokens=splits["val"],
+        start_step=start_step,
+    )
+
+
+def _batch_stream(
+    cfg: DictConfig, train_tokens, checkpoint: dict | None, dist: distributed.DistInfo, device: torch.device
+) -> BatchStream:
+    """The training batches, continuing the checkpoint's sampler when resuming."""
+    t = cfg.train
+    return BatchStream(
+        train_tokens,
         t.batch_size,
         t.seq_len,
         t.seed,
@@ -200,61 +278,66 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
         state=checkpoint["sampler_state"] if checkpoint else None,
         random_positions=t.random_positions,
     )
+
+
+def _train_step(
+    cfg: DictConfig,
+    eager: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> TrainStep:
+    """One optimizer step of the model, compiled as train.compile says."""
+    t = cfg.train
+    compiling = compile_enabled(t.compile, device.type)
     # A compilation that fails at the first step falls back to the eager model (training/step.py).
     model = torch.compile(eager) if compiling else eager
-    step_fn = TrainStep(
+    return TrainStep(
         model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype, eager if compiling else None
     )
-    window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
-    checkpointer.wandb_run_id = window.wandb_run_id
-    if parent is not None:
-        window.write(parent.record())  # the run records its parent
-    window.record_runtime(start_step)
 
-    eager.train()
-    step, stopped_by = start_step, None
+
+def _run_loop(loop: _Loop) -> tuple[int, int | None]:
+    """Train up to train.max_steps or until a signal stops the run; returns the last step and that signal."""
+    t, dist, device = loop.cfg.train, loop.dist, loop.device
+    loop.eager.train()
+    step, stopped_by = loop.start_step, None
     with StopRequested() as stop:
         while step < t.max_steps and stopped_by is None:
-            x, y, positions = batches.next()  # positions: None unless train.random_positions
-            loss, grad_norm, skipped = step_fn(x, y, skip_nonfinite=t.skip_nonfinite, positions=positions)
+            x, y, positions = loop.batches.next()  # positions: None unless train.random_positions
+            loss, grad_norm, skipped = loop.step_fn(x, y, skip_nonfinite=t.skip_nonfinite, positions=positions)
             step += 1
-            window.add(step, loss, skipped)
+            loop.window.add(step, loss, skipped)
             stopped_by = _agreed_stop(stop, dist, step, t.log_every, device)
-            stopping = stopped_by is not None
-            last = step == t.max_steps
-            record = (
-                window.close_window(step, scheduler.get_last_lr()[0], grad_norm)
-                if (step % t.log_every == 0 or last or stopping)
-                else {}
-            )
-            if step % t.val_every == 0 or last:
-                record = {
-                    "step": step,
-                    **record,
-                    "val_loss": estimate_val_loss(step_fn.model, splits["val"], cfg, device, dtype, dist),
-                }
-            window.write(record)
-            if not finite(record) and not t.skip_nonfinite:  # alike on every rank: the loss is averaged over them
-                raise PosGPTError(
-                    f"the training loss became non-finite by step {step}; {checkpointer.kept()}. "
-                    f"Lower train.lr (now {t.lr}), or pass train.skip_nonfinite=true to skip such steps"
-                )
-            if step % t.checkpoint_every == 0 or last or stopping:
-                checkpointer.save(step, raw_model, optimizer, scheduler, batches.sampler_state)
+            _end_step(loop, step, grad_norm, stopping=stopped_by is not None)
         if stopped_by is None:  # a signal during the last step or its save: saved, but the evaluation is skipped
             stopped_by = _agreed_stop(stop, dist, step, 1, device)
-    window.close()
+    loop.window.close()
+    return step, stopped_by
 
-    if stopped_by is not None and dist.is_main:
-        print(
-            f"train: stopped by {signal.Signals(stopped_by).name} at step {step}; checkpoint saved. "
-            "Continue with train.resume=true",
-            flush=True,
+
+def _end_step(loop: _Loop, step: int, grad_norm: torch.Tensor, stopping: bool) -> None:
+    """After a step: its metrics (at logging and validation intervals), the check that the loss is finite, and
+    the checkpoint (at its interval, at the last step, and when the run is stopping)."""
+    t = loop.cfg.train
+    last = step == t.max_steps
+    record = (
+        loop.window.close_window(step, loop.scheduler.get_last_lr()[0], grad_norm)
+        if (step % t.log_every == 0 or last or stopping)
+        else {}
+    )
+    if step % t.val_every == 0 or last:
+        val_loss = estimate_val_loss(loop.step_fn.model, loop.val_tokens, loop.cfg, loop.device, loop.dtype, loop.dist)
+        record = {"step": step, **record, "val_loss": val_loss}
+    loop.window.write(record)
+    if not finite(record) and not t.skip_nonfinite:  # alike on every rank: the loss is averaged over them
+        raise PosGPTError(
+            f"the training loss became non-finite by step {step}; {loop.checkpointer.kept()}. "
+            f"Lower train.lr (now {t.lr}), or pass train.skip_nonfinite=true to skip such steps"
         )
-    elif stopped_by is None and t.eval_after:
-        _evaluate(cfg, raw_model, optimizer, splits["val"], run_dir, device, dtype, dist, window.wandb_run)
-    window.finish()
-    return stopped_by
+    if step % t.checkpoint_every == 0 or last or stopping:
+        loop.checkpointer.save(step, loop.raw_model, loop.optimizer, loop.scheduler, loop.batches.sampler_state)
 
 
 def _initial_model(
