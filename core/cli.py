@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO, TypeVar
 
 from core.errors import MachineFault, PosGPTError
-from core.files import bad_path, os_fault
+from core.files import bad_path, os_fault, path_loop
 
 F = TypeVar("F", bound=Callable)
 
@@ -24,7 +24,8 @@ def exit_on_user_error(fn: F) -> F:
     """Run ``fn``; a PosGPTError is printed as ``error: <message>`` and exits with its code (2; 74 for a
     MachineFault), no traceback. So is an OSError that is a fault of the machine (core.files.os_fault: no space
     left, permission denied, an I/O error), naming its file, and one about a path no file can have (too long, a
-    loop of links: core.files.bad_path, exit 2).
+    loop of links: core.files.bad_path, exit 2), also where pathlib reports the loop as a RuntimeError
+    (core.files.path_loop): every check of an input or output path resolves it, so this one place covers them.
 
     Ctrl-C (where the training loop does not handle it itself) exits with 130, as the shell expects, also
     without a traceback; output piped to a reader that stops early (``| head``) ends the command quietly.
@@ -47,6 +48,11 @@ def exit_on_user_error(fn: F) -> F:
             if fault is None:
                 raise
             _exit_with(fault)
+        except RuntimeError as error:
+            loop = path_loop(error)
+            if loop is None:
+                raise
+            _exit_with(bad_path(loop))
 
     return wrapper  # type: ignore[return-value]
 

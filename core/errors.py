@@ -5,10 +5,13 @@ train.py and eval.py catch them at the top and print their message as a single l
 so the message must say what to change, not what went wrong internally.
 """
 
+import errno
 import sys
 
 USER_ERROR_EXIT_CODE = 2
 IO_ERROR_EXIT_CODE = 74  # EX_IOERR of sysexits.h: the command was right, the machine could not do it
+# What the machine, not the command, got wrong (raised as OSError with these numbers): a MachineFault.
+FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO})
 
 
 class PosGPTError(Exception):

@@ -8,7 +8,8 @@
   naming the file, and the previous version of the file is left as it was.
 - :func:`os_fault` turns any other failure of the machine (no space left, permission denied, an I/O error) into
   the same kind of one line, naming the file being read or written when the error happened; :func:`bad_path` a
-  path no file can have (too long, a loop of links), as a mistake in the command.
+  path no file can have (too long, a loop of links), as a mistake in the command; :func:`path_loop` finds the
+  loop in pathlib's RuntimeError, which ``Path.resolve()`` raises for it before Python 3.13.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ import contextlib
 import errno
 import io
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from core.errors import MachineFault, PosGPTError
+from core.errors import FAULT_ERRNOS, MachineFault, PosGPTError
 from core.rundir import RUN_ENTRIES, is_run_dir
 
 TMP_PREFIX = ".tmp-"
-# What the machine, not the command, got wrong (raised as OSError with these numbers).
-FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO})
 # What a path the user typed got wrong, wherever the command first touches it.
 BAD_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
 
@@ -177,7 +177,7 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[BinaryIO], o
         cause = os_error_of(error)
         if cause is None:
             raise
-        raise write_fault(path, cause) from None
+        raise (bad_path(cause) or write_fault(path, cause)) from None  # a loop of links is the command's mistake
     return path
 
 
@@ -205,6 +205,19 @@ def bad_path(error: OSError) -> PosGPTError | None:
     name = str(error.filename or "")
     shown = name if len(name) <= 100 else f"{name[:80]}... ({len(name)} characters)"
     return PosGPTError(f"{error.strerror}: {shown}; check the paths in the command")
+
+
+def path_loop(error: RuntimeError) -> OSError | None:
+    """pathlib's RuntimeError for a loop of symbolic links (``Path.resolve()`` before Python 3.13 raises it where
+    the system says ELOOP) as that OSError, so that :func:`bad_path` reads it as a path no file can have; None for
+    any other RuntimeError."""
+    cause = os_error_of(error)  # 3.11, 3.12: raised while handling stat's ELOOP
+    if cause is not None and cause.errno == errno.ELOOP:
+        return cause
+    found = re.fullmatch(r"Symlink loop from (.*)", str(error))  # 3.10: pathlib counts the links itself
+    if found is None:
+        return None
+    return OSError(errno.ELOOP, os.strerror(errno.ELOOP), found.group(1).strip("'\""))
 
 
 def os_fault(error: OSError) -> MachineFault | None:

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from core.errors import PosGPTError
+from core.errors import FAULT_ERRNOS, MachineFault, PosGPTError
 
 LOCK_FILE = ".posgpt.lock"
 CHECKPOINT_DIR = "checkpoints"
@@ -67,6 +67,22 @@ def _holder(fd: int) -> str:
         return "another command"
 
 
+def _write_holder(fd: int, path: Path) -> None:
+    """Write who holds the lock into the lock file; a full disk stops the command here, naming the file, before any
+    work whose results it could not write."""
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]).replace("\n", " "),
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(info).encode())
+    except OSError as error:
+        raise MachineFault(f"could not write {path}: {error.strerror}") from None
+
+
 @contextlib.contextmanager
 def lock_run(run_dir: str | Path) -> Iterator[None]:
     """Hold ``run_dir``'s lock while the block runs; PosGPTError naming the holder if another command holds it."""
@@ -77,8 +93,9 @@ def lock_run(run_dir: str | Path) -> Iterator[None]:
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise PosGPTError(f"cannot lock the run directory {run_dir}: {error.strerror} ({path})") from None
+        except OSError as error:  # a read-only or full file system, a missing permission: the machine's fault
+            fault = MachineFault if error.errno in FAULT_ERRNOS else PosGPTError
+            raise fault(f"cannot lock the run directory {run_dir}: {error.strerror} ({path})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -95,15 +112,8 @@ def lock_run(run_dir: str | Path) -> Iterator[None]:
             pass
         os.close(fd)
     _HELD[fd] = path
-    info = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]).replace("\n", " "),
-        "started": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps(info).encode())
-    try:
+    try:  # from here on the lock file goes with the command, also when the disk is too full to say who holds it
+        _write_holder(fd, path)
         yield
     finally:
         del _HELD[fd]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from core.domain import domain
 from core.errors import PosGPTError
+from core.files import bad_path
 
 SOURCES = ("python_stdlib", "text", "hub")
 EVAL_SPLITS = ("auto", "val", "train", "all")  # data.eval_split
@@ -84,6 +85,19 @@ def _check_local_file(path: str) -> None:
         raise PosGPTError(f"data.files: {path} is empty; drop it from data.files")
 
 
+def _check_reachable(cache: Path) -> None:
+    """A cache folder behind a loop of symbolic links or a name too long is a mistake in the command, said at
+    start-up: when the token cache is written it would read as a fault of the machine (exit 74)."""
+    try:
+        cache.stat()
+    except (FileNotFoundError, NotADirectoryError):  # made when written; a path through a file is said below
+        pass
+    except OSError as error:
+        if bad_path(error) is None:
+            raise
+        raise PosGPTError(f"data.cache_dir (or $POSGPT_CACHE_DIR) {cache}: {bad_path(error)}") from None
+
+
 def validate_data_config(cfg: DataConfig) -> None:
     """Raise PosGPTError, naming the setting to change, if cfg cannot describe a corpus (each key's domain is
     checked with the whole config: experiment/config.py)."""
@@ -99,6 +113,7 @@ def validate_data_config(cfg: DataConfig) -> None:
     if cfg.eval_split not in EVAL_SPLITS:
         raise PosGPTError(f"data.eval_split={cfg.eval_split!r} is unknown: use one of {', '.join(EVAL_SPLITS)}")
     cache = resolve_cache_dir(cfg)
+    _check_reachable(cache)
     blocking = next((path for path in (cache, *cache.parents) if path.exists() and not path.is_dir()), None)
     if blocking is not None:  # a mistake in the command, not a fault of the machine when the cache is written
         raise PosGPTError(

@@ -3,6 +3,7 @@ eval.py, sample.py and scripts/ agree on them."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,8 @@ def parse_run_dir(argv: list[str], usage: str) -> tuple[Path, list[str]]:
     if len(run_dirs) != 1 or any(a in ("-h", "--help") for a in argv):
         raise PosGPTError(usage)
     run_dir = Path(run_dirs[0].split("=", 1)[1])
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # those are said below, or by lock_run
+        run_dir.stat()  # a loop of links or a name too long: core.cli's one line for it, not "does not exist"
     if run_dir.is_file():  # results are written next to the checkpoints, so the directory is needed
         hint = f"run_dir={run_dir.parent.parent}" if run_dir.parent.name == CHECKPOINT_DIR else "its run directory"
         raise PosGPTError(
