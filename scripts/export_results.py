@@ -9,7 +9,10 @@ Per run, ``<to>/<run directory's name>/`` gets ``eval/extrapolation.json`` (and 
 ``extrapolation.json`` records the config the scored checkpoint was trained with, which compare.py reads in
 place of the checkpoint; for a file written before posgpt recorded it, the checkpoint's config is added
 here, once its step is checked to be the step the file scored. A run exported again is overwritten (its
-results may have grown: more variations, more data). A run's ``eval/tasks.json`` and ``tasks.csv`` (task
+results may have grown: more variations, more data, more steps). A folder that holds another run's export (a
+run of the same directory name whose trained config differs in anything a resume cannot change: its seed, its
+scheme, its data, ...) is refused, naming both and a setting that differs, before anything is written: the
+export would replace that run's results and leave files of both. A run's ``eval/tasks.json`` and ``tasks.csv`` (task
 accuracy, the copy probe), where it has them, are copied as they are (tasks.json always records the config); a
 task run has no extrapolation.json.
 """
@@ -19,9 +22,12 @@ from __future__ import annotations
 import _repo
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
@@ -32,6 +38,7 @@ from evaluation.report import CSV_FILE, JSON_FILE, write_csv, write_results
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.tasks import CSV_FILE as TASKS_CSV
 from evaluation.tasks import JSON_FILE as TASKS_JSON
+from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 
@@ -70,6 +77,57 @@ COPIED = [
 EXPORTED = (Path(EVAL_DIR) / JSON_FILE, Path(EVAL_DIR) / CSV_FILE, *(exported for _, exported in COPIED))
 
 
+def recorded_config(folder: Path) -> dict | None:
+    """The trained config that the results in ``folder`` (a run, or an export of one) record: extrapolation.json's,
+    else tasks.json's; None where there are neither."""
+    for path in (folder / EVAL_DIR / JSON_FILE, folder / EVAL_DIR / TASKS_JSON):
+        if not path.is_file():
+            continue
+        try:
+            config = json.loads(path.read_text()).get("config")
+        except (OSError, ValueError, AttributeError):  # ValueError: not JSON or not UTF-8; AttributeError: not a dict
+            config = None
+        if not isinstance(config, dict):
+            raise PosGPTError(f"{path} records no readable config: cannot tell which run {folder} holds")
+        return config
+    return None
+
+
+def _as_trained(config: dict) -> dict:
+    """A recorded config typed by today's schema (settings added since read as what the run was trained with), so
+    that an export written by an older posgpt compares equal to its run."""
+    try:
+        return OmegaConf.to_container(trained_config(config), resolve=True)
+    except PosGPTError:  # a config this posgpt cannot type: compared as recorded
+        return config
+
+
+def check_destination(run_dir: Path, document: dict | None, destination: Path) -> None:
+    """Refuse to export ``run_dir`` into ``destination`` if that holds another run's export: one whose trained
+    config differs in anything but what a resume may change (experiment/settings.py's RESUME_SETTINGS), so the
+    same run exported again, grown, is not refused."""
+    if not any((destination / exported).exists() for exported in EXPORTED):
+        return  # nothing exported there yet
+    there = recorded_config(destination)
+    if there is None:
+        raise PosGPTError(
+            f"--to {destination} holds exported files but no results saying which run they are from: export "
+            f"{run_dir} into another folder, or remove {destination} first (nothing was written)"
+        )
+    ours = document["config"] if document is not None else recorded_config(run_dir)  # a task run: tasks.json's
+    ours = ours if ours is not None else load_checkpoint(run_dir)["config"]
+    there, ours = _as_trained(there), _as_trained(ours)
+    differences = changed_settings(there, ours, RESUME_SETTINGS)
+    if differences:
+        key, flat_there, flat_ours = differences[0], flatten_config(there), flatten_config(ours)
+        more = f" (and {len(differences) - 1} more settings)" if len(differences) > 1 else ""
+        raise PosGPTError(
+            f"--to {destination} holds the export of another run than {run_dir}: {key}={flat_there.get(key)!r} "
+            f"there, {key}={flat_ours.get(key)!r} in {run_dir}{more}; export it into another folder, or remove "
+            f"{destination} first (nothing was written)"
+        )
+
+
 def export_run(run_dir: Path, document: dict | None, destination: Path) -> None:
     if document is not None:
         write_results(document, destination / EVAL_DIR)
@@ -91,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     # Never onto what is exported, nor into a training run (--to a folder of runs).
     outputs = {f"--to ({name}/{file})": args.to / name / file for name in names for file in EXPORTED}
     check_outputs(outputs, inputs=args.run_dirs)
+    for run_dir, document, name in zip(args.run_dirs, documents, names):  # a folder of another run's results
+        check_destination(run_dir, document, args.to / name)
     for run_dir, document, name in zip(args.run_dirs, documents, names):
         export_run(run_dir, document, args.to / name)
         print(f"export: {run_dir} -> {args.to / name}", flush=True)

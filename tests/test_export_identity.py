@@ -1,0 +1,72 @@
+"""scripts/export_results.py replaces an export only with the same run's: a folder that holds another run's export
+(a run of the same directory name trained otherwise) is refused in one line naming both, exit 2, and nothing is
+written; the same run exported again, grown, replaces its export. Through the command line, in this process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_runs import assert_one_line_error
+from tiny_checkpoint import make_run
+
+
+def snapshot(directory: Path) -> dict:
+    return {path.relative_to(directory): path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+
+
+def export(cli, *args):
+    return cli.here("scripts/export_results.py", *map(str, args))
+
+
+@pytest.fixture(scope="module")
+def evaluated(cli, tmp_path_factory) -> Path:
+    """A run with results (a checkpoint of untrained weights, evaluated at one length)."""
+    run_dir = make_run(tmp_path_factory.mktemp("first") / "run", cli.corpus)
+    with pytest.MonkeyPatch.context() as patch:  # module fixtures come before conftest's per-test cache setting
+        patch.setenv("POSGPT_CACHE_DIR", cli.env["POSGPT_CACHE_DIR"])
+        done = cli.eval_here(run_dir, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
+def edited_copy(run_dir: Path, destination: Path, edit) -> Path:
+    """A copy of ``run_dir`` whose results record a trained config changed by ``edit`` (a function of it)."""
+    shutil.copytree(run_dir, destination)
+    path = destination / "eval" / "extrapolation.json"
+    document = json.loads(path.read_text())
+    edit(document["config"])
+    path.write_text(json.dumps(document))
+    return destination
+
+
+def test_an_export_of_another_run_of_the_same_name_is_refused_and_writes_nothing(cli, evaluated, tmp_path):
+    assert export(cli, evaluated, "--to", tmp_path / "exported").returncode == 0
+    before = snapshot(tmp_path / "exported")
+    other = edited_copy(evaluated, tmp_path / "other" / "run", lambda config: config["train"].update(seed=7))
+    done = export(cli, other, "--to", tmp_path / "exported")
+    assert_one_line_error(
+        done, f"--to {tmp_path}/exported/run holds the export of another run than {other}", "train.seed=7 in"
+    )
+    assert "nothing was written" in done.stderr
+    assert snapshot(tmp_path / "exported") == before
+
+
+def test_the_same_run_exported_again_replaces_its_export(cli, evaluated, tmp_path):
+    """A resumed run trains longer (train.max_steps is what a resume may change): still the same run."""
+    assert export(cli, evaluated, "--to", tmp_path / "exported").returncode == 0
+    grown = edited_copy(evaluated, tmp_path / "grown" / "run", lambda config: config["train"].update(max_steps=99))
+    done = export(cli, grown, "--to", tmp_path / "exported")
+    assert done.returncode == 0, done.stderr
+    exported = json.loads((tmp_path / "exported" / "run" / "eval" / "extrapolation.json").read_text())
+    assert exported["config"]["train"]["max_steps"] == 99
+
+
+def test_a_folder_of_exported_files_that_say_no_run_is_not_overwritten(cli, evaluated, tmp_path):
+    (tmp_path / "exported" / "run").mkdir(parents=True)
+    (tmp_path / "exported" / "run" / "metrics.jsonl").write_text('{"step": 0}\n')
+    done = export(cli, evaluated, "--to", tmp_path / "exported")
+    assert_one_line_error(done, f"--to {tmp_path}/exported/run holds exported files but no results saying which run")
+    assert snapshot(tmp_path / "exported") == {Path("run/metrics.jsonl"): b'{"step": 0}\n'}
