@@ -48,6 +48,9 @@ class TrainConfig:
     keep_checkpoints: int = domain(2, ge=0)  # step checkpoints kept besides last.pt
     resume: bool = False
     init_from: str | None = None  # a run directory (or .pt) whose weights start this run: training/init_from.py
+    # keep: the run has its parent's scheme; replace: another pe=, whose parameters start afresh while every other
+    # weight is the parent's (the parent's position parameters are dropped: DroPE, Gelberg et al. 2025)
+    init_from_pe: str = "keep"
     seed: int = domain(1337, ge=0, le=MAX_SEED)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
@@ -262,6 +265,13 @@ def validate(cfg: DictConfig, reads_data: bool = True) -> None:
         raise PosGPTError(
             f"pe.max_positions={table} is shorter than train.seq_len={t.seq_len}: the table has no vector for "
             "the positions past it; raise pe.max_positions (or drop it: null is train.seq_len)"
+        )
+    if t.init_from_pe not in ("keep", "replace"):
+        raise PosGPTError(f"train.init_from_pe must be keep or replace (got {t.init_from_pe!r})")
+    if t.init_from_pe == "replace" and t.init_from is None:
+        raise PosGPTError(
+            "train.init_from_pe=replace starts this run's scheme afresh on a parent's other weights: "
+            "set train.init_from"
         )
     if t.distributed not in ("ddp", "fsdp"):
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")

@@ -99,7 +99,33 @@ def test_child_starts_from_the_parents_weights_and_nothing_else(parent_run, chil
         "init_from": str(parent_run.resolve()),
         "parent_step": 20,
         "parent_seq_len": 16,
+        "parent_pe": "rope",
     }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["none", "learned"])
+def test_a_child_may_replace_its_parents_scheme_which_then_starts_afresh(cli, parent_run, scheme):
+    """train.init_from_pe=replace (DroPE: a RoPE parent, its rotation dropped): every weight but the scheme's is the
+    parent's; the new scheme's parameters (a learned table) start from their initialisation."""
+    run_dir = cli.base / f"init-from-replaced-{scheme}"
+    overrides = [f"pe={scheme}", f"train.init_from={parent_run}", "train.init_from_pe=replace"]
+    done = cli.train_here(run_dir, *overrides, "train.max_steps=1", "train.lr=1e-30")
+    assert done.returncode == 0, done.stderr
+    parent = torch.load(parent_run / "checkpoints" / "last.pt", weights_only=True)["model"]
+    child = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert set(child["model"]) - set(parent) == ({"pe.table.weight"} if scheme == "learned" else set())
+    for name, tensor in parent.items():
+        torch.testing.assert_close(child["model"][name], tensor, rtol=0, atol=1e-20, msg=name)
+    assert child["config"]["pe"]["name"] == scheme and read_metrics(run_dir)[0]["parent_pe"] == "rope"
+    refused = cli.train_here(cli.base / "init-from-kept", f"pe={scheme}", f"train.init_from={parent_run}")
+    assert_user_error(refused, "unless train.init_from_pe=replace")
+
+
+def test_replacing_a_scheme_needs_a_parent(cli, tmp_path):
+    done = cli.train_here(tmp_path / "run", "pe=none", "train.init_from_pe=replace")
+    assert_user_error(done, "train.init_from_pe=replace", "set train.init_from")
+    assert_user_error(cli.train_here(tmp_path / "run", "train.init_from_pe=swap"), "must be keep or replace")
 
 
 @pytest.mark.slow

@@ -42,6 +42,7 @@ from model.pe import SCHEMES
 
 # Model settings a child may change: how fast the same function is computed, or only training (dropout).
 CHANGEABLE_MODEL_KEYS = ("model.dropout", *(key for key in RUNTIME_SETTINGS if key.startswith("model.")))
+SCHEME_PREFIX = "pe."  # the scheme's parameters in a model's state dict (GPT.pe)
 
 
 @dataclass
@@ -52,16 +53,24 @@ class Parent:
     step: int
     seq_len: int
     state: dict[str, torch.Tensor] = field(repr=False)
+    scheme: str = ""  # the parent's pe=
+    replaces_scheme: bool = False  # train.init_from_pe=replace: the parent's position parameters are left out
 
     def record(self) -> dict[str, Any]:
         """The first metrics.jsonl record of the new run."""
-        return {"step": 0, "init_from": self.path, "parent_step": self.step, "parent_seq_len": self.seq_len}
+        record = {"step": 0, "init_from": self.path, "parent_step": self.step, "parent_seq_len": self.seq_len}
+        return {**record, "parent_pe": self.scheme}
 
     def load_into(self, model: torch.nn.Module, seq_len: int) -> None:
         """Copy the parent's weights into ``model``, built for ``train.seq_len=seq_len``; PosGPTError naming the first
         parameter that does not fit."""
+        weights = self.state
+        if self.replaces_scheme:  # the scheme's own parameters (the model's ``pe`` module) start as initialised
+            kept = {name: w for name, w in self.state.items() if not name.startswith(SCHEME_PREFIX)}
+            fresh = {name: w for name, w in model.state_dict().items() if name.startswith(SCHEME_PREFIX)}
+            weights = {**kept, **fresh}
         try:
-            load_weights(model, self.state, checkpoint_file(self.path))
+            load_weights(model, weights, checkpoint_file(self.path))
         except WeightsMismatch as mismatch:
             # The architecture matched (check_same_architecture), so a size that differs follows train.seq_len.
             if mismatch.shapes and seq_len != self.seq_len:
@@ -88,22 +97,29 @@ def load_parent(cfg: DictConfig) -> tuple[DictConfig, Parent | None]:
     except PosGPTError as error:
         raise PosGPTError(f"train.init_from: {error}") from None
     parent_cfg = checkpoint["config"]
-    check_same_architecture(OmegaConf.to_container(cfg, resolve=True), parent_cfg, str(path))
-    parent = Parent(str(path), checkpoint["step"], parent_cfg["train"]["seq_len"], checkpoint["model"])
-    scheme = SCHEMES[cfg.pe.name]
-    pe = scheme.inherit(OmegaConf.to_object(cfg.pe), OmegaConf.to_object(trained_config(parent_cfg).pe), parent.seq_len)
+    replaces = cfg.train.init_from_pe == "replace"
+    check_same_architecture(OmegaConf.to_container(cfg, resolve=True), parent_cfg, str(path), replaces)
+    scheme, parent_scheme = SCHEMES[cfg.pe.name], parent_cfg["pe"]["name"]
+    parent = Parent(
+        str(path), checkpoint["step"], parent_cfg["train"]["seq_len"], checkpoint["model"], parent_scheme, replaces
+    )
+    pe = OmegaConf.to_object(cfg.pe)
+    if parent_scheme == cfg.pe.name:  # what a scheme takes from a parent of its own kind
+        pe = scheme.inherit(pe, OmegaConf.to_object(trained_config(parent_cfg).pe), parent.seq_len)
     return OmegaConf.merge(cfg, {"train": {"init_from": str(path)}, "pe": dataclasses.asdict(pe)}), parent
 
 
-def check_same_architecture(now: dict, parent: dict, where: str) -> None:
-    """PosGPTError naming the first ``model.*`` or ``pe.*`` key that differs, except those a child may change."""
-    if now["pe"]["name"] != parent["pe"]["name"]:
+def check_same_architecture(now: dict, parent: dict, where: str, replaces_scheme: bool = False) -> None:
+    """PosGPTError naming the first ``model.*`` or ``pe.*`` key that differs, except those a child may change (with
+    ``replaces_scheme``, every ``pe.*``: the child's scheme starts afresh)."""
+    if now["pe"]["name"] != parent["pe"]["name"] and not replaces_scheme:
         raise PosGPTError(
             f"train.init_from: {where} was trained with pe={parent['pe']['name']}, this run has "
-            f"pe={now['pe']['name']}; a run can only start from weights of its own scheme"
+            f"pe={now['pe']['name']}; a run starts from weights of its own scheme, unless train.init_from_pe=replace "
+            "(the parent's position parameters dropped, the new scheme's trained from their initialisation)"
         )
     changeable = (*CHANGEABLE_MODEL_KEYS, *(f"pe.{name}" for name in SCHEMES[now["pe"]["name"]].eval_time_settings))
-    architecture = ("model", "pe")
+    architecture = ("model",) if replaces_scheme else ("model", "pe")
     changed = changed_settings({k: parent[k] for k in architecture}, {k: now[k] for k in architecture}, changeable)
     if changed:
         key = changed[0]
