@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,18 +92,26 @@ def _default(field: dataclasses.Field) -> Any:
     return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
-def check_used(config: Any, prefix: str = "", also: frozenset[str] = frozenset()) -> None:
+def is_set(key: str, keys: Collection[str] | None) -> bool:
+    """Whether dotted ``key`` is, or lies under, one of ``keys`` (None: every key)."""
+    return keys is None or any(key == name or key.startswith(name + ".") for name in keys)
+
+
+def check_used(
+    config: Any, prefix: str = "", also: frozenset[str] = frozenset(), keys: Collection[str] | None = None
+) -> None:
     """PosGPTError naming the first field of a config dataclass instance (nested ones included) that is set to
     something but its default while its selector does not read it (``used_with``): ignored, it would change
     nothing. ``also``: selector values in use elsewhere (eval.variations' types, which read the settings of a
-    scheme configured without one)."""
+    scheme configured without one). ``keys``: check only these dotted keys and those under them (an evaluation's
+    overrides: a trained setting that its override leaves unread was read in training); None: all."""
     for field in dataclasses.fields(config):
         value, key = getattr(config, field.name), prefix + field.name
         if dataclasses.is_dataclass(value):
-            check_used(value, key + ".", also)
+            check_used(value, key + ".", also, keys)
             continue
         owner = used_with(field)
-        if owner is None or value == _default(field):
+        if owner is None or value == _default(field) or not is_set(key, keys):
             continue
         selector, users = owner
         chosen = getattr(config, selector)

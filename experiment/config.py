@@ -11,19 +11,20 @@ from __future__ import annotations
 import dataclasses
 import re
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from core.domain import check_domains, check_used, domain
+from core.domain import check_domains, check_used, domain, is_set
 from core.errors import PosGPTError
 from core.runtime import MAX_SEED
 from data.config import DataConfig
 from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config_class
 from data.tokenizer import GPT2_N_VOCAB
-from model.gpt import ModelConfig, validate_model_config
+from model.gpt import ModelConfig, model_dims, validate_model_config
 from model.pe import SCHEMES
 from model.temperature import check_temperature
 
@@ -233,9 +234,11 @@ def check_list_elements(config: Any, prefix: str = "") -> None:
                 )
 
 
-def validate(cfg: DictConfig, reads_data: bool = True) -> None:
+def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | None = None) -> None:
     """Checks that types alone cannot express; raises PosGPTError saying what to change. ``reads_data=False``
-    (scripts/bench.py, scripts/estimate.py: random token ids) skips what only relates the config to its data."""
+    (scripts/bench.py, scripts/estimate.py: random token ids) skips what only relates the config to its data.
+    ``keys``: a setting the run does not read is refused only among these dotted keys (an evaluation's overrides,
+    experiment/build.py: a trained setting that an override leaves unread was read in training); None: all."""
     unknown = unknown_keys(cfg, schema(cfg.pe.name, cfg.task.name))
     if unknown:
         raise PosGPTError(
@@ -245,9 +248,6 @@ def validate(cfg: DictConfig, reads_data: bool = True) -> None:
     config = OmegaConf.to_object(cfg)  # the dataclasses, which declare each numeric key's domain
     check_list_elements(config)
     check_domains(config)
-    # a scheme configured without an extension holds the settings its eval.variations entries read
-    variation_types = frozenset(re.split(r"[:.]", spec)[0] for spec in cfg.eval.variations or [])
-    check_used(config, also=variation_types)
     validate_model_config(config.model)
     check_temperature(config.model.attn_temperature, config.train.seq_len)
     t = cfg.train
@@ -288,13 +288,26 @@ def validate(cfg: DictConfig, reads_data: bool = True) -> None:
         raise PosGPTError(
             f"eval.protocols must be a non-empty subset of [{', '.join(protocols)}] (got {list(cfg.eval.protocols)})"
         )
-    # The scheme checks its own settings with the evaluation-time variations asked for (model/pe/base.py).
-    pe = OmegaConf.to_object(cfg.pe)
-    SCHEMES[cfg.pe.name].check_layers(pe, cfg.model.n_layer)
-    SCHEMES[cfg.pe.name].check_variations(pe, list(cfg.eval.variations or []))
+    _validate_scheme(cfg, config, keys)
     _validate_task(cfg, reads_data)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
+
+
+def _validate_scheme(cfg: DictConfig, config: Config, keys: Collection[str] | None) -> None:
+    """No setting the run would not read (among ``keys``: core.domain's used_with, the scheme's unread_settings);
+    then the scheme checks its own settings (model/pe/base.py) in the model they run in, and with the
+    evaluation-time variations asked for."""
+    # a scheme configured without an extension holds the settings its eval.variations entries read
+    variation_types = frozenset(re.split(r"[:.]", spec)[0] for spec in cfg.eval.variations or [])
+    check_used(config, also=variation_types, keys=keys)
+    scheme, pe = SCHEMES[cfg.pe.name], OmegaConf.to_object(cfg.pe)
+    dims = model_dims(config.model, cfg.train.seq_len)
+    for key, message in scheme.unread_settings(pe, dims):
+        if is_set(f"pe.{key}", keys):
+            raise PosGPTError(message)
+    scheme.check_model(pe, dims)
+    scheme.check_variations(pe, list(cfg.eval.variations or []))
 
 
 def _validate_task(cfg: DictConfig, reads_data: bool) -> None:

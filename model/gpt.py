@@ -64,6 +64,21 @@ def token_embedding_convention(cfg: ModelConfig) -> tuple[float, float]:
     return cfg.init_std, 1.0
 
 
+def model_dims(cfg: ModelConfig, train_seq_len: int) -> ModelDims:
+    """What a positional scheme knows of the model it sits in (its checks at start-up see the same)."""
+    token_init_std, token_scale = token_embedding_convention(cfg)
+    return ModelDims(
+        cfg.n_embd,
+        cfg.n_head,
+        cfg.n_embd // cfg.n_head,
+        train_seq_len,
+        cfg.init_std,
+        cfg.n_layer,
+        token_init_std=token_init_std,
+        token_scale=token_scale,
+    )
+
+
 def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:
     return math.ceil(vocab_size / multiple) * multiple
 
@@ -213,16 +228,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
         self.token_init_std, self.token_scale = token_embedding_convention(cfg)
-        dims = ModelDims(
-            cfg.n_embd,
-            cfg.n_head,
-            cfg.n_embd // cfg.n_head,
-            train_seq_len,
-            cfg.init_std,
-            cfg.n_layer,
-            token_init_std=self.token_init_std,
-            token_scale=self.token_scale,
-        )
+        dims = model_dims(cfg, train_seq_len)
         self.pe = build_positional_encoding(pe_cfg, dims)
         # The scheme each layer runs, with its own index of the layer: self.pe in every layer, or one of its parts
         # (a per-layer pattern, model/pe/hybrid.py). The parts are submodules of self.pe, registered there once.

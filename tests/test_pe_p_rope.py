@@ -51,12 +51,19 @@ def example_scaling(kind: str, pairs: int) -> RoPEScalingConfig:
     return RoPEScalingConfig(kind, 4.0)
 
 
-def test_the_kept_pairs_are_p_d_over_2_rounded_down():
-    assert [kept_pairs(16, p) for p in (0.0, 0.25, 0.3, 0.5, 0.75, 1.0)] == [0, 2, 2, 4, 6, 8]
-    assert kept_pairs(64, 0.75) == 24 and kept_pairs(10, 0.7) == 3  # 3.5 -> 3
+def test_the_kept_pairs_are_p_d_over_2_and_a_fraction_of_a_pair_is_refused():
+    """Never rounded (the paper's listing and Hugging Face's round down: pe.p=0.3 would silently be 0.25)."""
+    assert [kept_pairs(16, p) for p in (0.0, 0.25, 0.375, 0.5, 0.75, 1.0)] == [0, 2, 3, 4, 6, 8]
+    assert kept_pairs(64, 0.75) == 24 and kept_pairs(10, 0.6) == 3
+    with pytest.raises(
+        PosGPTError, match=r"pe.p=0.3 keeps 2.4 of the 8 .* choose pe.p=0.25 \(2 pairs\) or 0.375 \(3\)"
+    ):
+        kept_pairs(16, 0.3)
+    with pytest.raises(PosGPTError, match=r"pe.p=0.7 keeps 3.5 of the 5"):
+        kept_pairs(10, 0.7)
 
 
-@pytest.mark.parametrize("p, head_dim", [(0.75, 16), (0.75, 64), (0.25, 64), (0.3, 16)])
+@pytest.mark.parametrize("p, head_dim", [(0.75, 16), (0.75, 64), (0.25, 64), (0.375, 16)])
 def test_angles_are_ropes_on_the_kept_pairs_and_zero_on_the_others(p, head_dim):
     """theta^p_i = base^(-2i/d) for i < floor(p d / 2), 0 after: cos 1 and sin 0 at every position there."""
     positions = torch.tensor([0, 1, 5, 63, 1000, 50_000])
@@ -88,8 +95,13 @@ def test_truncated_pairs_pass_unchanged_and_their_dot_product_ignores_position()
 
 @pytest.mark.parametrize("case", REFERENCE_NUMBERS["p_rope"], ids=lambda case: case["name"])
 def test_frequencies_equal_hugging_faces_proportional_rope(case):
-    """Hugging Face's "proportional" type (Gemma's p-RoPE); its factor divides every frequency: posgpt's linear."""
+    """Hugging Face's "proportional" type (Gemma's p-RoPE); its factor divides every frequency: posgpt's linear. Where
+    p d / 2 is not whole, Hugging Face rounds it down and posgpt refuses it."""
     scaling = RoPEScalingConfig("linear", case["factor"]) if case["factor"] != 1 else RoPEScalingConfig()
+    if not float(case["p"] * case["head_dim"] / 2).is_integer():
+        with pytest.raises(PosGPTError, match=f"pe.p={case['p']} keeps"):
+            p_rope(case["p"], case["head_dim"], scaling, base=case["base"])
+        return
     pe = p_rope(case["p"], case["head_dim"], scaling, base=case["base"])
     inv_freq, attention_factor = pe.frequencies(64)
     # Hugging Face computes in float32, posgpt in float64; the truncated pairs are exactly zero in both
@@ -178,7 +190,7 @@ def test_init_from_a_p_rope_parent_keeps_its_weights_and_length(tmp_path):
     child_cfg, parent = load_parent(compose_config([*common, f"train.init_from={parent_dir}", "train.seq_len=32"]))
     assert child_cfg.pe.scaling.original_seq_len == 16 and parent.seq_len == 16
     child = build_model(child_cfg).eval()
-    parent.load_into(child)
+    parent.load_into(child, child_cfg.train.seq_len)
     scaled_parent = build_model(compose_config(common)).eval()
     scaled_parent.load_state_dict(torch.load(parent_dir / "checkpoints" / "last.pt", weights_only=True)["model"])
     idx = torch.randint(0, 200, (1, 48))

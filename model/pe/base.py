@@ -192,9 +192,18 @@ class PositionalEncoding(nn.Module):
             )
 
     @classmethod
-    def check_layers(cls, cfg: PEConfig, n_layer: int) -> None:
-        """PosGPTError unless the scheme configured as ``cfg`` means what its name says in a model of
-        ``n_layer`` layers (checked at start-up with the config; a per-layer pattern needs its layers)."""
+    def check_model(cls, cfg: PEConfig, dims: ModelDims) -> None:
+        """PosGPTError unless the scheme configured as ``cfg`` means what its name says in a model of ``dims``
+        (checked at start-up with the config: a per-layer pattern needs its layers, a fraction of a head's
+        dimensions must be a whole number of them)."""
+
+    @classmethod
+    def unread_settings(cls, cfg: PEConfig, dims: ModelDims) -> list[tuple[str, str]]:
+        """(key under ``pe.``, one-line refusal) for each setting of ``cfg`` set to something but its default that
+        the scheme does not read in a model of ``dims``, where that depends on more than a sibling setting (which
+        core.domain's ``used_with`` declares): the run would equal one without it. Refused at start-up; an
+        evaluation refuses those it sets itself."""
+        return []
 
     # -- Evaluation-time variations, on configs (validation, labels, fine-tuning: no model is built) --
 

@@ -103,6 +103,21 @@ def check_pattern(cfg: PatternConfig) -> None:
             raise PosGPTError(f"pe.{name}.name={getattr(cfg, name).name!r}: the settings pe.{name}.* are {name}'s")
 
 
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted key: value}."""
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+    return flat
+
+
+def _unread_message(cfg: PatternConfig, name: str, key: str, value: Any) -> str:
+    return (
+        f"pe.{name}.{key}={value} is read only when pe.pattern holds {name}; pe.pattern=[{','.join(cfg.pattern)}] "
+        f"ignores it: drop it or add {name} to pe.pattern"
+    )
+
+
 def layer_names(cfg: PatternConfig, n_layer: int) -> list[str]:
     """The scheme of each of ``n_layer`` layers: the pattern cycled."""
     return [cfg.pattern[layer % len(cfg.pattern)] for layer in range(n_layer)]
@@ -192,9 +207,32 @@ class HybridPositionalEncoding(PositionalEncoding):
         self._layers = [(self.parts[name], per_layer[:layer].count(name)) for layer, name in enumerate(per_layer)]
 
     @classmethod
-    def check_layers(cls, cfg: PatternConfig, n_layer: int) -> None:
-        if idle_schemes(cfg, n_layer):  # a run named after a pattern must run it, not plain RoPE under its name
-            raise PosGPTError(idle_message(cfg, n_layer))
+    def check_model(cls, cfg: PatternConfig, dims: ModelDims) -> None:
+        if idle_schemes(cfg, dims.n_layer):  # a run named after a pattern must run it, not plain RoPE under its name
+            raise PosGPTError(idle_message(cfg, dims.n_layer))
+        per_layer = layer_names(cfg, dims.n_layer)
+        for name in dict.fromkeys(cfg.pattern):  # each part in the model it runs in (p-RoPE's whole pairs)
+            try:
+                SCHEMES[name].check_model(getattr(cfg, name), replace(dims, n_layer=per_layer.count(name)))
+            except PosGPTError as error:  # its settings are pe.<name>.*: say whose they are
+                raise PosGPTError(f"pe.pattern's {name} (pe.{name}.*): {error}") from None
+
+    @classmethod
+    def unread_settings(cls, cfg: PatternConfig, dims: ModelDims) -> list[tuple[str, str]]:
+        """The parts' own, and any setting of a scheme the pattern does not hold changed from its default: every
+        scheme a pattern may hold has its settings in the config, but only those of the pattern are read."""
+        unread = []
+        for name in layer_scheme_names():
+            settings = getattr(cfg, name)
+            if name in cfg.pattern:
+                part = SCHEMES[name].unread_settings(settings, dims)
+                unread += [(f"{name}.{key}", message) for key, message in part]
+                continue
+            default = _flat(dataclasses.asdict(getattr(pattern_config(cls)(), name)))
+            for key, value in _flat(dataclasses.asdict(settings)).items():
+                if value != default.get(key):
+                    unread.append((f"{name}.{key}", _unread_message(cfg, name, key, value)))
+        return unread
 
     def layer_schemes(self) -> list[tuple[PositionalEncoding, int]]:
         return list(self._layers)

@@ -23,6 +23,7 @@ cos and sin depend on the positions only, not on the layer: ``prepare`` computes
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,14 +78,15 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated:
 
 
 def rotated_dims(head_dim: int, fraction: float) -> int:
-    """How many leading coordinates of a head RoPE rotates: head_dim * fraction, an even number >= 2."""
+    """How many leading coordinates of a head RoPE rotates: head_dim * fraction, a whole even number >= 2 (a
+    fraction of a coordinate is refused, never rounded, as p-RoPE's fraction of pairs is)."""
     if fraction == 1.0 and head_dim % 2:
         raise PosGPTError(
             f"pe=rope rotates pairs of coordinates, so the head dimension must be even; "
             f"n_embd/n_head = {head_dim}. Change model.n_embd or model.n_head."
         )
-    rotated = int(head_dim * fraction)
-    if rotated < 2 or rotated % 2:
+    rotated = round(head_dim * fraction)
+    if not math.isclose(rotated, head_dim * fraction, abs_tol=1e-9) or rotated < 2 or rotated % 2:
         raise PosGPTError(
             f"pe=rope rotates pairs of coordinates, so head_dim x pe.rotary_fraction must be an even number >= 2; "
             f"n_embd/n_head = {head_dim}, x {fraction} = {head_dim * fraction:g}. "
@@ -110,6 +112,10 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self.register_buffer("inv_freq", rope_inv_freq(self.rotated, cfg.base), persistent=False)
         self.set_scaling(cfg.scaling)
         self.set_remap(cfg.remap)
+
+    @classmethod
+    def check_model(cls, cfg: RoPEConfig, dims: ModelDims) -> None:
+        rotated_dims(dims.head_dim, cfg.rotary_fraction)  # at start-up, not when the model is built
 
     def set_scaling(self, scaling: RoPEScalingConfig) -> None:
         """Extend the context with another method from now on (evaluation compares several on one model)."""

@@ -48,6 +48,11 @@ class SinusoidalConfig(PEConfig):
     match_tokens: bool = True
 
 
+def _matched(cfg: SinusoidalConfig, dims: ModelDims) -> bool:
+    """Whether match_tokens scales the sinusoid to the tokens: under GPT-2's convention, whose multiplier is 1."""
+    return cfg.match_tokens and dims.token_scale == 1.0
+
+
 def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
     """(T,) positions -> (T, dim) with sin in even and cos in odd columns, exactly the paper's formula."""
     inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
@@ -67,8 +72,22 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     def __init__(self, cfg: SinusoidalConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
         # The table's entries have RMS 1/sqrt(2): sqrt(2) * token_rms gives it the token signal's RMS.
-        match = cfg.scale is None or (cfg.match_tokens and dims.token_scale == 1.0)  # 1.0: GPT-2's convention
+        match = cfg.scale is None or _matched(cfg, dims)
         self.scale = dims.token_rms * math.sqrt(2.0) if match else cfg.scale
+
+    @classmethod
+    def unread_settings(cls, cfg: SinusoidalConfig, dims: ModelDims) -> list[tuple[str, str]]:
+        """A scale other than the paper's under match_tokens and GPT-2's convention: the sinusoid is matched to the
+        tokens whatever it says (null asks for that same match, so it is read)."""
+        if not _matched(cfg, dims) or cfg.scale is None or cfg.scale == SinusoidalConfig.scale:
+            return []
+        return [
+            (
+                "scale",
+                f"pe.scale={cfg.scale} is not read under pe.match_tokens=true with model.embedding=gpt2 (the "
+                "sinusoid is scaled to the token signal's RMS): drop pe.scale, or set pe.match_tokens=false",
+            )
+        ]
 
     def embed(self, positions: torch.Tensor) -> torch.Tensor:
         # Computed in float64 on the fly (T x d values: cheap next to attention): accurate at any position,

@@ -1,0 +1,86 @@
+"""A setting that the run would not read, where that depends on more than a sibling key, is refused at start-up in
+one line naming the keys involved (the sinusoid's scale under GPT-2's convention, a hybrid's settings of a scheme
+outside its pattern); a fraction that gives no whole number of a head's dimensions is refused, never rounded; and
+an evaluation refuses an unread setting only among the keys it sets itself. Through the command lines, in this
+process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_runs import assert_one_line_error
+from tiny_checkpoint import make_run
+
+from experiment.compose import compose_config
+from experiment.config import validate
+
+
+def refused_before_writing(done, run_dir: Path, *fragments: str) -> None:
+    assert_one_line_error(done, *fragments)
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        # match_tokens scales the sinusoid to the tokens under GPT-2's convention, whatever pe.scale says
+        (
+            ["pe=sinusoidal", "model.embedding=gpt2", "pe.scale=0.5"],
+            ["pe.scale=0.5", "pe.match_tokens=true", "model.embedding=gpt2"],
+        ),
+        # a hybrid holds every scheme's settings; only those of its pattern are read
+        (["pe=hybrid", "pe.kerple.kernel=power"], ["pe.kerple.kernel=power", "pe.pattern=[rope,none]"]),
+        (["pe=hybrid", "pe.p_rope.p=0.5"], ["pe.p_rope.p=0.5", "pe.pattern=[rope,none]"]),
+        # p d / 2 = 0.3 x 8 / 2 = 1.2 pairs (TINY: head dimension 8): rounded down, it was silently pe.p=0.25
+        (["pe=p_rope", "pe.p=0.3"], ["pe.p=0.3", "1.2 of the 4 frequency pairs", "pe.p=0.25 (1 pairs) or 0.5"]),
+        (
+            ["pe=hybrid", "pe.pattern=[p_rope,none]", "pe.p_rope.p=0.3", "model.n_layer=2"],
+            ["pe.p_rope.*", "pe.p=0.3 keeps 1.2"],
+        ),
+        # 8 x 0.3 = 2.4 coordinates, which int() made 2 and accepted
+        (["pe=rope", "pe.rotary_fraction=0.3"], ["pe.rotary_fraction", "x 0.3 = 2.4"]),
+    ],
+)
+def test_a_setting_the_run_would_not_read_or_would_round_is_refused(cli, tmp_path, extra, fragments):
+    run_dir = tmp_path / "run"
+    refused_before_writing(cli.train_here(run_dir, *extra), run_dir, *fragments)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["pe=sinusoidal", "model.embedding=gpt2", "pe.scale=0.5", "pe.match_tokens=false"],
+        ["pe=sinusoidal", "model.embedding=fairseq", "pe.scale=0.5"],
+        ["pe=sinusoidal", "model.embedding=gpt2", "pe.scale=null"],  # asks for the match it gets: read
+        ["pe=hybrid", "pe.pattern=[rope,kerple]", "pe.kerple.kernel=power", "pe.rope.base=500000", "model.n_layer=2"],
+        ["pe=llama4_inope", "model.n_layer=4"],  # its preset RoPE base is its default, not a setting given
+        ["pe=p_rope", "pe.p=0.25"],
+        ["pe=rope", "pe.rotary_fraction=0.25"],
+    ],
+)
+def test_settings_the_run_reads_are_accepted(cli, extra):
+    validate(compose_config([*cli.overrides(Path("unused"), *extra)]))
+
+
+@pytest.fixture(scope="module")
+def yarn_run(cli, tmp_path_factory) -> Path:
+    """A run trained with YaRN and its own beta_fast (a checkpoint, untrained weights: nothing here needs more)."""
+    run = tmp_path_factory.mktemp("yarn") / "run"
+    yarn = ("pe.scaling.type=yarn", "pe.scaling.factor=2", "pe.scaling.beta_fast=16")
+    return make_run(run, cli.corpus, "pe=rope", *yarn)
+
+
+EVAL = ("pe.scaling.type=none", "pe.scaling.factor=1", "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
+
+
+def test_an_evaluation_without_the_trained_scaling_is_not_refused_for_its_settings(cli, yarn_run):
+    """The trained beta_fast is unread under pe.scaling.type=none, but it was read in training: not the user's."""
+    done = cli.eval_here(yarn_run, *EVAL)
+    assert done.returncode == 0, done.stderr
+    assert (yarn_run / "eval" / "extrapolation.json").is_file()
+
+
+def test_an_evaluation_refuses_an_unread_setting_it_sets(cli, yarn_run):
+    done = cli.eval_here(yarn_run, *EVAL, "pe.scaling.beta_slow=2")
+    assert_one_line_error(done, "pe.scaling.beta_slow=2.0", "pe.scaling.type=none ignores it")
