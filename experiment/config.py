@@ -50,7 +50,7 @@ class TrainConfig:
     resume: bool = False
     init_from: str | None = None  # a run directory (or .pt) whose weights start this run: training/init_from.py
     # keep: the run has its parent's scheme; replace: another pe=, whose parameters start afresh while every other
-    # weight is the parent's (the parent's position parameters are dropped: DroPE, Gelberg et al. 2025)
+    # weight is the parent's (the parent's position parameters are dropped: DroPE, Sakana AI 2025)
     init_from_pe: str = "keep"
     seed: int = domain(1337, ge=0, le=MAX_SEED)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
