@@ -21,6 +21,22 @@ TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
+@pytest.mark.parametrize("length", [*AWKWARD, 128, 256, 1000])
+def test_the_causal_block_mask_is_create_block_masks_without_its_dense_mask(length):
+    """model/attention.py builds the causal BlockMask from its block structure (create_block_mask materialises
+    the whole length x length mask first: 2.6 GB at 16K tokens); every field must be create_block_mask's."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    ours = attention._make_causal_block_mask(length, "cpu")
+    theirs = create_block_mask(attention._causal, B=None, H=None, Q_LEN=length, KV_LEN=length, device="cpu")
+    assert ours.seq_lengths == theirs.seq_lengths == (length, length)
+    for field in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(ours, field), getattr(theirs, field)), field
+    for field in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):  # what the backward reads
+        assert torch.equal(getattr(ours, field), getattr(theirs, field)), field
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+
+
 def test_the_registry_has_bias_schemes():
     assert {"alibi", "t5", "kerple", "fire"} <= set(BIAS)
 
