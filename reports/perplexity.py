@@ -165,6 +165,13 @@ def ratio_estimate(entry: Entry, multiple: float) -> Estimate | None:
     return mean_ci(list(values.values())) if values else None
 
 
+# The rule by which the report claims a difference, said once under each table of differences.
+DIFFERENCES_RULE = (
+    "Differences: a setting differs from the lowest one at a length when their 95% intervals do not "
+    "overlap (a conservative rule)."
+)
+
+
 def markdown_report(
     entries: list[Entry], protocol: str, stride: int | None, data: str, ratios: bool, baseline: Entry | None = None
 ) -> str:
@@ -176,23 +183,7 @@ def markdown_report(
         for entry in entries:
             entry.label += f" (trained at {entry.train_len})"
     stride_note = f", stride {stride or 'L/2'}" if protocol == "sliding" else ""
-    rows = [row for entry in entries for seed in entry.per_seed for row in seed.values() if row_ppl(row) is not None]
-    ranges = {tuple(row["target_range"]) + (row["tokens"],) for row in rows}
     classes = token_classes(entries)
-    if len(classes) > 1:
-        tokens_note = (
-            "**rows marked [...] scored other tokens** (another corpus, split or target range): each is its own "
-            "row, never averaged with the others, and differences are claimed only between rows that scored the "
-            "same tokens"
-        )
-    elif len(ranges) == 1:
-        start, stop, tokens = next(iter(ranges))
-        tokens_note = f"every cell scores the same {tokens:,} tokens (targets [{start:,}, {stop:,}) of the split)"
-    else:
-        tokens_note = (
-            "**cells scored different token ranges** "
-            f"({', '.join(f'[{a:,}, {b:,})' for a, b, _ in sorted(ranges))}): compare with care"
-        )
     parts = [
         f"Perplexity by evaluation length ({protocol} protocol{stride_note}; data: {data}; "
         f"training length {common_train_len or 'per row'}): mean over seeds ± half-width of the 95% confidence "
@@ -201,17 +192,13 @@ def markdown_report(
         "",
         table(entries, lengths, header, ppl_estimate),
         "",
-        f"Scored tokens: {tokens_note}.",
+        f"Scored tokens: {scored_tokens_note(entries, classes)}.",
     ]
     note = runtime_note(entries)
     if note:
         parts += ["", note]
-    rule = (
-        "Differences: a setting differs from the lowest one at a length when their 95% intervals do not "
-        "overlap (a conservative rule)."
-    )
     if any(len(entry.per_seed) > 1 for entry in entries):
-        parts += ["", rule, *by_class(classes, lambda c: differences(c, lengths, header, ppl_estimate))]
+        parts += ["", DIFFERENCES_RULE, *by_class(classes, lambda c: differences(c, lengths, header, ppl_estimate))]
         parts += by_class(classes, lambda c: paired_report(c, lengths, header, ppl_values, baseline_in(c, baseline)))
     else:
         parts += [
@@ -220,32 +207,57 @@ def markdown_report(
             "train.seed=1,2,3).",
         ]
     if ratios:
-        multiples = sorted(
-            {
-                length / entry.train_len
-                for entry in entries
-                for seed in entry.per_seed
-                for length in seed
-                if length > entry.train_len
-            }
+        parts += ratio_report(entries, classes, baseline)
+    return "\n".join(parts) + "\n"
+
+
+def scored_tokens_note(entries: list[Entry], classes: list[list[Entry]]) -> str:
+    """Which tokens the cells scored: the same ones everywhere, or, in bold, where they differ."""
+    rows = [row for entry in entries for seed in entry.per_seed for row in seed.values() if row_ppl(row) is not None]
+    ranges = {tuple(row["target_range"]) + (row["tokens"],) for row in rows}
+    if len(classes) > 1:
+        return (
+            "**rows marked [...] scored other tokens** (another corpus, split or target range): each is its own "
+            "row, never averaged with the others, and differences are claimed only between rows that scored the "
+            "same tokens"
         )
-        ratio_header = [f"{k:g}×" for k in multiples]
+    if len(ranges) == 1:
+        start, stop, tokens = next(iter(ranges))
+        return f"every cell scores the same {tokens:,} tokens (targets [{start:,}, {stop:,}) of the split)"
+    return (
+        "**cells scored different token ranges** "
+        f"({', '.join(f'[{a:,}, {b:,})' for a, b, _ in sorted(ranges))}): compare with care"
+    )
+
+
+def ratio_report(entries: list[Entry], classes: list[list[Entry]], baseline: Entry | None) -> list[str]:
+    """The lines of the extrapolation-ratio table (ppl@kL / ppl@L), with its differences when there are seeds."""
+    multiples = sorted(
+        {
+            length / entry.train_len
+            for entry in entries
+            for seed in entry.per_seed
+            for length in seed
+            if length > entry.train_len
+        }
+    )
+    ratio_header = [f"{k:g}×" for k in multiples]
+    parts = [
+        "",
+        "Extrapolation ratio ppl@kL / ppl@L (L: the training length; per seed, then mean ± 95% CI):",
+        "",
+        table(entries, multiples, ratio_header, ratio_estimate, digits=3),
+    ]
+    if any(len(entry.per_seed) > 1 for entry in entries):
         parts += [
             "",
-            "Extrapolation ratio ppl@kL / ppl@L (L: the training length; per seed, then mean ± 95% CI):",
-            "",
-            table(entries, multiples, ratio_header, ratio_estimate, digits=3),
+            DIFFERENCES_RULE.replace("at a length", "at a multiple"),
+            *by_class(classes, lambda c: differences(c, multiples, ratio_header, ratio_estimate)),
         ]
-        if any(len(entry.per_seed) > 1 for entry in entries):
-            parts += [
-                "",
-                rule.replace("at a length", "at a multiple"),
-                *by_class(classes, lambda c: differences(c, multiples, ratio_header, ratio_estimate)),
-            ]
-            parts += by_class(
-                classes, lambda c: paired_report(c, multiples, ratio_header, ratio_values, baseline_in(c, baseline))
-            )
-    return "\n".join(parts) + "\n"
+        parts += by_class(
+            classes, lambda c: paired_report(c, multiples, ratio_header, ratio_values, baseline_in(c, baseline))
+        )
+    return parts
 
 
 def by_class(classes: list[list[Entry]], report: Callable[[list[Entry]], list[str]]) -> list[str]:

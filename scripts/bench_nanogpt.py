@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import _repo
 
+import argparse
 import contextlib
 import hashlib
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -44,8 +46,7 @@ def load_nanogpt(path: Path):
     return module
 
 
-@exit_on_user_error
-def main(argv: list[str]) -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-py", type=Path, required=True, help="path to nanoGPT's model.py")
     add_common_args(parser)
@@ -56,19 +57,42 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batch-size", type=count(1), default=8)
     parser.add_argument("--threads", type=count(1), default=2, help="torch.set_num_threads on CPU")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args(argv)
-    read_results_file(args.record)
+    return parser.parse_args(argv)
 
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    read_results_file(args.record)
     nanogpt = load_nanogpt(args.model_py)
     device = torch.device(args.device)
-    # nanoGPT's train.py: bf16 autocast on CUDA (when supported), a nullcontext (fp32) on CPU; compile on CUDA.
+    bf16 = set_up_device(device, args.threads)
+    model, step_s, cpu_share, memory = time_steps(nanogpt, args, device, bf16)
+    record = bench_record(args, device, bf16, model, step_s, cpu_share, memory)
+    print_record(record)
+    if args.record:
+        save_run(args.record, "scripts/bench_nanogpt.py", argv, [record])
+
+
+def set_up_device(device: torch.device, threads: int) -> bool:
+    """The device's settings as nanoGPT's train.py makes them; returns whether it trains in bf16 (on CUDA, when
+    supported; fp32 on CPU)."""
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
-    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    return bf16
+
+
+def time_steps(
+    nanogpt: ModuleType, args: argparse.Namespace, device: torch.device, bf16: bool
+) -> tuple[torch.nn.Module, float, float, PeakMemory]:
+    """nanoGPT's model built and its training step timed on one fixed random batch: the model, the seconds per
+    step, the CPU's share of them and the peak memory."""
+    # nanoGPT's train.py: bf16 autocast on CUDA (when supported), a nullcontext (fp32) on CPU; compile on CUDA.
+    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     torch.manual_seed(1337)
     x = torch.randint(0, VOCAB_SIZE, (args.batch_size, args.seq_len), device=device)
     y = torch.randint(0, VOCAB_SIZE, (args.batch_size, args.seq_len), device=device)
@@ -98,10 +122,23 @@ def main(argv: list[str]) -> None:
             optimizer.zero_grad(set_to_none=True)
 
         step_s, cpu_share = seconds_per_step(step, args.warmup, args.steps, device)
+    return model, step_s, cpu_share, memory
+
+
+def bench_record(
+    args: argparse.Namespace,
+    device: torch.device,
+    bf16: bool,
+    model: torch.nn.Module,
+    step_s: float,
+    cpu_share: float,
+    memory: PeakMemory,
+) -> dict:
+    """The JSON line, with scripts/bench.py's fields."""
     tokens_per_s = args.batch_size * args.seq_len / step_s
     peak = peak_flops(device)
     flops = flops_per_token(model.get_num_params(), args.n_layer, args.n_embd, args.seq_len)
-    record = {
+    return {
         "pe": "learned",
         "impl": "nanoGPT",
         "device": device_name(device),
@@ -128,9 +165,6 @@ def main(argv: list[str]) -> None:
             "model_py_sha256": hashlib.sha256(args.model_py.read_bytes()).hexdigest(),
         },
     }
-    print_record(record)
-    if args.record:
-        save_run(args.record, "scripts/bench_nanogpt.py", argv, [record])
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ from evaluation.plots import (
     plot_training_curves,
 )
 from evaluation.report import row_ppl
-from reports.curves import validation_curves, validation_report
+from reports.curves import ValidationCurve, validation_curves, validation_report
 from reports.perplexity import (
     choose_data,
     entries_of,
@@ -80,15 +80,28 @@ from reports.perplexity import (
     per_position_series,
     ppl_series,
 )
-from reports.runs import Entry, group_by_seed, load_runs
+from reports.runs import Entry, Run, group_by_seed, load_runs
 from reports.tables import find_baseline
-from reports.tasks import task_csv, task_entries, task_panels, task_report
+from reports.tasks import TaskEntry, task_csv, task_entries, task_panels, task_report
 
 DEFAULT_MARKDOWN = Path("comparison.md")  # the other outputs lie beside it (default_outputs)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    # --help lists the options in the order they are added
+    add_selection_options(parser)
+    add_perplexity_options(parser)
+    add_task_options(parser)
+    args = parser.parse_args(argv)
+    for name, path in default_outputs(args.markdown).items():
+        if getattr(args, name) is None:
+            setattr(args, name, path)
+    return args
+
+
+def add_selection_options(parser: argparse.ArgumentParser) -> None:
+    """The runs, and which of their results are compared."""
     parser.add_argument("run_dirs", nargs="+", type=Path, help="training run directories")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="nonoverlapping")
     parser.add_argument(
@@ -98,6 +111,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="sliding protocol: the stride evaluated (default: half of each length, eval's default)",
     )
     parser.add_argument("--data", default=None, help="compare results on this data (default: the only one)")
+
+
+def add_perplexity_options(parser: argparse.ArgumentParser) -> None:
+    """The markdown and the perplexity outputs, the tables and plots added to them, and the paired baseline."""
     parser.add_argument("--markdown", type=Path, default=DEFAULT_MARKDOWN, help="table output path")
     parser.add_argument(
         "--plot", type=Path, default=None, help="plot output path (default: the --markdown path with .png)"
@@ -133,6 +150,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="pair every setting by seed with this one (a row label: a scheme, or a scheme and a variation) "
         "instead of the lowest in each column",
     )
+
+
+def add_task_options(parser: argparse.ArgumentParser) -> None:
+    """The outputs of task runs (eval/tasks.json)."""
     parser.add_argument(
         "--task-plot",
         type=Path,
@@ -146,11 +167,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="task runs: the task tables as CSV, to this path (default: the --markdown path with _tasks.csv)",
     )
-    args = parser.parse_args(argv)
-    for name, path in default_outputs(args.markdown).items():
-        if getattr(args, name) is None:
-            setattr(args, name, path)
-    return args
 
 
 def default_outputs(markdown: Path) -> dict[str, Path]:
@@ -191,22 +207,55 @@ def main(argv: list[str]) -> None:
     runs = load_runs(args.run_dirs)
     language_runs = [run for run in runs if run.document is not None]  # task runs have accuracy only
     tasks = task_entries(runs)
-    # Checked before anything is written: only the outputs these runs have (a task study writes no perplexity plot)
+    check_output_paths(args, bool(language_runs), bool(tasks))
+    entries, data = [], None
+    if language_runs:
+        data = choose_data(language_runs, args.data)
+        entries = entries_of(group_by_seed(language_runs), args.protocol, args.stride, data)
+    check_requests(args, entries)
+    check_baseline(args.baseline, entries, tasks)
+    report, curves = comparison_markdown(args, runs, entries, data, tasks)
+    args.markdown.parent.mkdir(parents=True, exist_ok=True)
+    args.markdown.write_text(report)
+    print(report)
+    written = [args.markdown]
+    if tasks:
+        write_task_outputs(args, tasks, written)
+    if entries:
+        write_perplexity_plots(args, entries, data, written)
+    if curves:
+        write_validation_plot(args, curves, written)
+    if args.entropy is not None:
+        args.entropy.parent.mkdir(parents=True, exist_ok=True)
+        plot_entropy_comparison(read_attention(args.run_dirs), args.entropy)
+        written.append(args.entropy)
+    print(f"compare: wrote {', '.join(map(str, written))}")
+
+
+def check_output_paths(args: argparse.Namespace, perplexity: bool, tasks: bool) -> None:
+    """Checked before anything is written: only the outputs these runs have (a task study writes no perplexity
+    plot)."""
     outputs = ["markdown", "val_curve", "entropy"]
-    outputs += ["plot", "per_position"] if language_runs else []
+    outputs += ["plot", "per_position"] if perplexity else []
     outputs += ["task_plot", "task_csv"] if tasks else []
     check_image_paths(
         {option_name(name): getattr(args, name) for name in outputs if name not in ("markdown", "task_csv")}
     )
     check_outputs({option_name(name): getattr(args, name) for name in outputs}, inputs=args.run_dirs)
-    entries, report, written = [], "", []
-    if language_runs:
-        data = choose_data(language_runs, args.data)
-        entries = entries_of(group_by_seed(language_runs), args.protocol, args.stride, data)
-    check_requests(args, entries)
-    if args.baseline is not None and not entries and args.baseline not in {entry.label for entry in tasks}:
+
+
+def check_baseline(baseline: str | None, entries: list[Entry], tasks: list[TaskEntry]) -> None:
+    """Refuse a --baseline that names no setting of task runs (with perplexity runs, find_baseline checks it)."""
+    if baseline is not None and not entries and baseline not in {entry.label for entry in tasks}:
         labels = ", ".join(repr(label) for label in dict.fromkeys(entry.label for entry in tasks))
-        raise PosGPTError(f"--baseline {args.baseline!r} is not a setting of these runs; they are: {labels}")
+        raise PosGPTError(f"--baseline {baseline!r} is not a setting of these runs; they are: {labels}")
+
+
+def comparison_markdown(
+    args: argparse.Namespace, runs: list[Run], entries: list[Entry], data: str | None, tasks: list[TaskEntry]
+) -> tuple[str, list[ValidationCurve]]:
+    """The markdown (perplexity tables, validation losses, task tables) and the validation curves it tabulates."""
+    report = ""
     if entries:
         report = markdown_report(
             entries, args.protocol, args.stride, data, args.ratios, find_baseline(entries, args.baseline)
@@ -216,41 +265,37 @@ def main(argv: list[str]) -> None:
         report += "\n" + validation_report(curves)
     if tasks:
         report += ("\n" if report else "") + task_report(tasks, args.baseline)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(report)
-    print(report)
-    written.append(args.markdown)
-    if tasks:
-        args.task_csv.parent.mkdir(parents=True, exist_ok=True)
-        args.task_plot.parent.mkdir(parents=True, exist_ok=True)
-        band = " (band: 95% CI over seeds)" if any(len(entry.per_seed) > 1 for entry in tasks) else ""
-        plot_task_panels(task_panels(tasks), args.task_plot, f"Task results by evaluation length{band}")
-        written += [task_csv(tasks, args.task_csv), args.task_plot]
-    if entries:
-        write_perplexity_plots(args, entries, data, written)
-    if curves:
-        args.val_curve.parent.mkdir(parents=True, exist_ok=True)
-        band = " (band: 95% CI over seeds)" if max(curve.seeds for curve in curves) > 1 else ""
-        plot_training_curves(
-            [
-                Series(
-                    curve.label,
-                    curve.scheme,
-                    list(curve.by_step),
-                    [estimate.mean for estimate in curve.by_step.values()],
-                    [estimate.half_width for estimate in curve.by_step.values()],
-                )
-                for curve in curves
-            ],
-            args.val_curve,
-            f"Validation loss during training{band}",
-        )
-        written.append(args.val_curve)
-    if args.entropy is not None:
-        args.entropy.parent.mkdir(parents=True, exist_ok=True)
-        plot_entropy_comparison(read_attention(args.run_dirs), args.entropy)
-        written.append(args.entropy)
-    print(f"compare: wrote {', '.join(map(str, written))}")
+    return report, curves
+
+
+def write_task_outputs(args: argparse.Namespace, tasks: list[TaskEntry], written: list[Path]) -> None:
+    """The task plot and CSV; each added to ``written``."""
+    args.task_csv.parent.mkdir(parents=True, exist_ok=True)
+    args.task_plot.parent.mkdir(parents=True, exist_ok=True)
+    band = " (band: 95% CI over seeds)" if any(len(entry.per_seed) > 1 for entry in tasks) else ""
+    plot_task_panels(task_panels(tasks), args.task_plot, f"Task results by evaluation length{band}")
+    written += [task_csv(tasks, args.task_csv), args.task_plot]
+
+
+def write_validation_plot(args: argparse.Namespace, curves: list[ValidationCurve], written: list[Path]) -> None:
+    """The validation loss during training, per setting; added to ``written``."""
+    args.val_curve.parent.mkdir(parents=True, exist_ok=True)
+    band = " (band: 95% CI over seeds)" if max(curve.seeds for curve in curves) > 1 else ""
+    plot_training_curves(
+        [
+            Series(
+                curve.label,
+                curve.scheme,
+                list(curve.by_step),
+                [estimate.mean for estimate in curve.by_step.values()],
+                [estimate.half_width for estimate in curve.by_step.values()],
+            )
+            for curve in curves
+        ],
+        args.val_curve,
+        f"Validation loss during training{band}",
+    )
+    written.append(args.val_curve)
 
 
 def write_perplexity_plots(args: argparse.Namespace, entries: list[Entry], data: str, written: list[Path]) -> None:
