@@ -315,10 +315,12 @@ def _causal(b, h, q_idx, kv_idx):
 
 
 def _causal_block_mask(seq_len: int, device: str):
-    """The causal BlockMask: cached in eager mode; under torch.compile its (cheap) construction is traced
-    into the graph instead, as dynamo would ignore the cache anyway (with a warning)."""
+    """The causal BlockMask: cached in eager mode; under torch.compile create_block_mask is traced into the
+    graph instead, as dynamo would ignore the cache anyway (with a warning)."""
     if torch.compiler.is_compiling():
-        return _make_causal_block_mask(seq_len, device)
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(_causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
     return _cached_causal_block_mask(seq_len, device)
 
 
