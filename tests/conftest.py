@@ -34,10 +34,13 @@ def _seeded_module():
 
 
 @pytest.fixture(autouse=True)
-def _seeded():
+def _fresh_state():
     """Every test starts from the same state of torch's, numpy's and Python's global generators, so a test that
-    draws from them (torch.randn without a generator) draws the same numbers on every run and in any order."""
+    draws from them (torch.randn without a generator) draws the same numbers on every run and in any order; and
+    with gradients on, as a fresh process: a script's main() called in-process turns them off for good, which
+    failed whichever test its worker ran next (test_pe_fire, after test_attention_on_value)."""
     _seed_everything()
+    torch.set_grad_enabled(True)
 
 
 from cli_runs import cli, reference  # noqa: E402, F401  (the session fixtures, for every test module)

@@ -279,3 +279,13 @@ def test_no_test_draws_numbers_that_differ_between_runs(path):
 def test_every_test_starts_from_the_same_random_state():
     """conftest.py's seeding: what a test draws without a generator does not depend on the tests before it."""
     assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(0)))
+
+
+def test_a_test_may_leave_gradients_off_as_a_scripts_main_does():
+    torch.set_grad_enabled(False)  # eval.py's, sample.py's and the scripts' main() do, and tests call them
+
+
+def test_the_next_test_starts_with_gradients_on():
+    """conftest.py: a test starts as a fresh process would, whatever the test before it left (runs after the test
+    above, in the same worker: pytest runs a file's tests in order)."""
+    assert torch.is_grad_enabled()
