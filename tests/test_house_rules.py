@@ -55,7 +55,8 @@ def test_scripts_put_the_repository_on_the_path_before_importing_it(path):
 
 
 def python_sources() -> list[Path]:
-    """Every posgpt source file but the tests (none under a hidden folder either: a .venv or .offline_bundle is not ours)."""
+    """Every posgpt source file but the tests (none under a hidden folder either: a .venv or .offline_bundle is
+    not ours)."""
     sources = []
     for path in sorted(REPO.rglob("*.py")):
         top = path.relative_to(REPO).parts[0]
@@ -190,6 +191,49 @@ def f(cfg):
         (7, "scaling"),
         (8, "base"),
     ]
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def project_sources() -> list[Path]:
+    """posgpt's own code: its packages, the top-level commands and scripts/ (not tests/, not results/)."""
+    packages = [path for name in sorted(POSGPT_PACKAGES) for path in sorted((REPO / name).rglob("*.py"))]
+    return packages + sorted(REPO.glob("*.py")) + sorted((REPO / "scripts").glob("*.py"))
+
+
+def long_functions(source: str) -> list[str]:
+    """``name:line (n lines)`` of each function or method over MAX_FUNCTION_LINES lines, counted from its `def` to
+    its last line: its decorators are not counted."""
+    return [
+        f"{node.name}:{node.lineno} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def test_no_function_is_over_60_lines():
+    """A function a reader takes in at once: one over 60 lines is split into named steps."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{found}" for path in project_sources() for found in long_functions(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_the_length_rule_catches_a_61_line_function_and_walks_the_project(tmp_path):
+    def function(name: str, lines: int, indent: str = "") -> str:
+        body = "".join(f"{indent}    x = {i}\n" for i in range(lines - 2))
+        return f"{indent}@decorator\n{indent}def {name}():\n{body}{indent}    return x\n"
+
+    source = tmp_path / "lengths.py"
+    source.write_text(
+        function("sixty", 60) + function("sixty_one", 61) + "class C:\n" + function("method", 61, indent="    ")
+    )
+    assert long_functions(source.read_text()) == ["sixty_one:63 (61 lines)", "method:126 (61 lines)"]
+    walked = {path.relative_to(REPO).as_posix() for path in project_sources()}
+    assert {"training/loop.py", "model/pe/base.py", "train.py", "scripts/compare.py"} <= walked
+    assert not any(name.startswith(("tests/", "results/", ".")) for name in walked)
 
 
 def legacy_document(pe: str, setting: dict | None) -> dict:
