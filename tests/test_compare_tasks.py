@@ -371,7 +371,7 @@ def test_the_task_study_trains_each_task_scheme_and_seed_skips_what_is_done_and_
     assert document["config"]["model"]["n_embd"] == 16 and document["config"]["train"]["lr"] == 1e-3  # the task's
     report = (study_dir / "comparison_tasks.md").read_text()  # rewritten from every finished task run
     assert (
-        "## Task: mqar (min_pairs=1, n_keys=32, n_pairs=8, n_values=32, power_a=0.01)" in report
+        "## Task: mqar (min_pairs=1, n_keys=32, n_pairs=8, n_values=32, power_a=0.01, train_lengths=uniform)" in report
         and "## Task: passkey (" in report
     )
     mqar, passkey = report.split("## Task: passkey (")
