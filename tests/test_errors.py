@@ -149,8 +149,9 @@ def nan_at_step(monkeypatch):
     return poison
 
 
-def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(cli, tmp_path, nan_at_step):
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(cli, reference, tmp_path, nan_at_step):
     # Step 4's NaN gradients turn the weights NaN; a save after every step would write them if anything let it.
+    # (The reference run has tokenized the corpus: a cold token cache's progress bar would stand above the error.)
     nan_at_step(4)
     done = cli.train_here(tmp_path, "train.max_steps=20", "train.checkpoint_every=1")
     assert_one_line_error(done, "non-finite by step 4", "still holds the last good checkpoint", "Lower train.lr")
