@@ -1,6 +1,6 @@
 """Fuzz every command line with values and files drawn from the schema: each answer must be a result or one line.
 
-    python scripts/fuzz_cli.py                             # the long profile: 2,000 cases (some 15 minutes)
+    python scripts/fuzz_cli.py                             # the long profile: 2,000 cases (some 35 minutes)
     python scripts/fuzz_cli.py --examples 300 --seed 3     # another seed, another count
     python scripts/fuzz_cli.py --profile ci                # what the suite runs (tests/test_fuzz_cli.py)
     python scripts/fuzz_cli.py --subprocess                # each case as a real `python <command> ...` (slower)
@@ -521,7 +521,15 @@ def run_in_process(command: str, argv: list[str], cwd: Path) -> Outcome:
     return Outcome(code, out.getvalue(), err.getvalue())
 
 
-def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 (the hook's)
+def _print_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: object = None,
+    line: str | None = None,
+) -> None:
+    """warnings.showwarning as Python's own, to the stderr of the moment (the case's, redirected)."""
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
