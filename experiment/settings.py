@@ -19,7 +19,7 @@ from core.errors import PosGPTError
 from data.tasks import NO_TASK, TASKS
 from experiment.compose import compose_config, one_line
 from experiment.config import schema
-from model.pe import SCHEMES
+from model.pe import SCHEMES, record
 from model.temperature import check_evaluation_change
 
 # Where and how fast a run computes, and what it reports: never what the weights compute.
@@ -118,12 +118,11 @@ def trained_config(saved_config: dict) -> DictConfig:
         node = OmegaConf.select(saved, section, default=None)
         if OmegaConf.is_dict(node) and key in node:
             OmegaConf.update(saved, new, node.pop(key), force_add=True)
-    scheme = SCHEMES.get(saved["pe"]["name"])
     task_name = saved.get("task", {}).get("name", NO_TASK)  # no task: written before tasks
     task = TASKS.get(task_name)
     legacy = {
         **LEGACY_VALUES,
-        **{f"pe.{key}": value for key, value in (scheme.legacy_values if scheme else {}).items()},
+        **{f"pe.{key}": value for key, value in record(saved["pe"]["name"]).legacy_values.items()},
         **{f"task.{key}": value for key, value in (task.legacy_values if task else {}).items()},
     }
     for key, value in legacy.items():

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from core.errors import PosGPTError
 from model import GPT, KVCache, ModelConfig
-from model.pe import SCHEMES
+from model.pe import SCHEMES, PositionalEncoding
 from model.sampling import generate
 
 SEQ_LEN = 16
@@ -250,3 +250,15 @@ def test_bias_is_built_once_per_forward_unless_it_depends_on_the_layer(name, mon
     monkeypatch.setattr(type(model.pe), "bias_block", lambda self, *a: calls.append(1) or original(self, *a))
     model(torch.zeros(1, 8, dtype=torch.long))
     assert len(calls) == (2 if SCHEMES[name].bias_depends_on_layer else 1)
+
+
+def test_every_record_names_a_scheme_and_every_scheme_has_a_colour():
+    """Presentation, study variations and checkpoint migration live in each module's SchemeRecord, not in the
+    scheme's class (which holds the mathematics and kernel hints)."""
+    from model.pe import RECORDS, record
+
+    assert set(RECORDS) == set(SCHEMES)
+    assert all(record(name).colour for name in SCHEMES)
+    assert record("myscheme").colour == "" and record("none").display_name == "none (NoPE)"
+    for attribute in ("colour", "display_name", "study_variations", "legacy_values"):
+        assert not hasattr(PositionalEncoding, attribute), attribute

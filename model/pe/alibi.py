@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 
 @dataclass
@@ -38,7 +38,6 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 class ALiBiPositionalEncoding(PositionalEncoding):
     name = "alibi"
-    colour = "#ff7f0e"
     config_class = ALiBiConfig
     has_score_bias = True
     bias_is_relative = True
@@ -49,3 +48,6 @@ class ALiBiPositionalEncoding(PositionalEncoding):
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:
         return -self.slopes[head] * (q_pos - k_pos)
+
+
+RECORD = SchemeRecord("alibi", colour="#ff7f0e")

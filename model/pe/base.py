@@ -121,15 +121,33 @@ class PositionState:
         return self.key_positions.shape[-1]
 
 
+@dataclass(frozen=True)
+class SchemeRecord:
+    """What the rest of posgpt says about a scheme besides its mathematics, declared beside its class in the
+    scheme's own module (a module-level ``SchemeRecord("rope", colour=...)``, found by the registry; a scheme
+    without one gets the defaults):
+
+    - ``colour``: its colour in every plot ("": a hue from a hash of its name, evaluation/plots.py);
+      ``display_name``: its name in comparison tables ("": its name);
+    - ``study_variations``: the eval.variations entries (see parse_variation) scripts/study.sh evaluates every run
+      of the scheme with, besides the run as trained (empty: the run as trained only);
+    - ``legacy_values``: settings the scheme gained after checkpoints of it were first written, whose default
+      today is not what those checkpoints were trained with: a checkpoint without the key gets this value
+      (experiment/settings.py).
+    """
+
+    scheme: str
+    colour: str = ""
+    display_name: str = ""
+    study_variations: tuple[str, ...] = ()
+    legacy_values: dict[str, Any] = field(default_factory=dict)
+
+
 class PositionalEncoding(nn.Module):
     """Base class: no position at all. Subclasses override the hooks they use."""
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[PEConfig]] = PEConfig
-    # How plots and tables show the scheme: its colour in every plot ("": a hue from a hash of its name,
-    # evaluation/plots.py) and its name in comparison tables ("": its name).
-    colour: ClassVar[str] = ""
-    display_name: ClassVar[str] = ""
     # True when score_bias is overridden: attention must then use a path that can add a bias.
     has_score_bias: ClassVar[bool] = False
     # False when score_bias is the same in every layer: attention then builds it once per forward pass.
@@ -148,13 +166,6 @@ class PositionalEncoding(nn.Module):
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
-    # The eval.variations entries (see parse_variation) that scripts/study.sh evaluates every run of the scheme
-    # with, besides the run as trained (RoPE: YaRN and NTK at factor 16, Self-Extend, ReRoPE). Empty: the run as
-    # trained only.
-    study_variations: ClassVar[tuple[str, ...]] = ()
-    # Settings the scheme gained after checkpoints of it were first written, whose default today is not what those
-    # checkpoints were trained with: a checkpoint without the key gets this value (experiment/settings.py).
-    legacy_values: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:
         super().__init__()

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 
 @dataclass
@@ -38,7 +38,6 @@ class CoPEConfig(PEConfig):
 
 class CoPEPositionalEncoding(PositionalEncoding):
     name = "cope"
-    colour = "#17becf"
     config_class = CoPEConfig
     has_content_bias = True
 
@@ -60,3 +59,6 @@ class CoPEPositionalEncoding(PositionalEncoding):
         at_floor = logits.gather(-1, floor.long())
         at_ceil = logits.gather(-1, positions.ceil().long())
         return (at_ceil * weight + at_floor * (1 - weight)).to(scores.dtype)
+
+
+RECORD = SchemeRecord("cope", colour="#17becf")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 
 @dataclass
@@ -44,7 +44,6 @@ class FireLayer(nn.Module):
 
 class FirePositionalEncoding(PositionalEncoding):
     name = "fire"
-    colour = "#7f7f7f"
     config_class = FireConfig
     has_score_bias = True
     bias_depends_on_layer = True
@@ -76,3 +75,6 @@ class FirePositionalEncoding(PositionalEncoding):
         fire = self.layers[layer]
         x = self.normalized_distance(q_pos[..., :, None], k_pos[..., None, :], layer)[..., None]
         return fire.fc2(torch.relu(fire.fc1(x))).movedim(-1, -3)
+
+
+RECORD = SchemeRecord("fire", colour="#7f7f7f")

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 
 @dataclass
@@ -52,8 +52,6 @@ class FoXConfig(PEConfig):
 
 class ForgetGatePositionalEncoding(PositionalEncoding):
     name = "fox"
-    colour = "#98df8a"
-    display_name = "FoX"
     config_class = FoXConfig
     has_cumulative_bias = True
 
@@ -70,3 +68,6 @@ class ForgetGatePositionalEncoding(PositionalEncoding):
         """log f_t, (B, H, T) float32, from the layer's input x (B, T, C)."""
         logits = F.linear(x, self.gate_weight[layer], self.gate_bias[layer])
         return F.logsigmoid(logits.float()).transpose(1, 2)
+
+
+RECORD = SchemeRecord("fox", colour="#98df8a", display_name="FoX")

@@ -55,7 +55,7 @@ from torch import nn
 
 from core.errors import PosGPTError, warn
 from model.pe import SCHEMES, build_positional_encoding
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 
 @dataclass
@@ -181,12 +181,10 @@ def _split(setting: str) -> tuple[str, str]:
 
 class HybridPositionalEncoding(PositionalEncoding):
     name = "hybrid"
-    colour = "#c5b0d5"  # a light tint of NoPE's purple
     config_class = _PerScheme(pattern_config)
     eval_time_settings = _PerScheme(_eval_time_settings)
     # RoPE's rescalings, for the RoPE layers of the default pattern (not its remaps: each doubles a study's task
     # evaluation, and RoPE's own runs measure them)
-    study_variations = ("yarn:16", "ntk:16")
     # The preset: its default pattern, and the settings of its schemes that differ from their own defaults.
     default_pattern: ClassVar[tuple[str, ...]] = ("rope", "none")
     default_settings: ClassVar[dict[str, dict[str, Any]]] = {}
@@ -332,7 +330,6 @@ class RNoPEPositionalEncoding(HybridPositionalEncoding):
     """RNoPE (Yang et al. 2025): three RoPE layers, then a NoPE layer (module docstring)."""
 
     name = "rnope"
-    colour = "#6baed6"  # RoPE's blues: RoPE in three layers of four
     default_pattern = ("rope", "rope", "rope", "none")
 
 
@@ -340,6 +337,11 @@ class Llama4NoPEPositionalEncoding(HybridPositionalEncoding):
     """Llama 4's interleaved NoPE layers: every 4th layer NoPE, RoPE with base 500000 elsewhere (module docstring)."""
 
     name = "llama4_inope"
-    colour = "#08519c"
     default_pattern = ("rope", "rope", "rope", "none")
     default_settings = {"rope": {"base": 500000.0}}
+
+
+# a light tint of NoPE's purple for the hybrid; RoPE's blues for the presets (RoPE in three layers of four)
+HYBRID_RECORD = SchemeRecord("hybrid", colour="#c5b0d5", study_variations=("yarn:16", "ntk:16"))
+RNOPE_RECORD = SchemeRecord("rnope", colour="#6baed6", study_variations=("yarn:16", "ntk:16"))
+LLAMA4_INOPE_RECORD = SchemeRecord("llama4_inope", colour="#08519c", study_variations=("yarn:16", "ntk:16"))

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 EPS = 1e-2  # the reference code's lower clamp
 
@@ -39,7 +39,6 @@ def clamp_straight_through(x: torch.Tensor, low: float, high: float | None = Non
 
 class KerplePositionalEncoding(PositionalEncoding):
     name = "kerple"
-    colour = "#e377c2"
     config_class = KerpleConfig
     has_score_bias = True
     bias_is_relative = True
@@ -69,3 +68,6 @@ class KerplePositionalEncoding(PositionalEncoding):
             return -r1 * torch.log1p(a * n)
         p = clamp_straight_through(self.bias_p[layer], EPS, 2.0)[head]
         return -a * n.pow(p)
+
+
+RECORD = SchemeRecord("kerple", colour="#e377c2")

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 
 @dataclass
@@ -30,7 +30,6 @@ class LearnedConfig(PEConfig):
 
 class LearnedPositionalEncoding(PositionalEncoding):
     name = "learned"
-    colour = "#d62728"
     config_class = LearnedConfig
 
     def __init__(self, cfg: LearnedConfig, dims: ModelDims) -> None:
@@ -45,3 +44,6 @@ class LearnedPositionalEncoding(PositionalEncoding):
     def embed(self, positions: torch.Tensor) -> torch.Tensor:
         # The model checks lengths against max_positions() before calling (on the host, without a sync).
         return self.table(positions)
+
+
+RECORD = SchemeRecord("learned", colour="#d62728")

@@ -36,7 +36,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims
+from model.pe.base import ModelDims, SchemeRecord
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
 
 
@@ -73,7 +73,6 @@ def _check_all_rotated(cfg: PRoPEConfig) -> None:
 class PartialRotaryPositionalEncoding(RotaryPositionalEncoding):
     name = "p_rope"
     config_class = PRoPEConfig
-    colour = "#aec7e8"  # a light tint of RoPE's blue
 
     def __init__(self, cfg: PRoPEConfig, dims: ModelDims) -> None:
         _check_all_rotated(cfg)
@@ -93,3 +92,9 @@ class PartialRotaryPositionalEncoding(RotaryPositionalEncoding):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, p={self.cfg.p}, kept_pairs={self.kept} of {self.rotated // 2}"
+
+
+# a light tint of RoPE's blue; RoPE's evaluation-time variations
+RECORD = SchemeRecord(
+    "p_rope", colour="#aec7e8", study_variations=("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32")
+)

@@ -32,7 +32,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 from model.pe.rope_remap import RoPERemapConfig, check_remap, far_positions, parse_remap, remap_label
 from model.pe.rope_scaling import (
     LENGTH_DEPENDENT,
@@ -97,14 +97,12 @@ def rotated_dims(head_dim: int, fraction: float) -> int:
 
 class RotaryPositionalEncoding(PositionalEncoding):
     name = "rope"
-    colour = "#1f77b4"
     config_class = RoPEConfig
     # context extension (rope_scaling.py, rope_remap.py) is applied at evaluation time
     eval_time_settings = ("scaling", "remap")
     # No-fine-tuning extensions to the study's longest length, 16x. The remaps' windows are in tokens, chosen for
     # the study's L = 64: ReRoPE's 32 < L, and Self-Extend's group 32 maps 16L's farthest distance (W + (16L - W)/G
     # = 63) inside L.
-    study_variations = ("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32")
 
     def __init__(self, cfg: RoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -246,3 +244,9 @@ def check_one_extension(scaling: RoPEScalingConfig, remap: RoPERemapConfig) -> N
             f"pe.scaling.type={scaling.type} and pe.remap.type={remap.type} both extend RoPE's context: "
             "choose one (compare them with eval.variations)"
         )
+
+
+# the study evaluates every RoPE run with YaRN and NTK at factor 16, Self-Extend and ReRoPE
+RECORD = SchemeRecord(
+    "rope", colour="#1f77b4", study_variations=("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32")
+)

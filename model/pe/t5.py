@@ -28,7 +28,7 @@ from torch import nn
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 
 @dataclass
@@ -50,7 +50,6 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
 
 class T5PositionalEncoding(PositionalEncoding):
     name = "t5"
-    colour = "#8c564b"
     config_class = T5Config
     has_score_bias = True
     bias_is_relative = True
@@ -69,3 +68,6 @@ class T5PositionalEncoding(PositionalEncoding):
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:
         return self.table[t5_bucket(q_pos - k_pos, self.cfg.num_buckets, self.cfg.max_distance), head]
+
+
+RECORD = SchemeRecord("t5", colour="#8c564b")

@@ -25,7 +25,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 from model.pe.rope import rotate_pairs, rotation_angles
 from model.pe.rope_scaling import rope_inv_freq
 
@@ -44,7 +44,6 @@ def xpos_zeta(head_dim: int) -> torch.Tensor:
 
 class XPosPositionalEncoding(PositionalEncoding):
     name = "xpos"
-    colour = "#bcbd22"
     config_class = XPosConfig
 
     def __init__(self, cfg: XPosConfig, dims: ModelDims) -> None:
@@ -76,3 +75,6 @@ class XPosPositionalEncoding(PositionalEncoding):
         q_cos, q_sin, k_cos, k_sin = (t.to(q.dtype) for t in (prepared or self.prepare(positions, seq_len, {})))
         d = q.shape[-1]
         return rotate_pairs(q, q_cos, q_sin, d), rotate_pairs(k, k_cos, k_sin, d)
+
+
+RECORD = SchemeRecord("xpos", colour="#bcbd22")
