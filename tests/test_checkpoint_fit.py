@@ -5,7 +5,8 @@ must be there with its shape, and nothing else. eval.py, sample.py, scripts/insp
 (train.resume=true) and a parent (train.init_from) all go through it, so a config edited after training, a file
 copied from another run or a weight gone missing ends in ``error: ...`` naming the first parameter that does not
 fit (and both shapes), exit 2, before anything is written. Before, the first three ended in load_state_dict's
-traceback and a resume trained on, the missing weight left at its fresh initialisation.
+traceback and a resume trained on, the missing weight left at its fresh initialisation. A resume also needs the
+training state beside the weights (training.checkpointing.RESUME_STATE).
 """
 
 from __future__ import annotations
@@ -113,3 +114,20 @@ def test_a_parent_that_does_not_fit_is_refused(cli, reference, tmp_path, how):
     done = cli.train_here(tmp_path / "child", f"train.init_from={parent}", "train.max_steps=1", *width)
     assert_one_line_error(done, f"train.init_from: {fragment}")
     assert not (tmp_path / "child").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lacking", ["optimizer", "sampler_state"])
+def test_a_resume_from_weights_alone_is_refused(cli, reference, tmp_path, lacking):
+    """A checkpoint that holds what evaluation needs but not the training state (a slimmed copy): KeyError's
+    traceback, after the run's record had been rewritten."""
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    path = last_checkpoint_path(run)
+    state = torch.load(path, weights_only=True)
+    del state[lacking]
+    torch.save(state, path)
+    before = digest(run)
+    done = cli.train_here(run, "train.resume=true", f"train.max_steps={STEPS + 2}")
+    assert_one_line_error(done, f"cannot resume {run}: {path} holds no {lacking} state", f"train.init_from={run}")
+    assert digest(run) == before

@@ -24,6 +24,9 @@ from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_confi
 from training import distributed
 from training.optim import lr_multiplier
 
+# What a resume restores besides the weights (Checkpointer.restore); a checkpoint without them cannot continue.
+RESUME_STATE = ("optimizer", "scheduler", "rng", "sampler_state")
+
 
 def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
     """The checkpoint to continue from (train.resume=true), or None for a fresh run in an unused directory."""
@@ -41,6 +44,12 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
             "to the directory of the run to continue, or drop train.resume to start a new one"
         )
     checkpoint = load_checkpoint(path)
+    lacking = next((key for key in RESUME_STATE if key not in checkpoint), None)
+    if lacking is not None:
+        raise PosGPTError(
+            f"cannot resume {run_dir}: {path} holds no {lacking} state, only what evaluation needs; start a new run "
+            f"from its weights with train.init_from={run_dir} in another hydra.run.dir"
+        )
     # Typed by today's schema: a setting added since the checkpoint was written reads as its default (or as
     # its legacy value, experiment/settings.py), not as a change.
     saved = OmegaConf.to_container(trained_config(checkpoint["config"]), resolve=True)
