@@ -12,8 +12,9 @@ too: per key, the boundary values inside its domain (the smallest value it takes
 where 0 is excluded, 1, the largest sensible value; lists of one element) and values drawn between them, and
 values outside it (just past each bound, nan/inf, huge numbers, the wrong type, null, bad lists, a very long
 string, unicode, an unresolvable interpolation); per path-like key, a missing path, a directory, a file that is
-not UTF-8, an empty file, garbage. compare.py and export_results.py get damaged run directories (garbage,
-truncated, non-UTF-8 results; an empty directory; a file) and outputs that name their inputs.
+not UTF-8, an empty file, garbage. Every command gets damaged run directories (garbage, truncated, non-UTF-8
+results; a checkpoint that lost a weight or whose config no longer fits it; an empty directory; a file), and
+compare.py and export_results.py outputs that name their inputs.
 
 Each case must end in one of (docs/reliability.md):
 
@@ -322,7 +323,24 @@ def damaged_runs(good: Path, folder: Path) -> dict[str, Path]:
     runs["a_file"] = folder / "a-file"
     runs["a_file"].write_text("not a run\n")
     runs["missing"] = folder / "missing-run"
+    for damage in ("weight_missing", "config_misfit"):  # checkpoints that contradict themselves
+        runs[f"checkpoint_{damage}"] = folder / f"checkpoint-{damage.replace('_', '-')}"
+        shutil.copytree(good, runs[f"checkpoint_{damage}"], ignore=shutil.ignore_patterns(".posgpt.lock"))
+        _damage_checkpoint(runs[f"checkpoint_{damage}"] / "checkpoints" / "last.pt", damage)
     return runs
+
+
+def _damage_checkpoint(path: Path, damage: str) -> None:
+    """A checkpoint that lost its last weight, or whose config no longer describes its weights (twice the width)."""
+    import torch
+
+    state = torch.load(path, weights_only=True)
+    if damage == "weight_missing":
+        del state["model"][list(state["model"])[-1]]
+    else:
+        state["config"]["model"]["n_embd"] *= 2
+    path.unlink()  # not through a hard link: the run's step_*.pt stays whole
+    torch.save(state, path)
 
 
 def _damage_rows(path: Path) -> None:
