@@ -59,6 +59,7 @@ REPORTS = [
     ("task-4layer-hybrids/comparison_tasks_vs_rope.md", ["task-4layer-hybrids/*/"], ["--baseline", "rope"]),
     ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
     ("task-study-gpu/comparison_tasks.md", ["task-study-gpu/*/"], []),
+    ("task-study-uniform/comparison_tasks.md", ["task-study-uniform/*/"], []),
     ("task-study-gpu/comparison_tasks_vs_rope.md", ["task-study-gpu/*/"], ["--baseline", "rope"]),
     (
         "shakespeare-probes/comparison_width256.md",
