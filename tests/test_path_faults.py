@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_runs import assert_one_line_error
+from cli_runs import assert_one_line_error, evaluated_run
 from tiny_checkpoint import make_run
 
 import core.files
@@ -31,12 +31,7 @@ def snapshot(directory: Path) -> dict:
 @pytest.fixture(scope="module")
 def evaluated(cli, tmp_path_factory) -> Path:
     """A run with results (a checkpoint of untrained weights, evaluated at one length): read it, never write it."""
-    run_dir = make_run(tmp_path_factory.mktemp("evaluated") / "run", cli.corpus)
-    with pytest.MonkeyPatch.context() as patch:  # module fixtures come before conftest's per-test cache setting
-        patch.setenv("POSGPT_CACHE_DIR", cli.env["POSGPT_CACHE_DIR"])
-        done = cli.eval_here(run_dir, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
-    assert done.returncode == 0, done.stderr
-    return run_dir
+    return evaluated_run(cli, tmp_path_factory.mktemp("evaluated"))
 
 
 @pytest.fixture
