@@ -6,14 +6,14 @@
     python eval.py run_dir=... eval.variations=[none,yarn:8,ntk:8,linear:8] # several in one go (the scheme's)
     python eval.py run_dir=... eval.variations=[none,self_extend:4:32,rerope:32]  # RoPE's Self-Extend, ReRoPE
     python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
-    python eval.py run_dir=<a task=passkey run> eval.task_half_width=0.03   # task accuracy (evaluation/tasks.py)
+    python eval.py run_dir=<a task=passkey run> eval.task_half_width=0.03   # evaluation/task_accuracy.py
 
 The model is built from the config stored in the checkpoint, never from today's configs/ YAML. Overrides
 may change only what does not change what the trained weights compute (experiment/settings.py: data.*,
 eval.*, logging.*, device, dtype, threads, compile, the attention backend, and the scheme's declared
 evaluation-time settings such as RoPE's pe.scaling and pe.remap); any other key is refused, named. Results land in
 <run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
-evaluation/report.py) and in the training run's W&B run. While it runs, eval.py holds the run directory's lock
+evaluation/results.py) and in the training run's W&B run. While it runs, eval.py holds the run directory's lock
 (core/rundir.py): it is refused while a training or another evaluation writes the run, and vice versa.
 
 The training corpus is scored on its validation split; another corpus is scored whole (up to
@@ -40,7 +40,7 @@ from data import eval_tokens
 from data.tasks import NO_TASK
 from evaluation.checks import check_eval_settings
 from evaluation.context import EvalContext
-from evaluation.report import CSV_FILE, JSON_FILE
+from evaluation.results import CSV_FILE, JSON_FILE
 from evaluation.run import PER_POSITION_PLOT, PPL_PLOT, evaluate_run
 from experiment.build import load_trained_run, parse_run_dir
 

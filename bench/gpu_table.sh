@@ -70,15 +70,15 @@ bench() {  # bench LIMIT LOG ARGS...: one step, its time limit, its console outp
 }
 every=$(python -c "from model.pe import SCHEMES; print(','.join(sorted(SCHEMES)))")
 gpt2=(model=gpt2 train.seq_len=1024 train.batch_size=16 --warmup 5 --steps 10 --record "$F")
-bench 150 bench_eager scripts/bench.py "${gpt2[@]}" pe="$every" train.compile=false
-bench 200 bench_compiled scripts/bench.py "${gpt2[@]}" pe=rope,alibi,t5,kerple,fire,fox train.compile=true --eval-length 16384
-bench 120 bench_fused_ce scripts/bench.py "${gpt2[@]}" pe=rope,alibi model.fused_ce=always
-bench 150 bench_sdpa scripts/bench.py "${gpt2[@]}" pe=alibi,t5,kerple,fire model.attn_backend=sdpa --eval-length 16384
+bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="$every" train.compile=false
+bench 200 bench_compiled scripts/speed.py "${gpt2[@]}" pe=rope,alibi,t5,kerple,fire,fox train.compile=true --eval-length 16384
+bench 120 bench_fused_ce scripts/speed.py "${gpt2[@]}" pe=rope,alibi model.fused_ce=always
+bench 150 bench_sdpa scripts/speed.py "${gpt2[@]}" pe=alibi,t5,kerple,fire model.attn_backend=sdpa --eval-length 16384
 for pe in rope alibi; do
   bench 90 "estimate_$pe" scripts/estimate.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=$pe --measure --record "$F"
 done
 if [[ -n "$nanogpt" ]]; then
-  bench 120 bench_nanogpt scripts/bench_nanogpt.py --model-py "$nanogpt" --n-layer 12 --n-head 12 --n-embd 768 \
+  bench 120 bench_nanogpt scripts/speed_nanogpt.py --model-py "$nanogpt" --n-layer 12 --n-head 12 --n-embd 768 \
     --seq-len 1024 --batch-size 16 --warmup 5 --steps 10 --record "$F"
 fi
 

@@ -1,7 +1,7 @@
 """Device, precision and throughput accounting shared by training, evaluation and benchmarks.
 
 :func:`set_up_runtime` is the one place a command turns ``train.device/dtype/num_threads/seed`` into a
-device, an autocast dtype and torch's global settings; train.py's loop, eval.py and scripts/bench.py call it.
+device, an autocast dtype and torch's global settings; train.py's loop, eval.py and scripts/speed.py call it.
 """
 
 from __future__ import annotations
@@ -117,6 +117,6 @@ def flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> f
     biases and norms are counted too, as in PaLM and nanoGPT (under 0.1% at GPT-2 size). The second term is
     attention's q.k and attention.v products (forward + backward) over the full T x T square, the usual
     convention even though causal kernels skip half of it. :func:`experiment.build.model_flops_per_token` applies
-    it to a posgpt GPT; the training loop and scripts/bench.py both report MFU with that one count.
+    it to a posgpt GPT; the training loop and scripts/speed.py both report MFU with that one count.
     """
     return 6 * n_params + 12 * n_layer * n_embd * seq_len

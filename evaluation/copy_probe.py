@@ -26,7 +26,7 @@ windows and spans are drawn once a length (seeded by the run's seed and L), and 
 copy into the same ones: the distances of a length are compared on the same text, and the control, the same for
 all of them, is scored once. (Before 2026-11-26 each cell drew its own windows and scored its own control: the
 same measure, scoring 1.6x the tokens at lengths 1x-16x; rows made then differ by their draws.)
-Rows go to eval/tasks.json as ``task: copy_probe`` with a ``distance`` (evaluation/tasks.py writes them), and
+Rows go to eval/tasks.json as ``task: copy_probe`` with a ``distance`` (evaluation/task_accuracy.py writes them), and
 record the span, eval.copy_min_count and K (``copy_candidates``): probes of other settings stay beside them.
 """
 
@@ -46,7 +46,7 @@ from core.runtime import autocast
 from data import EOT_TOKEN, TokenArray, describe_corpus, load_split
 from data.tasks import held_out_seed
 from evaluation.context import EvalContext
-from evaluation.tasks import examples_for, wilson_interval, write_task_results
+from evaluation.task_accuracy import examples_for, wilson_interval, write_task_results
 
 NAME = "copy_probe"
 COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
@@ -179,8 +179,8 @@ def probe_length(
 
 
 def run_copy_probe(ctx: EvalContext, tokens: TokenArray, candidates: torch.Tensor) -> dict[str, Any]:
-    """Every (variation, length, distance) cell, written with the task results (evaluation/tasks.py); the span is
-    drawn from ``candidates`` (probe_candidates)."""
+    """Every (variation, length, distance) cell, written with the task results (evaluation/task_accuracy.py); the
+    span is drawn from ``candidates`` (probe_candidates)."""
     cfg = ctx.cfg
     span, min_count = cfg.eval.copy_span, cfg.eval.copy_min_count
     # what the rows scored; the probe's settings too, since rows of other settings stay in tasks.json beside them

@@ -1,4 +1,4 @@
-"""Peak memory of a block of work: the one measurement used by evaluation rows and scripts/bench.py.
+"""Peak memory of a block of work: the one measurement used by evaluation rows and scripts/speed.py.
 
 ``with PeakMemory(device) as m: ...`` then ``m.peak_mb``: the most memory in use at any moment during the
 block, in MiB (2**20 bytes), what was already in use when it began included (the model's weights, say).

@@ -1,9 +1,9 @@
 """Evaluate a trained run and write its reports: ``evaluate_run(ctx, val_tokens)``, called by eval.py and at the
-end of training with the run's context (evaluation/context.py). A task run is scored by evaluation/tasks.py; a
+end of training with the run's context (evaluation/context.py). A task run is scored by evaluation/task_accuracy.py; a
 language-model run by perplexity here, then by the probes of eval.tasks (evaluation/copy_probe.py).
 
 Outputs, in ``<run_dir>/eval/``:
-    extrapolation.json   every result row, accumulated over evaluations of this checkpoint (see report.py)
+    extrapolation.json   every result row, accumulated over evaluations of this checkpoint (see results.py)
     extrapolation.csv    the same rows, flat
     ppl_vs_length.png    perplexity vs evaluation length, one line per setting (protocol, stride, variation)
     per_position.png     loss vs position within the window (nonoverlapping, the longest length by default)
@@ -12,7 +12,7 @@ and the same table and plots in the run's W&B run.
 Each of the scheme's evaluation-time variations asked for in ``eval.variations`` is evaluated (else the run as
 configured), its label and settings recorded in the rows (``variation``, ``variation_settings``), beside what the
 rows scored (the corpus by content, the split, the targets) and what computed them (the attention backend that
-ran, the dtype): see report.py. The console says what earlier rows were replaced, and when no length could be
+ran, the dtype): see results.py. The console says what earlier rows were replaced, and when no length could be
 scored at all.
 """
 
@@ -30,7 +30,7 @@ from evaluation.context import EvalContext
 from evaluation.copy_probe import probe_candidates, run_copy_probe
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
-from evaluation.report import (
+from evaluation.results import (
     CSV_COLUMNS,
     CSV_FILE,
     csv_rows,
@@ -44,7 +44,7 @@ from evaluation.report import (
     write_csv,
     write_results,
 )
-from evaluation.tasks import run_task_eval
+from evaluation.task_accuracy import run_task_eval
 from model.attention import resolve_layer_backends
 
 PPL_PLOT = "ppl_vs_length.png"
@@ -52,7 +52,7 @@ PER_POSITION_PLOT = "per_position.png"
 
 
 def evaluate_run(ctx: EvalContext, val_tokens: TokenArray | None) -> dict[str, Any]:
-    """The run's evaluation: a task run's accuracy by length (evaluation/tasks.py); a language-model run's
+    """The run's evaluation: a task run's accuracy by length (evaluation/task_accuracy.py); a language-model run's
     perplexity on ``val_tokens`` by length and protocol, then the probes of eval.tasks. Returns the document written
     last."""
     if ctx.cfg.task.name != NO_TASK:

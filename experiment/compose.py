@@ -1,7 +1,7 @@
 """Config composition, and Hydra's errors turned into posgpt's one-line user errors.
 
 train.py composes through ``@hydra.main`` (multirun, launchers, ``hydra.run.dir``) inside
-:func:`hydra_errors_as_user_errors`; eval.py, scripts/bench.py and sample.py call :func:`compose_config`.
+:func:`hydra_errors_as_user_errors`; eval.py, scripts/speed.py and sample.py call :func:`compose_config`.
 Either way a misspelt key, a wrong type or an unknown group option ends as ``error: <one line>`` and exit
 code 2, the valid choices listed on that line.
 """

@@ -82,7 +82,7 @@ class EvalConfig:
     # parse_variation, model/pe/); None: the run as configured.
     variations: list[str] | None = None
     per_position_plot_lengths: list[int] | None = domain(None, ge=1)  # drawn in per_position.png; None: the longest
-    # Task runs (task=...; evaluation/tasks.py): each cell gets enough examples for a 95% interval of at most
+    # Task runs (task=...; evaluation/task_accuracy.py): each cell gets enough examples for a 95% interval of at most
     # ± task_half_width; the effective length is the longest length up to which accuracy >= task_threshold.
     task_half_width: float = domain(0.05, gt=0, le=0.5)
     task_threshold: float = domain(0.9, gt=0, le=1)
@@ -236,7 +236,7 @@ def check_list_elements(config: Any, prefix: str = "") -> None:
 
 def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | None = None) -> None:
     """Checks that types alone cannot express; raises PosGPTError saying what to change. ``reads_data=False``
-    (scripts/bench.py, scripts/estimate.py: random token ids) skips what only relates the config to its data.
+    (scripts/speed.py, scripts/estimate.py: random token ids) skips what only relates the config to its data.
     ``keys``: a setting the run does not read is refused only among these dotted keys (an evaluation's overrides,
     experiment/build.py: a trained setting that an override leaves unread was read in training); None: all."""
     unknown = unknown_keys(cfg, schema(cfg.pe.name, cfg.task.name))

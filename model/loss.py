@@ -12,7 +12,7 @@ The fused path (:class:`_FusedLinearCrossEntropy`) walks the rows in chunks inst
 computes the logits, the loss, and at once the gradient of the logits (softmax - onehot, written in place
 over the logits), which it multiplies into grad_hidden and grad_weight. The full logits never exist, one
 chunk-sized buffer is reused, and backward only scales the two gradients by the incoming one. Its speed-up
-is measured by ``scripts/bench.py`` (see bench/README.md).
+is measured by ``scripts/speed.py`` (see bench/README.md).
 
 The real vocabulary. The weight has ``padded_vocab_size`` rows (GPT-2's 50,257 tokens padded to 50,304 so the
 matmul has friendly shapes), but the distribution is over the first ``vocab_size`` only: on every path the

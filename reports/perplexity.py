@@ -1,7 +1,7 @@
 """Perplexity over seeds: the rows of extrapolation.json pooled into entries, the markdown report, and the
 series its plots draw (perplexity vs length, loss by position).
 
-Rows are pooled only where they scored the same thing and were computed alike (evaluation/report.py's
+Rows are pooled only where they scored the same thing and were computed alike (evaluation/results.py's
 group_by_scored: corpus content, split, targets, backend, dtype); otherwise they are entries of their own,
 labelled by what differs (tag_entries), and differences are claimed only between entries that scored the same
 tokens (token_classes).
@@ -16,7 +16,7 @@ from typing import Any
 from core.errors import PosGPTError
 from evaluation.extrapolation import effective_stride
 from evaluation.plots import Series, bin_centre
-from evaluation.report import (
+from evaluation.results import (
     RUNTIME_FIELDS,
     SCORED_FIELDS,
     group_by_scored,
@@ -41,7 +41,7 @@ def choose_data(runs: list[Run], data: str | None) -> str:
 
 def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data: str) -> list[Entry]:
     """One entry per (setting, variation, what was scored): the rows of the chosen protocol and data, pooled over
-    the setting's seeds only where they scored the same tokens with the same backend and dtype (report.py's
+    the setting's seeds only where they scored the same tokens with the same backend and dtype (results.py's
     group_by_scored), so a seed that scored something else is an entry of its own, never averaged in. Entries
     are labelled by what differs (tag_entries)."""
     entries = []

@@ -22,10 +22,10 @@ from omegaconf import OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.errors import PosGPTError
-from evaluation.report import condition_label, load_results
+from evaluation.results import condition_label, load_results
 from evaluation.run import EVAL_DIR, load_run_results
-from evaluation.tasks import GRIDS
-from evaluation.tasks import JSON_FILE as TASKS_FILE
+from evaluation.task_accuracy import GRIDS
+from evaluation.task_accuracy import JSON_FILE as TASKS_FILE
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
 from model.pe import display_name
 from model.temperature import temperature_settings
@@ -103,8 +103,8 @@ def _tokens(scored: tuple) -> tuple:
     return content, split, targets
 
 
-# The measures a task row may hold (evaluation/tasks.py), with what they are: reports/tasks.py makes a table of
-# each one some row has.
+# The measures a task row may hold (evaluation/task_accuracy.py), with what they are: reports/task_tables.py makes a
+# table of each one some row has.
 TASK_MEASURES = {
     "accuracy": "Exact-match accuracy",
     "mean_logprob": "Mean log-probability of the answer tokens (nats)",  # the copy probe's
@@ -153,7 +153,7 @@ def load_runs(run_dirs: list[Path]) -> list[Run]:
 
 
 def evaluated_with(row: dict[str, Any], run: Run) -> str:
-    """What a row was evaluated with besides the run as trained, for a table row's label: evaluation/report.py's
+    """What a row was evaluated with besides the run as trained, for a table row's label: evaluation/results.py's
     condition_label without the attention temperature the run was trained with (a run trained with SSMax reads
     as trained, not "ssmax": its setting's label names it already)."""
     trained = run.config.get("model", {}).get("attn_temperature")  # every run_config has it; hand-made runs may not

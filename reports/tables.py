@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import PosGPTError
-from evaluation.report import format_estimate, render_table
+from evaluation.results import format_estimate, render_table
 from evaluation.stats import Estimate, clearly_different, mean_ci
 from reports.runs import Entry
 

@@ -25,9 +25,9 @@ from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs
 from data.tasks import NO_TASK
-from evaluation.report import render_table
+from evaluation.results import render_table
 from evaluation.run import EVAL_DIR
-from evaluation.tasks import JSON_FILE, variation
+from evaluation.task_accuracy import JSON_FILE, variation
 from experiment.settings import trained_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ intervals, the protocol, the data and the scored token ranges (cells scored on d
 paired by seed, every setting against the lowest in each column, or against ``--baseline`` (a row's label).
 
 What is averaged: the rows of a setting's seeds are pooled only where they scored the same thing and were
-computed alike, as evaluation/report.py's group_by_scored tells: the same corpus content (each row's
+computed alike, as evaluation/results.py's group_by_scored tells: the same corpus content (each row's
 split_digest), the same split, the same targets (target_range), the same attention backend and dtype.
 Otherwise they are separate table rows, each with only its own seeds, and labelled by what differs:
 "rope [corpus 3fa2c1d9e0]", "rope [split all]", "rope [targets [2048, 34816))", "rope [math float32]"
@@ -33,7 +33,7 @@ digest, backend and dtype (before 2026-11-24) read as "unrecorded": they pool wi
 name, corpus description, split and targets agree (a study evaluated alike, as before), never with rows whose digest is
 recorded. A seed whose perplexity overflows (a diverged run: ppl inf) makes its cell inf, with no interval.
 
-Tasks: a run's eval/tasks.json (evaluation/tasks.py: a task run's accuracy, which has no extrapolation.json;
+Tasks: a run's eval/tasks.json (evaluation/task_accuracy.py: a task run's accuracy, which has no extrapolation.json;
 a language-model run's copy probe, beside its perplexity) adds a section per task identity, "## Task: passkey
 (filler_len=5, key_len=4, n_symbols=10)": the task and its settings as trained (the copy probe: its span and
 the text it was written into), so runs of other task settings are never pooled nor compared. In it, per
@@ -70,7 +70,7 @@ from evaluation.plots import (
     plot_task_panels,
     plot_training_curves,
 )
-from evaluation.report import row_ppl
+from evaluation.results import row_ppl
 from reports.curves import ValidationCurve, validation_curves, validation_report
 from reports.perplexity import (
     choose_data,
@@ -82,7 +82,7 @@ from reports.perplexity import (
 )
 from reports.runs import Entry, Run, group_by_seed, load_runs
 from reports.tables import find_baseline
-from reports.tasks import TaskEntry, task_csv, task_entries, task_panels, task_report
+from reports.task_tables import TaskEntry, task_csv, task_entries, task_panels, task_report
 
 DEFAULT_MARKDOWN = Path("comparison.md")  # the other outputs lie beside it (default_outputs)
 

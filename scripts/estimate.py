@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 import torch
+from speed import device_name, save_run
 
-from bench import device_name, save_run
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.runtime import autocast, set_up_runtime
 from evaluation.memory import PeakMemory, resident_mb, return_freed_memory

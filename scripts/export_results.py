@@ -34,10 +34,10 @@ from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs
 from core.tracking import METRICS_FILE
-from evaluation.report import CSV_FILE, JSON_FILE, write_csv, write_results
+from evaluation.results import CSV_FILE, JSON_FILE, write_csv, write_results
 from evaluation.run import EVAL_DIR, load_run_results
-from evaluation.tasks import CSV_FILE as TASKS_CSV
-from evaluation.tasks import JSON_FILE as TASKS_JSON
+from evaluation.task_accuracy import CSV_FILE as TASKS_CSV
+from evaluation.task_accuracy import JSON_FILE as TASKS_JSON
 from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"

@@ -9,7 +9,7 @@ Under each folder given, per run:
 - ``eval/extrapolation.json`` loses each row's ``per_position_loss`` (one loss per position, thousands of numbers
   a row, that nothing in compare.py reads); ``per_position_bins``, which ``compare.py --per-position`` draws, stays.
 - ``eval/extrapolation.csv`` and ``eval/tasks.csv`` are removed: each is the JSON beside it, row for row
-  (evaluation/report.py and evaluation/tasks.py write them from it), and ``--csv`` writes them again. A CSV is
+  (evaluation/results.py and evaluation/task_accuracy.py write them from it), and ``--csv`` writes them again. A CSV is
   removed only once every value in it is checked to be the JSON's; one that is not is refused, and nothing is
   written.
 - ``metrics.jsonl`` (and a study's ``*metrics.jsonl`` copied beside its runs) keeps, per logged step, the step, the
@@ -32,14 +32,14 @@ from typing import Any
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write
-from evaluation.report import CSV_FILE, JSON_FILE, write_results
-from evaluation.report import csv_rows as extrapolation_rows
-from evaluation.report import write_csv as write_extrapolation_csv
+from evaluation.results import CSV_FILE, JSON_FILE, write_results
+from evaluation.results import csv_rows as extrapolation_rows
+from evaluation.results import write_csv as write_extrapolation_csv
 from evaluation.run import EVAL_DIR
-from evaluation.tasks import CSV_FILE as TASKS_CSV
-from evaluation.tasks import JSON_FILE as TASKS_JSON
-from evaluation.tasks import csv_rows as task_rows
-from evaluation.tasks import write_csv as write_task_csv
+from evaluation.task_accuracy import CSV_FILE as TASKS_CSV
+from evaluation.task_accuracy import JSON_FILE as TASKS_JSON
+from evaluation.task_accuracy import csv_rows as task_rows
+from evaluation.task_accuracy import write_csv as write_task_csv
 
 DROPPED_ROW_KEYS = ("per_position_loss",)
 KEPT_STEP_KEYS = ("step", "train_loss", "val_loss")  # a logged step's record: what --val-curve and the READMEs read

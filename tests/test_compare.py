@@ -13,7 +13,7 @@ from cli_runs import load_script
 
 from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
-from evaluation.report import format_number, format_ppl
+from evaluation.results import format_number, format_ppl
 from evaluation.stats import Estimate, clearly_different
 from experiment.settings import config_for_evaluation
 from reports.perplexity import entries_of, markdown_report, ppl_estimate, ppl_values, ratio_estimate

@@ -1,6 +1,6 @@
 """scripts/compare.py on task results (eval/tasks.json), study.sh's task study, and sample.py's refusal of a task
-run. The fast tests write runs' results with evaluation/tasks.py's own writer (rows as evaluate_task and the copy
-probe make them), without training; the slow one runs the task study end to end on tiny runs."""
+run. The fast tests write runs' results with evaluation/task_accuracy.py's own writer (rows as evaluate_task and the
+copy probe make them), without training; the slow one runs the task study end to end on tiny runs."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 from tiny_checkpoint import make_run
 
 from evaluation.context import EvalContext, variation_fields
-from evaluation.report import results_document, write_results
-from evaluation.tasks import wilson_interval, write_task_results
+from evaluation.results import results_document, write_results
+from evaluation.task_accuracy import wilson_interval, write_task_results
 from experiment.compose import compose_config
 from reports.runs import load_runs
-from reports.tasks import task_entries, task_panels
+from reports.task_tables import task_entries, task_panels
 
 compare = load_script("compare")
 
@@ -54,10 +54,10 @@ def config(seed: int, *overrides: str) -> DictConfig:
 
 
 def write(cfg: DictConfig, task: str, rows: list[dict], extra: dict, run_dir: Path, step: int | None = None) -> None:
-    """evaluation/tasks.py's writer, as the evaluation calls it; its plots (not compare's input) left out, for speed."""
+    """evaluation/task_accuracy.py's writer, as the evaluation calls it; its plots (not compare's input) left out."""
     trained = OmegaConf.to_container(cfg, resolve=True)
     context = EvalContext.of(cfg, None, run_dir, torch.device("cpu"), torch.float32, trained, step)  # no model: written
-    with mock.patch("evaluation.tasks.write_plots", return_value={}):
+    with mock.patch("evaluation.task_accuracy.write_plots", return_value={}):
         write_task_results(context, task, rows, extra)
 
 

@@ -64,7 +64,9 @@ def stale(root: Path = REPO) -> list[str]:
 
 def test_the_modules_are_found():
     found = modules()
-    assert {"evaluation/tasks.py", "model/pe/rope.py", "data/tasks/passkey.py", "scripts/compare.py"} <= set(found)
+    assert {"evaluation/task_accuracy.py", "model/pe/rope.py", "data/tasks/passkey.py", "scripts/compare.py"} <= set(
+        found
+    )
     assert len(found) > 80
 
 
@@ -77,7 +79,13 @@ def test_every_path_design_names_exists():
 
 
 def test_an_unnamed_module_and_a_stale_path_are_caught(tmp_path):
-    for module in ["core/errors.py", "evaluation/run.py", "evaluation/tasks.py", "data/tasks/base.py", "x/y.py"]:
+    for module in [
+        "core/errors.py",
+        "evaluation/run.py",
+        "evaluation/task_accuracy.py",
+        "data/tasks/base.py",
+        "x/y.py",
+    ]:
         (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / module).write_text("")
     (tmp_path / "docs").mkdir()
@@ -86,5 +94,5 @@ def test_an_unnamed_module_and_a_stale_path_are_caught(tmp_path):
         "# Title\n\n## Map of the code\n\n```\nevaluation/   run.py (eval)\ndata/: tokens.py; tasks/: base.py\n"
         "core/   tasks.py\n```\n\n## Next\n\nevaluation/ tasks.py\n"
     )
-    assert unnamed(tmp_path) == ["evaluation/tasks.py"]
+    assert unnamed(tmp_path) == ["evaluation/task_accuracy.py"]
     assert stale(tmp_path) == ["core/gone.py"]

@@ -42,7 +42,7 @@ from model.pe import SCHEMES
 # The commands that compose a config, and whether they read a trained run (run_dir=...).
 COMMANDS = {
     "train.py": False,
-    "scripts/bench.py": False,
+    "scripts/speed.py": False,
     "eval.py": True,
     "sample.py": True,
     "scripts/inspect_attention.py": True,
@@ -143,7 +143,7 @@ class Case:
     command: str
     key: NumericKey
     value: int | float
-    pe: str = RUN_PE  # the scheme train.py and bench.py are given for a pe. key
+    pe: str = RUN_PE  # the scheme train.py and speed.py are given for a pe. key
 
     @property
     def overrides(self) -> list[str]:
@@ -164,7 +164,7 @@ class Case:
 
 def cases() -> list[Case]:
     """train.py: every bound of every key of every scheme. The other commands share train's path to the check
-    (compose, then experiment.config.validate): one value per key, of every scheme for bench.py, and of the
+    (compose, then experiment.config.validate): one value per key, of every scheme for speed.py, and of the
     run's scheme for the commands that read a run."""
     found = []
     for command, reads_run in COMMANDS.items():
@@ -235,7 +235,7 @@ def check_refusal(case: Case) -> str:
     return f"error: {refused.value}"
 
 
-# Every key of every scheme and each bound: train.py's cases hold every other command's keys and values (bench.py
+# Every key of every scheme and each bound: train.py's cases hold every other command's keys and values (speed.py
 # walks the pe. keys of every scheme, with one value each). The run-reading commands refuse most keys for
 # another reason (an evaluation may not change them): their walk is on the entry point below.
 @pytest.mark.parametrize("case", [case for case in CASES if case.command == "train.py"], ids=str)
@@ -272,7 +272,7 @@ def test_every_run_reading_command_refuses_every_out_of_domain_value(case, rope_
 # Two keys per command, run as real subprocesses: the in-process walk answers exactly as the command line does.
 SUBPROCESS_SAMPLE = {  # one key per command: the in-process walk covers the rest
     "train.py": ("train.min_lr_ratio",),
-    "scripts/bench.py": ("pe.scaling.factor",),
+    "scripts/speed.py": ("pe.scaling.factor",),
     "eval.py": ("model.n_layer",),
     "sample.py": ("sample.top_k",),
     "scripts/inspect_attention.py": ("data.val_fraction",),

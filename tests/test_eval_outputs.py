@@ -18,7 +18,7 @@ from data import DataConfig, load_splits
 from evaluation import plots
 from evaluation.context import EvalContext
 from evaluation.plots import Series, scheme_colour
-from evaluation.report import CSV_COLUMNS, format_ppl, format_table
+from evaluation.results import CSV_COLUMNS, format_ppl, format_table
 from evaluation.run import EVAL_DIR, evaluate_run, per_position_rows
 from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig

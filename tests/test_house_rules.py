@@ -97,7 +97,7 @@ def test_the_scheme_is_registered_once_and_handed_to_every_layer():
 PLAIN_WORDS = {"none", "base", "scale", "p"}
 # Deliberate mentions: (file, name, why).
 ALLOWED = {
-    ("scripts/bench_nanogpt.py", "learned"),  # nanoGPT's own model (learned positions), not a posgpt scheme
+    ("scripts/speed_nanogpt.py", "learned"),  # nanoGPT's own model (learned positions), not a posgpt scheme
     ("scripts/fuzz_cli.py", "learned"),  # the fuzzer's workspace run: a configuration of a test tool, no branching
 }
 
@@ -253,7 +253,7 @@ def legacy_document(pe: str, setting: dict | None) -> dict:
 def test_results_written_before_variations_read_as_todays(tmp_path, pe, setting, label):
     import json
 
-    from evaluation.report import csv_rows, load_results, merge_documents, setting_label
+    from evaluation.results import csv_rows, load_results, merge_documents, setting_label
 
     (tmp_path / "extrapolation.json").write_text(json.dumps(legacy_document(pe, setting)))
     old = load_results(tmp_path)

@@ -107,12 +107,12 @@ def test_no_module_imports_one_that_imports_it_back():
 
 def test_the_check_catches_a_cycle_through_a_function_level_import(tmp_path):
     (tmp_path / "evaluation").mkdir()
-    (tmp_path / "evaluation" / "run.py").write_text("def f():\n    from evaluation.tasks import g\n")
-    (tmp_path / "evaluation" / "tasks.py").write_text("from evaluation import run\n")
+    (tmp_path / "evaluation" / "run.py").write_text("def f():\n    from evaluation.task_accuracy import g\n")
+    (tmp_path / "evaluation" / "task_accuracy.py").write_text("from evaluation import run\n")
     (tmp_path / "evaluation" / "plots.py").write_text("import evaluation.run\n")
     graph = module_graph(tmp_path)
     assert graph["evaluation.plots"] == {"evaluation.run"}
-    assert module_cycles(graph) == [["evaluation.run", "evaluation.tasks"]]
+    assert module_cycles(graph) == [["evaluation.run", "evaluation.task_accuracy"]]
 
 
 def test_model_runs_without_hydra():

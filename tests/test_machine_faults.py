@@ -29,7 +29,7 @@ from core.errors import IO_ERROR_EXIT_CODE, MachineFault, PosGPTError
 from core.files import TMP_PREFIX, read_user_text
 from data import load_splits
 from data.config import DataConfig
-from evaluation.report import write_results
+from evaluation.results import write_results
 
 
 class FullDisk(io.FileIO):
@@ -154,16 +154,16 @@ def test_unreadable_and_misplaced_checkpoints(tmp_path, monkeypatch):
         load_checkpoint(tmp_path)
 
 
-def test_a_bench_record_file_that_is_not_one(tmp_path):
-    import bench
+def test_a_speed_record_file_that_is_not_one(tmp_path):
+    import speed
 
     path = tmp_path / "results.json"
     for content in (b"not json", b"[1, 2]", b"\xff\xfe"):
         path.write_bytes(content)
         with pytest.raises(PosGPTError, match=r"--record"):
-            bench.read_results_file(path)
+            speed.read_results_file(path)
     path.write_text(json.dumps({"runs": []}))
-    assert bench.read_results_file(path) == {"runs": []}
+    assert speed.read_results_file(path) == {"runs": []}
 
 
 # Through the command lines.

@@ -17,7 +17,7 @@ from core.errors import PosGPTError
 from data import TokenArray
 from evaluation.checks import check_eval_settings
 from evaluation.extrapolation import perplexity, score_windows, window_plan
-from evaluation.report import format_estimate, format_table, row_ppl
+from evaluation.results import format_estimate, format_table, row_ppl
 from evaluation.run import EVAL_DIR
 from evaluation.stats import Estimate, clearly_different, mean_ci
 from model.pe.learned import LearnedConfig

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from core.tracking import read_metrics
 from data import DataConfig, load_splits
 from evaluation.context import EvalContext
-from evaluation.report import format_table, group_by_scored, scored_identity
+from evaluation.results import format_table, group_by_scored, scored_identity
 from evaluation.run import EVAL_DIR, evaluate_run
 from evaluation.stats import Estimate
 from experiment.build import build_model

@@ -195,7 +195,7 @@ def test_label_and_parse_round_trip():
 
 
 def test_a_run_without_a_remap_records_only_its_scaling():
-    """So that its rows keep the identity they had before remaps existed (evaluation/report.py's row_key)."""
+    """So that its rows keep the identity they had before remaps existed (evaluation/results.py's row_key)."""
     assert scheme(RoPERemapConfig()).settings() == {"scaling": RoPEScalingConfig()}
     pe = scheme(RoPERemapConfig("self_extend", 8, 2))
     assert pe.current_variation() == "self_extend:2:8" and set(pe.settings()) == {"scaling", "remap"}

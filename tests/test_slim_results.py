@@ -9,8 +9,8 @@ import pytest
 import slim_results
 from test_docs_links import PAGES, links
 
-from evaluation.report import write_csv, write_results
-from evaluation.tasks import write_csv as write_task_csv
+from evaluation.results import write_csv, write_results
+from evaluation.task_accuracy import write_csv as write_task_csv
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ROW = {"length": 4, "protocol": "nonoverlapping", "stride": None, "variation": "", "data": "d", "tokens": 8}

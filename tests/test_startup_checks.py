@@ -109,9 +109,9 @@ def test_an_unresolvable_interpolation_is_only_posgpts_line(cli, tmp_path):
         # estimate.py printed a negative scoring memory for a negative length, and skipped it at 0, with exit 0
         ("scripts/estimate.py", ["--eval-length", "-5"], "argument --eval-length: -5 is out of its domain [1, inf)"),
         ("scripts/estimate.py", ["--eval-length", "0"], "argument --eval-length: 0 is out of its domain [1, inf)"),
-        ("scripts/bench.py", ["--warmup", "-1"], "argument --warmup: -1 is out of its domain [0, inf)"),
-        ("scripts/bench.py", ["--eval-steps", "0"], "argument --eval-steps: 0 is out of its domain [1, inf)"),
-        ("scripts/bench_nanogpt.py", ["--model-py", "x", "--seq-len", "0"], "argument --seq-len: 0 is out of its"),
+        ("scripts/speed.py", ["--warmup", "-1"], "argument --warmup: -1 is out of its domain [0, inf)"),
+        ("scripts/speed.py", ["--eval-steps", "0"], "argument --eval-steps: 0 is out of its domain [1, inf)"),
+        ("scripts/speed_nanogpt.py", ["--model-py", "x", "--seq-len", "0"], "argument --seq-len: 0 is out of its"),
     ],
 )
 def test_a_scripts_own_options_are_checked_against_their_domain(cli, script, args, message):

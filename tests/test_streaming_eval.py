@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from cli_runs import assert_one_line_error
 
-from evaluation.report import row_key, setting_label
+from evaluation.results import row_key, setting_label
 from evaluation.streaming import StreamingCache, stream_count, stream_losses
 from model import GPT, ModelConfig
 from model.pe import SCHEMES

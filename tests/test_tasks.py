@@ -1,4 +1,4 @@
-"""Synthetic tasks (data/tasks/) and their evaluation (evaluation/tasks.py), in-process: each generator's
+"""Synthetic tasks (data/tasks/) and their evaluation (evaluation/task_accuracy.py), in-process: each generator's
 format, determinism and resumability; the loss on answer tokens only; exact match, Wilson intervals and the
 effective length on hand-made cases; an untrained model at chance; the config group."""
 
@@ -26,7 +26,7 @@ from data.tasks.vartrack import VarTrackConfig
 from evaluation import copy_probe
 from evaluation.context import EvalContext
 from evaluation.copy_probe import probe_windows, score_copies, span_candidates, with_first_copy
-from evaluation.tasks import (
+from evaluation.task_accuracy import (
     count_exact_matches,
     effective_lengths,
     evaluate_cell,

@@ -393,8 +393,8 @@ def _finish_trained(
 def _nothing_to_do(cfg: DictConfig, run_dir: Path, checkpoint: dict, dist: distributed.DistInfo) -> bool:
     """Whether a run that has trained all its steps has also been evaluated (or is not to be): then the command
     says so and changes nothing, not even the run's record of its latest start or its console log."""
-    from evaluation.report import read_results
-    from evaluation.tasks import read_task_results
+    from evaluation.results import read_results
+    from evaluation.task_accuracy import read_task_results
 
     step, t = checkpoint["step"], cfg.train
     eval_dir = run_dir / EVAL_DIR

@@ -159,7 +159,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     def settings(self) -> dict[str, Any]:
         """Without a remap, the scaling alone: a run evaluated as configured is the measurement it was before
-        remaps existed (evaluation/report.py's row_key compares the settings)."""
+        remaps existed (evaluation/results.py's row_key compares the settings)."""
         settings = super().settings()
         if settings["remap"].type == "none":
             del settings["remap"]

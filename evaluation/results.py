@@ -187,7 +187,7 @@ def merge_documents(
     old: dict[str, Any] | None, new: dict[str, Any], key: Callable = row_key, sort: Callable = _sort_key
 ) -> tuple[dict[str, Any], str | None]:
     """``new`` plus the rows of ``old`` it does not replace (``key``, row_key for perplexity rows;
-    evaluation/tasks.py passes its own), when both describe the same checkpoint; and one line saying what of
+    evaluation/task_accuracy.py passes its own), when both describe the same checkpoint; and one line saying what of
     ``old`` was replaced or dropped (None when nothing was)."""
     if old is None or not old["results"]:
         return new, None

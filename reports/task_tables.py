@@ -1,4 +1,4 @@
-"""Task accuracy over seeds: each run's eval/tasks.json (evaluation/tasks.py), aggregated like perplexity.
+"""Task accuracy over seeds: each run's eval/tasks.json (evaluation/task_accuracy.py), aggregated like perplexity.
 
 Rows are grouped by task identity (the task and its settings as trained; the copy probe's span and text), so
 runs of other task settings are never pooled nor compared; per measure and grid cell, a table by length with
@@ -18,10 +18,10 @@ from typing import Any
 from core.files import atomic_write
 from data.tasks import TASKS
 from evaluation.plots import Series
-from evaluation.report import length_header
+from evaluation.results import length_header
 from evaluation.stats import Estimate, mean_ci
-from evaluation.tasks import GRIDS, PROBE_SETTINGS, effective_lengths, grid_cell, probe_settings
-from evaluation.tasks import variation as row_variation
+from evaluation.task_accuracy import GRIDS, PROBE_SETTINGS, effective_lengths, grid_cell, probe_settings
+from evaluation.task_accuracy import variation as row_variation
 from reports.runs import TASK_MEASURES, Entry, Run, evaluated_with, group_by_seed, group_labels
 from reports.tables import ACCURACY, differences, paired_report, table
 
@@ -39,8 +39,8 @@ def task_identity(row: dict[str, Any], document: dict[str, Any]) -> str:
     # a setting added since the run was written reads as what the run was trained with (train_lengths=fixed)
     settings = {**(task.legacy_values if task else {}), **{k: v for k, v in trained.items() if k != "name"}}
     if row.get("data") is not None:  # a probe of held-out text (every probe row records its text)
-        # its settings (evaluation/tasks.py) other than their defaults (copy_min_count=0 draws from every token);
-        # files from before 2026-11-24 record copy_span once, in the document
+        # its settings (evaluation/task_accuracy.py) other than their defaults (copy_min_count=0 draws from every
+        # token); files from before 2026-11-24 record copy_span once, in the document
         probe = probe_settings({"copy_span": document.get("copy_span"), **row})
         settings.update({key: value for key, value in probe.items() if value != PROBE_SETTINGS[key]})
     described = ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))
@@ -52,7 +52,7 @@ class TaskEntry(Entry):
     """A task table's row: one setting and variation (label), at one grid cell of one task identity."""
 
     identity: str = ""
-    cell: tuple[str, float] | None = None  # evaluation/tasks.py grid_cell: ("depth", 0.5), None: no grid cell
+    cell: tuple[str, float] | None = None  # evaluation/task_accuracy.py grid_cell: ("depth", 0.5), None: no grid cell
     # per seed, (its effective length, the threshold that defines it: the run's eval.task_threshold); no grid cell only
     effective: list[tuple[int | None, float]] = field(default_factory=list)
 
@@ -194,8 +194,8 @@ def task_report(entries: list[TaskEntry], baseline: str | None = None) -> str:
 
 
 def effective_length_note(entries: list[TaskEntry]) -> list[str]:
-    """The effective length of each setting's seeds (evaluation/tasks.py: the longest evaluated length up to which
-    accuracy stays at or above the threshold at every length), where the entries have one (no grid cell)."""
+    """The effective length of each setting's seeds (evaluation/task_accuracy.py: the longest evaluated length up to
+    which accuracy stays at or above the threshold at every length), where the entries have one (no grid cell)."""
     found = [entry for entry in entries if entry.effective]
     if not found:
         return []

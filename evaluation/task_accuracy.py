@@ -36,7 +36,7 @@ from core.runtime import autocast
 from data.tasks import Task, build_task, held_out_seed
 from evaluation.context import EvalContext
 from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap
-from evaluation.report import condition_label, length_header, merge_documents, render_table, write_results
+from evaluation.results import condition_label, length_header, merge_documents, render_table, write_results
 from model.temperature import temperature_label
 
 JSON_FILE = "tasks.json"

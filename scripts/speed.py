@@ -1,9 +1,9 @@
 """Training throughput of posgpt, one JSON line per positional scheme (and optionally long-context evaluation).
 
-    python scripts/bench.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 \
+    python scripts/speed.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 \
         train.batch_size=8
-    python scripts/bench.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,learned,sinusoidal,none,alibi
-    python scripts/bench.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,alibi --eval-length 16384
+    python scripts/speed.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,learned,sinusoidal,none,alibi
+    python scripts/speed.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=rope,alibi --eval-length 16384
 
 Takes the same Hydra overrides as train.py; ``pe=a,b,c`` benchmarks each scheme in turn. Each is timed with the
 real training pieces (core.runtime.set_up_runtime, experiment.build.build_model, training.optim,
@@ -55,7 +55,7 @@ from training.step import TrainStep
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """The options shared with scripts/bench_nanogpt.py, so both time and record the same way."""
+    """The options shared with scripts/speed_nanogpt.py, so both time and record the same way."""
     parser.add_argument("--warmup", type=count(0), default=3, help="untimed steps first (compilation, allocator)")
     parser.add_argument("--steps", type=count(1), default=10, help="timed training steps")
     parser.add_argument(
@@ -83,7 +83,7 @@ def read_results_file(path: Path | None) -> dict:
         results = error
     if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
         raise PosGPTError(
-            f"--record {path} is not a results file of scripts/bench.py (a JSON object with a 'runs' list): "
+            f"--record {path} is not a results file of scripts/speed.py (a JSON object with a 'runs' list): "
             "give a new file or one it wrote"
         )
     return results
@@ -239,7 +239,7 @@ def bench_eval(
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        usage="python scripts/bench.py [options] [hydra overrides, e.g. pe=<scheme>,<scheme> for several]",
+        usage="python scripts/speed.py [options] [hydra overrides, e.g. pe=<scheme>,<scheme> for several]",
     )
     add_common_args(parser)
     parser.add_argument(
@@ -271,7 +271,7 @@ def main(argv: list[str]) -> None:
         torch._dynamo.reset()  # each scheme compiles its own model
         attention.flex_failure = None  # and tries FlexAttention afresh: one scheme's failure is not the next's
     if args.record:
-        save_run(args.record, "scripts/bench.py", argv, records)
+        save_run(args.record, "scripts/speed.py", argv, records)
 
 
 if __name__ == "__main__":

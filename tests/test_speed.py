@@ -1,4 +1,4 @@
-"""scripts/bench.py and scripts/bench_nanogpt.py end to end on tiny configs: one parseable JSON line per scheme."""
+"""scripts/speed.py and scripts/speed_nanogpt.py end to end on tiny configs: one parseable JSON line per scheme."""
 
 import json
 import subprocess
@@ -18,8 +18,8 @@ def json_lines(result: subprocess.CompletedProcess) -> list[dict]:
 @pytest.mark.slow
 def test_bench_prints_one_json_line_per_scheme_with_eval(cli):
     records = json_lines(
-        cli.here(  # in-process, as python scripts/bench.py ... runs
-            "scripts/bench.py",
+        cli.here(  # in-process, as python scripts/speed.py ... runs
+            "scripts/speed.py",
             "pe=alibi,learned",
             "model.n_layer=1",
             "model.n_head=2",
@@ -48,12 +48,12 @@ def test_bench_prints_one_json_line_per_scheme_with_eval(cli):
 
 
 def test_bench_splits_schemes_and_rejects_unknown_flags(capsys):
-    bench = load_script("bench")
-    args, overrides = bench.parse_args(["pe=rope,alibi", "pe.base=500", "--steps", "4"])
-    assert args.steps == 4 and bench.split_schemes(overrides) == (["rope", "alibi"], ["pe.base=500"])
-    assert bench.split_schemes(["model=gpt2"]) == ([None], ["model=gpt2"])
+    speed = load_script("speed")
+    args, overrides = speed.parse_args(["pe=rope,alibi", "pe.base=500", "--steps", "4"])
+    assert args.steps == 4 and speed.split_schemes(overrides) == (["rope", "alibi"], ["pe.base=500"])
+    assert speed.split_schemes(["model=gpt2"]) == ([None], ["model=gpt2"])
     with pytest.raises(SystemExit) as exit_info:  # main: one line, exit 2 (parse_args raises a PosGPTError)
-        bench.main(["--stepz", "2"])
+        speed.main(["--stepz", "2"])
     err = capsys.readouterr().err
     assert (
         exit_info.value.code == 2 and err.startswith("error: unrecognized arguments: --stepz") and err.count("\n") == 1
@@ -101,7 +101,7 @@ def test_bench_nanogpt_prints_the_same_fields(tmp_path):
         subprocess.run(
             [
                 sys.executable,
-                "scripts/bench_nanogpt.py",
+                "scripts/speed_nanogpt.py",
                 "--model-py",
                 str(model_py),
                 "--n-embd",

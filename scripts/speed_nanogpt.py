@@ -1,8 +1,8 @@
-"""nanoGPT's training step, timed exactly like scripts/bench.py times posgpt's, for a side-by-side comparison.
+"""nanoGPT's training step, timed exactly like scripts/speed.py times posgpt's, for a side-by-side comparison.
 
-    python scripts/bench_nanogpt.py --model-py /tmp/nanogpt/model.py --n-layer 4 --n-head 4 --n-embd 256 \
+    python scripts/speed_nanogpt.py --model-py /tmp/nanogpt/model.py --n-layer 4 --n-head 4 --n-embd 256 \
         --seq-len 256 --batch-size 8
-    python scripts/bench.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 \
+    python scripts/speed.py pe=learned model.n_layer=4 model.n_head=4 model.n_embd=256 train.seq_len=256 \
         train.batch_size=8
 
 nanoGPT (github.com/karpathy/nanoGPT, MIT) is not part of posgpt: fetch its model.py yourself and pass its
@@ -10,7 +10,7 @@ path. The step follows nanoGPT's train.py: GPT(GPTConfig(...)) with vocab 50304,
 defaults), configure_optimizers(weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), device_type), the
 learning rate set on every param group each iteration, forward under its autocast context (fp32 on CPU,
 bf16 on CUDA), backward, clip_grad_norm_(1.0), step, zero_grad(set_to_none=True); torch.compile as its
-train.py does on CUDA and as its README's CPU example does not. The JSON line has bench.py's fields.
+train.py does on CUDA and as its README's CPU example does not. The JSON line has speed.py's fields.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from types import ModuleType
 
 import torch
 
-# importing bench also puts the repository root on sys.path, for core.runtime and evaluation.memory
-from bench import add_common_args, device_name, print_record, read_results_file, save_run, seconds_per_step
+# importing speed also puts the repository root on sys.path, for core.runtime and evaluation.memory
+from speed import add_common_args, device_name, print_record, read_results_file, save_run, seconds_per_step
+
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.runtime import flops_per_token, peak_flops
 from evaluation.memory import PeakMemory
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> None:
     record = bench_record(args, device, bf16, model, step_s, cpu_share, memory)
     print_record(record)
     if args.record:
-        save_run(args.record, "scripts/bench_nanogpt.py", argv, [record])
+        save_run(args.record, "scripts/speed_nanogpt.py", argv, [record])
 
 
 def set_up_device(device: torch.device, threads: int) -> bool:
@@ -134,7 +135,7 @@ def bench_record(
     cpu_share: float,
     memory: PeakMemory,
 ) -> dict:
-    """The JSON line, with scripts/bench.py's fields."""
+    """The JSON line, with scripts/speed.py's fields."""
     tokens_per_s = args.batch_size * args.seq_len / step_s
     peak = peak_flops(device)
     flops = flops_per_token(model.get_num_params(), args.n_layer, args.n_embd, args.seq_len)
