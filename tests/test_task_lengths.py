@@ -151,6 +151,13 @@ def test_an_unknown_length_distribution_is_refused():
         compose_config(["task.train_lengths=fixed"])  # language modelling: not a key of task=none
 
 
+def test_a_multiplier_that_rounds_below_one_token_is_refused():
+    with pytest.raises(PosGPTError, match=r"eval.length_multipliers=\[0.001\] gives a length below one token"):
+        validate(compose_config(["eval.length_multipliers=[0.001]"]))
+    with pytest.raises(PosGPTError, match="out of its domain"):
+        validate(compose_config(["eval.length_multipliers=[0]"]))
+
+
 def test_the_task_grid_scores_below_the_training_length():
     cfg = compose_config(["task=passkey"])
     assert eval_lengths(cfg) == [32, 48, 64, 128, 256, 512, 1024]
