@@ -60,6 +60,7 @@ REPORTS = [
     ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
     ("task-study-gpu/comparison_tasks.md", ["task-study-gpu/*/"], []),
     ("task-study-uniform/comparison_tasks.md", ["task-study-uniform/*/"], []),
+    ("ruler-defaults/comparison_tasks.md", ["ruler-defaults/*/"], []),
     ("task-study-gpu/comparison_tasks_vs_rope.md", ["task-study-gpu/*/"], ["--baseline", "rope"]),
     (
         "shakespeare-probes/comparison_width256.md",
