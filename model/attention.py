@@ -318,10 +318,15 @@ def _causal_block_mask(seq_len: int, device: str):
     """The causal BlockMask: cached in eager mode; under torch.compile create_block_mask is traced into the
     graph instead, as dynamo would ignore the cache anyway (with a warning)."""
     if torch.compiler.is_compiling():
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        return create_block_mask(_causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
+        return _dense_causal_block_mask(seq_len, device)
     return _cached_causal_block_mask(seq_len, device)
+
+
+def _dense_causal_block_mask(seq_len: int, device: str):
+    """create_block_mask's causal BlockMask, which evaluates the mask at every (query, key) pair first."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(_causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
 
 
 FLEX_BLOCK = 128  # FlexAttention's default block size, in tokens
@@ -335,10 +340,10 @@ def _make_causal_block_mask(seq_len: int, device: str):
     most of what scoring 16K tokens on FlexAttention took (3.3 GB for a bias scheme, against 0.88 for RoPE on
     SDPA). This needs (seq_len / 128)^2 entries. tests/test_flex_all_schemes.py checks it equals create_block_mask's
     field by field."""
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+    from torch.nn.attention.flex_attention import BlockMask
 
     if "seq_lengths" not in inspect.signature(BlockMask.from_kv_blocks).parameters:  # torch < 2.6
-        return create_block_mask(_causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
+        return _dense_causal_block_mask(seq_len, device)
     n = -(-seq_len // FLEX_BLOCK)
     q_block, kv_block = torch.arange(n, device=device).view(n, 1), torch.arange(n, device=device).view(1, n)
     full, partial = kv_block < q_block, kv_block == q_block
