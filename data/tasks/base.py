@@ -139,3 +139,11 @@ def held_out_seed(seed: int, purpose: str) -> int:
 def random_ints(low: int, high: torch.Tensor | int, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """Uniform integers in [low, high) elementwise; ``high`` may be a tensor of per-row bounds."""
     return low + (torch.rand(shape, generator=generator) * (torch.as_tensor(high) - low)).long()
+
+
+def non_overlapping_starts(batch: int, room: int, count: int, size: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, count) sorted starts of ``count`` blocks of ``size`` tokens at random in ``room`` tokens, none
+    overlapping: ``count`` distinct sorted offsets among room - count * (size - 1), each block shifting the next."""
+    free = room - count * (size - 1)
+    offsets = torch.rand(batch, free, generator=generator).argsort(dim=1)[:, :count].sort(dim=1).values
+    return offsets + torch.arange(count) * (size - 1)

@@ -24,7 +24,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from data.tasks.base import GeneratedTaskConfig, Task, random_ints
+from data.tasks.base import GeneratedTaskConfig, Task, non_overlapping_starts, random_ints
 
 
 @dataclass
@@ -35,14 +35,6 @@ class NeedlesConfig(GeneratedTaskConfig):
     n_symbols: int = domain(10, ge=1)  # the values' alphabet
     n_key_symbols: int = domain(16, ge=1)  # the keys' alphabet
     filler_len: int = domain(5, ge=1)
-
-
-def non_overlapping_starts(batch: int, room: int, count: int, size: int, generator: torch.Generator) -> torch.Tensor:
-    """(batch, count) sorted starts of ``count`` blocks of ``size`` tokens at random in ``room`` tokens, none
-    overlapping: ``count`` distinct sorted offsets among room - count * (size - 1), each block shifting the next."""
-    free = room - count * (size - 1)
-    offsets = torch.rand(batch, free, generator=generator).argsort(dim=1)[:, :count].sort(dim=1).values
-    return offsets + torch.arange(count) * (size - 1)
 
 
 class Needles(Task):

@@ -24,8 +24,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from data.tasks.base import GeneratedTaskConfig, Task, random_ints
-from data.tasks.needles import non_overlapping_starts
+from data.tasks.base import GeneratedTaskConfig, Task, non_overlapping_starts, random_ints
 
 STATEMENT = 3  # LET target source
 
