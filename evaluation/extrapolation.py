@@ -139,11 +139,12 @@ def score_windows(
         full = min(per_batch, len(plan))
         rows = full if device.type == "cuda" and batch[0].length == length else len(batch)
         x, y = _device_batch(tokens, batch, rows, device)
+        # Positions before every window's first scored one are context only: no head computed for them.
+        first = min(w.first_scored for w in batch)
         with autocast(device, dtype):
-            losses = model(x, y, reduction="none").double()  # 0 where the target is -100
-        scored = y != -100
-        loss_sum[: x.shape[1]] += losses.sum(0)
-        counts[: x.shape[1]] += scored.sum(0)
+            losses = model(x, y, reduction="none", score_from=first).double()  # 0 where the target is -100
+        loss_sum[first : x.shape[1]] += losses.sum(0)
+        counts[first : x.shape[1]] += (y[:, first:] != -100).sum(0)
     return summarize(loss_sum, counts)
 
 

@@ -339,12 +339,20 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         capture: list[torch.Tensor] | None = None,
+        score_from: int = 0,
     ) -> torch.Tensor:
-        """Without targets: logits (B, T, vocab_size). With targets: the cross-entropy (see model/loss.py).
+        """Without targets: logits (B, T, vocab_size). With targets: the cross-entropy (see model/loss.py) of
+        the positions from ``score_from`` on; the head is not computed before it (a window whose first
+        positions are context only), and ``reduction="none"`` gives (B, T - score_from).
         ``cache``, ``positions``, ``capture``: see :meth:`hidden_states`."""
         hidden = self.hidden_states(idx, cache, positions, capture)
         if targets is None:
             return (hidden @ self.head_weight.t())[..., : self.vocab_size]
         return lm_head_cross_entropy(
-            hidden, self.head_weight, targets, reduction, vocab_size=self.vocab_size, fused=self.cfg.fused_ce
+            hidden[:, score_from:],
+            self.head_weight,
+            targets[:, score_from:],
+            reduction,
+            vocab_size=self.vocab_size,
+            fused=self.cfg.fused_ce,
         )

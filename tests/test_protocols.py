@@ -103,6 +103,31 @@ def test_stride_one_equals_brute_force(name):
     assert result["per_position_loss"][-1] == pytest.approx(np.mean(expected), rel=1e-5)
 
 
+@pytest.mark.parametrize("name", ["rope", "alibi"])
+def test_default_stride_equals_brute_force(name):
+    """Stride L/2 (the default), the last window scoring fewer: with the head computed only where a window
+    scores (``score_from``), every target gets the loss it has with its window's tokens before it."""
+    model, tokens, L = tiny(name), Tokens(200), 8
+    first = L
+    plan = window_plan(first, 22, L, "sliding")
+    assert [w.first_scored for w in plan][-2:] == [L // 2, L - 2]
+    result = score_windows(model, tokens, plan, 64, CPU, torch.float32)
+    pairs = [(w.start + p + 1, p + 1) for w in plan for p in range(w.first_scored, L)]
+    assert [t for t, _ in pairs] == list(range(first, first + 22))
+    expected = brute_force(model, tokens, pairs)
+    assert result["tokens"] == 22
+    assert result["loss"] == pytest.approx(np.mean(expected), rel=1e-5)
+
+
+def test_score_from_scores_the_same_positions_without_the_head_before_them():
+    model, tokens = tiny("rope"), Tokens(200)
+    x = torch.from_numpy(np.stack([tokens.read(i, 12).astype(np.int64) for i in (0, 20)]))
+    y = torch.roll(x, -1, 1)
+    full = model(x, y, reduction="none")
+    assert torch.allclose(model(x, y, reduction="none", score_from=5), full[:, 5:], rtol=1e-5, atol=1e-6)
+    assert model(x, y, score_from=5).item() == pytest.approx(full[:, 5:].mean().item(), rel=1e-5)
+
+
 def test_nonoverlapping_and_per_position_equal_brute_force():
     model, tokens, L = tiny(), Tokens(200), 8
     first, n = scored_range(len(tokens), [L], max_tokens=32)
