@@ -85,15 +85,20 @@ def results_document(pe_name: str, train_seq_len: int, rows: list[dict[str, Any]
     return {"pe": pe_name, "train_seq_len": train_seq_len, **extra, "results": rows}
 
 
-def row_key(row: dict[str, Any]) -> tuple:
-    """What identifies a measurement: a later one with the same key replaces it."""
-    # A setting left at null is the same measurement as one from before it existed.
+def settings_identity(row: dict[str, Any]) -> str:
+    """A row's evaluation-time settings as one string, the settings left at null dropped: a setting a scheme gained
+    later (null in every row before it) leaves the measurement what it was."""
     settings = {
         name: {key: value for key, value in setting.items() if value is not None}
         if isinstance(setting, dict)
         else setting
-        for name, setting in row.get("variation_settings", {}).items()
+        for name, setting in (row.get("variation_settings") or {}).items()
     }
+    return json.dumps(settings, sort_keys=True)
+
+
+def row_key(row: dict[str, Any]) -> tuple:
+    """What identifies a measurement: a later one with the same key replaces it."""
     # The streaming protocol's sinks and window, and the attention temperature: absent (None) in other rows and in
     # rows from before they existed.
     extra = (row.get("sinks"), row.get("window"), json.dumps(row.get("attn_temperature"), sort_keys=True))
@@ -102,7 +107,7 @@ def row_key(row: dict[str, Any]) -> tuple:
         row["length"],
         row["protocol"],
         row["stride"],
-        json.dumps(settings, sort_keys=True),
+        settings_identity(row),
         *extra,
     )
 

@@ -36,7 +36,14 @@ from core.runtime import autocast
 from data.tasks import Task, build_task, held_out_seed
 from evaluation.context import EvalContext
 from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap
-from evaluation.results import condition_label, length_header, merge_documents, render_table, write_results
+from evaluation.results import (
+    condition_label,
+    length_header,
+    merge_documents,
+    render_table,
+    settings_identity,
+    write_results,
+)
 from model.temperature import temperature_label
 
 JSON_FILE = "tasks.json"
@@ -197,7 +204,7 @@ def row_key(row: dict[str, Any]) -> tuple:
         row["task"],
         row["length"],
         grid_cell(row),
-        json.dumps(row.get("variation_settings"), sort_keys=True),
+        settings_identity(row),  # a setting left at null: the measurement from before it existed
         json.dumps(row.get("attn_temperature"), sort_keys=True),  # None in rows from before it existed
         json.dumps(probe_settings(row), sort_keys=True),
     )

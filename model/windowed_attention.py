@@ -1,5 +1,5 @@
 """Attention whose scores come from two rotations of q and k, chosen by distance (model/pe/base.py, "Scores merged
-by distance"; RoPE's Self-Extend and ReRoPE, model/pe/rope_remap.py):
+by distance"; RoPE's Self-Extend, ReRoPE and STRING, model/pe/rope_remap.py):
 
     s(i, j) = q_near_i . k_near_j / sqrt(d)   where 0 <= pos_i - pos_j < W
               q_far_i  . k_far_j  / sqrt(d)   where pos_i - pos_j >= W

@@ -33,7 +33,7 @@ written-out scores; a KV cache keeps c of the cached keys so the sums continue a
 do not enter it, so such a scheme alone does not use positions (``uses_positions``).
 
 Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps,
-Self-Extend and ReRoPE): ``score_window()`` then returns the window W, ``rotate`` returns q and k with the two
+Self-Extend, ReRoPE and STRING): ``score_window()`` then returns the window W, ``rotate`` returns q and k with the two
 rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where
 0 <= q_pos - k_pos < W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
 

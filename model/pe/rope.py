@@ -9,9 +9,9 @@ head in every layer; values are not rotated. Coordinates are paired as (i, i + d
 Face layout) rather than (2i, 2i+1): a fixed permutation of the head dimensions, so the same function.
 
 ``scaling`` stretches the frequencies for evaluation beyond the training length (see rope_scaling.py); ``remap``
-keeps the distances within a window and remaps those beyond it (Self-Extend, ReRoPE: see rope_remap.py). Both are
-RoPE's evaluation-time variations (``eval.variations=[none,yarn:8,self_extend:4:32,rerope:32]``, model/pe/base.py),
-one at a time.
+keeps the distances within a window and remaps those beyond it (Self-Extend, ReRoPE, STRING: see rope_remap.py).
+Both are RoPE's evaluation-time variations (``eval.variations=[none,yarn:8,self_extend:4:32,rerope:32,string:32:4]``,
+model/pe/base.py), one at a time.
 
 Partial rotary (``rotary_fraction`` f < 1; GPT-NeoX's ``rotary_pct``, litgpt's ``rotary_percentage``): only
 the first r = f d coordinates of each head are rotated, with the frequencies of an r-dimensional RoPE
@@ -52,7 +52,7 @@ class RoPEConfig(PEConfig):
     base: float = domain(10000.0, gt=1)
     rotary_fraction: float = domain(1.0, gt=0, le=1)  # share of each head's dimensions that is rotated
     scaling: RoPEScalingConfig = field(default_factory=RoPEScalingConfig)
-    remap: RoPERemapConfig = field(default_factory=RoPERemapConfig)  # Self-Extend, ReRoPE (rope_remap.py)
+    remap: RoPERemapConfig = field(default_factory=RoPERemapConfig)  # Self-Extend, ReRoPE, STRING (rope_remap.py)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -145,7 +145,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
     @classmethod
     def parse_variation(cls, spec: str, cfg: RoPEConfig) -> dict[str, Any]:
         """``yarn:8`` -> that scaling, with the yarn betas and temperature of the run's ``pe.scaling``;
-        ``self_extend:4:32``, ``rerope:32`` -> that remap (rope_remap.py)."""
+        ``self_extend:4:32``, ``rerope:32``, ``string:32:4`` -> that remap (rope_remap.py)."""
         remap = parse_remap(spec)
         if remap is not None:
             return {"remap": remap}

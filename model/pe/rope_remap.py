@@ -1,7 +1,7 @@
-"""Self-Extend and ReRoPE: context extension without fine-tuning by remapping RoPE's distances beyond a window.
+"""Self-Extend, ReRoPE and STRING: RoPE's distances beyond a window remapped at evaluation, without fine-tuning.
 
 RoPE's logit between the query at position i and the key at position j depends on the positions through the
-distance i - j only (rope.py). Beyond the training length L the model meets distances it never saw. Both methods
+distance i - j only (rope.py). Beyond the training length L the model meets distances it never saw. All three
 keep the distance of near pairs, i - j < W (the neighbour window, W < L), and map the distances of far pairs,
 i - j >= W, into the trained range, by rotating q and k of far pairs to other positions:
 
@@ -14,6 +14,14 @@ i - j >= W, into the trained range, by rotating q and k of far pairs to other po
   distance W itself (the query at position W, the key unrotated at 0): rel(i, j) = min(i - j, W). Leaky ReRoPE
   (``leaky_factor`` k > 1): beyond W the distance grows with slope 1/k, rel(i, j) = W + (i - j - W) / k (the query
   at (i + W (k - 1)) / k, the key at j / k; fractional positions, rotated as any other).
+- ``string`` (An et al. 2025, "Why Does the Effective Context Length of LLMs Fall Short?", STRING, sec. 4): far
+  pairs are shifted back by W - w (the local window w < W, ``local_window``), the query at i - W + w and the key at
+  j, so rel(i, j) = i - j - W + w for i - j >= W: the far distances start again at w, and the largest at length T
+  is T - 1 - W + w, so the W - w largest distances, the least trained ones, are never used. The paper uses it
+  within a model's own length, to let the well-trained small distances overwrite the rarely trained large ones
+  (its reference suggests W = 0.25 to 0.4 L and w = 128 to 512 for L = 128K); beyond L it reaches T = L + W - w
+  with trained distances only. W is the reference's ``shifted_offset`` (``diag_size``), w its ``local_value``
+  (``local_window``).
 
 Reference code, transcribed in tests/test_rope_self_extend.py and tests/test_rope_rerope.py: datamllab/LongLM,
 legacy_patch_before_4_38/llama_self_extend_patch.py (``apply_grouped_rotary_pos_emb``: ``position_ids_q =
@@ -25,7 +33,13 @@ rerope_patch.py (``query_states2`` rotated at ``position_ids * 0 + window``, ``k
 ``rectified_mask = (position_ids[:, -q_len:, None] - position_ids[:, None]).abs() < window``) and
 leaky_rerope_patch.py (a linear scaling by ``scaling_factor`` k, query at ``position_ids + offset``, offset = W
 (k - 1)). Both of Su's patches also multiply queries by max(1, log(i + 1) / log L) (log-n scaling): that is a
-temperature of its own in posgpt, not part of ``rerope``.
+temperature of its own in posgpt, not part of ``rerope``. HKUNLP/STRING, string_for_llama.py (it needs flash-attn
+and a CUDA build, so it is transcribed in tests/test_rope_string.py, not installed): ``position_ids -
+diag_size + local_window`` for the shifted queries, keys at their own positions; its decoding step splits the
+cache at kv_seq_len - diag_size (near iff i - j < W), as posgpt does everywhere. Its prefill
+(``string_flash_forward``) takes the near part from flash attention with ``window_size=[diag_size, 0]``, which is
+inclusive (0 <= i - j <= W), and the shifted part over keys j <= i - W, so it scores the pair at i - j = W twice,
+once in each part; posgpt scores it once, shifted (rel = w), as the decoding step does.
 
 The far positions of a pair are a function of the query's position alone and one of the key's alone, so each
 token is rotated twice, once as RoPE does (near) and once to its far position: ``RotaryPositionalEncoding.rotate``
@@ -49,17 +63,28 @@ from core.errors import PosGPTError
 
 @dataclass
 class RoPERemapConfig:
-    type: str = "none"  # none | self_extend | rerope
+    type: str = "none"  # none | self_extend | rerope | string
     window: int | None = domain(None, ge=1)  # W: pairs closer than W keep RoPE's distance; W < train.seq_len
     group: int | None = domain(None, ge=2)  # self_extend only: G, far distances grow G times slower
     leaky_factor: float | None = domain(None, gt=1)  # rerope only: k, far distances grow by 1/k (null: not at all)
+    local_window: int | None = domain(None, ge=0)  # string only: w < W, the distance far pairs are shifted back to
 
 
-REMAPS = ("none", "self_extend", "rerope")
+REMAPS = ("none", "self_extend", "rerope", "string")
 # The settings each type takes: required, then optional. Any other is refused.
-TYPE_SETTINGS = {"none": ((), ()), "self_extend": (("group", "window"), ()), "rerope": (("window",), ("leaky_factor",))}
-# eval.variations notation: self_extend:G:W, rerope:W, rerope:W:k (the spec's numbers, in this order)
-SPEC_FIELDS = {"self_extend": ("group", "window"), "rerope": ("window", "leaky_factor")}
+TYPE_SETTINGS = {
+    "none": ((), ()),
+    "self_extend": (("group", "window"), ()),
+    "rerope": (("window",), ("leaky_factor",)),
+    "string": (("window", "local_window"), ()),
+}
+# eval.variations notation: self_extend:G:W, rerope:W, rerope:W:k, string:W:w (the spec's numbers, in this order)
+SPEC_FIELDS = {
+    "self_extend": ("group", "window"),
+    "rerope": ("window", "leaky_factor"),
+    "string": ("window", "local_window"),
+}
+SPEC_FORMS = {"self_extend": "self_extend:G:W", "rerope": "rerope:W or rerope:W:K", "string": "string:W:w"}
 
 
 def check_remap(remap: RoPERemapConfig, train_len: int | None = None, where: str = "pe.remap") -> None:
@@ -69,13 +94,19 @@ def check_remap(remap: RoPERemapConfig, train_len: int | None = None, where: str
     if remap.type not in REMAPS:
         raise PosGPTError(f"unknown {where} type {remap.type!r}; choose one of {list(REMAPS)}")
     required, optional = TYPE_SETTINGS[remap.type]
-    for name in ("window", "group", "leaky_factor"):
+    for name in ("window", "group", "leaky_factor", "local_window"):
         value = getattr(remap, name)
         if value is None and name in required:
             raise PosGPTError(f"{where}: type {remap.type} needs {name} (e.g. {example(remap.type)})")
         if value is not None and name not in required + optional:
             users = [kind for kind, (needed, extra) in TYPE_SETTINGS.items() if name in needed + extra]
-            raise PosGPTError(f"{where}: {name} is a setting of type {' and '.join(users)}, not {remap.type}; drop it")
+            kinds = " and ".join(filter(None, (", ".join(users[:-1]), users[-1])))
+            raise PosGPTError(f"{where}: {name} is a setting of type {kinds}, not {remap.type}; drop it")
+    if remap.type == "string" and remap.local_window >= remap.window:
+        raise PosGPTError(
+            f"{where}: local_window={remap.local_window} must be smaller than window={remap.window}: far pairs "
+            "(distance >= window) are shifted back to start at local_window (e.g. string:32:4)"
+        )
     if train_len is not None and remap.window is not None and remap.window >= train_len:
         raise PosGPTError(
             f"{where}: window={remap.window} must be shorter than the training length {train_len}: within the "
@@ -84,12 +115,16 @@ def check_remap(remap: RoPERemapConfig, train_len: int | None = None, where: str
 
 
 def example(kind: str) -> str:
-    return {"self_extend": "self_extend:4:32 = group 4, window 32", "rerope": "rerope:32 or rerope:32:16"}[kind]
+    return {
+        "self_extend": "self_extend:4:32 = group 4, window 32",
+        "rerope": "rerope:32 or rerope:32:16",
+        "string": "string:32:4 = window 32, local window 4",
+    }[kind]
 
 
 def parse_remap(spec: str) -> RoPERemapConfig | None:
-    """``self_extend:4:32`` -> group 4, window 32; ``rerope:32`` (``rerope:32:16``: leaky, k = 16); None when the
-    spec names no remap type (a scaling, rope_scaling.py)."""
+    """``self_extend:4:32`` -> group 4, window 32; ``rerope:32`` (``rerope:32:16``: leaky, k = 16); ``string:32:4``
+    -> window 32, local window 4; None when the spec names no remap type (a scaling, rope_scaling.py)."""
     kind, *numbers = [part.strip() for part in str(spec).split(":")]
     if kind not in SPEC_FIELDS:
         return None
@@ -100,15 +135,14 @@ def parse_remap(spec: str) -> RoPERemapConfig | None:
     except ValueError:
         values = []
     if not len(required) <= len(numbers) <= len(names) or len(values) != len(numbers):
-        form = "self_extend:G:W" if kind == "self_extend" else "rerope:W or rerope:W:K"
-        raise PosGPTError(f"eval.variations: {spec!r} is not {form} ({example(kind)})")
+        raise PosGPTError(f"eval.variations: {spec!r} is not {SPEC_FORMS[kind]} ({example(kind)})")
     remap = RoPERemapConfig(type=kind, **dict(zip(names, values)))
     check_remap(remap, where=f"eval.variations entry {spec!r}")
     return remap
 
 
 def remap_label(remap: dict | RoPERemapConfig | None) -> str:
-    """``self_extend:4:32``, ``rerope:32``, ``rerope:32:16``: the spec that gives it; "" for none."""
+    """``self_extend:4:32``, ``rerope:32``, ``rerope:32:16``, ``string:32:4``: the spec that gives it; "" for none."""
     if remap is None:
         return ""
     if isinstance(remap, RoPERemapConfig):
@@ -125,6 +159,8 @@ def far_positions(remap: RoPERemapConfig, positions: torch.Tensor) -> tuple[torc
     if remap.type == "self_extend":
         G = remap.group
         return positions // G + W - W // G, positions // G
+    if remap.type == "string":  # the query shifted back by W - w, the key where it is
+        return positions - W + remap.local_window, positions
     if remap.leaky_factor is None:
         return torch.full_like(positions, W), torch.zeros_like(positions)
     k = remap.leaky_factor
