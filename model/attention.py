@@ -37,6 +37,13 @@ diagnostics: ``GPT.forward(..., capture=probs)`` hands one list to every layer).
 
 ``attend(..., sink=s)`` adds a sink logit per head to every softmax's denominator (``model.attn_sink``), on every
 path: model/sink.py says how each computes it.
+
+A scheme's ``rotate`` may return q and k wider than v: two rotations side by side (RoPE's remaps, whose windowed
+path scales scores by 1 / sqrt(size of v)), or one wider form of each head (PoPE: each coordinate a complex number,
+2d real ones). Every other path scales scores by 1 / sqrt(size of q), so such a scheme folds the scale it wants
+into q. The written-out path takes the sizes as they are; for the kernels (sdpa's fused causal kernel, the CPU
+sink kernel, FlexAttention), which need one head size, v is padded with zeros to q's and the padding dropped from
+the output.
 """
 
 from __future__ import annotations
@@ -124,6 +131,17 @@ def attend(
     backend = resolve_backend(backend, pe, q.device)
     if backend == "math":
         return _math_attention(q, k, v, pe, state, layer, sums, sink)[0]
+    width = v.shape[-1]
+    if q.shape[-1] != width:
+        # q and k wider than v (a scheme's rotate may widen them, model/pe/base.py): PyTorch's fused kernels take one
+        # head size for q, k and v, so v gets zeros up to q's size, and the output drops them.
+        v = F.pad(v, (0, q.shape[-1] - width))
+        return _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink)[..., :width]
+    return _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink)
+
+
+def _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink):
+    """:func:`attend` on the flex or sdpa backend (``backend`` resolved), q, k and v of one head size."""
     full = state.q_offset == 0 and q.shape[-2] == k.shape[-2]
     if backend == "flex" and full:
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):

@@ -37,6 +37,11 @@ Self-Extend, ReRoPE and STRING): ``score_window()`` then returns the window W, `
 rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where
 0 <= q_pos - k_pos < W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
 
+Wider q and k. ``rotate`` may return q and k of another head size than v's (a scheme that maps each coordinate to
+a complex number returns 2d real ones): attention scales their scores by 1 / sqrt(size of q) (scores merged by
+distance, above, by 1 / sqrt(size of v)), so the scheme folds into q the scale it means, and the kernels pad v to
+q's size (model/attention.py), so the fused causal kernel still runs.
+
 Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
 Ruoss et al. 2023); every hook accepts both.
 
@@ -303,7 +308,8 @@ class PositionalEncoding(nn.Module):
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int, prepared: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform the new q and k, both (B, H, T, D), at integer positions (T,) or (B, T).
+        """Transform the new q and k, both (B, H, T, D), at integer positions (T,) or (B, T); they may come back
+        wider than D (the module docstring, "Wider q and k").
 
         ``seq_len`` is the number of keys attended to (cached ones included), for schemes that adapt to it;
         ``prepared`` is what ``prepare`` returned for this forward pass (computed here when None).
