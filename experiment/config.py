@@ -32,7 +32,9 @@ from model.temperature import check_temperature
 @dataclass
 class TrainConfig:
     seq_len: int = domain(64, ge=1)  # training context length: the "1x" of every extrapolation result
-    batch_size: int = domain(8, ge=1)  # sequences per optimizer step, over all processes and accumulation steps
+    # sequences per optimizer step, over all processes and accumulation steps; 4 keeps the default job within
+    # ten minutes on a 2-core CPU (scripts/study.sh trains its studies at 8)
+    batch_size: int = domain(4, ge=1)
     grad_accum_steps: int = domain(1, ge=1)
     max_steps: int = domain(1200, ge=1)
     lr: float = domain(1e-3, gt=0)
@@ -76,7 +78,8 @@ class EvalConfig:
     stride: int | None = domain(None, ge=1)  # sliding-window stride; None: half the window
     # streaming protocol only: the first k tokens kept; the window is length - k
     streaming_sinks: int = domain(4, ge=0, used_with=("protocols", ("streaming",)))
-    max_tokens: int = domain(32768, ge=1)  # scored tokens per (length, protocol): the same token range for all
+    # scored tokens per (length, protocol): the same token range for all (scripts/study.sh scores 32768)
+    max_tokens: int = domain(16384, ge=1)
     batch_tokens: int = domain(16384, ge=1)  # tokens per forward pass (windows are batched up to this)
     # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
     # parse_variation, model/pe/); None: the run as configured.
