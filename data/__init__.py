@@ -11,7 +11,7 @@ from data.cache import check_corpus, corpus_identity, describe_corpus, eval_toke
 from data.config import DataConfig, resolve_cache_dir, validate_data_config
 from data.tokenizer import EOT_TOKEN, gpt2_encoding
 from data.tokens import TokenArray
-from data.windows import draw_batch, sample_batch
+from data.windows import draw_batch, sample_batch, separate_documents
 
 __all__ = [
     "EOT_TOKEN",
@@ -27,5 +27,6 @@ __all__ = [
     "load_splits",
     "resolve_cache_dir",
     "sample_batch",
+    "separate_documents",
     "validate_data_config",
 ]

@@ -42,7 +42,7 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 SHARD_NAME = re.compile(r"(train|val|all)_\d{6}\.bin")
 # Settings that do not change which tokens a corpus holds (compared to tell whether eval scores the training corpus).
-NOT_CONTENT = ("name", "cache_dir", "num_proc", "eval_split")
+NOT_CONTENT = ("name", "cache_dir", "num_proc", "eval_split", "document_aware")
 
 
 def load_splits(cfg: DataConfig) -> dict[str, TokenArray]:

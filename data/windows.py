@@ -1,11 +1,15 @@
-"""Random training windows, nanoGPT style; or examples of a generated task (data/tasks/)."""
+"""Random training windows, nanoGPT style; or examples of a generated task (data/tasks/); and the documents a
+window holds (data.document_aware)."""
 
 import numpy as np
 import torch
 
 from core.errors import PosGPTError
 from data.tasks import Task
+from data.tokenizer import EOT_TOKEN
 from data.tokens import TokenArray
+
+IGNORED = -100  # a target the loss leaves out (model/loss.py's ignore_index)
 
 
 def sample_batch(
@@ -38,3 +42,17 @@ def draw_batch(
             return source.training_batch(batch_size, seq_len, generator)
         return source.sample(batch_size, seq_len, generator)
     return sample_batch(source, batch_size, seq_len, generator)
+
+
+def separate_documents(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The documents of a batch of windows (``data.document_aware``): each token's document, (B, T) int64 counted
+    from 0 along each row, and the targets with the ones another document would predict left out (-100).
+
+    Every document of the token stream ends with <|endoftext|> (data/cache.py). That token belongs to the document it
+    ends, and the token after it starts the next one, so a document and its <|endoftext|> are what the cache stored
+    for it, and a document's first token is at position 0. The target of an <|endoftext|> is the next document's
+    first token, which only the ended document's context would predict: it is the one target per boundary left out.
+    Every other target keeps its context within its own document, the <|endoftext|> that ends it included."""
+    ends = x == EOT_TOKEN
+    documents = ends.cumsum(dim=1) - ends.long()  # the ends counted before each token: the end is its document's
+    return documents, y.masked_fill(ends, IGNORED)

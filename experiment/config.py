@@ -293,6 +293,7 @@ def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | N
         )
     _validate_scheme(cfg, config, keys)
     _validate_task(cfg, reads_data)
+    _validate_documents(cfg, keys)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
 
@@ -329,6 +330,35 @@ def _validate_task(cfg: DictConfig, reads_data: bool) -> None:
         raise PosGPTError(
             f"task={task.name} needs train.seq_len >= {task.min_length() - 1} with its settings "
             f"(got {cfg.train.seq_len})"
+        )
+
+
+def _validate_documents(cfg: DictConfig, keys: Collection[str] | None) -> None:
+    """data.document_aware (positions and attention within each document of a training window, data/windows.py):
+    where its windows have no documents to keep apart, or where it would not be read, it is refused."""
+    if keys is not None:  # an evaluation: it scores windows of the stream as they are, whatever the run trained with
+        if "data.document_aware" in keys:
+            raise PosGPTError(
+                "data.document_aware is a training setting: an evaluation scores windows of the stream as they are, "
+                "documents crossing (docs/data.md); drop it"
+            )
+        return
+    if not cfg.data.document_aware:
+        return
+    if cfg.task.name != NO_TASK:
+        raise PosGPTError(
+            f"data.document_aware keeps the documents of text windows apart; task={cfg.task.name} generates one "
+            "example per sequence: drop data.document_aware"
+        )
+    if cfg.train.random_positions is not None:
+        raise PosGPTError(
+            "data.document_aware restarts positions at each document, train.random_positions draws one set per "
+            "window: use one of them"
+        )
+    if not cfg.data.rows_are_documents:
+        raise PosGPTError(
+            f"data.document_aware needs documents ended by <|endoftext|>; data.rows_are_documents=false joins the "
+            f"rows of {cfg.data.name} into one text: drop data.document_aware"
         )
 
 

@@ -32,6 +32,11 @@ by the layer from its input: query i over key j gets c_i - c_j. It takes the sam
 folds it into q and k (float32, no cache: the fused causal kernel) or adds it to each materialised mask block,
 flex reads it in the ``score_mod`` (score + c[b, h, q] - c[b, h, k]), math adds it to the written-out scores.
 
+Documents packed into a row (``state.documents``, ``data.document_aware``; model/documents.py): every path keeps a
+query within its document. The masks of ``math`` and sdpa's blocks get -inf across documents, so sdpa skips its
+fused causal kernel (and the fold of a cumulative bias, and the CPU sink kernel) for the blockwise path; flex takes
+a block mask whose mask_mod compares the documents.
+
 ``attend(..., capture=probs)`` runs ``math`` and appends the probabilities to the list ``probs`` (attention
 diagnostics: ``GPT.forward(..., capture=probs)`` hands one list to every layer).
 
@@ -56,6 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from core.errors import PosGPTError, first_line, warn
+from model.documents import document_block_mask, same_document
 from model.pe.base import PositionalEncoding, PositionState
 from model.sink import CpuFlashSink, sink_as_key, sink_rescale, with_sink_column
 from model.windowed_attention import windowed_attention
@@ -158,7 +164,7 @@ def _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink):
             raise  # the sdpa path needs more memory, not less
         except Exception as error:  # whatever its compilation raises (inductor, triton, a driver)
             _give_up_flex(error)
-    if not pe.has_score_bias and full:
+    if not pe.has_score_bias and full and state.documents is None:  # documents need the mask
         if sums is None and sink is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         if sums is None:  # a sink (model/sink.py)
@@ -213,6 +219,10 @@ def _bias_and_mask(
     -inf elsewhere; (H, Tq, Tk), (B, H, Tq, Tk) with per-row positions or a cumulative bias, or (1, Tq, Tk)
     without a bias."""
     mask = _score_bias_and_mask(pe, state, start, stop, k_stop, layer, dtype)
+    if state.documents is not None:  # -inf across documents too (model/documents.py): (B, H or 1, Tq, Tk)
+        queries = slice(state.q_offset + start, state.q_offset + stop)
+        same = same_document(state.documents, queries, slice(0, k_stop))[:, None]
+        mask = torch.where(same, mask, float("-inf"))
     if sums is None:
         return mask
     # c_i - c_j in float32 (c grows along the sequence), then in the scores' dtype; -inf stays -inf.
@@ -426,7 +436,12 @@ def _score_bias_mod(pe: PositionalEncoding, state: PositionState, layer: int):
 
 def _flex_attention(q, k, v, pe, state, layer, sums=None, sink=None):
     score_mod = _score_mod(pe, state, layer, sums)
-    block_mask = _causal_block_mask(q.shape[-2], str(q.device))
+    if state.documents is None:
+        block_mask = _causal_block_mask(q.shape[-2], str(q.device))
+    else:  # one per forward pass, shared by the layers
+        block_mask = state.bias_blocks.get("documents")
+        if block_mask is None:
+            block_mask = state.bias_blocks["documents"] = document_block_mask(state.documents)
     if sink is None:
         return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask)
     out, lse = _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)

@@ -32,6 +32,7 @@ from torch import nn
 from core.domain import check_domains, domain
 from core.errors import PosGPTError
 from model.attention import BACKENDS, attend, default_state
+from model.documents import within_document_index
 from model.loss import FUSED_MODES, lm_head_cross_entropy
 from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
 from model.temperature import AttentionTemperature, TemperatureConfig
@@ -166,7 +167,9 @@ class CausalSelfAttention(nn.Module):
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
         sums = self._cumulative_sums(x, pe, cache, layer, pe_layer) if pe.has_cumulative_bias else None
-        q = self.temperature(q, state.q_offset)
+        # documents packed into the row: a query attends the keys of its own document so far
+        attended = None if state.documents is None else within_document_index(state.documents) + 1
+        q = self.temperature(q, state.q_offset, attended)
         y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
@@ -269,10 +272,16 @@ class GPT(nn.Module):
         return self.pe.no_weight_decay()
 
     def _position_state(
-        self, idx: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None,
+        positions: torch.Tensor | None,
+        documents: torch.Tensor | None = None,
     ) -> PositionState:
         """Positions of this forward pass, computed once for all layers."""
         T = idx.shape[1]
+        if documents is not None:
+            return self._document_state(idx, cache, positions, documents)
         if positions is None:
             start = cache.length if cache is not None else 0
             limit = self.pe.max_positions()
@@ -290,6 +299,25 @@ class GPT(nn.Module):
             )
         positions = positions.to(idx.device)
         return PositionState(positions, positions, 0, self.pe.prepare(positions, T, {}), explicit=True)
+
+    def _document_state(
+        self, idx: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None, documents: torch.Tensor
+    ) -> PositionState:
+        """The positions of rows that hold several documents (model/documents.py): ``positions`` if given, else each
+        token's index within its document; and the documents themselves, which attention keeps apart."""
+        if cache is not None:
+            raise PosGPTError("documents cannot be combined with a KV cache (they are a training setting)")
+        if documents.shape != idx.shape or (positions is not None and positions.shape != idx.shape):
+            shapes = [tuple(t.shape) for t in (documents, positions) if t is not None]
+            raise PosGPTError(
+                f"documents and positions must have the shape of the tokens {tuple(idx.shape)}; got {shapes}"
+            )
+        documents = documents.to(idx.device)
+        # Training passes them (training/loop.py), so that they are an input of the compiled model: a tensor computed
+        # inside the graph and read by a FlexAttention score_mod fails inductor's lowering on CPU (torch 2.13, seen).
+        positions = within_document_index(documents) if positions is None else positions.to(idx.device)
+        prepared = self.pe.prepare(positions, idx.shape[1], {})
+        return PositionState(positions, positions, 0, prepared, explicit=True, documents=documents)
 
     def _part_states(self, state: PositionState, cache: KVCache | None) -> list[PositionState]:
         """The positions each distinct scheme of the layers sees (``pe_parts``): ``state`` itself where that is
@@ -311,14 +339,17 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         capture: list[torch.Tensor] | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, T) token ids -> (B, T, C) final hidden states (after the last LayerNorm).
 
         ``positions``: (T,) or (B, T) increasing integer positions of the tokens (randomized positions in
         training); None means start .. start+T-1, start being the number of cached tokens. ``capture``: a list
         that receives each layer's attention probabilities, float32 (B, H, T, T), in layer order (the written-out
-        attention then runs; evaluation/attention_stats.py)."""
-        state = self._position_state(idx, cache, positions)
+        attention then runs; evaluation/attention_stats.py). ``documents``: (B, T) the document of each token, ids
+        growing along a row (data.document_aware; model/documents.py): attention stays within a document, and
+        ``positions`` default to each token's index within its document (0 at its first token)."""
+        state = self._position_state(idx, cache, positions, documents)
         states = self._part_states(state, cache)
         if cache is not None and not cache.keys:
             cache.keys, cache.values, cache.sums = ([None] * len(self.blocks) for _ in range(3))
@@ -340,12 +371,13 @@ class GPT(nn.Module):
         positions: torch.Tensor | None = None,
         capture: list[torch.Tensor] | None = None,
         score_from: int = 0,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Without targets: logits (B, T, vocab_size). With targets: the cross-entropy (see model/loss.py) of
         the positions from ``score_from`` on; the head is not computed before it (a window whose first
         positions are context only), and ``reduction="none"`` gives (B, T - score_from).
-        ``cache``, ``positions``, ``capture``: see :meth:`hidden_states`."""
-        hidden = self.hidden_states(idx, cache, positions, capture)
+        ``cache``, ``positions``, ``capture``, ``documents``: see :meth:`hidden_states`."""
+        hidden = self.hidden_states(idx, cache, positions, capture, documents)
         if targets is None:
             return (hidden @ self.head_weight.t())[..., : self.vocab_size]
         return lm_head_cross_entropy(

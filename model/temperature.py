@@ -39,7 +39,8 @@ Which n. n counts the keys a query attends, not its position label: with a KV ca
 (n = q_offset + i + 1 for the i-th new query), with randomized positions (train.random_positions) the i-th token
 of a row attends i + 1 keys whatever positions it was given (the factor answers the softmax's size, which is the
 number of keys), and in the ``streaming`` evaluation n is the number of keys in the cache (sinks and window),
-at most the evaluated length. The sink logit is not a key. For Llama 4 this is its cache_position + 1 whenever
+at most the evaluated length; with documents packed into a row (``data.document_aware``) the keys of its own
+document. The sink logit is not a key. For Llama 4 this is its cache_position + 1 whenever
 the cache holds every earlier token, as in transformers.
 
 At evaluation (eval.py, sample.py) a run trained without a temperature may be evaluated with ``logn`` or
@@ -125,13 +126,19 @@ class AttentionTemperature(nn.Module):
         if cfg.type == "ssmax":
             self.s = nn.Parameter(torch.full((n_head,), 1.0 / math.log(train_seq_len)))
 
-    def factors(self, q_offset: int, n_queries: int, device: torch.device) -> torch.Tensor | None:
+    def factors(
+        self, q_offset: int, n_queries: int, device: torch.device, attended: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """tau for queries q_offset .. q_offset + n_queries - 1 among the keys: (Tq,), (H, Tq) for ssmax, or
-        None when it is 1 throughout (type none)."""
+        None when it is 1 throughout (type none). ``attended``: (B, Tq) the keys each query attends where that is
+        not its index + 1 (documents packed into a row: its own document's); tau is then (B, 1, Tq) or (B, H, Tq)."""
         kind = self.cfg.type
         if kind == "none":
             return None
-        n = torch.arange(q_offset + 1, q_offset + n_queries + 1, device=device, dtype=torch.float32)
+        if attended is None:
+            n = torch.arange(q_offset + 1, q_offset + n_queries + 1, device=device, dtype=torch.float32)
+        else:
+            n = attended[:, None, :].to(device=device, dtype=torch.float32)
         if kind == "logn":
             return (n.log() / math.log(self.train_seq_len)).clamp(min=1.0)
         if kind == "llama4":
@@ -139,7 +146,7 @@ class AttentionTemperature(nn.Module):
             return 1.0 + self.cfg.attn_scale * torch.log(torch.floor(n / floor_scale) + 1.0)
         return self.s[:, None] * n.log()  # ssmax
 
-    def forward(self, q: torch.Tensor, q_offset: int) -> torch.Tensor:
-        """q (B, H, Tq, D), the last Tq queries of q_offset + Tq keys -> tau q."""
-        tau = self.factors(q_offset, q.shape[-2], q.device)
+    def forward(self, q: torch.Tensor, q_offset: int, attended: torch.Tensor | None = None) -> torch.Tensor:
+        """q (B, H, Tq, D), the last Tq queries of q_offset + Tq keys -> tau q (``attended``: see :meth:`factors`)."""
+        tau = self.factors(q_offset, q.shape[-2], q.device, attended)
         return q if tau is None else q * tau[..., None].to(q.dtype)

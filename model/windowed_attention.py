@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from model.documents import same_document
 from model.pe.base import PositionState
 
 # Scores per block of queries, all heads and batch rows together: 8 MiB in fp32. Written-out blocks this small stay
@@ -59,6 +60,8 @@ def windowed_attention(
             scores = (q[..., start:stop, half] @ k[..., keys, half].transpose(-2, -1)).float()
             distance = query_pos - state.key_positions[..., None, keys]
             allowed = (key_index[keys] <= query_index) & ((distance >= window) == bool(rotation))
+            if state.documents is not None:  # and within the query's document (model/documents.py)
+                allowed = allowed & same_document(state.documents, slice(first, k_stop), keys)
             parts.append(scores.masked_fill_(~(allowed[:, None] if allowed.dim() == 3 else allowed), float("-inf")))
         far_scores, near_scores = parts
         top = near_scores.amax(-1, keepdim=True)  # finite: a query is near itself

@@ -32,12 +32,13 @@ from core.errors import PosGPTError
 from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
-from data import draw_batch, load_splits, validate_data_config
+from data import draw_batch, load_splits, separate_documents, validate_data_config
 from data.tasks import NO_TASK, build_task, held_out_seed
 from evaluation.checks import check_eval_settings
 from experiment.build import build_model
 from experiment.config import compile_enabled, set_task_vocabulary, validate
 from model import GPT
+from model.documents import within_document_index
 from training import distributed
 from training.batch_stream import BatchStream, rank_rows
 from training.checkpointing import Checkpointer, resume_checkpoint
@@ -88,7 +89,8 @@ def estimate_val_loss(
     dist: distributed.DistInfo,
 ) -> float:
     """Mean loss on the same val_batches x batch_size windows (or task examples) every time: a fixed-seed
-    generator, for a task a stream held out from training's (seeded apart from train.seed)."""
+    generator, for a task a stream held out from training's (seeded apart from train.seed). Windows of the stream as
+    they are, documents crossing, with or without data.document_aware, as the evaluation scores them."""
     model.eval()
     generator = torch.Generator().manual_seed(0 if cfg.task.name == NO_TASK else held_out_seed(cfg.train.seed, "val"))
     rows = rank_rows(cfg.train.batch_size, dist)
@@ -306,7 +308,13 @@ def _run_loop(loop: _Loop) -> tuple[int, int | None]:
     with StopRequested() as stop:
         while step < t.max_steps and stopped_by is None:
             x, y, positions = loop.batches.next()  # positions: None unless train.random_positions
-            loss, grad_norm, skipped = loop.step_fn(x, y, skip_nonfinite=t.skip_nonfinite, positions=positions)
+            documents = None
+            if loop.cfg.data.document_aware:  # each window's documents kept apart (data/windows.py)
+                documents, y = separate_documents(x, y)
+                positions = within_document_index(documents)  # given, not computed inside a compiled model
+            loss, grad_norm, skipped = loop.step_fn(
+                x, y, skip_nonfinite=t.skip_nonfinite, positions=positions, documents=documents
+            )
             step += 1
             loop.window.add(step, loss, skipped)
             stopped_by = _agreed_stop(stop, dist, step, t.log_every, device)

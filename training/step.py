@@ -35,26 +35,37 @@ class TrainStep:
         self.compiled = eager is not None  # whether the compiled model runs the steps
 
     def __call__(
-        self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False, positions: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        skip_nonfinite: bool = False,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, bool]:
         if self.eager is None:
-            return self.step(x, y, skip_nonfinite, positions)
+            return self.step(x, y, skip_nonfinite, positions, documents)
         try:
-            result = self.step(x, y, skip_nonfinite, positions)
+            result = self.step(x, y, skip_nonfinite, positions, documents)
         except (PosGPTError, torch.OutOfMemoryError):
             raise  # the user's mistake, or memory: eager would fail alike
         except Exception as error:  # whatever the compilation raises (dynamo, inductor, triton)
             warn(f"torch.compile failed at the first training step ({first_line(error)}); training runs eagerly")
             self.optimizer.zero_grad(set_to_none=True)  # what the failed step accumulated
             self.model, self.compiled = self.eager, False
-            result = self.step(x, y, skip_nonfinite, positions)
+            result = self.step(x, y, skip_nonfinite, positions, documents)
         self.eager = None  # compiled or not, the first step has run
         return result
 
     def step(
-        self, x: torch.Tensor, y: torch.Tensor, skip_nonfinite: bool = False, positions: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        skip_nonfinite: bool = False,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """Train on this rank's rows (split into micro-batches), at ``positions`` (B, T) if given.
+        """Train on this rank's rows (split into micro-batches), at ``positions`` (B, T) if given, with each row's
+        ``documents`` (B, T) kept apart if given (data.document_aware).
 
         Returns (mean loss, grad norm) as device tensors, and whether the step was skipped: with
         ``skip_nonfinite`` a NaN/inf gradient discards the step (no update; the schedule still advances so
@@ -64,10 +75,11 @@ class TrainStep:
         total = torch.zeros((), device=self.device)
         micro_x, micro_y = x.chunk(self.grad_accum_steps), y.chunk(self.grad_accum_steps)
         micro_p = positions.chunk(self.grad_accum_steps) if positions is not None else [None] * len(micro_x)
-        for i, (mx, my, mp) in enumerate(zip(micro_x, micro_y, micro_p)):
+        micro_d = documents.chunk(self.grad_accum_steps) if documents is not None else [None] * len(micro_x)
+        for i, (mx, my, mp, md) in enumerate(zip(micro_x, micro_y, micro_p, micro_d)):
             with no_grad_sync(self.model, sync=i == self.grad_accum_steps - 1):
                 with autocast(self.device, self.dtype):
-                    loss = self.model(mx, my, positions=mp) / self.grad_accum_steps
+                    loss = self.model(mx, my, positions=mp, documents=md) / self.grad_accum_steps
                 loss.backward()
             total += loss.detach()
         # The norm is computed from the all-reduced gradients, so under DDP/FSDP every rank takes the same

@@ -120,6 +120,9 @@ class PositionState:
     prepared: Any = None  # the scheme's per-forward values, from PositionalEncoding.prepare
     explicit: bool = False  # positions were given (not q_offset .. q_offset + Tq - 1)
     bias_blocks: dict = field(default_factory=dict)  # materialised bias blocks shared by the layers
+    # (B, Tq) the document of each token (data.document_aware, model/documents.py): attention stays within it; None:
+    # one sequence per row
+    documents: torch.Tensor | None = None
 
     @property
     def seq_len(self) -> int:
