@@ -27,6 +27,11 @@ with a content bias (CoPE), or whose scores are merged from two rotations by dis
 RoPE's remaps, model/windowed_attention.py), always runs ``math``, whatever the backend. The causal mask is
 by index; the scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
 
+A scheme whose weights replace softmax (``pe.has_attention_weights``) always runs ``math`` too: each block of queries
+gets its scaled, causally masked scores (-inf where hidden, as a content bias sees them), the scheme turns them into
+weights, float32, and the output is those weights times v. Blocks of queries bound the memory as for softmax, and a KV
+cache changes nothing but the block's first query index. With no softmax there is no denominator for a sink: refused.
+
 A cumulative bias (``pe.has_cumulative_bias``: FoX) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
 by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: sdpa
 folds it into q and k (float32, no cache: the fused causal kernel) or adds it to each materialised mask block,
@@ -81,8 +86,9 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) 
     has failed in this process, see ``flex_failure``)."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
-    if pe.has_content_bias or pe.score_window() is not None:
-        return "math"  # the bias needs the scores themselves, or two scores per pair: no kernel can take it
+    if pe.has_content_bias or pe.has_attention_weights or pe.score_window() is not None:
+        # the bias needs the scores themselves, two scores per pair, or weights that are not a softmax: no kernel
+        return "math"
     if backend == "auto":
         biased = pe.has_score_bias or pe.has_cumulative_bias
         backend = "flex" if biased and device.type == "cuda" else "sdpa"
@@ -278,7 +284,8 @@ def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
 def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=False):
     """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
     (rows are independent; blocks bound the memory of long sequences); with a sink, softmax([sink, scores])
-    without the sink's column. Returns (output, probabilities or None)."""
+    without the sink's column; the scheme's own weights in place of softmax where it has them. Returns (output,
+    probabilities or None)."""
     if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
         if sink is not None:
             raise PosGPTError(
@@ -286,6 +293,11 @@ def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=
                 "logit; evaluate this run without that variation"
             )
         return windowed_attention(q, k, v, state, pe.score_window(), keep_probs)
+    if pe.has_attention_weights and sink is not None:
+        raise PosGPTError(
+            f"model.attn_sink: pe={pe.name} weighs the values by its own rule, not a softmax, so there is no "
+            "denominator for a sink logit; train without model.attn_sink"
+        )
     Tq, D = q.shape[-2], q.shape[-1]
     block = _query_block(q, k)
     outputs, probabilities = [], []
@@ -296,7 +308,9 @@ def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=
         scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, sums)
         if pe.has_content_bias:
             scores = scores + pe.content_bias(q_block, scores, layer)
-        if sink is None:
+        if pe.has_attention_weights:
+            probs = pe.attention_weights(scores, layer)
+        elif sink is None:
             probs = torch.softmax(scores.float(), dim=-1)
         else:
             probs = torch.softmax(with_sink_column(scores, sink).float(), dim=-1)[..., 1:]

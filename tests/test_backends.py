@@ -20,6 +20,7 @@ from training.step import TrainStep
 ALL = sorted(SCHEMES)
 BIAS = [name for name in ALL if SCHEMES[name].has_score_bias]
 CONTENT = [name for name in ALL if SCHEMES[name].has_content_bias]
+OWN_WEIGHTS = [name for name in ALL if SCHEMES[name].has_attention_weights]  # weights in place of softmax
 B, H, T, D = 2, 4, 40, 16
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -70,7 +71,7 @@ def assert_all_close(got, want, **tolerances):
 def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
     for name in ALL:
         pe = scheme(name)
-        if name in CONTENT:  # the bias needs the scores: always the written-out path
+        if name in CONTENT + OWN_WEIGHTS:  # the scores themselves, or no softmax: always the written-out path
             for backend in ("auto", "sdpa", "flex", "math"):
                 assert resolve_backend(backend, pe, torch.device("cuda")) == "math"
             continue
@@ -107,7 +108,7 @@ def test_sdpa_matches_math_with_a_kv_cache(name):
     assert_all_close(output_and_grads("sdpa", pe, q, k, v), output_and_grads("math", pe, q, k, v), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS + CONTENT])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS + CONTENT + OWN_WEIGHTS])
 def test_sdpa_without_bias_is_causal_sdpa_with_no_mask(name, monkeypatch):
     """The flash-eligible call: is_causal=True and no materialised mask."""
     calls, sdpa = [], F.scaled_dot_product_attention

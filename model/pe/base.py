@@ -1,6 +1,6 @@
 """The one interface every positional scheme implements.
 
-Position can enter a transformer in five places. A scheme overrides the hooks it uses and inherits no-ops
+Position can enter a transformer in six places. A scheme overrides the hooks it uses and inherits no-ops
 for the rest:
 
 1. ``embed(positions)``      -> a vector per position, added to the token embeddings (sinusoidal, learned)
@@ -11,6 +11,10 @@ for the rest:
 5. ``cumulative_bias(x, layer)`` -> a term per token and head, g_t, computed from the layer's input x (so from
    the data, per batch row and layer); the score of query i over key j gets the sum of g over the tokens after
    j up to i, c_i - c_j with c = cumsum(g) (FoX's log forget gates; ALiBi would be g = -slope)
+6. ``attention_weights(scores, layer)`` -> the weights that multiply the values in place of softmax over the scores,
+   computed from the scaled, causally masked scores of a block of queries (stick-breaking: order enters through
+   the weights themselves); such a scheme always runs the written-out attention path, in blocks of queries, so its
+   weights must treat each query's row on its own
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
@@ -171,6 +175,9 @@ class PositionalEncoding(nn.Module):
     has_content_bias: ClassVar[bool] = False
     # True when cumulative_bias is overridden: each layer computes its terms from its input (model/gpt.py).
     has_cumulative_bias: ClassVar[bool] = False
+    # True when attention_weights is overridden: its weights replace softmax, so attention always runs the
+    # written-out path (and has no softmax denominator for a sink logit).
+    has_attention_weights: ClassVar[bool] = False
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
@@ -339,6 +346,12 @@ class PositionalEncoding(nn.Module):
     def content_bias(self, q: torch.Tensor, scores: torch.Tensor, layer: int) -> torch.Tensor:
         """q (B, H, Tq, D) and the scaled, causally masked scores (B, H, Tq, Tk) -> a term added to them."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no content bias")
+
+    def attention_weights(self, scores: torch.Tensor, layer: int) -> torch.Tensor:
+        """The scaled scores (B, H, Tq, Tk) of a block of queries over the keys, with the scheme's biases and -inf where
+        the causal mask hides a key -> the weights, same shape, that multiply the values in place of softmax(scores)
+        (module docstring, hook 6); float32 or wider, whatever the scores' dtype."""
+        raise NotImplementedError(f"positional scheme {self.name!r} has no attention weights of its own")
 
     def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         """The input of ``layer``'s attention, (B, T, C) -> the terms g, (B, H, T), whose cumulative sums c give
