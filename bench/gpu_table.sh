@@ -1,54 +1,102 @@
 #!/usr/bin/env bash
-# The GPU table in one command: the CUDA-only tests, train.py and its evaluation end to end on a task, and every
-# benchmark of bench/README.md ("GPU: how to measure and commit"), all recorded in ONE results file, with the
-# table docs/speed.md takes.
+# The GPU table: the CUDA-only tests, train.py and its evaluation end to end on a task, and every benchmark of
+# bench/README.md ("GPU: how to measure and commit"), recorded in ONE results file per GPU, with the table
+# docs/speed.md takes. In three parts whose steps' time limits add up to 8 minutes each, so that a part fits a
+# 10-minute command; without --part, the three in turn:
 #
-#   bash bench/gpu_table.sh OUT_DIR [/path/to/nanoGPT/model.py]
+#   bash bench/gpu_table.sh OUT_DIR [--part 1|2|3] [/path/to/nanoGPT/model.py]
 #
-# Writes OUT_DIR/<date>-<gpu>.json (commit it under bench/results/), OUT_DIR/table.md (tokens/s, MFU, peak memory
-# and the ratio to RoPE in the same command, per scheme and path; scoring at 16K), the machine (env.txt) and each
-# step's console output (*.txt). Needs CUDA. Each step has a time limit and records as it goes, so a step that
-# fails or hangs loses only itself; the limits add up to 19 minutes (the tests, the passkey runs, every scheme
-# eager and the compiled bias schemes took 5 on one H200 on 2026-11-26). The tests' outcome is the file's first
-# run (command, pass/fail/skip counts, the pytest summary line); each benchmark then appends its JSON lines.
+#   part 1: every bias scheme compiled beside compiled RoPE (GPT-2 small, 1,024 tokens, batch 16): training
+#           tokens/s and peak memory, and scoring 16K tokens (FlexAttention; a bias of the distance alone read from
+#           its table per distance); then the schemes with such a table under other FlexAttention kernel options.
+#   part 2: the CUDA-only tests beside train.py on passkey (RoPE, FoX); CoPE compiled (its written-out attention in
+#           blocks of queries recomputed in the backward pass); every scheme eager.
+#   part 3: the fused loss on GPU; the bias schemes through SDPA's blockwise masks instead of FlexAttention; the
+#           memory model's prediction beside the measured peak (RoPE, CoPE); nanoGPT at the same size.
+#
+# Every part appends to OUT_DIR/<date>-<gpu>.json (the date of the first part run into OUT_DIR on that GPU: commit it
+# under bench/results/) and writes OUT_DIR/table.md from all it holds (tokens/s, MFU, peak memory and the ratios to
+# RoPE, per scheme and command: RoPE of the same command, or the last recorded RoPE of the same compile setting; it
+# goes in docs/speed.md); the machine (env.txt) and each step's console output (*.txt). Needs CUDA. A step records as
+# it goes and is stopped at its time limit with SIGINT, which keeps the schemes it measured; a scheme that fails is
+# recorded with its error and the next one runs.
 #
 # On a node without internet, make .offline_bundle/ where pip works (bash bench/offline_bundle.sh) and copy it
 # along with the checkout: bench/gpu_env.sh puts its packages on the path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[[ $# -ge 1 ]] || { echo "usage: bash bench/gpu_table.sh OUT_DIR [/path/to/nanoGPT/model.py]" >&2; exit 2; }
+usage="usage: bash bench/gpu_table.sh OUT_DIR [--part 1|2|3] [/path/to/nanoGPT/model.py]"
+[[ $# -ge 1 ]] || { echo "$usage" >&2; exit 2; }
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || exit
-nanogpt=${2:-}
+shift
+parts="1 2 3"
+nanogpt=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --part) [[ ${2:-} =~ ^[123]$ ]] || { echo "$usage" >&2; exit 2; }; parts=$2; shift 2 ;;
+    -*) echo "$usage" >&2; exit 2 ;;
+    *) nanogpt=$1; shift ;;
+  esac
+done
 source bench/gpu_env.sh
-describe_machine 2>&1 | tee "$OUT/env.txt"
+describe_machine 2>&1 | tee -a "$OUT/env.txt"
 gpu=$(python -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.cuda.get_device_name().replace(' ', '-'))") || exit
-F=$OUT/$(date +%F)-$gpu.json
+F=$(ls -t "$OUT"/*-"$gpu".json 2>/dev/null | head -n 1)
+[[ -n $F ]] || F=$OUT/$(date +%F)-$gpu.json
 echo "recording into $F"
 
-# 1. train.py on the GPU (bf16 autocast, compile, fused AdamW: its defaults there), then its own evaluation:
-#    passkey with RoPE at its default settings, and FoX (FlexAttention with a cumulative bias) for 500 steps.
-#    In the background, beside the CUDA tests: their timings do not matter.
-work=$(mktemp -d)  # the passkey runs' directories (checkpoints): their console output goes to OUT_DIR
-(
-  for spec in "rope 3000 140" "fox 500 90"; do
-    read -r pe steps limit <<< "$spec"
-    timeout "$limit" python train.py task=passkey pe="$pe" train.max_steps="$steps" hydra.run.dir="$work/passkey-$pe" \
-      logging.progress=false logging.wandb.mode=disabled > "$OUT/train_passkey_$pe.txt" 2>&1
-    echo "exit $?" >> "$OUT/train_passkey_$pe.txt"
-  done
-) &
-train_pid=$!
+gpt2=(model=gpt2 train.seq_len=1024 train.batch_size=16 --warmup 5 --steps 10 --record "$F")
+registry() {  # registry EXPRESSION: the registered schemes whose class satisfies it (c), comma-separated
+  python -c "from model.pe import SCHEMES; print(','.join(sorted(n for n, c in SCHEMES.items() if $1)))"
+}
+bench() {  # bench LIMIT LOG ARGS...: one step, its time limit (SIGINT, then SIGKILL 15 s later), its console output
+  local limit=$1 log=$OUT/$2.txt
+  shift 2
+  timeout -s INT -k 15 "$limit" python "$@" > "$log" 2>&1
+  echo "exit $?" >> "$log"
+}
 
-# 2. The CUDA-only tests (they skip on CPU: FlexAttention and SDPA against the math path for every scheme, the
-#    fused loss, FoX), the compile tests with inductor included.
-tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_pe_fox.py tests/test_compile.py)
-timeout 200 python -m pytest -q -rs -n 8 -p no:cacheprovider "${tests[@]}" -k "cuda or compile or flex" > "$OUT/tests.txt" 2>&1
-status=$?
-python - "$F" "$status" "$OUT/tests.txt" "${tests[*]}" <<'PY'
+part1() {
+  # The bias schemes (a score bias or a cumulative one) compiled, against compiled RoPE in the same command, with
+  # scoring at 16K (16x the training length). Then those whose bias depends on the distance alone (FlexAttention
+  # reads it from a table) under two other kernel options to try: the default backward tiles with 2 pipeline stages
+  # instead of 3 (less shared memory; T5's kernel once asked for 245,760 bytes of an H200's 232,448), and smaller
+  # backward tiles. Neither is chosen here: the table compares them with the default (no options) above.
+  local bias table
+  bias=$(registry "c.has_score_bias or c.has_cumulative_bias")
+  table=$(registry "c.bias_is_relative")
+  bench 240 bench_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$bias" train.compile=true --eval-length 16384
+  bench 115 bench_kernel_stages scripts/speed.py "${gpt2[@]}" pe="$table" train.compile=true \
+    +model.flex_kernel_options.bwd_num_stages=2
+  bench 115 bench_kernel_tiles scripts/speed.py "${gpt2[@]}" pe="$table" train.compile=true \
+    "+model.flex_kernel_options={bwd_BLOCK_M1:64,bwd_BLOCK_N1:64,bwd_BLOCK_M2:64,bwd_BLOCK_N2:64}"
+}
+
+part2() {
+  # train.py on the GPU (bf16 autocast, compile, fused AdamW: its defaults there), then its own evaluation: passkey
+  # with RoPE at its default settings, and FoX (FlexAttention with a cumulative bias) for 500 steps. In the
+  # background, beside the CUDA tests: their timings do not matter.
+  local work train_pid status tests
+  work=$(mktemp -d)  # the passkey runs' directories (checkpoints): their console output goes to OUT_DIR
+  (
+    for spec in "rope 3000 140" "fox 500 60"; do
+      read -r pe steps limit <<< "$spec"
+      timeout "$limit" python train.py task=passkey pe="$pe" train.max_steps="$steps" hydra.run.dir="$work/passkey-$pe" \
+        logging.progress=false logging.wandb.mode=disabled > "$OUT/train_passkey_$pe.txt" 2>&1
+      echo "exit $?" >> "$OUT/train_passkey_$pe.txt"
+    done
+  ) &
+  train_pid=$!
+  # The CUDA-only tests (they skip on CPU: FlexAttention and SDPA against the math path for every scheme, forward
+  # and backward, fp32 and bf16, the fused loss, FoX), the compile tests with inductor included.
+  tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_pe_fox.py tests/test_compile.py)
+  timeout 200 python -m pytest -q -rs -n 8 -p no:cacheprovider "${tests[@]}" -k "cuda or compile or flex" > "$OUT/tests.txt" 2>&1
+  status=$?
+  python - "$F" "$status" "$OUT/tests.txt" "${tests[*]}" <<'PY'
 import re, sys
 from pathlib import Path
 sys.path.insert(0, "scripts")
-from bench import save_run
+from speed import save_run
 path, status, log, tests = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 lines = log.read_text().strip().splitlines()
 summary = lines[-1] if lines else f"no output (exit {status})"
@@ -56,34 +104,35 @@ counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|
 save_run(path, "-m pytest", ["-q", "-n", "8", *tests.split(), "-k", "cuda or compile or flex"],
          [{"exit_status": status, "summary": summary, **counts}])
 PY
-wait "$train_pid"
-
-# 3. The benchmarks, GPT-2 small at 1024 tokens, batch 16: every scheme eager (the bias schemes' FlexAttention
-#    kernels are compiled whatever train.compile says); compiled, RoPE and the bias schemes, with scoring at 16K
-#    (16x the training length); the fused loss on GPU; the bias schemes through SDPA with a blockwise mask instead
-#    of FlexAttention; the memory model's prediction beside the measured peak; nanoGPT at the same size.
-bench() {  # bench LIMIT LOG ARGS...: one step, its time limit, its console output
-  local limit=$1 log=$OUT/$2.txt
-  shift 2
-  timeout "$limit" python "$@" > "$log" 2>&1
-  echo "exit $?" >> "$log"
+  wait "$train_pid"
+  # CoPE compiled (the eager run is in the next step, beside RoPE's), then every scheme eager (the bias schemes'
+  # FlexAttention kernels are compiled whatever train.compile says).
+  bench 130 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_content_bias")" train.compile=true
+  bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="$(registry "True")" train.compile=false
 }
-every=$(python -c "from model.pe import SCHEMES; print(','.join(sorted(SCHEMES)))")
-gpt2=(model=gpt2 train.seq_len=1024 train.batch_size=16 --warmup 5 --steps 10 --record "$F")
-bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="$every" train.compile=false
-bench 200 bench_compiled scripts/speed.py "${gpt2[@]}" pe=rope,alibi,t5,kerple,fire,fox train.compile=true --eval-length 16384
-bench 120 bench_fused_ce scripts/speed.py "${gpt2[@]}" pe=rope,alibi model.fused_ce=always
-bench 150 bench_sdpa scripts/speed.py "${gpt2[@]}" pe=alibi,t5,kerple,fire model.attn_backend=sdpa --eval-length 16384
-for pe in rope alibi; do
-  bench 90 "estimate_$pe" scripts/estimate.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe=$pe --measure --record "$F"
-done
-if [[ -n "$nanogpt" ]]; then
-  bench 120 bench_nanogpt scripts/speed_nanogpt.py --model-py "$nanogpt" --n-layer 12 --n-head 12 --n-embd 768 \
-    --seq-len 1024 --batch-size 16 --warmup 5 --steps 10 --record "$F"
-fi
 
-# 4. The table: one row per scheme and command, the ratio against RoPE's row of the same command.
-python - "$F" rope > "$OUT/table.md" <<'PY'
+part3() {
+  # The fused chunked cross-entropy on GPU (model.fused_ce=auto is CPU only until measured); the bias schemes through
+  # SDPA with a blockwise mask instead of FlexAttention; the memory model's prediction beside the measured peak;
+  # nanoGPT at the same size.
+  local pe
+  bench 90 bench_fused_ce scripts/speed.py "${gpt2[@]}" pe=rope,alibi model.fused_ce=always
+  bench 150 bench_sdpa scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_score_bias")" model.attn_backend=sdpa \
+    --eval-length 16384
+  for pe in rope "$(registry "c.has_content_bias")"; do
+    bench 60 "estimate_$pe" scripts/estimate.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe="$pe" --measure \
+      --record "$F"
+  done
+  if [[ -n "$nanogpt" ]]; then
+    bench 100 bench_nanogpt scripts/speed_nanogpt.py --model-py "$nanogpt" --n-layer 12 --n-head 12 --n-embd 768 \
+      --seq-len 1024 --batch-size 16 --warmup 5 --steps 10 --record "$F"
+  fi
+}
+
+# The table: one row per scheme and command, its ratios against RoPE's row of the same command, or, in a command
+# without RoPE, against the last RoPE row recorded before it with the same compile setting.
+write_table() {
+  python - "$F" rope > "$OUT/table.md" <<'PY'
 import json, sys
 path, baseline = sys.argv[1], sys.argv[2]
 runs = json.load(open(path))["runs"]
@@ -97,26 +146,47 @@ def gb(mib):
     return f"{mib / 1024:.1f}" if mib else ""
 
 
+def attention(config):
+    options = config.get("flex_kernel_options") or {}
+    return config.get("attn_backend", "") + "".join(f" {k}={v}" for k, v in options.items())
+
+
 print(f"`{path.rsplit('/', 1)[-1]}`\n")
 for run in runs:
     if "pytest" in run["command"]:
         print(f"CUDA tests: {run['output'][0]['summary']}\n")
-print("| scheme | compile | attention | fused loss | tokens/s | vs RoPE | MFU | peak GiB | 16K tokens/s | vs RoPE | 16K GiB |")
-print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| scheme | compile | attention | fused loss | tokens/s | vs RoPE | MFU | peak GiB | vs RoPE "
+      "| 16K tokens/s | vs RoPE | 16K GiB | vs RoPE |")
+print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+latest = {}  # compile setting -> the last RoPE row recorded so far
 for run in runs:
-    rows = [r for r in run["output"] if "tokens_per_s" in r]
-    base = next((r for r in rows if r.get("pe") == baseline and "impl" not in r), {})
+    rows = [r for r in run["output"] if "tokens_per_s" in r or set(r) == {"pe", "error"}]
+    ours = [r for r in rows if r.get("pe") == baseline and "impl" not in r and "tokens_per_s" in r]
     for r in rows:
-        c, e, base_e = r.get("config", {}), r.get("eval") or {}, base.get("eval") or {}
-        cells = [r.get("impl", r.get("pe")), c.get("compile", ""), c.get("attn_backend", ""), c.get("fused_ce", "")]
+        if "tokens_per_s" not in r:
+            print(f"| {r['pe']} | | error: {r['error']} |" + " |" * 10)
+            continue
+        c, e = r.get("config", {}), r.get("eval") or {}
+        base = ours[0] if ours else latest.get(c.get("compile"), {})
+        base_e = base.get("eval") or {}
+        cells = [r.get("impl", r.get("pe")), c.get("compile", ""), attention(c), c.get("fused_ce", "")]
         cells += [f"{r['tokens_per_s'] / 1e3:.0f}k", ratio(r["tokens_per_s"], base.get("tokens_per_s"))]
-        cells += [r.get("mfu") or "", gb(r.get("peak_memory_mb"))]
+        cells += [r.get("mfu") or "", gb(r.get("peak_memory_mb")), ratio(r.get("peak_memory_mb"), base.get("peak_memory_mb"))]
         if e.get("tokens_per_s"):
             cells += [f"{e['tokens_per_s'] / 1e3:.0f}k", ratio(e["tokens_per_s"], base_e.get("tokens_per_s"))]
-            cells += [f"{e['peak_memory_mb'] / 1024:.2f}"]
+            cells += [f"{e['peak_memory_mb'] / 1024:.2f}", ratio(e["peak_memory_mb"], base_e.get("peak_memory_mb"))]
         else:
-            cells += [e.get("error", ""), "", ""]
+            cells += [e.get("error", ""), "", "", ""]
         print("| " + " | ".join(str(cell) for cell in cells) + " |")
+    for r in ours:
+        latest[r.get("config", {}).get("compile")] = r
 PY
+}
+
+for part in $parts; do
+  echo "part $part"
+  "part$part"
+  write_table
+done
 cat "$OUT/table.md"
 echo "done: $F and $OUT/table.md (commit the file under bench/results/, the table in docs/speed.md)"

@@ -10,7 +10,9 @@ that rotates), the attention output and its transpose (2C), the MLP's hidden lay
 (8C): 17C, 19C rotated. Attention itself keeps per layer: nothing more with flash SDPA or FlexAttention;
 the materialised bias mask on the sdpa path of a bias scheme (about B H T^2 / 2 values, query blocks skip
 the masked keys); the scores on the math path (a scheme that counts positions from the scores keeps about
-MATH_SCORE_COPIES tensors of B H T^2).
+MATH_SCORE_COPIES tensors of B H T^2) while its queries make one block, and nothing T x T once they make more,
+whose blocks are recomputed in the backward pass: then one block's MATH_BLOCK_PEAK_COPIES tensors of
+B H block T at a time (``recomputed_block``).
 Each layer is counted with the scheme it runs (``PositionalEncoding.layer_schemes``: a per-layer pattern mixes
 them, e.g. a bias mask in some layers and rotated copies in others).
 """
@@ -33,6 +35,9 @@ MiB = 2**20
 # Tensors of B x H x T^2 the math path of a position-counting scheme keeps per layer for backward: scores,
 # gates, counted positions, their floor, weight, the two gathered logits and the probabilities.
 MATH_SCORE_COPIES = 8
+# Tensors of B x H x block x T at the peak of a block recomputed in the backward pass: those it keeps, and as many
+# gradients of them.
+MATH_BLOCK_PEAK_COPIES = 2 * MATH_SCORE_COPIES
 
 
 @dataclass
@@ -97,21 +102,34 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
     rows, T = t.batch_size // t.grad_accum_steps, t.seq_len
     tokens = rows * T
     scores = rows * m.n_head * T * T
+    # The written-out path recomputes its blocks of queries in the backward pass once they are more than one
+    # (model/attention.py): it then keeps no T x T tensor per layer, and one block's at a time peak in the backward.
+    block = min(attention._RECOMPUTED_BLOCK, max(1, attention._MAX_BLOCK_SCORES // max(1, rows * m.n_head * T)))
+    recomputed = T > block
+    explicit = t.random_positions is not None  # positions per token: no distance table stands in for the bias
+
+    def backend(scheme: PositionalEncoding) -> str:
+        return attention.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit)
 
     def layer_bytes(scheme: PositionalEncoding) -> float:
-        backend = attention.resolve_backend(m.attn_backend, scheme, torch.device(device))
-        kept = {"math": MATH_SCORE_COPIES * scores * 4, "sdpa": scores / 2 * act if scheme.has_score_bias else 0}
-        return tokens * (19 if _rotates(scheme) else 17) * m.n_embd * act + kept.get(backend, 0)
+        math_kept = 0 if recomputed else MATH_SCORE_COPIES * scores * 4
+        kept = {"math": math_kept, "sdpa": scores / 2 * act if scheme.has_score_bias else 0}
+        return tokens * (19 if _rotates(scheme) else 17) * m.n_embd * act + kept.get(backend(scheme), 0)
 
+    schemes = [scheme for scheme, _ in model.pe.layer_schemes()]
+    written_out = recomputed and any(backend(scheme) == "math" for scheme in schemes)
     vocab = padded_vocab_size(m.vocab_size)
     return MemoryEstimate(
         {
             "weights": n_params * 4,
             "gradients": n_params * 4,
             "optimizer": n_params * 8,
-            "activations": sum(layer_bytes(scheme) for scheme, _ in model.pe.layer_schemes()),
+            "activations": sum(layer_bytes(scheme) for scheme in schemes),
+            "recomputed_block": MATH_BLOCK_PEAK_COPIES * rows * m.n_head * block * T * 4 if written_out else 0,
             "loss_head": _head_bytes(tokens, vocab, m.n_embd, use_fused(m.fused_ce, torch.device(device)), True, act),
-        }
+        },
+        # The loss head's buffers peak at the loss, a recomputed block later, in its layer's backward pass.
+        phases=(("loss_head",), ("recomputed_block",)),
     )
 
 

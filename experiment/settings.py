@@ -30,6 +30,7 @@ RUNTIME_SETTINGS = (
     "train.num_threads",
     "model.attn_backend",
     "model.fused_ce",
+    "model.flex_kernel_options",
     "data.cache_dir",
     "data.num_proc",
     "logging.",

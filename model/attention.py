@@ -12,11 +12,28 @@ Backends (``model.attn_backend``):
   kernel does. A bias that depends only on the distance (``bias_is_relative``) is computed once per distance
   and each block is cut from that table (``_relative_block``).
 - ``flex``: FlexAttention with the scheme's bias as a ``score_mod`` and a causal block mask; nothing is
-  materialised (CUDA, compiled). On CPU, torch 2.13 runs FlexAttention forward only (eager and unfused,
-  for checking), so training there with ``flex`` is refused with a clear error.
-- ``math``: the plain formula, written out; the reference the tests compare every backend against.
-- ``auto``: flex for bias schemes on CUDA, sdpa otherwise. A scheme whose ``score_bias`` inductor cannot compile
-  into a score_mod (``score_mod_compiles``: FIRE, KERPLE) runs sdpa on CUDA, even when flex is asked for.
+  materialised (CUDA, compiled). A bias that depends only on the distance (``bias_is_relative``), with positions
+  0..T-1, is evaluated by the scheme's own code once per forward pass (per layer if it depends on the layer) into
+  a table of (H, T) values, one per head and distance, the table the sdpa path cuts its blocks from
+  (``_distance_bias``); the score_mod reads ``table[h, q_idx - kv_idx]``. That is one read of one tensor whatever
+  the scheme computes (a bucket, a logarithm), so inductor compiles it, and FlexAttention's backward adds each
+  score's gradient into the table, from which autograd carries it to the scheme's parameters. Any other bias
+  (per-row positions, one that reads the query's position) runs ``score_bias`` inside the score_mod.
+  ``kernel_options`` (``model.flex_kernel_options``: block sizes, stages, warps) go to FlexAttention's kernels as
+  given; empty, its own defaults. On CPU, torch 2.13 runs FlexAttention forward only (eager and unfused, for
+  checking), so training there with ``flex`` is refused with a clear error. The table's score_mod is checked there
+  against the math path (forward through FlexAttention; gradients through the score_mod evaluated at every pair,
+  tests/test_flex_distance_table.py); its speed and memory on a GPU, and which kernel options it wants there, are
+  still to be measured (``bash bench/gpu_table.sh OUT --part 1``).
+- ``math``: the plain formula, written out one block of queries at a time; the reference the tests compare every
+  backend against. With gradients and more than one block, each block of at most ``_RECOMPUTED_BLOCK`` queries is
+  recomputed in the backward pass (torch.utils.checkpoint): the forward keeps only its inputs and outputs, never
+  the scores, gates or probabilities of a block, so training holds one block's (B, H, block, T) at a time instead
+  of every layer's (B, H, T, T). On CPU, CoPE's attention at 1,024 tokens (B = H = 4, head size 64) peaked at 478
+  MiB instead of 1,277 (docs/speed.md); on a GPU, CoPE at GPT-2 small is still to be measured (``--part 2``).
+- ``auto``: flex for bias schemes on CUDA, sdpa otherwise. A scheme whose score_mod inductor cannot compile
+  (``score_mod_compiles`` false, for a bias not read from a distance table) runs sdpa on CUDA, even when flex is
+  asked for: with positions 0..T-1 every bias that depends only on the distance reads its table and takes flex.
 
 If FlexAttention fails when it is first used (its compilation, say, on an unsupported GPU), the process
 warns once and runs sdpa from then on; :func:`resolve_backend` then reports ``sdpa`` and ``flex_failure``
@@ -61,9 +78,12 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from core.errors import PosGPTError, first_line, warn
 from model.documents import document_block_mask, same_document
@@ -81,9 +101,10 @@ _MAX_BLOCK_SCORES = 1 << 24
 flex_failure: str | None = None
 
 
-def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) -> str:
+def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False) -> str:
     """The backend that will actually run for this scheme on this device (sdpa for flex once FlexAttention
-    has failed in this process, see ``flex_failure``)."""
+    has failed in this process, see ``flex_failure``); ``explicit``: positions are given per token (training's
+    random positions, documents), not 0..T-1, so no distance table stands in for the scheme's score_bias."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
     if pe.has_content_bias or pe.has_attention_weights or pe.score_window() is not None:
@@ -92,16 +113,29 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device) 
     if backend == "auto":
         biased = pe.has_score_bias or pe.has_cumulative_bias
         backend = "flex" if biased and device.type == "cuda" else "sdpa"
-    if backend == "flex" and device.type == "cuda" and pe.has_score_bias and not pe.score_mod_compiles:
+    if backend == "flex" and device.type == "cuda" and pe.has_score_bias and not _score_mod_compiles(pe, explicit):
         return "sdpa"  # the scheme's score_mod cannot be compiled (CPU runs FlexAttention eagerly: it can there)
     return "sdpa" if backend == "flex" and flex_failure is not None else backend
 
 
-def resolve_layer_backends(backend: str, pe: PositionalEncoding, device: torch.device) -> str:
+def _reads_distance_table(pe: PositionalEncoding, explicit: bool) -> bool:
+    """Whether the flex and sdpa paths read the scheme's bias from its table per distance (``_distance_bias``)
+    rather than evaluating ``score_bias`` per score: a bias of the distance alone, with positions 0..T-1."""
+    return pe.bias_is_relative and not explicit
+
+
+def _score_mod_compiles(pe: PositionalEncoding, explicit: bool) -> bool:
+    """Whether inductor compiles the scheme's score_mod: a read of the distance table always does; a score_mod that
+    runs ``score_bias`` itself does when the scheme says so (``score_mod_compiles``)."""
+    return _reads_distance_table(pe, explicit) or pe.score_mod_compiles
+
+
+def resolve_layer_backends(backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False) -> str:
     """:func:`resolve_backend` of the scheme each layer runs (``PositionalEncoding.layer_schemes``): one backend,
     or the distinct ones in layer order joined by ``+`` when layers differ (a per-layer pattern with a bias scheme
     in some layers, on CUDA: ``sdpa+flex``)."""
-    return "+".join(dict.fromkeys(resolve_backend(backend, scheme, device) for scheme, _ in pe.layer_schemes()))
+    schemes = pe.layer_schemes()
+    return "+".join(dict.fromkeys(resolve_backend(backend, scheme, device, explicit) for scheme, _ in schemes))
 
 
 def default_state(
@@ -129,30 +163,33 @@ def attend(
     capture: list[torch.Tensor] | None = None,
     sums: torch.Tensor | None = None,
     sink: torch.Tensor | None = None,
+    kernel_options: dict | None = None,
 ) -> torch.Tensor:
     """q: (B, H, Tq, D), the last Tq of the keys; k, v: (B, H, Tk, D). ``state`` holds the positions (default:
     keys at 0 .. Tk-1); ``layer`` selects the scheme's per-layer parameters. With a ``capture`` list, the math
     path runs and its probabilities, float32 (B, H, Tq, Tk), are appended to it. ``sums``: the cumulative bias's
-    c of every key, (B, H, Tk) float32, or None. ``sink``: (H,) sink logits, or None."""
+    c of every key, (B, H, Tk) float32, or None. ``sink``: (H,) sink logits, or None. ``kernel_options``:
+    FlexAttention's, for its kernels (None or empty: its defaults)."""
     if state is None:
         state = default_state(pe, q.shape[-2], k.shape[-2], q.device)
     if capture is not None:
         out, probs = _math_attention(q, k, v, pe, state, layer, sums, sink, keep_probs=True)
         capture.append(probs)
         return out
-    backend = resolve_backend(backend, pe, q.device)
+    backend = resolve_backend(backend, pe, q.device, state.explicit)
     if backend == "math":
         return _math_attention(q, k, v, pe, state, layer, sums, sink)[0]
     width = v.shape[-1]
+    options = kernel_options or None
     if q.shape[-1] != width:
         # q and k wider than v (a scheme's rotate may widen them, model/pe/base.py): PyTorch's fused kernels take one
         # head size for q, k and v, so v gets zeros up to q's size, and the output drops them.
         v = F.pad(v, (0, q.shape[-1] - width))
-        return _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink)[..., :width]
-    return _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink)
+        return _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink, options)[..., :width]
+    return _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink, options)
 
 
-def _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink):
+def _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink, kernel_options=None):
     """:func:`attend` on the flex or sdpa backend (``backend`` resolved), q, k and v of one head size."""
     full = state.q_offset == 0 and q.shape[-2] == k.shape[-2]
     if backend == "flex" and full:
@@ -163,9 +200,9 @@ def _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink):
             )
         if torch.compiler.is_compiling():
             # Traced into the enclosing compilation, which fails as a whole: training.step falls back to eager.
-            return _flex_attention(q, k, v, pe, state, layer, sums, sink)
+            return _flex_attention(q, k, v, pe, state, layer, sums, sink, kernel_options)
         try:
-            return _flex_attention(q, k, v, pe, state, layer, sums, sink)
+            return _flex_attention(q, k, v, pe, state, layer, sums, sink, kernel_options)
         except torch.OutOfMemoryError:
             raise  # the sdpa path needs more memory, not less
         except Exception as error:  # whatever its compilation raises (inductor, triton, a driver)
@@ -203,6 +240,26 @@ def _folded_causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sums:
     k = torch.cat((k, one, -c), dim=-1)
     v = torch.cat((v, zero, zero), dim=-1)  # the same head size as q and k: the kernel's fused path needs it
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / root)[..., :d]
+
+
+def check_kernel_options(options: Mapping[str, Any]) -> None:
+    """PosGPTError unless each key of ``options`` (``model.flex_kernel_options``) is one of FlexAttention's kernel
+    options (torch's ``FlexKernelOptions``), bare or for one pass only (``fwd_``, ``bwd_``), with a number, a boolean
+    or a word for its value. Whether a value fits the GPU (its shared memory, the block mask's blocks) only its
+    compilation can tell: if it does not, the run warns and takes sdpa (``flex_failure``)."""
+    try:
+        from torch.nn.attention.flex_attention import FlexKernelOptions
+    except ImportError:  # an older torch: its kernels check them
+        return
+    known = FlexKernelOptions.__required_keys__ | FlexKernelOptions.__optional_keys__
+    for key, value in options.items():
+        if str(key).removeprefix("fwd_").removeprefix("bwd_") not in known:
+            raise PosGPTError(
+                f"model.flex_kernel_options: {key!r} is not one of FlexAttention's FlexKernelOptions "
+                f"({', '.join(sorted(known))}; fwd_ or bwd_ in front for one pass only)"
+            )
+        if not isinstance(value, (bool, int, str)):
+            raise PosGPTError(f"model.flex_kernel_options.{key} must be a number, true/false or a word (got {value!r})")
 
 
 def _give_up_flex(error: Exception) -> None:
@@ -256,23 +313,33 @@ def _relative_block(
     pe: PositionalEncoding, state: PositionState, start: int, stop: int, k_stop: int, layer: int, dtype: torch.dtype
 ) -> torch.Tensor:
     """The mask of :func:`_bias_and_mask` for a scheme whose bias depends only on the distance d = query -
-    key (``bias_is_relative``), cut from one table per forward pass (per layer if the bias depends on it).
+    key (``bias_is_relative``), cut from its table per distance (:func:`_distance_bias`).
 
-    The table holds, per head, the bias at d = Tk-1, Tk-2, ..., 0 followed by Tk-1 entries of -inf (d < 0):
-    query a's row over keys 0..k-1 is the window starting at Tk-1-a, so a block of queries is a window view
-    of the table, read backwards (one copy). The scheme's function is evaluated Tk times, not Tq x Tk."""
+    Reversed and padded, the table holds, per head, the bias at d = Tk-1, Tk-2, ..., 0 followed by Tk-1 entries of
+    -inf (d < 0): query a's row over keys 0..k-1 is the window starting at Tk-1-a, so a block of queries is a window
+    view of it, read backwards (one copy). The scheme's function is evaluated Tk times, not Tq x Tk; the padded
+    copy, (H, 2 Tk - 1), is made per block, so nothing but the table is cached (a block recomputed in the backward
+    pass, ``_math_attention``, must find the same cache as its first run)."""
     n_keys = state.seq_len
-    key = ("relative", layer if pe.bias_depends_on_layer else None, dtype)
-    table = state.bias_blocks.get(key)
-    if table is None:
-        device = state.positions.device
-        distances = torch.arange(n_keys - 1, -1, -1, device=device)
-        bias = pe.bias_block(distances, distances[-1:], layer)[..., 0].to(dtype)  # (H, Tk): d = Tk-1 .. 0
-        table = torch.cat((bias, bias.new_full((bias.shape[0], n_keys - 1), float("-inf"))), dim=-1)
-        state.bias_blocks[key] = table
+    bias = _distance_bias(pe, state, layer).flip(-1).to(dtype)  # (H, Tk): d = Tk-1 .. 0
+    table = torch.cat((bias, bias.new_full((bias.shape[0], n_keys - 1), float("-inf"))), dim=-1)
     first, last = state.q_offset + start, state.q_offset + stop  # absolute indices of the block's queries
     windows = table.unfold(-1, k_stop, 1)  # (H, 2Tk-k_stop, k_stop): window s = entries s .. s+k_stop-1
     return windows[:, n_keys - last : n_keys - first].flip(-2)
+
+
+def _distance_bias(pe: PositionalEncoding, state: PositionState, layer: int) -> torch.Tensor:
+    """(H, Tk): the bias of a scheme whose bias depends only on the distance (``bias_is_relative``) at distances
+    d = 0 .. Tk-1, evaluated by the scheme's own ``bias_block`` once per forward pass, or once per layer when it
+    depends on the layer, and kept in ``state.bias_blocks``. It keeps its autograd graph: gradients of the scores
+    that read it reach the scheme's parameters through it (sdpa's mask blocks are cut from it, FlexAttention's
+    score_mod reads it)."""
+    key = ("distance", layer if pe.bias_depends_on_layer else None)
+    table = state.bias_blocks.get(key)
+    if table is None:
+        distances = torch.arange(state.seq_len, device=state.positions.device)
+        table = state.bias_blocks[key] = pe.bias_block(distances, distances[:1], layer)[..., 0]
+    return table
 
 
 def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
@@ -281,9 +348,21 @@ def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
     return max(1, min(Tq, _MAX_BLOCK_SCORES // max(1, B * H * k.shape[-2])))
 
 
+# Queries per block of the written-out path while it keeps gradients (fewer where _MAX_BLOCK_SCORES asks), when the
+# queries make more than one block: each block is computed without keeping anything for backward and computed again in
+# the backward pass (torch.utils.checkpoint), so its scores, gates and probabilities, (B, H, block, Tk) each, exist for
+# one block at a time, forward and backward: O(block x Tk) per head, not the O(Tq x Tk) of every block of every layer
+# kept until the backward pass. The price is the forward computation once more: on CPU, attention alone, forward and
+# backward, 1.2x the time for one block of 64 queries recomputed (so a single block is kept instead), 0.56x at 1,024
+# tokens, whose blocks of 128 stay in cache where whole (T, T) tensors do not (docs/speed.md). FlexAttention's block
+# size, FLEX_BLOCK.
+_RECOMPUTED_BLOCK = 128
+
+
 def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=False):
     """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
-    (rows are independent; blocks bound the memory of long sequences); with a sink, softmax([sink, scores])
+    (rows are independent; blocks bound the memory of long sequences, and with gradients each block is recomputed in
+    the backward pass: ``_RECOMPUTED_BLOCK``); with a sink, softmax([sink, scores])
     without the sink's column; the scheme's own weights in place of softmax where it has them. Returns (output,
     probabilities or None)."""
     if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
@@ -298,26 +377,40 @@ def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=
             f"model.attn_sink: pe={pe.name} weighs the values by its own rule, not a softmax, so there is no "
             "denominator for a sink logit; train without model.attn_sink"
         )
-    Tq, D = q.shape[-2], q.shape[-1]
+    Tq = q.shape[-2]
     block = _query_block(q, k)
+    grad = not keep_probs and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    recompute = grad and Tq > min(block, _RECOMPUTED_BLOCK)  # a single block is kept: recomputing it costs only time
+    if recompute:
+        block = min(block, _RECOMPUTED_BLOCK)
+        if _reads_distance_table(pe, state.explicit):
+            _distance_bias(pe, state, layer)  # made once, outside the recomputed blocks, which then all read it
     outputs, probabilities = [], []
     for start in range(0, Tq, block):
-        stop = min(Tq, start + block)
-        q_block = q[:, :, start:stop]
-        scores = (q_block @ k.transpose(-2, -1)) / math.sqrt(D)
-        scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, sums)
-        if pe.has_content_bias:
-            scores = scores + pe.content_bias(q_block, scores, layer)
-        if pe.has_attention_weights:
-            probs = pe.attention_weights(scores, layer)
-        elif sink is None:
-            probs = torch.softmax(scores.float(), dim=-1)
-        else:
-            probs = torch.softmax(with_sink_column(scores, sink).float(), dim=-1)[..., 1:]
-        outputs.append(probs.to(q.dtype) @ v)
+        args = (q, k, v, pe, state, layer, start, min(Tq, start + block), sums, sink)
+        out, probs = checkpoint(_math_block, *args, use_reentrant=False) if recompute else _math_block(*args)
+        outputs.append(out)
         if keep_probs:
             probabilities.append(probs.detach())
     return torch.cat(outputs, dim=2), (torch.cat(probabilities, dim=2) if keep_probs else None)
+
+
+def _math_block(q, k, v, pe, state, layer, start, stop, sums, sink):
+    """The written-out attention of queries start..stop-1 over every key: (output, probabilities). A pure
+    function of its arguments (it may read the per-forward tables of ``state``, never add to them), so that
+    ``_math_attention`` can run it again in the backward pass."""
+    q_block = q[:, :, start:stop]
+    scores = (q_block @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, sums)
+    if pe.has_content_bias:
+        scores = scores + pe.content_bias(q_block, scores, layer)
+    if pe.has_attention_weights:
+        probs = pe.attention_weights(scores, layer)
+    elif sink is None:
+        probs = torch.softmax(scores.float(), dim=-1)
+    else:
+        probs = torch.softmax(with_sink_column(scores, sink).float(), dim=-1)[..., 1:]
+    return probs.to(q.dtype) @ v, probs
 
 
 def _blockwise_sdpa(q, k, v, pe, state, layer, sums=None, sink=None):
@@ -427,10 +520,18 @@ def _score_mod(pe: PositionalEncoding, state: PositionState, layer: int, sums: t
 
 
 def _score_bias_mod(pe: PositionalEncoding, state: PositionState, layer: int):
-    """The scheme's score bias as a FlexAttention score_mod. It reads the scheme's parameters and the position
-    tensors through the closure: FlexAttention lifts such captured tensors into inputs of its kernel, so
-    gradients reach learnable bias parameters (and the cumulative bias's sums)."""
-    if not state.explicit:
+    """The scheme's score bias as a FlexAttention score_mod. It reads the scheme's parameters, its distance table
+    and the position tensors through the closure: FlexAttention lifts such captured tensors into inputs of its
+    kernel, so gradients reach learnable bias parameters (and the cumulative bias's sums)."""
+    if _reads_distance_table(pe, state.explicit):
+        table = _distance_bias(pe, state, layer)  # (H, T): queries and keys are the same T tokens here
+        last = table.shape[-1] - 1
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            # The clamp keeps the index inside the table where the causal mask hides the score anyway (a key after
+            # the query) and where the kernel pads a block past the sequence's end.
+            return score + table[h, (q_idx - kv_idx).clamp(0, last)]
+    elif not state.explicit:
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + pe.score_bias(q_idx, kv_idx, h, layer)
@@ -448,8 +549,9 @@ def _score_bias_mod(pe: PositionalEncoding, state: PositionState, layer: int):
     return score_mod
 
 
-def _flex_attention(q, k, v, pe, state, layer, sums=None, sink=None):
+def _flex_attention(q, k, v, pe, state, layer, sums=None, sink=None, kernel_options=None):
     score_mod = _score_mod(pe, state, layer, sums)
+    options = {} if kernel_options is None else {"kernel_options": dict(kernel_options)}
     if state.documents is None:
         block_mask = _causal_block_mask(q.shape[-2], str(q.device))
     else:  # one per forward pass, shared by the layers
@@ -457,8 +559,8 @@ def _flex_attention(q, k, v, pe, state, layer, sums=None, sink=None):
         if block_mask is None:
             block_mask = state.bias_blocks["documents"] = document_block_mask(state.documents)
     if sink is None:
-        return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    out, lse = _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)
+        return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, **options)
+    out, lse = _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True, **options)
     return sink_rescale(out, lse, sink)
 
 

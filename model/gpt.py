@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ from torch import nn
 
 from core.domain import check_domains, domain
 from core.errors import PosGPTError
-from model.attention import BACKENDS, attend, default_state
+from model.attention import BACKENDS, attend, check_kernel_options, default_state
 from model.documents import within_document_index
 from model.loss import FUSED_MODES, lm_head_cross_entropy
 from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
@@ -50,6 +51,9 @@ class ModelConfig:
     attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/attention.py)
     embedding: str = "fairseq"  # token-embedding convention, shared by every scheme: fairseq | gpt2 (see above)
     fused_ce: str = "auto"  # the fused chunked loss: auto (on CPU) | always | never (see model/loss.py)
+    # FlexAttention's kernel options, given to its kernels as they are (block sizes, stages, warps; fwd_/bwd_ for one
+    # pass only): a speed setting, same result; empty: FlexAttention's own choice (see model/attention.py)
+    flex_kernel_options: dict[str, Any] = field(default_factory=dict)
     # Length-dependent attention temperature (model/temperature.py) and a learned sink logit per head (model/sink.py)
     attn_temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
     attn_sink: bool = False
@@ -97,6 +101,7 @@ def validate_model_config(cfg: ModelConfig) -> None:
         raise PosGPTError(f"unknown model.embedding={cfg.embedding!r}; choose one of {list(EMBEDDINGS)}")
     if cfg.fused_ce not in FUSED_MODES:
         raise PosGPTError(f"model.fused_ce must be one of {list(FUSED_MODES)} (got {cfg.fused_ce!r})")
+    check_kernel_options(cfg.flex_kernel_options)
 
 
 @dataclass
@@ -138,6 +143,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
         self.backend = cfg.attn_backend
+        self.kernel_options = dict(cfg.flex_kernel_options)
 
     def forward(
         self,
@@ -170,7 +176,7 @@ class CausalSelfAttention(nn.Module):
         # documents packed into the row: a query attends the keys of its own document so far
         attended = None if state.documents is None else within_document_index(state.documents) + 1
         q = self.temperature(q, state.q_offset, attended)
-        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink)
+        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink, self.kernel_options)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     @staticmethod

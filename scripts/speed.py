@@ -15,6 +15,9 @@ as the training loop runs them. Printed per scheme:
     {"pe", "device", "tokens_per_s", "mfu", "peak_memory_mb", "memory_metric", "step_ms", "cpu_share",
      "config": {...}, "eval": {...}}
 
+or {"pe", "error"} for a scheme whose step raised (a kernel that does not compile, memory that runs out): the next
+scheme runs. Interrupted (SIGINT: Ctrl-C, ``timeout -s INT``), the schemes measured so far are still recorded.
+
 Peak memory is evaluation/memory.py's PeakMemory, as in the evaluation's result rows: the most memory in use
 during the measured block (from before the model is built; for evaluation, with the trained weights in
 place), in MiB; "memory_metric" says what was read. MFU uses experiment.build.model_flops_per_token (the count
@@ -41,7 +44,7 @@ from omegaconf import DictConfig
 
 import model.attention as attention
 from core.cli import ArgumentParser, count, exit_on_user_error
-from core.errors import PosGPTError
+from core.errors import PosGPTError, first_line
 from core.files import atomic_write, check_outputs, read_user_text
 from core.runtime import autocast, peak_flops, set_up_runtime
 from evaluation.memory import PeakMemory
@@ -196,6 +199,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
             "attn_backend": resolve_layer_backends(cfg.model.attn_backend, raw_model.pe, device),
             "fused_ce": use_fused(cfg.model.fused_ce, device),
+            "flex_kernel_options": dict(cfg.model.flex_kernel_options),
             "threads": torch.get_num_threads(),
             "warmup": args.warmup,
             "steps": args.steps,
@@ -207,6 +211,19 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     if args.eval_length:
         record["eval"] = bench_eval(raw_model, cfg, args, device, dtype)
     return record
+
+
+def bench_or_error(cfg: DictConfig, args: argparse.Namespace) -> dict:
+    """:func:`bench_scheme`'s record, or the scheme and the first line of what stopped it (a kernel the GPU does not
+    compile, memory it does not have), so that one scheme's failure does not lose the others'."""
+    try:
+        return bench_scheme(cfg, args)
+    except PosGPTError:
+        raise
+    except Exception as error:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return {"pe": cfg.pe.name, "error": first_line(error)}
 
 
 def bench_eval(
@@ -265,13 +282,15 @@ def main(argv: list[str]) -> None:
     for cfg in configs:
         validate(cfg, reads_data=False)  # random token ids: any vocabulary
     records = []
-    for cfg in configs:
-        records.append(bench_scheme(cfg, args))
-        print_record(records[-1])
-        torch._dynamo.reset()  # each scheme compiles its own model
-        attention.flex_failure = None  # and tries FlexAttention afresh: one scheme's failure is not the next's
-    if args.record:
-        save_run(args.record, "scripts/speed.py", argv, records)
+    try:
+        for cfg in configs:
+            records.append(bench_or_error(cfg, args))
+            print_record(records[-1])
+            torch._dynamo.reset()  # each scheme compiles its own model
+            attention.flex_failure = None  # and tries FlexAttention afresh: one scheme's failure is not the next's
+    finally:  # interrupted (Ctrl-C, or `timeout -s INT`), the schemes measured so far are still recorded
+        if args.record and records:
+            save_run(args.record, "scripts/speed.py", argv, records)
 
 
 if __name__ == "__main__":

@@ -78,13 +78,21 @@ def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
         assert resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
         assert resolve_backend("flex", pe, torch.device("cpu")) == "flex"  # eager, forward only
         biased = name in BIAS or SCHEMES[name].has_cumulative_bias
-        compiles = SCHEMES[name].score_mod_compiles or name not in BIAS
-        assert resolve_backend("auto", pe, torch.device("cuda")) == ("flex" if biased and compiles else "sdpa")
-        for forced in ("sdpa", "flex", "math"):
-            want = "sdpa" if forced == "flex" and not compiles else forced
-            assert resolve_backend(forced, pe, torch.device("cuda")) == want
-    # seen failing on an H200: FIRE's MLP in the kernel, KERPLE's parameters indexed twice in the backward
+        # With positions 0..T-1 a bias of the distance alone is read from its table, whose score_mod compiles; with
+        # positions per token (explicit) the score_mod runs score_bias, and the scheme says whether that compiles.
+        for explicit in (False, True):
+            table = SCHEMES[name].bias_is_relative and not explicit
+            compiles = SCHEMES[name].score_mod_compiles or table or name not in BIAS
+            want_auto = "flex" if biased and compiles else "sdpa"
+            assert resolve_backend("auto", pe, torch.device("cuda"), explicit) == want_auto
+            for forced in ("sdpa", "flex", "math"):
+                want = "sdpa" if forced == "flex" and not compiles else forced
+                assert resolve_backend(forced, pe, torch.device("cuda"), explicit) == want
+    # seen failing on an H200: FIRE's MLP in the kernel, KERPLE's parameters indexed twice in the backward; KERPLE
+    # takes flex through its distance table
     assert not SCHEMES["fire"].score_mod_compiles and not SCHEMES["kerple"].score_mod_compiles
+    assert resolve_backend("auto", scheme("kerple"), torch.device("cuda")) == "flex"
+    assert resolve_backend("auto", scheme("kerple"), torch.device("cuda"), explicit=True) == "sdpa"
     with pytest.raises(PosGPTError, match="attn_backend"):
         resolve_backend("fast", scheme("rope"), torch.device("cpu"))
 

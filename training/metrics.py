@@ -40,8 +40,10 @@ class MetricsWindow:
         self.flops_per_token = model_flops_per_token(model, t.seq_len)
         self.wandb_run, self.metrics = None, None
         # What computes this run (a resumed run may change either): recorded by record_runtime.
+        # Positions per token (random positions, documents) keep a bias of the distance off its table: explicit.
+        explicit = t.random_positions is not None or cfg.data.document_aware
         self.runtime = {
-            "attn_backend": resolve_layer_backends(cfg.model.attn_backend, model.pe, device),
+            "attn_backend": resolve_layer_backends(cfg.model.attn_backend, model.pe, device, explicit),
             "dtype": str(dtype).removeprefix("torch."),
         }
         if dist.is_main:

@@ -24,7 +24,8 @@ scheme never knows which.
 Per forward pass. What does not depend on the layer (RoPE's cos/sin) is computed once by ``prepare`` and
 handed to every layer in a :class:`PositionState`. A bias that depends only on the distance
 (``bias_is_relative``: ALiBi, T5, KERPLE) is evaluated once per distance and forward pass (per layer if
-``bias_depends_on_layer``: KERPLE) and each block of queries is cut from that table. Schemes
+``bias_depends_on_layer``: KERPLE), by ``bias_block``; each block of queries is cut from that table, and
+FlexAttention's score_mod reads it (model/attention.py). Schemes
 with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and index them by ``layer``.
 
 Per layer. The model asks the scheme which scheme runs each layer (``layer_schemes``): itself in every layer,
@@ -165,11 +166,15 @@ class PositionalEncoding(nn.Module):
     # False when score_bias is the same in every layer: attention then builds it once per forward pass.
     bias_depends_on_layer: ClassVar[bool] = False
     # True when score_bias depends on the positions only through q_pos - k_pos (ALiBi, T5, KERPLE; not FIRE,
-    # whose normaliser reads q_pos): attention then evaluates it once per distance, not once per score.
+    # whose normaliser reads q_pos): with positions 0..T-1 attention then evaluates it once per distance, into a
+    # table of (H, T) values per forward pass that sdpa cuts its mask blocks from and FlexAttention's score_mod reads
+    # (``table[h, q - k]``), not once per score.
     bias_is_relative: ClassVar[bool] = False
-    # False when inductor cannot compile score_bias into a FlexAttention score_mod with its gradients (FIRE's MLP,
-    # KERPLE's per-layer parameters; seen on an H200): on GPU the bias then goes through sdpa as a mask, block by
-    # block. FlexAttention's backward is compiled at the first backward pass, where no fallback can catch it.
+    # False when inductor cannot compile score_bias itself into a FlexAttention score_mod with its gradients (FIRE's
+    # MLP, KERPLE's per-layer parameters indexed twice; seen on an H200): where the score_mod would run it (a bias
+    # that is not relative, or positions given per token) the bias goes through sdpa as a mask on GPU, block by block.
+    # A relative bias read from its distance table compiles whatever this says. FlexAttention's backward is compiled
+    # at the first backward pass, where no fallback can catch it.
     score_mod_compiles: ClassVar[bool] = True
     # True when content_bias is overridden: attention always runs the written-out path.
     has_content_bias: ClassVar[bool] = False

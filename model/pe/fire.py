@@ -48,7 +48,10 @@ class FirePositionalEncoding(PositionalEncoding):
     has_score_bias = True
     bias_depends_on_layer = True
     # Inductor could not compile the MLP into FlexAttention's kernel on an H200 (torch 2.11): "Buffers cannot be
-    # created while lowering a pointwise subgraph". CUDA runs the bias through sdpa instead.
+    # created while lowering a pointwise subgraph". CUDA runs the bias through sdpa instead. Not bias_is_relative:
+    # the bias depends on the distance alone only while every query position is below the threshold L, which is
+    # learned, so telling would read a parameter at every forward pass (a device sync, a graph break); and at
+    # GPT-2's 1,024 tokens half the queries start past L = 512.
     score_mod_compiles = False
 
     def __init__(self, cfg: FireConfig, dims: ModelDims) -> None:

@@ -43,9 +43,11 @@ class KerplePositionalEncoding(PositionalEncoding):
     has_score_bias = True
     bias_is_relative = True
     bias_depends_on_layer = True
-    # FlexAttention's backward failed on an H200 (torch 2.11): "Using multiple indexing operations on the same
-    # tensor that requires gradients in a score_mod function is not currently supported" (the layer's row, then
-    # the head's entry); CUDA runs the bias through sdpa instead, which matches the math path there.
+    # score_bias inside FlexAttention's score_mod failed its backward on an H200 (torch 2.11): "Using multiple
+    # indexing operations on the same tensor that requires gradients in a score_mod function is not currently
+    # supported" (the layer's row, then the head's entry). With positions 0..T-1 the score_mod reads the bias from
+    # its table per distance instead (one index into one tensor, model/attention.py) and CUDA runs FlexAttention;
+    # with positions given per token the bias goes through sdpa there, which matches the math path.
     score_mod_compiles = False
 
     def __init__(self, cfg: KerpleConfig, dims: ModelDims) -> None:

@@ -1,0 +1,72 @@
+"""bench/gpu_table.sh without a GPU: the shell parses, a wrong --part is refused before anything runs, and its Python
+(the tests' record, the table) runs on a results file as the parts leave it. A GPU's time is scarce: a mistake here
+would cost a run."""
+
+import json
+import re
+import subprocess
+import sys
+
+from cli_runs import REPO
+
+SCRIPT = REPO / "bench" / "gpu_table.sh"
+
+
+def heredocs() -> list[str]:
+    return re.findall(r"<<'PY'\n(.*?)\nPY\n", SCRIPT.read_text(), flags=re.S)
+
+
+def test_the_script_parses_and_refuses_a_wrong_part(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    for args in (["--part", "4"], ["--part"], ["--steps"]):
+        result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True)
+        assert result.returncode == 2 and result.stderr.startswith("usage: bash bench/gpu_table.sh OUT_DIR [--part")
+
+
+def test_the_tests_record_and_the_table(tmp_path):
+    record, table = heredocs()
+    results, log = tmp_path / "2026-01-01-GPU.json", tmp_path / "tests.txt"
+    log.write_text("....\n2 failed, 40 passed, 3 skipped in 9.00s\n")
+    run = subprocess.run(
+        [sys.executable, "-", str(results), "1", str(log), "tests/test_backends.py"],
+        input=record,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    runs = json.loads(results.read_text())["runs"]
+    assert runs[0]["output"] == [
+        {
+            "exit_status": 1,
+            "summary": "2 failed, 40 passed, 3 skipped in 9.00s",
+            "failed": 2,
+            "passed": 40,
+            "skipped": 3,
+        }
+    ]
+    config = {"compile": True, "attn_backend": "flex", "fused_ce": False, "flex_kernel_options": {}}
+    runs.append(  # a command with RoPE, then one without it (other kernel options), as part 1 records them
+        {
+            "command": "python scripts/speed.py pe=rope,alibi,t5",
+            "output": [
+                {"pe": "rope", "tokens_per_s": 400e3, "peak_memory_mb": 1000, "config": config},
+                {"pe": "alibi", "tokens_per_s": 440e3, "peak_memory_mb": 1100, "config": config},
+                {"pe": "t5", "error": "RuntimeError: out of resource"},
+            ],
+        }
+    )
+    options = config | {"flex_kernel_options": {"bwd_num_stages": 2}}
+    runs.append(
+        {"command": "...", "output": [{"pe": "t5", "tokens_per_s": 360e3, "peak_memory_mb": 1300, "config": options}]}
+    )
+    results.write_text(json.dumps({"runs": runs}))
+    run = subprocess.run([sys.executable, "-", str(results), "rope"], input=table, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "CUDA tests: 2 failed, 40 passed, 3 skipped in 9.00s" in lines
+    assert "| alibi | True | flex | False | 440k | 1.10x |  | 1.1 | 1.10x |  |  |  |  |" in lines
+    assert any(line.startswith("| t5 | | error: RuntimeError: out of resource |") for line in lines)
+    assert "| t5 | True | flex bwd_num_stages=2 | False | 360k | 0.90x |  | 1.3 | 1.30x |  |  |  |  |" in lines
+    header = next(line for line in lines if line.startswith("| scheme"))
+    assert all(line.count("|") == header.count("|") for line in lines if line.startswith("| "))
