@@ -34,8 +34,8 @@ class ConstantLoss(torch.nn.Module):
         super().__init__()
         self.loss = loss
 
-    def forward(self, x, y, reduction="none"):
-        return torch.where(y != -100, self.loss, 0.0)
+    def forward(self, x, y, reduction="none", score_from=0):
+        return torch.where(y[:, score_from:] != -100, self.loss, 0.0)
 
 
 def test_a_loss_too_large_for_its_perplexity_gives_inf_with_a_reason(corpus):  # noqa: F811
