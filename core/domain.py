@@ -68,7 +68,7 @@ def domain(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
-    used_with: tuple[str, tuple[str, ...]] | None = None,
+    used_with: tuple[str, tuple[Any, ...]] | None = None,
 ) -> Any:
     """A dataclass field (``dataclasses.field``) whose values must lie in the interval the bounds describe, and,
     with ``used_with=(selector, values)``, that only those values of its sibling ``selector`` read."""
@@ -83,7 +83,7 @@ def domain_of(field: dataclasses.Field) -> Interval | None:
     return field.metadata.get(_KEY)
 
 
-def used_with(field: dataclasses.Field) -> tuple[str, tuple[str, ...]] | None:
+def used_with(field: dataclasses.Field) -> tuple[str, tuple[Any, ...]] | None:
     """(selector, values) of a field read only under those values of its sibling ``selector``, or None."""
     return field.metadata.get(_OWNER)
 
@@ -118,8 +118,10 @@ def check_used(
         if ((set(chosen) if isinstance(chosen, list) else {chosen}) | also) & set(users):
             continue
         name = prefix + selector
+        users = [str(user).lower() if isinstance(user, bool) else str(user) for user in users]  # true, as typed
         wanted = f"{name} holds {' or '.join(users)}" if isinstance(chosen, list) else f"{name}={'|'.join(users)}"
         shown = f"[{','.join(map(str, chosen))}]" if isinstance(chosen, list) else chosen
+        shown = str(shown).lower() if isinstance(shown, bool) else shown
         raise PosGPTError(
             f"{key}={value} is read only when {wanted}; {name}={shown} ignores it: drop it or change {name}"
         )

@@ -10,7 +10,8 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import PosGPTError
-from data.tasks import build_task
+from data.tasks import NO_TASK, build_task
+from evaluation.key_tokens import LONG_PROTOCOLS, check_evaluator_dir, key_jobs, short_length, short_stride
 from experiment.config import eval_lengths
 
 
@@ -35,6 +36,7 @@ def check_eval_settings(cfg: DictConfig) -> None:
             "scored on: no window of them fits; raise eval.max_tokens or drop those lengths"
         )
     _check_tasks_fit(cfg, lengths)
+    _check_key_tokens(cfg, lengths)
     not_evaluated = sorted(set(e.per_position_plot_lengths or []) - set(lengths))
     if not_evaluated:
         raise PosGPTError(
@@ -59,3 +61,38 @@ def _check_tasks_fit(cfg: DictConfig, lengths: list[int]) -> None:
             f"eval.copy_span={span} is not shorter than any evaluation length (the longest is {max(lengths)}): the "
             "copy probe writes its span twice in a window, so it would score nothing; lower eval.copy_span"
         )
+
+
+def _check_key_tokens(cfg: DictConfig, lengths: list[int]) -> None:
+    """Key-token perplexity (evaluation/key_tokens.py) needs text, a protocol whose context is the tokens before each
+    target, a length longer than its short context, and an evaluator that is a run; its evaluator is read only with
+    it."""
+    e = cfg.eval
+    if not e.key_tokens:
+        if e.key_evaluator is not None:
+            raise PosGPTError(
+                f"eval.key_evaluator={e.key_evaluator} is read only when eval.key_tokens=true: add it or drop "
+                "eval.key_evaluator"
+            )
+        return
+    if cfg.task.name != NO_TASK:
+        raise PosGPTError(f"eval.key_tokens scores text; this run was trained on task={cfg.task.name}: drop it")
+    if not set(e.protocols) & set(LONG_PROTOCOLS):
+        raise PosGPTError(
+            f"eval.key_tokens compares each target's context in the {' or '.join(LONG_PROTOCOLS)} protocol with a "
+            f"short one; eval.protocols={list(e.protocols)} has neither: add one"
+        )
+    size, stride = short_length(cfg), short_stride(cfg)
+    if not key_jobs(cfg, lengths):
+        raise PosGPTError(
+            f"eval.key_tokens=true needs an evaluation length longer than its short context of {size} tokens "
+            f"(eval.key_short_length, default train.seq_len); the lengths are {lengths}: add a longer one or lower "
+            "eval.key_short_length"
+        )
+    if stride > size:
+        raise PosGPTError(
+            f"eval.key_short_stride={stride} exceeds the short context of {size} tokens (eval.key_short_length): "
+            f"each short window scores its last stride targets, so at most {size}"
+        )
+    if e.key_evaluator is not None:
+        check_evaluator_dir(e.key_evaluator)

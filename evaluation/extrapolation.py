@@ -148,6 +148,40 @@ def score_windows(
     return summarize(loss_sum, counts)
 
 
+@torch.inference_mode()
+def target_losses(
+    model: torch.nn.Module,
+    tokens: TokenArray,
+    plan: list[Window],
+    batch_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: bool = False,
+    description: str = "",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per target the plan scores, in order from its first: the loss (nats, float64) and the number of tokens it
+    was predicted from. The same windows, batches and head as :func:`score_windows`, so the losses are the ones
+    a row of that plan averages (evaluation/key_tokens.py compares them target by target)."""
+    first = plan[0].start + 1 + plan[0].first_scored  # the first target the plan scores
+    n_targets = sum(w.length - w.first_scored for w in plan)
+    losses, contexts = np.full(n_targets, np.nan), np.zeros(n_targets, dtype=np.int64)
+    length = max(w.length for w in plan)
+    per_batch = max(1, batch_tokens // length)
+    for batch in tqdm(_batches(plan, per_batch), desc=description, disable=not progress, leave=False, unit="batch"):
+        full = min(per_batch, len(plan))  # one shape per length on CUDA, as score_windows
+        rows = full if device.type == "cuda" and batch[0].length == length else len(batch)
+        x, y = _device_batch(tokens, batch, rows, device)
+        scored_from = min(w.first_scored for w in batch)
+        with autocast(device, dtype):
+            batch_losses = model(x, y, reduction="none", score_from=scored_from).double().cpu().numpy()
+        for row, window in enumerate(batch):
+            positions = np.arange(window.first_scored, window.length)  # window position p predicts start + 1 + p
+            targets = window.start + 1 + positions - first
+            losses[targets] = batch_losses[row, positions - scored_from]
+            contexts[targets] = positions + 1
+    return losses, contexts
+
+
 def summarize(loss_sum: torch.Tensor, counts: torch.Tensor) -> dict[str, Any]:
     """Scored-token count, mean loss, perplexity and per-position mean loss from per-position loss sums and
     scored-target counts (float64, one entry per position within the window)."""

@@ -32,6 +32,12 @@ they scored, by content, split and targets; backend and dtype; length, protocol,
 and keeps the others, so ``eval.py`` runs with different variations, strides, data or lengths add up, and a row
 of another corpus or split is never replaced; an evaluation of another checkpoint (another training step)
 starts the file afresh, since the old rows describe another model. ``eval.py`` prints what it replaced.
+
+Key-token perplexity (evaluation/key_tokens.py, eval.key_tokens=true) adds rows of the same schema with
+``"measure": "key_tokens"`` (plain perplexity rows have none): ``tokens``, ``loss`` and ``ppl`` over the key tokens
+only, ``key_share`` (their share of the targets), ``key_candidates`` (targets whose context reached beyond the short
+one) and what selected them (KEY_SETTINGS: the short context and its stride, the thresholds, the evaluator and its
+step), all part of row_key; they have no per-position losses. Tables label them (key_label), plots leave them out.
 """
 
 from __future__ import annotations
@@ -74,7 +80,27 @@ CSV_COLUMNS = [
     "split_digest",
     "attn_backend",
     "dtype",
+    "measure",
+    "key_share",
+    "key_candidates",
+    "key_short_length",
+    "key_short_stride",
+    "key_lsd_threshold",
+    "key_lcl_threshold",
+    "key_evaluator",
+    "key_evaluator_step",
 ]
+# A row of key-token perplexity (evaluation/key_tokens.py) says so in "measure"; a row without one is plain perplexity.
+KEY_TOKENS = "key_tokens"
+# What a key-token row was selected with: a row of other settings is another measurement (row_key, key_label).
+KEY_SETTINGS = (
+    "key_short_length",
+    "key_short_stride",
+    "key_lsd_threshold",
+    "key_lcl_threshold",
+    "key_evaluator",
+    "key_evaluator_step",
+)
 ROW_REQUIRED = {"length", "protocol", "stride", "ppl"}  # what every reader of a row relies on
 # Before "variation" and "variation_settings", a row held each evaluation-time setting of its scheme as a field of
 # its own (null where the scheme had none): the fields every scheme declares.
@@ -102,6 +128,7 @@ def row_key(row: dict[str, Any]) -> tuple:
     # The streaming protocol's sinks and window, and the attention temperature: absent (None) in other rows and in
     # rows from before they existed.
     extra = (row.get("sinks"), row.get("window"), json.dumps(row.get("attn_temperature"), sort_keys=True))
+    extra += (row.get("measure"), *(row.get(name) for name in KEY_SETTINGS))  # None in plain perplexity rows
     return (
         scored_identity(row),
         row["length"],
@@ -182,6 +209,7 @@ def _sort_key(row: dict[str, Any]) -> tuple:
         str(row.get("data")),
         variation != "",
         variation,
+        row.get("measure") or "",  # plain perplexity first
         row["protocol"],
         row["length"],
         row["stride"] or 0,
@@ -314,7 +342,21 @@ def setting_label(row: dict[str, Any]) -> str:
         label += f" (S={row['stride']})"
     if row.get("sinks") is not None:  # streaming: the window is the length less the sinks
         label += f" (k={row['sinks']})"
-    return " ".join(filter(None, (label, condition_label(row))))
+    return " ".join(filter(None, (label, key_label(row), condition_label(row))))
+
+
+def key_label(row: dict[str, Any]) -> str:
+    """``key tokens (α=2, β=-2, short 64/16)``: a key-token row's measure and what selected its tokens (the
+    thresholds, the short context and its stride, and the evaluator where it is another run); "" for a plain
+    perplexity row."""
+    if row.get("measure") != KEY_TOKENS:
+        return ""
+    evaluator, step = row.get("key_evaluator"), row.get("key_evaluator_step")
+    by = "" if evaluator in (None, "self") else f", evaluator {Path(evaluator).name} step {step}"
+    return (
+        f"key tokens (α={row.get('key_lsd_threshold'):g}, β={row.get('key_lcl_threshold'):g}, "
+        f"short {row.get('key_short_length')}/{row.get('key_short_stride')}{by})"
+    )
 
 
 def condition_label(row: dict[str, Any]) -> str:

@@ -13,7 +13,8 @@ Each of the scheme's evaluation-time variations asked for in ``eval.variations``
 configured), its label and settings recorded in the rows (``variation``, ``variation_settings``), beside what the
 rows scored (the corpus by content, the split, the targets) and what computed them (the attention backend that
 ran, the dtype): see results.py. The console says what earlier rows were replaced, and when no length could be
-scored at all.
+scored at all. With eval.key_tokens=true, key-token perplexity rows (LongPPL, evaluation/key_tokens.py) join them:
+the evaluator selects the key tokens once, and each variation is scored on them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from data.tasks import NO_TASK
 from evaluation.context import EvalContext
 from evaluation.copy_probe import probe_candidates, run_copy_probe
 from evaluation.extrapolation import evaluate_extrapolation
+from evaluation.key_tokens import find_key_tokens
 from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, plot_ppl_vs_length
 from evaluation.results import (
     CSV_COLUMNS,
@@ -105,6 +107,8 @@ def score_perplexity(ctx: EvalContext, val_tokens: TokenArray) -> list[dict[str,
     }
     dtype = str(ctx.dtype).removeprefix("torch.")
     rows = []
+    # eval.key_tokens: the evaluator selects the key tokens once, before any variation is applied to the model
+    selection = find_key_tokens(ctx, val_tokens) if e.key_tokens else None
     for label, fields in ctx.variations():
         backend = resolve_layer_backends(cfg.model.attn_backend, ctx.model.pe, ctx.device)  # a variation may change it
         scored = evaluate_extrapolation(
@@ -121,6 +125,7 @@ def score_perplexity(ctx: EvalContext, val_tokens: TokenArray) -> list[dict[str,
             description=label,
             sinks=e.streaming_sinks,
         )
+        scored += selection.rows(ctx, val_tokens) if selection is not None else []
         setting = {**fields, **provenance, "attn_backend": backend, "dtype": dtype}
         rows += [
             {"length": r["length"], "protocol": r["protocol"], "stride": r["stride"], **setting, **r} for r in scored
@@ -151,6 +156,8 @@ def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: 
     labelled = labelled_rows(document["results"])
     curves: dict[str, Series] = {}
     for label, row in sorted(labelled, key=lambda item: item[1]["length"]):
+        if row.get("measure"):  # key-token perplexity: another measure, in the table only
+            continue
         line = curves.setdefault(label, Series(label, pe, [], []))
         ppl = row_ppl(row)
         if ppl is not None and math.isfinite(ppl):  # not evaluable there, or inf (a diverged model): left out

@@ -67,6 +67,7 @@ class TrainConfig:
 
 
 PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
+KEY_TOKENS = ("key_tokens", (True,))  # the settings eval.key_tokens=true reads (core.domain's used_with)
 
 
 @dataclass
@@ -96,6 +97,15 @@ class EvalConfig:
     # Which tokens the span is drawn from: 0, any but <|endoftext|> (Olsson et al.'s random tokens); N > 0, only
     # tokens that occur at least N times in the training split (tokens whose embeddings the run has learned)
     copy_min_count: int = domain(0, ge=0, used_with=("tasks", PROBES))
+    # Key-token perplexity (LongPPL, Fang et al. 2025; evaluation/key_tokens.py): rows of perplexity over the targets
+    # whose log-probability the evaluator finds more than key_lsd_threshold nats higher with the long context than
+    # with a short one of key_short_length tokens, and above key_lcl_threshold with it
+    key_tokens: bool = False
+    key_short_length: int | None = domain(None, ge=1, used_with=KEY_TOKENS)  # S; None: train.seq_len
+    key_short_stride: int | None = domain(None, ge=1, used_with=KEY_TOKENS)  # contexts S-stride+1..S; None: S/4
+    key_lsd_threshold: float = domain(2.0, ge=0, used_with=KEY_TOKENS)  # alpha: nats the long context must add
+    key_lcl_threshold: float = domain(-2.0, lt=0, used_with=KEY_TOKENS)  # beta: log-probability with the long context
+    key_evaluator: str | None = None  # a run directory whose model selects the key tokens; None: the run itself
 
 
 @dataclass

@@ -20,6 +20,7 @@ from evaluation.results import (
     RUNTIME_FIELDS,
     SCORED_FIELDS,
     group_by_scored,
+    key_label,
     length_header,
     provenance,
     provenance_tags,
@@ -39,21 +40,24 @@ def choose_data(runs: list[Run], data: str | None) -> str:
     return data
 
 
-def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data: str) -> list[Entry]:
+def entries_of(
+    groups: list[list[Run]], protocol: str, stride: int | None, data: str, measure: str | None = None
+) -> list[Entry]:
     """One entry per (setting, variation, what was scored): the rows of the chosen protocol and data, pooled over
     the setting's seeds only where they scored the same tokens with the same backend and dtype (results.py's
     group_by_scored), so a seed that scored something else is an entry of its own, never averaged in. Entries
-    are labelled by what differs (tag_entries)."""
+    are labelled by what differs (tag_entries). ``measure``: plain perplexity (None), or the rows of another
+    measure (results.py's KEY_TOKENS), pooled only where they were selected alike (key_label)."""
     entries = []
     for group, label in zip(groups, group_labels(groups)):
         cells: dict[tuple, dict[int, dict[int, dict[str, Any]]]] = {}  # (variation, scored) -> run -> length -> row
         for i, run in enumerate(group):
-            rows = [row for row in run.document["results"] if _wanted(row, protocol, stride, data)]
+            rows = [row for row in run.document["results"] if _wanted(row, protocol, stride, data, measure)]
             for scored, members in group_by_scored(rows).items():
                 for row in members:
                     # the streaming protocol's sinks (--protocol streaming), the variation, the temperature
                     sinks = f"k={row['sinks']}" if row.get("sinks") is not None else ""
-                    key = (" ".join(filter(None, (sinks, evaluated_with(row, run)))), scored)
+                    key = (" ".join(filter(None, (sinks, key_label(row), evaluated_with(row, run)))), scored)
                     cells.setdefault(key, {}).setdefault(i, {})[row["length"]] = row
         if not cells:  # shown as a row of "-" rather than silently left out
             cells[("", None)] = {i: {} for i in range(len(group))}
@@ -76,9 +80,10 @@ def entries_of(groups: list[list[Run]], protocol: str, stride: int | None, data:
     return entries
 
 
-def _wanted(row: dict[str, Any], protocol: str, stride: int | None, data: str) -> bool:
+def _wanted(row: dict[str, Any], protocol: str, stride: int | None, data: str, measure: str | None = None) -> bool:
     wanted_stride = effective_stride(row["length"], stride) if protocol == "sliding" else None
-    return row["protocol"] == protocol and row["stride"] == wanted_stride and str(row.get("data")) == data
+    chosen = row["protocol"] == protocol and row["stride"] == wanted_stride and str(row.get("data")) == data
+    return chosen and row.get("measure") == measure
 
 
 def tag_entries(entries: list[Entry]) -> None:

@@ -45,6 +45,11 @@ found and labelled among the runs of one task. Also written: --task-csv (every c
 and --task-plot (accuracy vs length with its CI band, a panel per task identity, at random depth or the first
 grid cell). The perplexity outputs are written only for runs that have perplexity.
 
+Key-token perplexity (LongPPL, eval.key_tokens=true: evaluation/key_tokens.py): where the runs have its rows for the
+protocol compared, a section "## Key-token perplexity" after the perplexity tables: key-token perplexity by length over
+seeds with its differences and pairing as above, and the share of the targets that were key tokens
+(reports/key_tokens.py). Rows selected otherwise (thresholds, short context, evaluator) are never pooled.
+
 This file is the command; what it computes lives in reports/ (reports/__init__.py lists its modules).
 """
 
@@ -72,6 +77,7 @@ from evaluation.plots import (
 )
 from evaluation.results import row_ppl
 from reports.curves import ValidationCurve, validation_curves, validation_report
+from reports.key_tokens import key_token_entries, key_token_report
 from reports.perplexity import (
     choose_data,
     entries_of,
@@ -260,6 +266,11 @@ def comparison_markdown(
         report = markdown_report(
             entries, args.protocol, args.stride, data, args.ratios, find_baseline(entries, args.baseline)
         )
+        # key-token perplexity (eval.key_tokens): a section of its own where the runs have its rows
+        language_runs = group_by_seed([run for run in runs if run.document is not None])
+        key_entries = key_token_entries(language_runs, args.protocol, args.stride, data)
+        if key_entries:
+            report += key_token_report(key_entries, args.protocol, args.baseline)
     curves = validation_curves(group_by_seed(runs)) if args.val_curve is not None else []
     if curves:
         report += "\n" + validation_report(curves)

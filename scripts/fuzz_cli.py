@@ -123,7 +123,7 @@ WORK_KEYS = {
 LARGEST = 2**31 - 1
 # Keys whose legal values would reach the network or another device (this fuzzer stays on the CPU, offline).
 SKIPPED_KEYS = {"data.source", "data.hub_path", "data.hub_name", "train.device", "logging.wandb.mode"}
-PATH_KEYS = {"data.files", "train.init_from", "sample.prompt_file", "data.cache_dir"}
+PATH_KEYS = {"data.files", "train.init_from", "sample.prompt_file", "data.cache_dir", "eval.key_evaluator"}
 
 
 # --- the schema's keys --------------------------------------------------------------------------------------

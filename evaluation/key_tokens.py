@@ -1,0 +1,275 @@
+"""Key-token perplexity (LongPPL; Fang et al. 2025, "What is Wrong with Perplexity for Long-context Language
+Modeling?"), ``eval.key_tokens=true``: perplexity over only the targets whose prediction the far context improves
+markedly, judged by one fixed evaluator.
+
+At each evaluated length L' longer than the short context S, over the same targets as every other row
+(extrapolation.scored_range), the evaluator θ0 predicts each target x_t twice: from the long context l(t) its
+protocol gives it (the nonoverlapping or sliding windows of L'), and from a short context s(t), the last tokens of
+l(t). The short contexts come from one pass of the sliding protocol with windows of S tokens and stride σ
+(``eval.key_short_stride``, default S/4), shared by every length and protocol: each target is predicted from
+between S − σ + 1 and S tokens (σ = 1: exactly S, the layers run over S tokens per target). A target is key
+when
+
+    |l(t)| > |s(t)|                                             (a candidate: there is context beyond s(t))
+    LSD(t) = log p_θ0(x_t | l(t)) − log p_θ0(x_t | s(t)) > α       (the far context adds more than α nats)
+    LCL(t) = log p_θ0(x_t | l(t)) > β                            (and with it θ0 predicts the target well)
+
+and the row's perplexity is the scored model θ's (with the row's evaluation-time variation) over the key set K,
+from the same long contexts:
+
+    LongPPL = exp( −(1/|K|) Σ_{t ∈ K} log p_θ(x_t | l(t)) ).
+
+A target whose long context is not longer than its short one has s(t) = l(t), so LSD = 0, which α ≥ 0 never
+passes. α = 2 and β = −2 are the paper's (``eval.key_lsd_threshold``, ``eval.key_lcl_threshold``; strict
+inequalities, as in its reference code). S is ``eval.key_short_length``, default train.seq_len. θ0 is the run
+itself as configured, or another run (``eval.key_evaluator=<run dir>``, read from its last checkpoint and run
+on this device and dtype): one parent for every compared run scores all of them on the same key tokens. Rows
+record the measure, the settings and the evaluator (evaluation/results.py: KEY_SETTINGS), the key tokens found
+(``tokens``), their share of the targets (``key_share``) and the candidates (``key_candidates``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from core.checkpoint_io import LAST, checkpoint_file, last_checkpoint_path, load_checkpoint, load_weights
+from core.errors import PosGPTError
+from core.rundir import CHECKPOINT_DIR
+from data.tasks import NO_TASK
+from evaluation.context import EvalContext
+from evaluation.extrapolation import effective_stride, scored_range, summarize, target_losses, window_plan
+from evaluation.results import KEY_TOKENS
+from experiment.build import build_model
+from experiment.settings import trained_config
+
+if TYPE_CHECKING:  # importing the data package pulls in `datasets` (~1 s): annotations only
+    from data import TokenArray
+
+# The protocols whose targets' context is the contiguous run of tokens before them, of which the short context is
+# the end; the streaming protocol's cache (sinks and a window) is not.
+LONG_PROTOCOLS = ("nonoverlapping", "sliding")
+SELF = "self"  # the evaluator of rows whose key tokens the scored run selected itself
+
+
+def short_length(cfg: DictConfig) -> int:
+    """S: eval.key_short_length, default the training length."""
+    return cfg.eval.key_short_length or cfg.train.seq_len
+
+
+def short_stride(cfg: DictConfig) -> int:
+    """σ: eval.key_short_stride, default a quarter of S (at least 1)."""
+    return cfg.eval.key_short_stride or max(1, short_length(cfg) // 4)
+
+
+def key_jobs(cfg: DictConfig, lengths: list[int]) -> list[tuple[int, str]]:
+    """The (length, protocol) pairs with key-token rows: lengths longer than S, protocols of LONG_PROTOCOLS."""
+    protocols = [protocol for protocol in dict.fromkeys(cfg.eval.protocols) if protocol in LONG_PROTOCOLS]
+    longer = [length for length in dict.fromkeys(lengths) if length > short_length(cfg)]
+    return [(length, protocol) for length in longer for protocol in protocols]
+
+
+def select_key_tokens(
+    long_loss: np.ndarray,
+    long_context: np.ndarray,
+    short_loss: np.ndarray,
+    short_context: np.ndarray,
+    lsd_threshold: float,
+    lcl_threshold: float,
+) -> np.ndarray:
+    """The key targets (a boolean mask) from the evaluator's losses (−log p, nats) with the long and the short
+    context and the number of tokens each context held. A loss that is not finite selects nothing."""
+    lsd = short_loss - long_loss  # log p(x | long) − log p(x | short)
+    return (long_context > short_context) & (lsd > lsd_threshold) & (-long_loss > lcl_threshold)
+
+
+@dataclass
+class Evaluator:
+    """The model that selects the key tokens: ``name`` SELF (the scored run) or the other run's directory, and the
+    step of the checkpoint it was read from (None for SELF: the scored checkpoint's)."""
+
+    model: torch.nn.Module
+    name: str
+    step: int | None
+
+
+def load_evaluator(ctx: EvalContext) -> Evaluator:
+    """The scored run itself (eval.key_evaluator unset), or the run eval.key_evaluator names, built from its own
+    checkpoint's config and weights; PosGPTError for a directory without a checkpoint or a task run."""
+    given = ctx.cfg.eval.key_evaluator
+    if given is None:
+        return Evaluator(ctx.model, SELF, None)
+    check_evaluator_dir(given)
+    checkpoint = load_checkpoint(given)
+    cfg = trained_config(checkpoint["config"])
+    if cfg.task.name != NO_TASK:
+        raise PosGPTError(
+            f"eval.key_evaluator={given} was trained on task={cfg.task.name}, whose tokens are the task's own: the "
+            "evaluator must be a language-model run (GPT-2 tokens)"
+        )
+    model = build_model(cfg)
+    load_weights(model, checkpoint["model"], checkpoint_file(given))
+    return Evaluator(model.to(ctx.device).eval(), str(Path(given).resolve()), int(checkpoint["step"]))
+
+
+def check_evaluator_dir(given: str) -> None:
+    """PosGPTError unless eval.key_evaluator is a run directory with a checkpoint (checked before any work)."""
+    if not last_checkpoint_path(given).is_file():
+        raise PosGPTError(
+            f"eval.key_evaluator={given} is not a training run directory with {CHECKPOINT_DIR}/{LAST}: name the run "
+            "whose model selects the key tokens, or drop it (the run itself selects them)"
+        )
+
+
+@dataclass
+class KeySet:
+    """The key tokens of one (length, protocol): their mask over the targets and the candidates' number, with the
+    evaluator's long-context losses (the scored model's too when it is the evaluator); or why there are none."""
+
+    mask: np.ndarray | None = None
+    candidates: int = 0
+    long_loss: np.ndarray | None = field(default=None, repr=False)
+    seconds: float = 0.0
+    reason: str | None = None
+
+
+@dataclass
+class KeyTokenSelection:
+    """What the evaluator selected, once for every variation scored: the row fields of its settings, the targets
+    [first, first + n), and per (length, protocol) its KeySet. ``reuse``: the evaluator is the scored model as
+    configured and no other variation is scored, so its long-context losses are the scored model's."""
+
+    settings: dict[str, Any]
+    span: tuple[int, int] | None
+    sets: dict[tuple[int, str], KeySet]
+    reuse: bool
+
+    def rows(self, ctx: EvalContext, tokens: TokenArray) -> list[dict[str, Any]]:
+        """A key-token row per (length, protocol), scored with ``ctx.model`` as it is now (the variation applied)."""
+        rows = []
+        for (length, protocol), key_set in self.sets.items():
+            stride = effective_stride(length, ctx.cfg.eval.stride) if protocol == "sliding" else None
+            row = {"length": length, "protocol": protocol, "stride": stride, "measure": KEY_TOKENS, **self.settings}
+            reason = key_set.reason or ctx.model.pe.beyond_reach(length)
+            if reason:
+                rows.append({**row, "tokens": 0, "loss": None, "ppl": None, "reason": reason})
+                continue
+            started, first, n_targets = time.perf_counter(), *self.span
+            losses = key_set.long_loss
+            if not self.reuse:
+                plan = window_plan(first, n_targets, length, protocol, ctx.cfg.eval.stride)
+                losses = _losses(ctx, ctx.model, tokens, plan, f"L={length} {protocol} key tokens")
+            row.update(key_summary(losses, key_set.mask, key_set.candidates))
+            seconds = key_set.seconds + time.perf_counter() - started
+            rows.append({**row, "target_range": [first, first + n_targets], "seconds": round(seconds, 3)})
+        return rows
+
+
+def key_summary(losses: np.ndarray, mask: np.ndarray, candidates: int) -> dict[str, Any]:
+    """A key-token row's numbers: the key tokens' count, mean loss and perplexity (extrapolation.summarize's, so a
+    loss that is not finite or a perplexity too large for a float reads as in other rows), their share of the
+    targets and the candidates' count; no key token at all is a row without perplexity, and says so."""
+    found = int(mask.sum())
+    counts = {"key_share": found / len(mask), "key_candidates": candidates}
+    if found == 0:
+        reason = f"no key tokens among the {candidates} targets with context beyond the short one"
+        return {"tokens": 0, "loss": None, "ppl": None, "reason": reason, **counts}
+    total = torch.tensor([losses[mask].sum()], dtype=torch.float64)
+    summary = summarize(total, torch.tensor([float(found)], dtype=torch.float64))
+    return {key: value for key, value in summary.items() if not key.startswith("per_position")} | counts
+
+
+def _losses(ctx: EvalContext, model: torch.nn.Module, tokens: TokenArray, plan: list, what: str) -> np.ndarray:
+    """Per-target losses of ``model`` under ``plan`` (extrapolation.target_losses), without their contexts."""
+    return target_losses(model, tokens, plan, ctx.cfg.eval.batch_tokens, ctx.device, ctx.dtype, ctx.progress, what)[0]
+
+
+def find_key_tokens(ctx: EvalContext, tokens: TokenArray) -> KeyTokenSelection:
+    """The evaluator's key tokens at every (length, protocol) of key_jobs: one short-context pass over the targets,
+    then per pair the long-context pass and the selection. Printed: what each pair found."""
+    e = ctx.cfg.eval
+    evaluator = load_evaluator(ctx)
+    evaluator.model.eval()
+    size, stride = short_length(ctx.cfg), short_stride(ctx.cfg)
+    settings = {
+        "key_short_length": size,
+        "key_short_stride": stride,
+        "key_lsd_threshold": float(e.key_lsd_threshold),
+        "key_lcl_threshold": float(e.key_lcl_threshold),
+        "key_evaluator": evaluator.name,
+        "key_evaluator_step": evaluator.step,
+    }
+    span = scored_range(len(tokens), ctx.lengths, e.max_tokens)
+    jobs = key_jobs(ctx.cfg, ctx.lengths)
+    reuse = evaluator.name == SELF and not e.variations
+    if not jobs:  # evaluation/checks.py refuses this before any work
+        return KeyTokenSelection(settings, span, {}, reuse)
+    if span is None or all(length > span[0] for length, _ in jobs):  # every row says why (no targets)
+        unscored = {job: unscorable(job[0], len(tokens), e.max_tokens) for job in jobs}
+        return KeyTokenSelection(settings, span, unscored, reuse)
+    if reason := evaluator.model.pe.beyond_reach(size):
+        raise PosGPTError(f"eval.key_short_length={size}: the key-token evaluator cannot score it ({reason}); lower it")
+    started = time.perf_counter()
+    short_plan = window_plan(*span, size, "sliding", stride)
+    short = target_losses(
+        evaluator.model, tokens, short_plan, e.batch_tokens, ctx.device, ctx.dtype, ctx.progress, f"short {size}"
+    )
+    shared = (time.perf_counter() - started) / len(jobs)  # the short pass, shared by every pair's rows
+    sets = {job: key_set(ctx, evaluator, tokens, job, span, short, shared) for job in jobs}
+    print(selection_note(settings, span, sets), flush=True)
+    return KeyTokenSelection(settings, span, sets, reuse)
+
+
+def unscorable(length: int, n_tokens: int, max_tokens: int) -> KeySet:
+    """The KeySet of a length the split or eval.max_tokens leaves no targets for (extrapolation's reason)."""
+    return KeySet(
+        reason=f"needs 2x{length} tokens in the split ({n_tokens}) and eval.max_tokens ({max_tokens}) >= {length}"
+    )
+
+
+def key_set(
+    ctx: EvalContext,
+    evaluator: Evaluator,
+    tokens: TokenArray,
+    job: tuple[int, str],
+    span: tuple[int, int],
+    short: tuple[np.ndarray, np.ndarray],
+    shared_seconds: float,
+) -> KeySet:
+    """The evaluator's long-context pass at one (length, protocol) and the key tokens it selects."""
+    (length, protocol), e = job, ctx.cfg.eval
+    if reason := evaluator.model.pe.beyond_reach(length):
+        return KeySet(reason=f"the key-token evaluator cannot score length {length}: {reason}")
+    if length > span[0]:  # span[0] is the longest length that fits
+        return unscorable(length, len(tokens), e.max_tokens)
+    started = time.perf_counter()
+    plan = window_plan(*span, length, protocol, e.stride)
+    long_loss, long_context = target_losses(
+        evaluator.model, tokens, plan, e.batch_tokens, ctx.device, ctx.dtype, ctx.progress, f"L={length} {protocol}"
+    )
+    mask = select_key_tokens(long_loss, long_context, *short, e.key_lsd_threshold, e.key_lcl_threshold)
+    candidates = int((long_context > short[1]).sum())
+    return KeySet(mask, candidates, long_loss, shared_seconds + time.perf_counter() - started)
+
+
+def selection_note(settings: dict[str, Any], span: tuple[int, int], sets: dict[tuple[int, str], KeySet]) -> str:
+    """The console's account of the selection: the settings, then per (length, protocol) the key tokens found."""
+    size, stride = settings["key_short_length"], settings["key_short_stride"]
+    evaluator = settings["key_evaluator"]
+    if evaluator != SELF:
+        evaluator += f" (step {settings['key_evaluator_step']})"
+    found = "; ".join(
+        f"{length} {protocol}: "
+        + (key_set.reason if key_set.mask is None else f"{int(key_set.mask.sum()):,} ({key_set.mask.mean():.2%})")
+        for (length, protocol), key_set in sets.items()
+    )
+    return (
+        f"eval: key tokens (LSD > {settings['key_lsd_threshold']:g}, LCL > {settings['key_lcl_threshold']:g}; short "
+        f"context {size - stride + 1}-{size} tokens; evaluator {evaluator}) among {span[1]:,} targets: {found}"
+    )
