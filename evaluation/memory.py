@@ -16,8 +16,6 @@ What is measured is named in ``m.metric``:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import resource
 import sys
@@ -60,25 +58,6 @@ def _reset_peak_rss() -> bool:
 def _max_rss_bytes() -> int:
     # ru_maxrss is in kilobytes on Linux, bytes on macOS.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-
-
-def return_freed_memory() -> bool:
-    """Make glibc give every block of 1 MiB or more its own mapping, unmapped when freed, for the rest of the
-    process; True where that took effect (glibc).
-
-    By default glibc raises its mmap threshold after large frees and then serves large tensors from a heap it
-    keeps, so the resident set's peak during a block depends on what earlier work left behind (the same scoring
-    step measured 536 MiB or 340 MiB of growth in two processes). With a fixed threshold the peak is that of
-    the live tensors. Slower (every large tensor is a fresh mapping): for measurements, not for real runs.
-    """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
-        return False
-    m_mmap_threshold = -3  # <malloc.h>; setting it also turns the dynamic threshold off
-    return mallopt is not None and mallopt(m_mmap_threshold, 1 << 20) == 1
 
 
 class PeakMemory:

@@ -10,7 +10,7 @@ attention backend, in MiB. Nothing is allocated (the model is built on the meta 
 ``--measure`` also runs the work here (two training steps; with --eval-length, one scoring batch on the
 default backend) and reports evaluation/memory.py's measured peak less the process's size before the model
 was built, next to the prediction, and their ratio. On CPU it first makes glibc return freed blocks to the
-system (evaluation/memory.return_freed_memory), so the resident peak is that of live tensors; measure one
+system (core/host_memory.return_freed_memory), so the resident peak is that of live tensors; measure one
 thing per process: without --eval-length it measures training, with it scoring.
 """
 
@@ -26,8 +26,9 @@ import torch
 from speed import device_name, save_run
 
 from core.cli import ArgumentParser, count, exit_on_user_error
+from core.host_memory import return_freed_memory
 from core.runtime import autocast, set_up_runtime
-from evaluation.memory import PeakMemory, resident_mb, return_freed_memory
+from evaluation.memory import PeakMemory, resident_mb
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import validate

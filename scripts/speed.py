@@ -46,6 +46,7 @@ import model.attention as attention
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import PosGPTError, first_line
 from core.files import atomic_write, check_outputs, read_user_text
+from core.host_memory import reused_freed_memory
 from core.runtime import autocast, peak_flops, set_up_runtime
 from evaluation.memory import PeakMemory
 from experiment.build import build_model, model_flops_per_token
@@ -174,7 +175,8 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             dtype,
             eager=raw_model if compiled else None,
         )
-        step_s, cpu_share = seconds_per_step(functools.partial(train_step, x, y), args.warmup, args.steps, device)
+        with reused_freed_memory():  # as the training loop steps
+            step_s, cpu_share = seconds_per_step(functools.partial(train_step, x, y), args.warmup, args.steps, device)
     tokens_per_s = t.batch_size * t.seq_len / step_s
     peak = peak_flops(device)
     record = {

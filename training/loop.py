@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from core.checkpoint_io import last_checkpoint_path, load_weights
 from core.cli import tee_console
 from core.errors import PosGPTError
+from core.host_memory import reused_freed_memory
 from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
@@ -188,7 +189,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     if cfg.task.name == NO_TASK:
         checkpointer.track_corpus(splits, checkpoint, cfg.data)
     loop = _set_up_loop(cfg, run_dir, raw_model, checkpoint, parent, checkpointer, splits, dist, device, dtype)
-    step, stopped_by = _run_loop(loop)
+    with reused_freed_memory():  # each step's large tensors reuse the last step's memory (core/host_memory.py)
+        step, stopped_by = _run_loop(loop)
 
     if stopped_by is not None and dist.is_main:
         print(
