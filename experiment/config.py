@@ -79,8 +79,7 @@ class EvalConfig:
     stride: int | None = domain(None, ge=1)  # sliding-window stride; None: half the window
     # streaming protocol only: the first k tokens kept; the window is length - k
     streaming_sinks: int = domain(4, ge=0, used_with=("protocols", ("streaming",)))
-    # scored tokens per (length, protocol): the same token range for all (scripts/study.sh scores 32768)
-    max_tokens: int = domain(16384, ge=1)
+    max_tokens: int = domain(32768, ge=1)  # scored tokens per (length, protocol): the same token range for all
     batch_tokens: int = domain(16384, ge=1)  # tokens per forward pass (windows are batched up to this)
     # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
     # parse_variation, model/pe/); None: the run as configured.
