@@ -50,5 +50,6 @@ def test_training_steps_reuse_their_freed_memory_within_and_map_it_afresh_after(
     faults = json.loads(done.stdout)
     if not faults["active"]:
         pytest.skip("no glibc mallopt here")
-    # three steps: each allocates the head's logits and gradient, 2 x 50304 x 256 floats and more (100 MB)
-    assert faults["within"] < 1000 and faults["after"] > 25_000, faults
+    # three steps: each allocates the head's logits and gradient, 2 x 50304 x 256 floats and more (100 MB), so
+    # ~120,000 faults when mapped afresh; reused, a few hundred at most (up to ~1,600 under load, from small blocks)
+    assert faults["after"] > 25_000 and faults["within"] * 10 < faults["after"], faults
