@@ -25,7 +25,8 @@ from reports.runs import Run, run_config, setting
 
 T = 24
 FIRST = 9  # the first document's tokens, its <|endoftext|> the last of them
-BACKENDS = ("math", "sdpa", "flex")  # flex: FlexAttention's forward, which CPU runs eagerly
+# flex: FlexAttention's forward, which CPU runs eagerly and slowly (a score_mod over every pair): the slow tier
+BACKENDS = ("math", "sdpa", pytest.param("flex", marks=pytest.mark.slow))
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}  # float32, other shapes and kernels than the document alone
 
 
