@@ -23,6 +23,7 @@ def test_each_querys_value_position_holds_its_answer():
     assert bool((value_at < 2 * task.cfg.n_pairs).all() and (query > value_at).all())
 
 
+@pytest.mark.slow  # runs a command on a trained run
 def test_a_run_gets_a_line_per_length_and_layer_the_same_on_every_call(cli, tmp_path, capsys):
     run_dir = make_run(tmp_path / "mqar-rope-s1", cli.corpus, *TINY_MQAR)
     attention_on_value.main([str(run_dir)])

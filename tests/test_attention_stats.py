@@ -123,6 +123,7 @@ def inspected(tmp_path_factory):
     return run_dirs
 
 
+@pytest.mark.slow  # runs a command on a trained run
 def test_outputs_exist_with_the_documented_shapes(inspected):
     document = json.loads((inspected["alibi"] / "eval" / "attention.json").read_text())
     assert document["pe"] == "alibi" and document["train_seq_len"] == SEQ_LEN and document["variation"] is None
@@ -142,6 +143,7 @@ def test_outputs_exist_with_the_documented_shapes(inspected):
         assert (inspected["alibi"] / "eval" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # runs a command on a trained run
 def test_learned_past_its_table_is_recorded_with_a_reason(inspected):
     document = json.loads((inspected["learned"] / "eval" / "attention.json").read_text())
     long = document["lengths"][1]
@@ -149,6 +151,7 @@ def test_learned_past_its_table_is_recorded_with_a_reason(inspected):
     assert document["lengths"][0]["reason"] is None
 
 
+@pytest.mark.slow  # runs a command on a trained run
 def test_compare_overlays_the_entropy_of_several_runs(inspected, tmp_path):
     import eval
 
@@ -173,6 +176,7 @@ def test_compare_overlays_the_entropy_of_several_runs(inspected, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # runs a command on a trained run
 def test_compare_entropy_needs_inspected_runs(inspected, tmp_path):
     with pytest.raises(PosGPTError, match="inspect_attention.py"):
         read_attention([inspected["alibi"], tmp_path])

@@ -234,6 +234,7 @@ def format_cell(values, digits=2):
     return format_estimate(mean_ci(values), len(values), digits)
 
 
+@pytest.mark.slow  # runs a command on a trained run
 def test_eval_py_key_tokens_end_to_end_and_compare_over_seeds(cli, tmp_path):
     """``python eval.py run_dir=... eval.key_tokens=true``: key-token rows beside the perplexity rows, in the JSON,
     the CSV and the console; a second seed (in this process) and compare.py pool them."""

@@ -63,6 +63,7 @@ def test_halves_scores_each_half_on_its_own_targets():
     }
 
 
+@pytest.mark.slow  # runs a command on a trained run
 def test_halves_prints_a_line_per_run(cli, tmp_path, capsys):
     run_dir = make_run(tmp_path / "probe" / "step_00000300", cli.corpus, "pe=rope", "model.embedding=gpt2")
     repeated_passages.main(["halves", str(run_dir)])

@@ -80,6 +80,7 @@ def test_what_is_known_before_the_first_step_is_checked_before_it(cli, tmp_path,
     refused_before_writing(cli.train_here(run_dir, *extra), run_dir, *fragments)
 
 
+@pytest.mark.slow  # runs a command on a trained run
 def test_an_evaluation_that_would_produce_nothing_is_refused(cli, reference):
     before = sorted(p.name for p in (reference / "eval").iterdir()) if (reference / "eval").exists() else []
     done = cli.eval_here(reference, "eval.tasks=[copy_probe]", "eval.copy_span=64", "eval.lengths=[16,64]")
