@@ -668,7 +668,7 @@ _COMMON = {
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
 }
 PROFILES = {
-    "ci": settings(derandomize=True, max_examples=60, print_blob=False, **_COMMON),
+    "ci": settings(derandomize=True, max_examples=30, print_blob=False, **_COMMON),
     "long": settings(max_examples=2000, **_COMMON),
 }
 
