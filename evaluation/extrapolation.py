@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +119,32 @@ def _device_batch(
     return x.to(device), y.to(device)
 
 
+def _scored_batches(
+    model: torch.nn.Module,
+    tokens: TokenArray,
+    plan: list[Window],
+    batch_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: bool,
+    description: str,
+) -> Iterator[tuple[list[Window], int, torch.Tensor, torch.Tensor]]:
+    """Each batch of ``plan``'s windows with its first scored window position, the per-target losses from there on
+    (B, T - first; 0 where a target is not scored) and the targets (B, T; -100 where not scored)."""
+    length = max(w.length for w in plan)
+    per_batch = max(1, batch_tokens // length)
+    for batch in tqdm(_batches(plan, per_batch), desc=description, disable=not progress, leave=False, unit="batch"):
+        # On CUDA, compiled kernels (FlexAttention) specialise on shapes: a short last batch would recompile.
+        full = min(per_batch, len(plan))
+        rows = full if device.type == "cuda" and batch[0].length == length else len(batch)
+        x, y = _device_batch(tokens, batch, rows, device)
+        # Positions before every window's first scored one are context only: no head computed for them.
+        first = min(w.first_scored for w in batch)
+        with autocast(device, dtype):
+            losses = model(x, y, reduction="none", score_from=first).double()
+        yield batch, first, losses, y
+
+
 @torch.inference_mode()
 def score_windows(
     model: torch.nn.Module,
@@ -131,20 +158,11 @@ def score_windows(
 ) -> dict[str, Any]:
     """Scored-token count, mean loss, perplexity and per-position mean loss over the windows of ``plan``."""
     length = max(w.length for w in plan)
-    per_batch = max(1, batch_tokens // length)
     loss_sum = torch.zeros(length, dtype=torch.float64, device=device)
     counts = torch.zeros(length, dtype=torch.float64, device=device)
-    for batch in tqdm(_batches(plan, per_batch), desc=description, disable=not progress, leave=False, unit="batch"):
-        # On CUDA, compiled kernels (FlexAttention) specialise on shapes: a short last batch would recompile.
-        full = min(per_batch, len(plan))
-        rows = full if device.type == "cuda" and batch[0].length == length else len(batch)
-        x, y = _device_batch(tokens, batch, rows, device)
-        # Positions before every window's first scored one are context only: no head computed for them.
-        first = min(w.first_scored for w in batch)
-        with autocast(device, dtype):
-            losses = model(x, y, reduction="none", score_from=first).double()  # 0 where the target is -100
-        loss_sum[first : x.shape[1]] += losses.sum(0)
-        counts[first : x.shape[1]] += (y[:, first:] != -100).sum(0)
+    for _, first, losses, y in _scored_batches(model, tokens, plan, batch_tokens, device, dtype, progress, description):
+        loss_sum[first : y.shape[1]] += losses.sum(0)
+        counts[first : y.shape[1]] += (y[:, first:] != -100).sum(0)
     return summarize(loss_sum, counts)
 
 
@@ -162,22 +180,17 @@ def target_losses(
     """Per target the plan scores, in order from its first: the loss (nats, float64) and the number of tokens it
     was predicted from. The same windows, batches and head as :func:`score_windows`, so the losses are the ones
     a row of that plan averages (evaluation/key_tokens.py compares them target by target)."""
-    first = plan[0].start + 1 + plan[0].first_scored  # the first target the plan scores
+    first_target = plan[0].start + 1 + plan[0].first_scored  # the first target the plan scores
     n_targets = sum(w.length - w.first_scored for w in plan)
     losses, contexts = np.full(n_targets, np.nan), np.zeros(n_targets, dtype=np.int64)
-    length = max(w.length for w in plan)
-    per_batch = max(1, batch_tokens // length)
-    for batch in tqdm(_batches(plan, per_batch), desc=description, disable=not progress, leave=False, unit="batch"):
-        full = min(per_batch, len(plan))  # one shape per length on CUDA, as score_windows
-        rows = full if device.type == "cuda" and batch[0].length == length else len(batch)
-        x, y = _device_batch(tokens, batch, rows, device)
-        scored_from = min(w.first_scored for w in batch)
-        with autocast(device, dtype):
-            batch_losses = model(x, y, reduction="none", score_from=scored_from).double().cpu().numpy()
+    for batch, first, batch_losses, _ in _scored_batches(
+        model, tokens, plan, batch_tokens, device, dtype, progress, description
+    ):
+        batch_losses = batch_losses.cpu().numpy()
         for row, window in enumerate(batch):
             positions = np.arange(window.first_scored, window.length)  # window position p predicts start + 1 + p
-            targets = window.start + 1 + positions - first
-            losses[targets] = batch_losses[row, positions - scored_from]
+            targets = window.start + 1 + positions - first_target
+            losses[targets] = batch_losses[row, positions - first]
             contexts[targets] = positions + 1
     return losses, contexts
 
