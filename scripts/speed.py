@@ -16,7 +16,8 @@ as the training loop runs them. Printed per scheme:
      "config": {...}, "eval": {...}}
 
 or {"pe", "error"} for a scheme whose step raised (a kernel that does not compile, memory that runs out): the next
-scheme runs. Interrupted (SIGINT: Ctrl-C, ``timeout -s INT``), the schemes measured so far are still recorded.
+scheme runs, and the command then exits 1 with one line naming the failed schemes. Interrupted (SIGINT: Ctrl-C,
+``timeout -s INT``), the schemes measured so far are still recorded.
 
 Peak memory is evaluation/memory.py's PeakMemory, as in the evaluation's result rows: the most memory in use
 during the measured block (from before the model is built; for evaluation, with the trained weights in
@@ -290,6 +291,13 @@ def main(argv: list[str]) -> None:
             print_record(records[-1])
             torch._dynamo.reset()  # each scheme compiles its own model
             attention.flex_failure = None  # and tries FlexAttention afresh: one scheme's failure is not the next's
+        failed = [record["pe"] for record in records if "error" in record]
+        if failed:  # recorded, and still not a success
+            print(
+                f"error: {len(failed)} of {len(records)} schemes failed ({', '.join(failed)}); see their records",
+                file=sys.stderr,
+            )
+            raise SystemExit(1)
     finally:  # interrupted (Ctrl-C, or `timeout -s INT`), the schemes measured so far are still recorded
         if args.record and records:
             save_run(args.record, "scripts/speed.py", argv, records)

@@ -83,6 +83,24 @@ def test_a_failing_scheme_is_recorded_and_the_next_runs_and_an_interruption_keep
     ]
 
 
+def test_a_failed_scheme_makes_the_command_fail_after_recording_every_scheme(tmp_path, monkeypatch, capsys):
+    speed = load_script("speed")
+
+    def bench(cfg, args):
+        if cfg.pe.name == "alibi":
+            raise RuntimeError("out of resource: shared memory")
+        return {"pe": cfg.pe.name, "tokens_per_s": 1.0}
+
+    monkeypatch.setattr(speed, "bench_scheme", bench)
+    record = tmp_path / "runs.json"
+    with pytest.raises(SystemExit) as exit_info:
+        speed.main(["pe=rope,alibi,none", "--record", str(record)])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == "error: 1 of 3 schemes failed (alibi); see their records\n"
+    (run,) = json.loads(record.read_text())["runs"]
+    assert [r["pe"] for r in run["output"]] == ["rope", "alibi", "none"] and "error" in run["output"][1]
+
+
 FAKE_NANOGPT = """
 from dataclasses import dataclass
 import torch
