@@ -59,6 +59,15 @@ from model.temperature import temperature_label
 
 JSON_FILE = "extrapolation.json"
 CSV_FILE = "extrapolation.csv"
+# What a key-token row was selected with: a row of other settings is another measurement (row_key, key_label).
+KEY_SETTINGS = (
+    "key_short_length",
+    "key_short_stride",
+    "key_lsd_threshold",
+    "key_lcl_threshold",
+    "key_evaluator",
+    "key_evaluator_step",
+)
 CSV_COLUMNS = [
     "data",
     "length",
@@ -83,24 +92,10 @@ CSV_COLUMNS = [
     "measure",
     "key_share",
     "key_candidates",
-    "key_short_length",
-    "key_short_stride",
-    "key_lsd_threshold",
-    "key_lcl_threshold",
-    "key_evaluator",
-    "key_evaluator_step",
+    *KEY_SETTINGS,
 ]
 # A row of key-token perplexity (evaluation/key_tokens.py) says so in "measure"; a row without one is plain perplexity.
 KEY_TOKENS = "key_tokens"
-# What a key-token row was selected with: a row of other settings is another measurement (row_key, key_label).
-KEY_SETTINGS = (
-    "key_short_length",
-    "key_short_stride",
-    "key_lsd_threshold",
-    "key_lcl_threshold",
-    "key_evaluator",
-    "key_evaluator_step",
-)
 ROW_REQUIRED = {"length", "protocol", "stride", "ppl"}  # what every reader of a row relies on
 # Before "variation" and "variation_settings", a row held each evaluation-time setting of its scheme as a field of
 # its own (null where the scheme had none): the fields every scheme declares.
