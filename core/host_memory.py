@@ -6,7 +6,8 @@ default model, the head's logits and gradient, 50 MB each), so the kernel maps, 
 anew each time: at the default model a quarter of the training process's CPU time went to the kernel.
 
 - :func:`reused_freed_memory` (training): no mappings, and the heap never trimmed, so each step's large tensors
-  come from what the previous step freed. Left at its end, the heap is trimmed and the defaults restored.
+  come from what the previous step freed. Left at its end, the heap is trimmed and glibc's default limits restored
+  (its mmap threshold then stays where it was, no longer adapted: any mallopt setting turns that off).
 - :func:`return_freed_memory` (measuring memory): every block of 1 MiB or more its own mapping, so a resident
   peak is that of the live tensors, not of what earlier work left in the heap.
 
