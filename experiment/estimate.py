@@ -148,7 +148,7 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
 
     def layer_parts(scheme: PositionalEncoding) -> tuple[float, float]:
         """(attention layer's activations, attention's own) of a layer that runs ``scheme``."""
-        if backend == "math" or scheme.has_content_bias or scheme.has_attention_weights:  # the written-out path
+        if backend == "math" or scheme.has_content_bias or scheme.has_attention_weights or scheme.has_transitions:
             attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
         elif backend == "sdpa" and scheme.has_score_bias:
             # A block's mask, per row (CPU), cut from a per-head block: at most the budget, and 1/rows more.

@@ -49,6 +49,10 @@ gets its scaled, causally masked scores (-inf where hidden, as a content bias se
 weights, float32, and the output is those weights times v. Blocks of queries bound the memory as for softmax, and a KV
 cache changes nothing but the block's first query index. With no softmax there is no denominator for a sink: refused.
 
+A scheme whose logits carry each key to its query through per-token transitions (``pe.has_transitions``) always runs
+``math`` too: the layer computes those logits (``logits``, (B, H, Tq, Tk), unscaled) and each block of queries takes its
+rows in place of q . k; the scale, biases, mask and softmax follow as for any scheme.
+
 A cumulative bias (``pe.has_cumulative_bias``: FoX) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
 by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: sdpa
 folds it into q and k (float32, no cache: the fused causal kernel) or adds it to each materialised mask block,
@@ -107,8 +111,9 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device, 
     random positions, documents), not 0..T-1, so no distance table stands in for the scheme's score_bias."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
-    if pe.has_content_bias or pe.has_attention_weights or pe.score_window() is not None:
-        # the bias needs the scores themselves, two scores per pair, or weights that are not a softmax: no kernel
+    if pe.has_content_bias or pe.has_attention_weights or pe.has_transitions or pe.score_window() is not None:
+        # the bias needs the scores themselves, two scores per pair, weights that are not a softmax, or logits that are
+        # not q . k: no kernel
         return "math"
     if backend == "auto":
         biased = pe.has_score_bias or pe.has_cumulative_bias
@@ -164,21 +169,23 @@ def attend(
     sums: torch.Tensor | None = None,
     sink: torch.Tensor | None = None,
     kernel_options: dict | None = None,
+    logits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: (B, H, Tq, D), the last Tq of the keys; k, v: (B, H, Tk, D). ``state`` holds the positions (default:
     keys at 0 .. Tk-1); ``layer`` selects the scheme's per-layer parameters. With a ``capture`` list, the math
     path runs and its probabilities, float32 (B, H, Tq, Tk), are appended to it. ``sums``: the cumulative bias's
     c of every key, (B, H, Tk) float32, or None. ``sink``: (H,) sink logits, or None. ``kernel_options``:
-    FlexAttention's, for its kernels (None or empty: its defaults)."""
+    FlexAttention's, for its kernels (None or empty: its defaults). ``logits``: the scheme's transported logits of q
+    over k in place of q . k, (B, H, Tq, Tk), or None."""
     if state is None:
         state = default_state(pe, q.shape[-2], k.shape[-2], q.device)
     if capture is not None:
-        out, probs = _math_attention(q, k, v, pe, state, layer, sums, sink, keep_probs=True)
+        out, probs = _math_attention(q, k, v, pe, state, layer, sums, sink, keep_probs=True, logits=logits)
         capture.append(probs)
         return out
     backend = resolve_backend(backend, pe, q.device, state.explicit)
     if backend == "math":
-        return _math_attention(q, k, v, pe, state, layer, sums, sink)[0]
+        return _math_attention(q, k, v, pe, state, layer, sums, sink, logits=logits)[0]
     width = v.shape[-1]
     options = kernel_options or None
     if q.shape[-1] != width:
@@ -359,12 +366,12 @@ def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
 _RECOMPUTED_BLOCK = 128
 
 
-def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=False):
+def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=False, logits=None):
     """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
     (rows are independent; blocks bound the memory of long sequences, and with gradients each block is recomputed in
     the backward pass: ``_RECOMPUTED_BLOCK``); with a sink, softmax([sink, scores])
     without the sink's column; the scheme's own weights in place of softmax where it has them. Returns (output,
-    probabilities or None)."""
+    probabilities or None). ``logits``: the scheme's in place of q . k (see :func:`attend`)."""
     if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
         if sink is not None:
             raise PosGPTError(
@@ -387,7 +394,7 @@ def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=
             _distance_bias(pe, state, layer)  # made once, outside the recomputed blocks, which then all read it
     outputs, probabilities = [], []
     for start in range(0, Tq, block):
-        args = (q, k, v, pe, state, layer, start, min(Tq, start + block), sums, sink)
+        args = (q, k, v, pe, state, layer, start, min(Tq, start + block), sums, sink, logits)
         out, probs = checkpoint(_math_block, *args, use_reentrant=False) if recompute else _math_block(*args)
         outputs.append(out)
         if keep_probs:
@@ -395,12 +402,13 @@ def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=
     return torch.cat(outputs, dim=2), (torch.cat(probabilities, dim=2) if keep_probs else None)
 
 
-def _math_block(q, k, v, pe, state, layer, start, stop, sums, sink):
+def _math_block(q, k, v, pe, state, layer, start, stop, sums, sink, logits=None):
     """The written-out attention of queries start..stop-1 over every key: (output, probabilities). A pure
     function of its arguments (it may read the per-forward tables of ``state``, never add to them), so that
     ``_math_attention`` can run it again in the backward pass."""
     q_block = q[:, :, start:stop]
-    scores = (q_block @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    products = q_block @ k.transpose(-2, -1) if logits is None else logits[:, :, start:stop]
+    scores = products / math.sqrt(q.shape[-1])
     scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, sums)
     if pe.has_content_bias:
         scores = scores + pe.content_bias(q_block, scores, layer)

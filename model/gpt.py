@@ -176,7 +176,9 @@ class CausalSelfAttention(nn.Module):
         # documents packed into the row: a query attends the keys of its own document so far
         attended = None if state.documents is None else within_document_index(state.documents) + 1
         q = self.temperature(q, state.q_offset, attended)
-        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink, self.kernel_options)
+        logits = self._transported_logits(x, q, k, pe, cache, layer, pe_layer) if pe.has_transitions else None
+        options = self.kernel_options
+        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink, options, logits)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     @staticmethod
@@ -192,6 +194,24 @@ class CausalSelfAttention(nn.Module):
                 sums = torch.cat((previous, previous[..., -1:] + sums), dim=-1)
             cache.sums[layer] = cache.kept(sums, dim=-1)
         return sums
+
+    @staticmethod
+    def _transported_logits(
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        pe: PositionalEncoding,
+        cache: KVCache | None,
+        layer: int,
+        pe_layer: int,
+    ) -> torch.Tensor:
+        """The scheme's logits of the new queries over every key through the transitions of the tokens between them
+        (model/pe/base.py, hook 7), computed from the layer's input. The cache then keeps the keys carried through the
+        new tokens' transitions, in place of the keys as they came."""
+        logits, carried = pe.transported_scores(q, k, pe.transitions(x, pe_layer), carry=cache is not None)
+        if cache is not None:
+            cache.keys[layer] = cache.kept(carried)
+        return logits
 
     @staticmethod
     def _extend_cache(

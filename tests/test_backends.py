@@ -21,6 +21,7 @@ ALL = sorted(SCHEMES)
 BIAS = [name for name in ALL if SCHEMES[name].has_score_bias]
 CONTENT = [name for name in ALL if SCHEMES[name].has_content_bias]
 OWN_WEIGHTS = [name for name in ALL if SCHEMES[name].has_attention_weights]  # weights in place of softmax
+TRANSPORTED = [name for name in ALL if SCHEMES[name].has_transitions]  # logits other than q . k
 B, H, T, D = 2, 4, 40, 16
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -71,7 +72,8 @@ def assert_all_close(got, want, **tolerances):
 def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
     for name in ALL:
         pe = scheme(name)
-        if name in CONTENT + OWN_WEIGHTS:  # the scores themselves, or no softmax: always the written-out path
+        if name in CONTENT + OWN_WEIGHTS + TRANSPORTED:  # the scores themselves, no softmax, or logits not q . k:
+            # always the written-out path
             for backend in ("auto", "sdpa", "flex", "math"):
                 assert resolve_backend(backend, pe, torch.device("cuda")) == "math"
             continue
@@ -116,7 +118,7 @@ def test_sdpa_matches_math_with_a_kv_cache(name):
     assert_all_close(output_and_grads("sdpa", pe, q, k, v), output_and_grads("math", pe, q, k, v), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS + CONTENT + OWN_WEIGHTS])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS + CONTENT + OWN_WEIGHTS + TRANSPORTED])
 def test_sdpa_without_bias_is_causal_sdpa_with_no_mask(name, monkeypatch):
     """The flash-eligible call: is_causal=True and no materialised mask."""
     calls, sdpa = [], F.scaled_dot_product_attention

@@ -108,7 +108,7 @@ def test_recompilations_under_evaluation_are_bounded(name):
             torch.testing.assert_close(compiled(x, y, reduction="none"), model(x, y, reduction="none"))
     scheme = SCHEMES[name]
     blockwise = scheme.has_score_bias or scheme.has_content_bias or scheme.has_cumulative_bias  # loops over blocks
-    blockwise = blockwise or scheme.has_attention_weights
+    blockwise = blockwise or scheme.has_attention_weights or scheme.has_transitions  # loops over chunks too
     bound = len(lengths) if blockwise else 2
     assert counter.frame_count <= bound
 

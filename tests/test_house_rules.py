@@ -92,9 +92,9 @@ def test_the_scheme_is_registered_once_and_handed_to_every_layer():
     assert len(probs) == 3  # one per layer, through the argument
 
 
-# Scheme settings that are also ordinary words or API names elsewhere ("log scale", matplotlib's base=2,
-# reduction="none"): checked only where a string spells them as a setting (pe.base, pe=none).
-PLAIN_WORDS = {"none", "base", "scale", "p"}
+# Scheme names and settings that are also ordinary words or API names elsewhere ("log scale", matplotlib's base=2,
+# reduction="none", a file's path): checked only where a string spells them as a setting (pe.base, pe=none, pe=path).
+PLAIN_WORDS = {"none", "base", "scale", "p", "path"}
 # Deliberate mentions: (file, name, why).
 ALLOWED = {
     ("scripts/speed_nanogpt.py", "learned"),  # nanoGPT's own model (learned positions), not a posgpt scheme

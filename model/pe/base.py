@@ -1,6 +1,6 @@
 """The one interface every positional scheme implements.
 
-Position can enter a transformer in six places. A scheme overrides the hooks it uses and inherits no-ops
+Position can enter a transformer in seven places. A scheme overrides the hooks it uses and inherits no-ops
 for the rest:
 
 1. ``embed(positions)``      -> a vector per position, added to the token embeddings (sinusoidal, learned)
@@ -15,6 +15,10 @@ for the rest:
    computed from the scaled, causally masked scores of a block of queries (stick-breaking: order enters through
    the weights themselves); such a scheme always runs the written-out attention path, in blocks of queries, so its
    weights must treat each query's row on its own
+7. ``transitions(x, layer)`` and ``transported_scores(q, k, transitions, carry)`` -> the logit of query i over key j
+   taken through a linear map made of one transition per token between them, q_i . T_i T_{i-1} ... T_{j+1} k_j, each
+   T_t computed from the layer's input x (so from the data, per batch row and layer; PaTH's Householder-like
+   reflections); such a scheme always runs the written-out path, which takes these logits in place of q_i . k_j
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
@@ -36,6 +40,11 @@ A cumulative bias is data: the attention layer computes c = cumsum(g) over the s
 ``attend``, which adds c_i - c_j to the mask blocks (CPU), in the FlexAttention ``score_mod`` (GPU), or to the
 written-out scores; a KV cache keeps c of the cached keys so the sums continue across decoding steps. Positions
 do not enter it, so such a scheme alone does not use positions (``uses_positions``).
+
+Transported logits are data too: the attention layer hands the scheme the transitions of its new tokens and every key,
+and ``attend`` gets the logits of the new queries over all keys (model/gpt.py). A KV cache keeps each key carried
+through the transitions of every token after it (what ``carry`` returns), so that a new token only carries the cached
+keys through its own transitions.
 
 Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps,
 Self-Extend, ReRoPE and STRING): ``score_window()`` then returns the window W, ``rotate`` returns q and k with the two
@@ -183,6 +192,9 @@ class PositionalEncoding(nn.Module):
     # True when attention_weights is overridden: its weights replace softmax, so attention always runs the
     # written-out path (and has no softmax denominator for a sink logit).
     has_attention_weights: ClassVar[bool] = False
+    # True when transitions and transported_scores are overridden: each layer computes the logits from its input
+    # (model/gpt.py), and attention always runs the written-out path.
+    has_transitions: ClassVar[bool] = False
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
@@ -362,6 +374,21 @@ class PositionalEncoding(nn.Module):
         """The input of ``layer``'s attention, (B, T, C) -> the terms g, (B, H, T), whose cumulative sums c give
         the bias c_i - c_j of query i over key j (module docstring, hook 5)."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no cumulative bias")
+
+    def transitions(self, x: torch.Tensor, layer: int) -> Any:
+        """The input of ``layer``'s attention, (B, T, C) -> the transitions T_t of its tokens, in whatever form
+        ``transported_scores`` reads (module docstring, hook 7)."""
+        raise NotImplementedError(f"positional scheme {self.name!r} has no transitions")
+
+    def transported_scores(
+        self, q: torch.Tensor, k: torch.Tensor, transitions: Any, carry: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The new queries q (B, H, Tq, D) and every key k (B, H, Tk, D), cached ones first (already carried through
+        the transitions of every cached token after them), with the ``transitions`` of the Tq new tokens -> the logits
+        q_i . T_i ... T_{j+1} k_j, (B, H, Tq, Tk), unscaled and unmasked, float32 or wider; and with ``carry``, every
+        key carried through the transitions of every token after it, (B, H, Tk, D), which the KV cache keeps (None
+        without)."""
+        raise NotImplementedError(f"positional scheme {self.name!r} has no transported scores")
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

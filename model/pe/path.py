@@ -1,0 +1,193 @@
+"""PaTH attention (Yang, Shen, Wen, Tan, Mishra, Ren, Panda & Kim 2025, "PaTH Attention: Position Encoding via
+Accumulating Householder Transformations", NeurIPS 2025): no rotation and no bias of the distance; the key is carried
+to the query through one data-dependent Householder-like transition per token between them,
+
+    H_t  = I - beta_t w_t w_t^T,       w_t a unit vector and beta_t in (0, 2), both from the token's input x_t
+    A_ij = q_i^T (H_i H_{i-1} ... H_{j+1}) k_j        for j <= i (the empty product, I, for j = i)
+    o_i  = sum_{j<=i} softmax_j(A_ij / sqrt(d)) v_j
+
+per layer and head, so order enters through what the tokens between key and query do to it, not through a position.
+
+As in the paper's layer (flash-linear-attention's ``fla/layers/path_attn.py``, ``PaTHAttention``, one key head per
+query head): per layer, w_t = normalise(W_up W_down x_t) per head, a projection of rank ``pe.w_rank`` (32: the
+reference's ``nn.Linear(hidden, 32) -> nn.Linear(32, kv_dim)``, both without bias) of the normalised input of the
+attention; beta_t = 2 sigmoid(u_h^T x_t + b_h) (``bt_proj``, with bias), 2 so that H_t may have the eigenvalue
+1 - beta < 0. Weights N(0, model.init_std), biases 0 (so beta starts near 1); the biases are not decayed. The reference
+also runs a short causal convolution (3 taps, SiLU) over W_down x before the normalisation (``use_w_shortconv``); it is
+not part of this scheme: it would mix the inputs of neighbouring tokens into w, which the KV cache would then have to
+carry per layer and packed documents reset at their boundaries, for a local smoothing of w that the equation does not
+need.
+
+PaTH-FoX (``pe.forget_gate=true``; off by default, as the reference's ``use_forget_gate=False``): FoX's forget gate
+added to the logits, f_t = sigmoid(v_h^T x_t + c_h) per head, through the base interface's cumulative bias (hook 5):
+
+    A_ij / sqrt(d) + (sum_{l=j+1..i} log f_l) / sqrt(d)
+
+divided by sqrt(d) as the reference's kernels and naive code do (they add the gate before the scale), unlike FoX's own
+unscaled bias (model/pe/fox.py).
+
+How it is computed (model/pe/base.py, hook 7): the layer hands the scheme its per-token (w, beta) and the scheme
+returns A_ij for every new query over every key, which the written-out path scales, masks and softmaxes in blocks of
+queries. Within chunks of 64 tokens the product of transitions has the compact WY (UT) form: with W the chunk's w_t
+as rows and L = strictly lower (diag(beta) W W^T),
+
+    H_s ... H_0 = I - W^T mask_s Y,      Y = (I + L)^{-1} diag(beta) W      (mask_s: rows 0..s)
+
+one triangular solve per chunk, from which every query is carried back to its chunk's start, every key on to its
+chunk's end, and the scores within a chunk follow; across chunks, queries are carried back one chunk at a time (a
+rank-64 update per chunk, all chunks at once), so a sequence of T tokens takes T / 64 steps of batched products, with
+O(T^2 d) work as attention itself. In float32 (float64 stays float64) whatever q's dtype.
+
+KV cache. The cache keeps each key already carried through the transitions of every token after it (H is symmetric,
+so carrying the key forward is carrying the query back): a new token carries the cached keys through its H first, and
+its own key enters untransformed. Token positions are never read: randomized positions are refused as for NoPE.
+
+Cost on CPU: see docs/speed.md, "PaTH attention".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.domain import domain
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+
+# Tokens per chunk of the WY form: the reference's block size on a GPU; products within a chunk are (64 x 64) matrices.
+CHUNK = 64
+
+
+@dataclass
+class PaTHConfig(PEConfig):
+    name: str = "path"
+    w_rank: int = domain(32, ge=1)  # rank of the projection of x_t onto w_t (the reference's 32)
+    forget_gate: bool = False  # true: PaTH-FoX, FoX's forget gate on the logits (divided by sqrt(d))
+
+
+class PaTHPositionalEncoding(PositionalEncoding):
+    name = "path"
+    config_class = PaTHConfig
+    has_transitions = True
+
+    def __init__(self, cfg: PaTHConfig, dims: ModelDims) -> None:
+        super().__init__(cfg, dims)
+        L, H, C, std = dims.n_layer, dims.n_head, dims.n_embd, dims.init_std
+        self.w_down = nn.Parameter(torch.randn(L, cfg.w_rank, C) * std)
+        self.w_up = nn.Parameter(torch.randn(L, H * dims.head_dim, cfg.w_rank) * std)
+        self.beta_weight = nn.Parameter(torch.randn(L, H, C) * std)
+        self.beta_bias = nn.Parameter(torch.zeros(L, H))
+        # The gate's parameters exist only when it is on (a checkpoint without the gate has none).
+        self.has_cumulative_bias = cfg.forget_gate
+        if cfg.forget_gate:
+            self.gate_weight = nn.Parameter(torch.randn(L, H, C) * std)
+            self.gate_bias = nn.Parameter(torch.zeros(L, H))
+
+    def no_weight_decay(self) -> list[nn.Parameter]:
+        return [self.beta_bias] + ([self.gate_bias] if self.cfg.forget_gate else [])
+
+    def transitions(self, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input x (B, T, C) -> (w, beta): unit vectors (B, H, T, D) and beta in (0, 2), (B, H, T)."""
+        B, T, _ = x.shape
+        w = F.linear(F.linear(x, self.w_down[layer]), self.w_up[layer])
+        w = F.normalize(w.view(B, T, self.dims.n_head, -1).transpose(1, 2), dim=-1)
+        beta = 2 * torch.sigmoid(F.linear(x, self.beta_weight[layer], self.beta_bias[layer]))
+        return w, beta.transpose(1, 2)
+
+    def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """log f_t / sqrt(d), (B, H, T) float32, from the layer's input x (B, T, C): PaTH-FoX's gate."""
+        logits = F.linear(x, self.gate_weight[layer], self.gate_bias[layer])
+        return F.logsigmoid(logits.float()).transpose(1, 2) / math.sqrt(self.dims.head_dim)
+
+    def transported_scores(
+        self, q: torch.Tensor, k: torch.Tensor, transitions: tuple[torch.Tensor, torch.Tensor], carry: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A_ij of the module docstring, (B, H, Tq, Tk) float32 (float64 for float64 q), of the new queries q (B, H,
+        Tq, D) over the keys k (B, H, Tk, D): the cached ones first, already carried to the last cached token, then the
+        Tq new ones, whose ``transitions`` (w, beta) these are. With ``carry``, also every key carried through all of
+        them, (B, H, Tk, D) in k's dtype, for the cache."""
+        w, beta = transitions
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        n_new = q.shape[-2]
+        cached, new = k[..., : k.shape[-2] - n_new, :].to(dtype), k[..., k.shape[-2] - n_new :, :]
+        chunk = min(CHUNK, n_new)
+        q, new, w = (_chunked(t.to(dtype), chunk) for t in (q, new, w))
+        beta = _chunked(beta.to(dtype)[..., None], chunk)[..., 0]
+        local, q_start, k_end, y = _within_chunks(q, new, w, beta)
+        scores, q_back = _across_chunks(local, q_start, k_end, w, y, need_back=cached.shape[-2] > 0)
+        scores = scores[..., :n_new, :n_new]
+        if q_back is not None:
+            scores = torch.cat((q_back[..., :n_new, :] @ cached.transpose(-2, -1), scores), dim=-1)
+        carried = _carried_keys(cached, k_end, w, y)[..., : k.shape[-2], :].to(k.dtype) if carry else None
+        return scores, carried
+
+
+def _chunked(t: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(B, H, T, D) -> (B, H, N, chunk, D), zeros after the last token (a zero beta is the identity transition)."""
+    pad = -t.shape[-2] % chunk
+    t = F.pad(t, (0, 0, 0, pad))
+    return t.view(*t.shape[:-2], t.shape[-2] // chunk, chunk, t.shape[-1])
+
+
+def _within_chunks(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per chunk (all (B, H, N, C, .), tokens s, j, i of the chunk):
+
+    - the scores within it, q_i^T H_i ... H_{j+1} k_j (for j <= i; the rest is masked later);
+    - each query carried back to the chunk's start, q_i^T H_i ... H_0;
+    - each key carried on to the chunk's end, H_{C-1} ... H_{j+1} k_j;
+    - Y of the WY form H_{C-1} ... H_0 = I - W^T Y.
+
+    Carrying a vector v through H_s ... takes off w_s a_s with a_s = beta_s w_s^T v - beta_s sum_{r<s} (w_s^T w_r)
+    a_r, a triangular system (I + L) a = beta W v: Y solves it for the rows of W, Z for the keys (its column j is zero
+    down to row j, as key j meets the transitions after it only)."""
+    C = w.shape[-2]
+    lower = torch.ones(C, C, dtype=torch.bool, device=w.device).tril(-1)
+    wb = w * beta[..., None]
+    system = (wb @ w.transpose(-2, -1)).masked_fill(~lower, 0)
+    rhs = torch.cat((wb, (wb @ k.transpose(-2, -1)).masked_fill(~lower, 0)), dim=-1)
+    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    y, z = solved[..., : w.shape[-1]], solved[..., w.shape[-1] :]
+    qw = (q @ w.transpose(-2, -1)).tril()  # q_i . w_s for the transitions s <= i the query passes
+    local = q @ k.transpose(-2, -1) - qw @ z
+    return local, q - qw @ y, k - z.transpose(-2, -1) @ w, y
+
+
+def _across_chunks(
+    local: torch.Tensor, q_start: torch.Tensor, k_end: torch.Tensor, w: torch.Tensor, y: torch.Tensor, need_back: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every score, (B, H, N C, N C) (zero above the chunks' diagonal), from the chunks' own (``local``) and
+    those of query chunk n over key chunk m < n: n's queries, carried back to their chunk's start, then through chunks
+    n-1 .. m+1, times m's keys carried to m's end. Step s does every pair n - m = s at once, then carries the queries
+    through chunk m. With ``need_back``, also every query carried back to the first token (B, H, N C, D)."""
+    B, H, N, C, _ = local.shape
+    blocks = local.new_zeros(B, H, N, C, N, C)
+    diagonal = torch.arange(N, device=local.device)
+    blocks[:, :, diagonal, :, diagonal] = local.permute(2, 0, 1, 3, 4)
+    queries, back = q_start[:, :, 1:], [q_start[:, :, :1]]
+    for s in range(1, N):
+        keys = k_end[:, :, : N - s]
+        blocks[:, :, diagonal[s:], :, diagonal[: N - s]] = (queries @ keys.transpose(-2, -1)).permute(2, 0, 1, 3, 4)
+        if s == N - 1 and not need_back:
+            break
+        queries = queries - (queries @ w[:, :, : N - s].transpose(-2, -1)) @ y[:, :, : N - s]
+        back.append(queries[:, :, :1])
+        queries = queries[:, :, 1:]
+    scores = blocks.view(B, H, N * C, N * C)
+    return scores, (torch.cat(back, dim=2).view(B, H, N * C, -1) if need_back else None)
+
+
+def _carried_keys(cached: torch.Tensor, k_end: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Every key carried through the transitions of every token after it: the cached keys through every chunk, each
+    chunk's keys (carried to its end) through the chunks after it; (B, H, P + N C, D)."""
+    keys = cached
+    for c in range(k_end.shape[2]):
+        keys = torch.cat((keys - (keys @ y[:, :, c].transpose(-2, -1)) @ w[:, :, c], k_end[:, :, c]), dim=-2)
+    return keys
+
+
+RECORD = SchemeRecord("path", colour="#dbdb8d", display_name="PaTH")
