@@ -168,6 +168,8 @@ def _across_chunks(
     n-1 .. m+1, times m's keys carried to m's end. Step s does every pair n - m = s at once, then carries the queries
     through chunk m. With ``need_back``, also every query carried back to the first token (B, H, N C, D)."""
     B, H, N, C, _ = local.shape
+    if N == 1:  # one chunk (the training lengths, a decoding step): its own scores are all of them
+        return local.view(B, H, C, C), (q_start.view(B, H, C, -1) if need_back else None)
     blocks = local.new_zeros(B, H, N, C, N, C)
     diagonal = torch.arange(N, device=local.device)
     blocks[:, :, diagonal, :, diagonal] = local.permute(2, 0, 1, 3, 4)
