@@ -137,7 +137,7 @@ def reference_run(runner: Runner) -> Path:
     """An uninterrupted single-process run of STEPS steps, made once per session (a read-only fixture)."""
     if runner.base not in _REFERENCES:
         run_dir = runner.base / "reference"
-        done = runner.train(run_dir, f"train.max_steps={STEPS}")
+        done = runner.train_here(run_dir, f"train.max_steps={STEPS}")
         assert done.returncode == 0, done.stderr
         _REFERENCES[runner.base] = run_dir
     return _REFERENCES[runner.base]

@@ -61,6 +61,7 @@ def numeric_keys(config: typing.Any) -> Iterator[NumericKey]:
     return (key for key in fuzz_cli.schema_keys(config) if key.kind in (int, float))
 
 
+@functools.cache
 def schema_keys(pe: str) -> list[NumericKey]:
     return list(numeric_keys(OmegaConf.to_object(schema(pe))))
 

@@ -34,7 +34,7 @@ def existing_run(reference, tmp_path_factory):
 
 
 def test_unknown_scheme_lists_the_options(cli, existing_run):
-    done = cli.train(existing_run, "pe=fourier")
+    done = cli.train_here(existing_run, "pe=fourier")
     assert_one_line_error(done, "Could not find 'pe/fourier'", "Available options in 'pe': alibi, cope, fire, fox")
 
 

@@ -265,5 +265,5 @@ def test_a_bad_parent_checkpoint_is_one_line(cli, tmp_path, garbage):
 def test_a_run_directory_that_is_a_file_is_one_line(cli, tmp_path):
     in_the_way = tmp_path / "run"
     in_the_way.write_text("notes")
-    assert_one_line_error(cli.train(in_the_way), f"cannot make the directory {in_the_way}: a file is in the way")
+    assert_one_line_error(cli.train_here(in_the_way), f"cannot make the directory {in_the_way}: a file is in the way")
     assert in_the_way.read_text() == "notes"

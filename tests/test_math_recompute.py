@@ -157,7 +157,9 @@ def test_every_written_out_scheme_trains_the_same_in_recomputed_blocks(name, mon
         return attention._math_block(q, k, v, pe, state, layer, 0, q.shape[-2], None, None)[0]
 
     monkeypatch.setattr(
-        attention, "_math_attention", lambda q, k, v, pe, state, layer, *rest: (one_block(q, k, v, pe, layer), None)
+        attention,
+        "_math_attention",
+        lambda q, k, v, pe, state, layer, *rest, **options: (one_block(q, k, v, pe, layer), None),
     )
     want = output_and_grads("math", pe, q, k, v, layer=1)
     monkeypatch.undo()

@@ -236,11 +236,12 @@ def test_compare_claims_differences_only_between_rows_that_scored_the_same_token
 
 @pytest.mark.slow
 def test_train_records_its_backend_and_eval_of_another_corpus_keeps_the_validation_rows(cli, tmp_path):
-    """Through the command lines: metrics.jsonl names the backend and dtype; eval.py of another file under
-    the training data's name adds rows beside the validation rows, and scoring the same again replaces them."""
+    """Through train.py and eval.py as a command line runs them (in this process): metrics.jsonl names the backend
+    and dtype; eval.py of another file under the training data's name adds rows beside the validation rows, and
+    scoring the same again replaces them."""
     run_dir = tmp_path / "run"
     lengths = ["eval.length_multipliers=[1,2]", "eval.protocols=[nonoverlapping]", "eval.max_tokens=256"]
-    done = cli.train(run_dir, "train.max_steps=2", "train.eval_after=true", *lengths)
+    done = cli.train_here(run_dir, "train.max_steps=2", "train.eval_after=true", *lengths)
     assert done.returncode == 0, done.stderr
     assert "attn_backend=sdpa" in done.stdout
     assert {"step": 0, "attn_backend": "sdpa", "dtype": "float32"} in read_metrics(run_dir)
@@ -249,12 +250,12 @@ def test_train_records_its_backend_and_eval_of_another_corpus_keeps_the_validati
     assert {(row["split"], row["attn_backend"], row["dtype"]) for row in validation} == {("val", "sdpa", "float32")}
     other = tmp_path / "other.txt"
     other.write_text((STDLIB / "difflib.py").read_text()[:20_000])
-    done = cli.eval(run_dir, f"data.files=[{other}]", "logging.progress=false")  # data.name is still "text"
+    done = cli.eval_here(run_dir, f"data.files=[{other}]", "logging.progress=false")  # data.name is still "text"
     assert done.returncode == 0, done.stderr
     assert "replaced" not in done.stdout
     rows = json.loads(path.read_text())["results"]
     assert [row for row in rows if row["split"] == "val"] == validation and len(rows) == 2 * len(validation)
-    done = cli.eval(run_dir, f"data.files=[{other}]", "logging.progress=false")
+    done = cli.eval_here(run_dir, f"data.files=[{other}]", "logging.progress=false")
     assert "eval: replaced 2 earlier rows of the same measurement (data text" in done.stdout
 
 

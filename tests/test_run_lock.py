@@ -113,7 +113,7 @@ def snapshot(directory):
 @pytest.mark.slow
 def test_resuming_a_finished_run_changes_nothing(cli, finished_run):
     before = snapshot(finished_run)
-    done = cli.train(finished_run, f"train.max_steps={STEPS}", "train.resume=true")
+    done = cli.train_here(finished_run, f"train.max_steps={STEPS}", "train.resume=true")
     assert done.returncode == 0, done.stderr
     assert "nothing to do" in done.stdout
     assert snapshot(finished_run) == before  # .hydra/, train.log and no lock file left either
@@ -121,7 +121,7 @@ def test_resuming_a_finished_run_changes_nothing(cli, finished_run):
 
 @pytest.mark.slow
 def test_a_refused_command_leaves_no_run_directory(cli, tmp_path):
-    done = cli.train(tmp_path / "2026-01-01" / "10-00-00-learned", "train.max_steps=0")
+    done = cli.train_here(tmp_path / "2026-01-01" / "10-00-00-learned", "train.max_steps=0")
     assert_one_line_error(done, "train.max_steps=0 is out of its domain")
     assert list(tmp_path.iterdir()) == []
 
@@ -154,7 +154,7 @@ def test_one_training_per_run_directory_and_resume_after_kill_9(cli, tmp_path):
     try:
         wait_for_step(first, run_dir, 6)
         for extra in ([], ["train.resume=true"]):  # a second fresh run, or a resume, of the running one
-            second = cli.train(run_dir, "train.max_steps=10", *extra)
+            second = cli.train_here(run_dir, "train.max_steps=10", *extra)
             assert_one_line_error(second, f"{run_dir} is in use by train.py", f"pid {first.pid}")
         assert first.poll() is None  # the first run goes on
     finally:
@@ -162,7 +162,7 @@ def test_one_training_per_run_directory_and_resume_after_kill_9(cli, tmp_path):
         first.wait(timeout=TIMEOUT_S)
     assert (run_dir / LOCK_FILE).exists()
     saved = load_checkpoint(run_dir)["step"]
-    resumed = cli.train(run_dir, f"train.max_steps={saved + 2}", "train.resume=true")
+    resumed = cli.train_here(run_dir, f"train.max_steps={saved + 2}", "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stdout and not (run_dir / LOCK_FILE).exists()
 
@@ -197,7 +197,7 @@ def test_an_output_never_overwrites_an_input_or_a_runs_own_files(tmp_path):
 def evaluated_run(cli, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("outputs") / "evaluated"
     shutil.copytree(reference_run(cli), run_dir)
-    done = cli.eval(run_dir, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
+    done = cli.eval_here(run_dir, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
     assert done.returncode == 0, done.stderr
     return run_dir
 
@@ -207,7 +207,7 @@ def evaluated_run(cli, tmp_path_factory):
 def test_compare_refuses_to_write_over_a_runs_results(cli, evaluated_run, option):
     before = snapshot(evaluated_run)
     target = evaluated_run / "eval" / ("extrapolation.json" if option == "--markdown" else "ppl_vs_length.png")
-    done = cli.run([sys.executable, "scripts/compare.py", str(evaluated_run), option, str(target)])
+    done = cli.here("scripts/compare.py", str(evaluated_run), option, str(target))
     assert_one_line_error(done, f"{option} {target}", "nothing was written")
     assert snapshot(evaluated_run) == before
 
@@ -215,6 +215,6 @@ def test_compare_refuses_to_write_over_a_runs_results(cli, evaluated_run, option
 @pytest.mark.slow
 def test_export_refuses_to_write_over_what_it_exports(cli, evaluated_run):
     before = snapshot(evaluated_run)
-    done = cli.run([sys.executable, "scripts/export_results.py", str(evaluated_run), "--to", str(evaluated_run.parent)])
+    done = cli.here("scripts/export_results.py", str(evaluated_run), "--to", str(evaluated_run.parent))
     assert_one_line_error(done, "would overwrite", "nothing was written")
     assert snapshot(evaluated_run) == before

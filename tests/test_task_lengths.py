@@ -188,7 +188,7 @@ SMALL_PASSKEY = [  # passkey at half its length, with its own model: learns in ~
 def small_passkey(cli) -> Path:
     run = cli.base / "passkey-below-1x"
     if not (run / "eval" / "tasks.json").exists():
-        done = cli.train(run, *SMALL_PASSKEY)
+        done = cli.train_here(run, *SMALL_PASSKEY)
         assert done.returncode == 0, done.stderr
     return run
 

@@ -22,7 +22,7 @@ def passkey_run(cli):
     """pe=learned (TINY's scheme, seq_len 16) on passkey, evaluated when training ends (a 3-symbol key, so that
     the task's 0.5x, 8 tokens, fits)."""
     run_dir = cli.base / "task-passkey"
-    done = cli.train(
+    done = cli.train_here(
         run_dir, "task=passkey", "task.key_len=3", "train.max_steps=6", "train.eval_after=true", *QUICK_EVAL
     )
     assert done.returncode == 0, done.stderr
@@ -32,7 +32,7 @@ def passkey_run(cli):
 @pytest.fixture(scope="module")
 def mqar_run(cli):
     run_dir = cli.base / "task-mqar"
-    done = cli.train(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=8")
+    done = cli.train_here(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=8")
     assert done.returncode == 0, done.stderr
     return run_dir
 
@@ -61,10 +61,10 @@ def test_a_task_run_writes_accuracy_by_length_and_depth(passkey_run):
 
 
 def test_eval_measures_variations_and_accumulates(cli, mqar_run):
-    done = cli.eval(mqar_run, "eval.lengths=[16,64]", "eval.variations=[none,yarn:4]", *QUICK_EVAL)
+    done = cli.eval_here(mqar_run, "eval.lengths=[16,64]", "eval.variations=[none,yarn:4]", *QUICK_EVAL)
     assert done.returncode == 0, done.stderr
     assert "effective length" in done.stdout
-    done = cli.eval(mqar_run, "eval.lengths=[32]", "eval.task_half_width=0.3")
+    done = cli.eval_here(mqar_run, "eval.lengths=[32]", "eval.task_half_width=0.3")
     assert done.returncode == 0, done.stderr
     rows = json.loads((mqar_run / "eval" / "tasks.json").read_text())["results"]
     cells = {(r["length"], r["variation_settings"]["scaling"]["type"], r["n"]) for r in rows}
@@ -74,7 +74,7 @@ def test_eval_measures_variations_and_accumulates(cli, mqar_run):
 
 @pytest.mark.parametrize("override", ["task.n_pairs=3", "task=passkey", "model.vocab_size=100"])
 def test_eval_refuses_what_would_change_the_trained_task(cli, mqar_run, override):
-    assert_one_line_error(cli.eval(mqar_run, override), "cannot be changed for an evaluation")
+    assert_one_line_error(cli.eval_here(mqar_run, override), "cannot be changed for an evaluation")
 
 
 @pytest.mark.parametrize(
@@ -102,9 +102,9 @@ def test_train_refuses_a_copy_probe_it_could_not_run_before_writing(cli):
 
 def test_a_task_run_resumes_exactly(cli, mqar_run):
     run_dir = cli.base / "task-mqar-resumed"
-    first = cli.train(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=4")
+    first = cli.train_here(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=4")
     assert first.returncode == 0, first.stderr
-    second = cli.train(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=8", "train.resume=true")
+    second = cli.train_here(run_dir, "task=mqar", "pe=rope", "task.n_pairs=2", "train.max_steps=8", "train.resume=true")
     assert second.returncode == 0, second.stderr
     assert train_losses(run_dir) == train_losses(mqar_run)
 
@@ -113,7 +113,7 @@ def test_copy_probe_on_a_language_model_run(cli):
     run_dir = cli.base / "probe-run"  # a copy: the shared reference run stays read-only
     shutil.copytree(reference_run(cli) / "checkpoints", run_dir / "checkpoints")
     probe = ["eval.tasks=[copy_probe]", "eval.copy_span=4", "eval.task_half_width=0.3", "eval.lengths=[16,32]"]
-    done = cli.eval(run_dir, *probe, "eval.protocols=[nonoverlapping]")
+    done = cli.eval_here(run_dir, *probe, "eval.protocols=[nonoverlapping]")
     assert done.returncode == 0, done.stderr
     rows = json.loads((run_dir / "eval" / "tasks.json").read_text())["results"]
     assert {(r["length"], r["distance"]) for r in rows} == {(16, 12), (32, 12), (32, 28)}
@@ -129,7 +129,7 @@ def test_copy_probe_on_a_language_model_run(cli):
     assert {row["copy_candidates"] for row in rows} == {50256} and {row["copy_min_count"] for row in rows} == {0}
 
     # spans of frequent training tokens only: rows beside the first probe's, never replacing them
-    frequent = cli.eval(run_dir, *probe, "eval.protocols=[nonoverlapping]", "eval.copy_min_count=3")
+    frequent = cli.eval_here(run_dir, *probe, "eval.protocols=[nonoverlapping]", "eval.copy_min_count=3")
     assert frequent.returncode == 0, frequent.stderr
     rows = json.loads((run_dir / "eval" / "tasks.json").read_text())["results"]
     assert sorted(row["copy_min_count"] for row in rows) == [0, 0, 0, 3, 3, 3]
@@ -138,7 +138,7 @@ def test_copy_probe_on_a_language_model_run(cli):
     assert (run_dir / "eval" / "distance_length_copy_min_count=3.png").exists()
     assert not (run_dir / "eval" / "distance_length.png").exists()  # it held the first probe alone
     before = (run_dir / "eval" / "tasks.json").read_text()
-    refused = cli.eval(run_dir, *probe, "eval.protocols=[nonoverlapping]", "eval.copy_min_count=1000000000")
+    refused = cli.eval_here(run_dir, *probe, "eval.protocols=[nonoverlapping]", "eval.copy_min_count=1000000000")
     assert_one_line_error(refused, "eval.copy_min_count=1000000000 leaves 0 token(s)")
     assert (run_dir / "eval" / "tasks.json").read_text() == before
     assert "eval: wrote" not in refused.stdout  # refused before the perplexity evaluation, not after it
