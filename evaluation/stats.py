@@ -13,6 +13,7 @@ sides, so it is never "clearly different" from anything: a diverged seed is show
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,10 +45,12 @@ def t_two_sided_probability(t: float, df: int) -> float:
     return sin * total
 
 
+@functools.cache
 def t_critical(df: int, confidence: float = 0.95) -> float:
     """The t such that P(|T| < t) = ``confidence`` for ``df`` degrees of freedom (12.706 for df=1 at 95%).
 
-    Found by bisection on the exact two-sided probability, which increases with t.
+    Found by bisection on the exact two-sided probability, which increases with t; once per (df, confidence) in a
+    process (a comparison asks for the same few thousands of times).
     """
     low, high = 0.0, 1.0
     while t_two_sided_probability(high, df) < confidence:

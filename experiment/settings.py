@@ -8,6 +8,7 @@ touch the settings below; anything else is refused with one line that names the 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -66,6 +67,7 @@ def eval_settings(pe_name: str) -> tuple[str, ...]:
     return (*EVAL_SETTINGS, *(f"pe.{field}" for field in (scheme.eval_time_settings if scheme else ())))
 
 
+@functools.cache  # a comparison asks it of every key of every run it loads
 def may_change(key: str, allowed: tuple[str, ...]) -> bool:
     """Whether dotted ``key`` (or a whole group such as ``data``) is, or lies under, one of ``allowed``."""
     return any(
@@ -131,7 +133,7 @@ def trained_config(saved_config: dict) -> DictConfig:
             OmegaConf.update(saved, key, value, force_add=True)
     cfg = schema(saved["pe"]["name"], task_name)
     try:
-        return OmegaConf.merge(cfg, saved)
+        return OmegaConf.unsafe_merge(cfg, saved)  # both are this function's own: no copies needed (1/3 faster)
     except OmegaConfBaseException as error:
         raise PosGPTError(f"the checkpoint's config does not fit this posgpt's schema: {one_line(error)}") from None
 
