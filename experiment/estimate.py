@@ -38,6 +38,9 @@ MATH_SCORE_COPIES = 8
 # Tensors of B x H x block x T at the peak of a block recomputed in the backward pass: those it keeps, and as many
 # gradients of them.
 MATH_BLOCK_PEAK_COPIES = 2 * MATH_SCORE_COPIES
+# Tensors of B x H x T^2 a layer with transported logits keeps for backward: the logits (the blocks' input) and what
+# its chunked products keep, about twice as much (PaTH at 256 and 512 tokens, `scripts/estimate.py pe=path --measure`).
+TRANSPORTED_KEPT_COPIES = 3
 
 
 @dataclass
@@ -114,7 +117,9 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
     def layer_bytes(scheme: PositionalEncoding) -> float:
         math_kept = 0 if recomputed else MATH_SCORE_COPIES * scores * 4
         kept = {"math": math_kept, "sdpa": scores / 2 * act if scheme.has_score_bias else 0}
-        return tokens * (19 if _rotates(scheme) else 17) * m.n_embd * act + kept.get(backend(scheme), 0)
+        # transported logits (model/pe/base.py, hook 7) are made whole before the blocks
+        transported = TRANSPORTED_KEPT_COPIES * scores * 4 if scheme.has_transitions else 0
+        return tokens * (19 if _rotates(scheme) else 17) * m.n_embd * act + kept.get(backend(scheme), 0) + transported
 
     schemes = [scheme for scheme, _ in model.pe.layer_schemes()]
     written_out = recomputed and any(backend(scheme) == "math" for scheme in schemes)
@@ -150,6 +155,8 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
         """(attention layer's activations, attention's own) of a layer that runs ``scheme``."""
         if backend == "math" or scheme.has_content_bias or scheme.has_attention_weights or scheme.has_transitions:
             attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
+            if scheme.has_transitions:  # the layer's whole logits, float32, made before the blocks cut them
+                attention_bytes += scores * 4
         elif backend == "sdpa" and scheme.has_score_bias:
             # A block's mask, per row (CPU), cut from a per-head block: at most the budget, and 1/rows more.
             attention_bytes = min(scores, budget) * act * (1 + 1 / rows)
