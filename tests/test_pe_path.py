@@ -12,13 +12,12 @@ The reference computes in float32 whatever its inputs: against it within 1e-4 (i
 differently; a wrong transition is off by O(1)). Our float64 against the explicit products within 1e-10.
 """
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from fla_naive import naive_reference
 
 import model.pe.path as path_module
 from core.errors import PosGPTError
@@ -34,19 +33,7 @@ FLOAT64 = {"rtol": 1e-10, "atol": 1e-10}
 AGAINST_REFERENCE = {"rtol": 1e-4, "atol": 1e-4}
 
 
-def load_naive_reference():
-    """fla's naive_path_attn, from its file: importing the package would import its Triton kernels."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None:
-        raise ModuleNotFoundError("fla-core is a test dependency: pip install -r requirements-dev.txt")
-    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / "path_attn" / "naive.py"
-    module_spec = importlib.util.spec_from_file_location("fla_path_naive", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.naive_path_attn
-
-
-naive_path_attn = load_naive_reference()
+naive_path_attn = naive_reference("path_attn", "naive_path_attn")
 
 
 def scheme(**settings):

@@ -14,13 +14,12 @@ Comparisons in float64 are within 1e-9, far above float64's rounding (1e-16) on 
 within 1e-5.
 """
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from fla_naive import naive_reference
 from test_compile import assert_same_training
 
 import model.attention as attention
@@ -37,19 +36,7 @@ FLOAT64 = {"rtol": 1e-9, "atol": 1e-12}
 FLOAT32 = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def load_naive_reference():
-    """fla's naive_stickbreaking_attn, from its file: importing the package would import its Triton kernels."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None:
-        raise ModuleNotFoundError("fla-core is a test dependency: pip install -r requirements-dev.txt")
-    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / "stickbreaking_attn" / "naive.py"
-    module_spec = importlib.util.spec_from_file_location("fla_stickbreaking_naive", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.naive_stickbreaking_attn
-
-
-naive_stickbreaking_attn = load_naive_reference()
+naive_stickbreaking_attn = naive_reference("stickbreaking_attn", "naive_stickbreaking_attn")
 
 
 def scheme(attend_current: bool = False):
