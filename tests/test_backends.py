@@ -73,9 +73,10 @@ def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
     for name in ALL:
         pe = scheme(name)
         if name in CONTENT + OWN_WEIGHTS + TRANSPORTED:  # the scores themselves, no softmax, or logits not q . k:
-            # always the written-out path
-            for backend in ("auto", "sdpa", "flex", "math"):
-                assert resolve_backend(backend, pe, torch.device("cuda")) == "math"
+            # always the written-out path, on every device
+            for device in ("cpu", "cuda"):
+                for backend in ("auto", "sdpa", "flex", "math"):
+                    assert resolve_backend(backend, pe, torch.device(device)) == "math"
             continue
         assert resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
         assert resolve_backend("flex", pe, torch.device("cpu")) == "flex"  # eager, forward only
