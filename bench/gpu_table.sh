@@ -2,17 +2,21 @@
 # The GPU table: the CUDA-only tests, train.py and its evaluation end to end on a task, and every benchmark of
 # bench/README.md ("GPU: how to measure and commit"), recorded in ONE results file per GPU, with the table
 # docs/speed.md takes. In three parts whose steps' time limits add up to 8 minutes each, so that a part fits a
-# 10-minute command; without --part, the three in turn:
+# 10-minute job; without --part, the three in turn:
 #
-#   bash bench/gpu_table.sh OUT_DIR [--part 1|2|3] [/path/to/nanoGPT/model.py]
+#   bash bench/gpu_table.sh OUT_DIR [--part 1|2|3[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]
 #
-#   part 1: every bias scheme compiled beside compiled RoPE (GPT-2 small, 1,024 tokens, batch 16): training
-#           tokens/s and peak memory, and scoring 16K tokens (FlexAttention; a bias of the distance alone read from
-#           its table per distance); then the schemes with such a table under other FlexAttention kernel options.
-#   part 2: the CUDA-only tests beside train.py on passkey (RoPE, FoX); CoPE compiled (its written-out attention in
-#           blocks of queries recomputed in the backward pass); every scheme eager.
+#   part 1: correctness first: the CUDA-only tests beside train.py on passkey (RoPE, FoX); then every bias scheme
+#           compiled beside compiled RoPE (GPT-2 small, 1,024 tokens, batch 16): training tokens/s and peak memory,
+#           and scoring 16K tokens (FlexAttention; a bias of the distance alone read from its table per distance);
+#           a scheme of that kind that did not run FlexAttention is measured again under two other kernel options.
+#   part 2: CoPE compiled (its written-out attention in blocks of queries recomputed in the backward pass); every
+#           scheme eager, RoPE and the schemes without a kernel of their own first.
 #   part 3: the fused loss on GPU; the bias schemes through SDPA's blockwise masks instead of FlexAttention; the
 #           memory model's prediction beside the measured peak (RoPE, CoPE); nanoGPT at the same size.
+#
+# --budget: the seconds all the chosen parts may take together (a job with a wall-clock limit): each step's time
+# limit is cut to what is left, and a step that would get under 30 s is skipped (said in its log).
 #
 # Every part appends to OUT_DIR/<date>-<gpu>.json (the date of the first part run into OUT_DIR on that GPU: commit it
 # under bench/results/) and writes OUT_DIR/table.md from all it holds (tokens/s, MFU, peak memory and the ratios to
@@ -25,15 +29,17 @@
 # along with the checkout: bench/gpu_env.sh puts its packages on the path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bash bench/gpu_table.sh OUT_DIR [--part 1|2|3] [/path/to/nanoGPT/model.py]"
+usage="usage: bash bench/gpu_table.sh OUT_DIR [--part 1|2|3[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]"
 [[ $# -ge 1 ]] || { echo "$usage" >&2; exit 2; }
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || exit
 shift
 parts="1 2 3"
 nanogpt=""
+deadline=""
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --part) [[ ${2:-} =~ ^[123]$ ]] || { echo "$usage" >&2; exit 2; }; parts=$2; shift 2 ;;
+    --part) [[ ${2:-} =~ ^[123](,[123])*$ ]] || { echo "$usage" >&2; exit 2; }; parts=${2//,/ }; shift 2 ;;
+    --budget) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { echo "$usage" >&2; exit 2; }; deadline=$((SECONDS + $2)); shift 2 ;;
     -*) echo "$usage" >&2; exit 2 ;;
     *) nanogpt=$1; shift ;;
   esac
@@ -49,48 +55,57 @@ gpt2=(model=gpt2 train.seq_len=1024 train.batch_size=16 --warmup 5 --steps 10 --
 registry() {  # registry EXPRESSION: the registered schemes whose class satisfies it (c), comma-separated
   python -c "from model.pe import SCHEMES; print(','.join(sorted(n for n, c in SCHEMES.items() if $1)))"
 }
+limit_for() {  # limit_for LIMIT: LIMIT, or less where --budget leaves less; 0 when under 30 s would be left
+  local limit=$1 left
+  if [[ -n $deadline ]]; then
+    left=$((deadline - SECONDS - 5))
+    ((left < limit)) && limit=$left
+    ((limit < 30)) && limit=0
+  fi
+  echo "$limit"
+}
 bench() {  # bench LIMIT LOG ARGS...: one step, its time limit (SIGINT, then SIGKILL 15 s later), its console output
-  local limit=$1 log=$OUT/$2.txt
+  local limit log=$OUT/$2.txt
+  limit=$(limit_for "$1")
   shift 2
+  echo "$(date +%T) $(basename "$log" .txt) (limit ${limit} s)"
+  if ((limit == 0)); then
+    echo "skipped: the --budget is spent" > "$log"
+    return
+  fi
   timeout -s INT -k 15 "$limit" python "$@" > "$log" 2>&1
   echo "exit $?" >> "$log"
 }
 
 part1() {
-  # The bias schemes (a score bias or a cumulative one) compiled, against compiled RoPE in the same command, with
-  # scoring at 16K (16x the training length). Then those whose bias depends on the distance alone (FlexAttention
-  # reads it from a table) under two other kernel options to try: the default backward tiles with 2 pipeline stages
-  # instead of 3 (less shared memory; T5's kernel once asked for 245,760 bytes of an H200's 232,448), and smaller
-  # backward tiles. Neither is chosen here: the table compares them with the default (no options) above.
-  local bias table
-  bias=$(registry "c.has_score_bias or c.has_cumulative_bias")
-  table=$(registry "c.bias_is_relative")
-  bench 240 bench_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$bias" train.compile=true --eval-length 16384
-  bench 115 bench_kernel_stages scripts/speed.py "${gpt2[@]}" pe="$table" train.compile=true \
-    +model.flex_kernel_options.bwd_num_stages=2
-  bench 115 bench_kernel_tiles scripts/speed.py "${gpt2[@]}" pe="$table" train.compile=true \
-    "+model.flex_kernel_options={bwd_BLOCK_M1:64,bwd_BLOCK_N1:64,bwd_BLOCK_M2:64,bwd_BLOCK_N2:64}"
-}
-
-part2() {
-  # train.py on the GPU (bf16 autocast, compile, fused AdamW: its defaults there), then its own evaluation: passkey
-  # with RoPE at its default settings, and FoX (FlexAttention with a cumulative bias) for 500 steps. In the
-  # background, beside the CUDA tests: their timings do not matter.
-  local work train_pid status tests
+  # Correctness first: the CUDA-only tests (they skip on CPU: FlexAttention and SDPA against the math path for every
+  # scheme, forward and backward, fp32 and bf16, the fused loss, FoX; the compile tests with inductor included),
+  # beside train.py on the GPU (bf16 autocast, compile, fused AdamW: its defaults there) and its own evaluation:
+  # passkey with RoPE at its default settings, and FoX (FlexAttention with a cumulative bias) for 500 steps.
+  # Then the bias schemes (a score bias or a cumulative one) compiled, against compiled RoPE in the same command,
+  # with scoring at 16K (16x the training length); a scheme whose bias depends on the distance alone and that did
+  # not run FlexAttention there is measured again with less shared memory per kernel (its kernels asked for 245,760
+  # bytes of an H200's 232,448 on 2026-11-27, forward included): 2 pipeline stages instead of 3 in both passes, then
+  # the forward's tiles halved.
+  local work train_pid status tests limit bias table retry
   work=$(mktemp -d)  # the passkey runs' directories (checkpoints): their console output goes to OUT_DIR
+  limit=$(limit_for 150)
   (
     for spec in "rope 3000 140" "fox 500 60"; do
-      read -r pe steps limit <<< "$spec"
-      timeout "$limit" python train.py task=passkey pe="$pe" train.max_steps="$steps" hydra.run.dir="$work/passkey-$pe" \
-        logging.progress=false logging.wandb.mode=disabled > "$OUT/train_passkey_$pe.txt" 2>&1
+      read -r pe steps run_limit <<< "$spec"
+      run_limit=$(limit_for "$run_limit")
+      ((run_limit == 0)) && break
+      timeout "$run_limit" python train.py task=passkey pe="$pe" train.max_steps="$steps" \
+        hydra.run.dir="$work/passkey-$pe" logging.progress=false logging.wandb.mode=disabled \
+        > "$OUT/train_passkey_$pe.txt" 2>&1
       echo "exit $?" >> "$OUT/train_passkey_$pe.txt"
     done
   ) &
   train_pid=$!
-  # The CUDA-only tests (they skip on CPU: FlexAttention and SDPA against the math path for every scheme, forward
-  # and backward, fp32 and bf16, the fused loss, FoX), the compile tests with inductor included.
   tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_pe_fox.py tests/test_compile.py)
-  timeout 200 python -m pytest -q -rs -n 8 -p no:cacheprovider "${tests[@]}" -k "cuda or compile or flex" > "$OUT/tests.txt" 2>&1
+  echo "$(date +%T) tests (limit ${limit} s)"
+  ((limit > 0)) && timeout "$limit" python -m pytest -q -rs -n 12 -p no:cacheprovider "${tests[@]}" -k "cuda or compile or flex" \
+    > "$OUT/tests.txt" 2>&1
   status=$?
   python - "$F" "$status" "$OUT/tests.txt" "${tests[*]}" <<'PY'
 import re, sys
@@ -101,14 +116,37 @@ path, status, log, tests = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]
 lines = log.read_text().strip().splitlines()
 summary = lines[-1] if lines else f"no output (exit {status})"
 counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|error)", summary)}
-save_run(path, "-m pytest", ["-q", "-n", "8", *tests.split(), "-k", "cuda or compile or flex"],
+save_run(path, "-m pytest", ["-q", "-n", "12", *tests.split(), "-k", "cuda or compile or flex"],
          [{"exit_status": status, "summary": summary, **counts}])
 PY
   wait "$train_pid"
+  bias=$(registry "c.has_score_bias or c.has_cumulative_bias")
+  table=$(registry "c.bias_is_relative")
+  bench 230 bench_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$bias" train.compile=true --eval-length 16384
+  retry=$(python - "$F" "$table" <<'PY'
+import json, sys
+last = json.load(open(sys.argv[1]))["runs"][-1]["output"]
+rows = {r["pe"]: r for r in last if "pe" in r}
+wanted = sys.argv[2].split(",")
+print(",".join(n for n in wanted if n in rows and (rows[n].get("config") or {}).get("attn_backend") != "flex"))
+PY
+  )
+  [[ -z $retry ]] && return
+  bench 90 bench_kernel_stages scripts/speed.py "${gpt2[@]}" pe="$retry" train.compile=true \
+    "+model.flex_kernel_options={fwd_num_stages:2,bwd_num_stages:2}"
+  bench 90 bench_kernel_tiles scripts/speed.py "${gpt2[@]}" pe="$retry" train.compile=true \
+    "+model.flex_kernel_options={fwd_BLOCK_M:64,fwd_BLOCK_N:64,bwd_num_stages:2}"
+}
+
+part2() {
   # CoPE compiled (the eager run is in the next step, beside RoPE's), then every scheme eager (the bias schemes'
-  # FlexAttention kernels are compiled whatever train.compile says).
-  bench 130 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_content_bias")" train.compile=true
-  bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="$(registry "True")" train.compile=false
+  # FlexAttention kernels are compiled whatever train.compile says): RoPE first, as the baseline of the command,
+  # then the schemes that run the written-out path (no kernel of their own), then the rest.
+  local own written
+  written=$(registry "c.has_content_bias or c.has_attention_weights or c.has_transitions")
+  own=$(registry "n != 'rope' and not (c.has_content_bias or c.has_attention_weights or c.has_transitions)")
+  bench 150 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_content_bias")" train.compile=true
+  bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="rope,$written,$own" train.compile=false
 }
 
 part3() {

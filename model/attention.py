@@ -82,7 +82,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -124,8 +124,9 @@ def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device, 
 
 
 def _reads_distance_table(pe: PositionalEncoding, explicit: bool) -> bool:
-    """Whether the flex and sdpa paths read the scheme's bias from its table per distance (``_distance_bias``)
-    rather than evaluating ``score_bias`` per score: a bias of the distance alone, with positions 0..T-1."""
+    """Whether the sdpa path cuts its masks from the scheme's table per distance (``_distance_bias``) rather than
+    evaluating ``score_bias`` per score, and the flex path may read it: a bias of the distance alone, with positions
+    0..T-1."""
     return pe.bias_is_relative and not explicit
 
 
@@ -446,11 +447,32 @@ def _blockwise_sdpa(q, k, v, pe, state, layer, sums=None, sink=None):
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
+# Kernels the compiled flex_attention may compile in one process (dynamo's default for a function is 8).
+FLEX_RECOMPILE_LIMIT = 32
+
+
 @functools.cache
-def _compiled_flex_attention():
+def _compiled_flex_attention(backend: str | Callable = "inductor"):
+    """flex_attention compiled once for the process (``backend``: torch.compile's; tests pick a lighter one). Its
+    shapes change (a task trains on several lengths, evaluation scores every length and batch size): after the first
+    change dynamo compiles a kernel generic in that size (automatic dynamic shapes), so a run compiles a few kernels,
+    not one per shape: sizes of 1 (a batch of one row, a sequence of one block) are kernels of their own, and
+    gradients or none double them, so the limit is ``FLEX_RECOMPILE_LIMIT`` here. Past it dynamo would run
+    flex_attention unfused without a word (every score written out: slow, and T x T memory per head); here that
+    raises instead, and :func:`attend` gives FlexAttention up, warned and recorded (``flex_failure``)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    compiled = torch.compile(flex_attention, backend=backend)
+    config = torch._dynamo.config
+    # the second names: before torch 2.6
+    fail_at_limit = next(n for n in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit") if hasattr(config, n))
+    limit = next(n for n in ("recompile_limit", "cache_size_limit") if hasattr(config, n))
+
+    def run(*args, **kwargs):
+        with config.patch({fail_at_limit: True, limit: FLEX_RECOMPILE_LIMIT}):
+            return compiled(*args, **kwargs)
+
+    return run
 
 
 def _causal(b, h, q_idx, kv_idx):
@@ -531,14 +553,17 @@ def _score_bias_mod(pe: PositionalEncoding, state: PositionState, layer: int):
     """The scheme's score bias as a FlexAttention score_mod. It reads the scheme's parameters, its distance table
     and the position tensors through the closure: FlexAttention lifts such captured tensors into inputs of its
     kernel, so gradients reach learnable bias parameters (and the cumulative bias's sums)."""
-    if _reads_distance_table(pe, state.explicit):
+    if _reads_distance_table(pe, state.explicit) and not pe.score_mod_compiles:
+        # A gather in the kernel costs shared memory: on an H200 (torch 2.11, head size 64) ALiBi's score_mod ran,
+        # compiled, at 1.11x compiled RoPE, and the same bias read from this table did not fit FlexAttention's
+        # forward kernel; so the table stands in only for a score_mod that does not compile.
         table = _distance_bias(pe, state, layer)  # (H, T): queries and keys are the same T tokens here
-        last = table.shape[-1] - 1
 
         def score_mod(score, b, h, q_idx, kv_idx):
             # The clamp keeps the index inside the table where the causal mask hides the score anyway (a key after
-            # the query) and where the kernel pads a block past the sequence's end.
-            return score + table[h, (q_idx - kv_idx).clamp(0, last)]
+            # the query) and where the kernel pads a block past the sequence's end. The table's size is read here,
+            # not captured as a number: a captured int is a constant to dynamo, one compilation per length.
+            return score + table[h, (q_idx - kv_idx).clamp(0, table.shape[-1] - 1)]
     elif not state.explicit:
 
         def score_mod(score, b, h, q_idx, kv_idx):

@@ -94,18 +94,25 @@ def read_results_file(path: Path | None) -> dict:
     return results
 
 
-def save_run(path: Path, script: str, argv: list[str], records: list[dict]) -> None:
-    """Append a run (date, exact command line, its JSON lines) to a results file (``--record``)."""
+def save_run(path: Path, script: str, argv: list[str], records: list[dict], replace: int | None = None) -> int:
+    """Write a run (date, exact command line, its JSON lines) into a results file (``--record``): appended, or in
+    place of run number ``replace`` (what an earlier call returned), so that a command which saves after each scheme
+    keeps one entry, and a process killed outright keeps the schemes it finished. Returns the run's number."""
     results = read_results_file(path)
-    results["runs"].append(
-        {
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "command": shlex.join(["python", script, *argv]),
-            "output": records,
-        }
-    )
+    runs = results["runs"]
+    run = {
+        "date": runs[replace]["date"] if replace is not None else datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": shlex.join(["python", script, *argv]),
+        "output": records,
+    }
+    if replace is None:
+        runs.append(run)
+        replace = len(runs) - 1
+    else:
+        runs[replace] = run
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(results, indent=1) + "\n")
+    return replace
 
 
 def sync(device: torch.device) -> None:
@@ -284,23 +291,21 @@ def main(argv: list[str]) -> None:
     configs = [compose_config(rest + ([f"pe={name}"] if name else [])) for name in schemes]
     for cfg in configs:
         validate(cfg, reads_data=False)  # random token ids: any vocabulary
-    records = []
-    try:
-        for cfg in configs:
-            records.append(bench_or_error(cfg, args))
-            print_record(records[-1])
-            torch._dynamo.reset()  # each scheme compiles its own model
-            attention.flex_failure = None  # and tries FlexAttention afresh: one scheme's failure is not the next's
-        failed = [record["pe"] for record in records if "error" in record]
-        if failed:  # recorded, and still not a success
-            print(
-                f"error: {len(failed)} of {len(records)} schemes failed ({', '.join(failed)}); see their records",
-                file=sys.stderr,
-            )
-            raise SystemExit(1)
-    finally:  # interrupted (Ctrl-C, or `timeout -s INT`), the schemes measured so far are still recorded
-        if args.record and records:
-            save_run(args.record, "scripts/speed.py", argv, records)
+    records, run = [], None
+    for cfg in configs:
+        records.append(bench_or_error(cfg, args))
+        print_record(records[-1])
+        if args.record:  # after each scheme: a run stopped outright (SIGKILL) keeps the schemes it measured
+            run = save_run(args.record, "scripts/speed.py", argv, records, run)
+        torch._dynamo.reset()  # each scheme compiles its own model
+        attention.flex_failure = None  # and tries FlexAttention afresh: one scheme's failure is not the next's
+    failed = [record["pe"] for record in records if "error" in record]
+    if failed:  # recorded, and still not a success
+        print(
+            f"error: {len(failed)} of {len(records)} schemes failed ({', '.join(failed)}); see their records",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,12 @@ def three_steps(name: str, backend: str | None) -> tuple[dict, torch.Tensor, dic
 def assert_same_training(name: str, backend: str) -> None:
     (got_grads, got_losses, got_params), (grads, losses, params) = three_steps(name, backend), three_steps(name, None)
     assert got_grads.keys() == grads.keys()
+    # Adam divides each gradient by its own running size, so an entry whose gradient is zero in exact arithmetic (the
+    # key bias where softmax ignores a shift of one query's scores) moves by lr x rounding noise, which differs between
+    # compilers, torch versions and CPUs: such entries' gradients are compared, their parameters after the steps not.
+    moving = {n: grads[n].abs() > 1e-6 if n in grads else torch.ones_like(p, dtype=bool) for n, p in params.items()}
+    got_params = {n: p[moving[n]] for n, p in got_params.items()}
+    params = {n: p[moving[n]] for n, p in params.items()}
     for kind, got, want in (("gradient", got_grads, grads), ("parameter after 3 steps", got_params, params)):
         for n in want:
             message = f"{kind} {n}"

@@ -7,6 +7,7 @@ FlexAttention fails at first use, attention warns once and runs sdpa, which reso
 import pytest
 import torch
 from test_backends import B, attend_at, qkv, scheme
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import model.attention as attention
 from model import GPT, KVCache, ModelConfig
@@ -115,6 +116,39 @@ def test_a_failing_flex_falls_back_to_sdpa_once_with_one_warning(monkeypatch, ca
     )
     assert attention.flex_failure == "RuntimeError: triton: no kernel for this GPU"
     assert resolve_backend("auto", pe, cuda) == resolve_backend("flex", pe, cuda) == "sdpa"
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_the_compiled_flex_kernel_serves_many_shapes_and_never_runs_unfused_silently(monkeypatch, capsys):
+    """The compiled flex_attention that CUDA runs, through attend (traced by dynamo as on CUDA; aot_eager in place of
+    inductor, whose CPU template does not compile size-generic flex kernels): a task's lengths and evaluation's batch
+    sizes compile a few size-generic graphs, not one per shape (dynamo's recompile limit, 8, would otherwise be
+    reached, and dynamo would then run flex_attention unfused without a word); past the limit it raises, and attend
+    gives FlexAttention up with one warning and runs sdpa, which the run records."""
+    monkeypatch.setattr(attention, "flex_failure", None)
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(attention, "_flex_kernel", lambda device: attention._compiled_flex_attention(counter))
+    pe = scheme("alibi")
+    shapes = [(2, 64), (1, 64), (3, 100), (2, 128), (1, 200), (4, 33), (2, 256), (5, 77), (2, 300), (3, 129)]
+
+    def check(batch, length):
+        generator = torch.Generator().manual_seed(length)
+        q, k, v = (torch.randn(batch, 4, length, 16, generator=generator) for _ in range(3))
+        torch.testing.assert_close(attend(q, k, v, pe, "flex"), attend(q, k, v, pe, "math"), **TOLERANCE)
+
+    torch._dynamo.reset()
+    for shape in shapes:
+        check(*shape)
+    assert attention.flex_failure is None and capsys.readouterr().err == ""
+    assert counter.frame_count <= 5  # the first shape; then size-generic, with or without sizes of 1
+    torch._dynamo.reset()
+    monkeypatch.setattr(attention, "FLEX_RECOMPILE_LIMIT", 1)
+    for shape in shapes[:3]:
+        check(*shape)
+    torch._dynamo.reset()
+    assert attention.flex_failure is not None and "recompile" in attention.flex_failure.lower()
+    assert capsys.readouterr().err.count("warning: FlexAttention failed") == 1
 
 
 def test_user_errors_from_flex_are_not_swallowed(monkeypatch):

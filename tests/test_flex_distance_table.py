@@ -1,9 +1,10 @@
-"""FlexAttention's score_mod for a bias of the distance alone (``bias_is_relative``, positions 0..T-1) reads one table
-per forward pass, ``table[h, q_idx - kv_idx]``, built by the scheme's own code, instead of running ``score_bias`` per
-score. Forward through FlexAttention (CPU, eager) against the math path; gradients, which FlexAttention cannot take
-on CPU, through the same score_mod evaluated at every (query, key) pair against ``score_bias`` evaluated there (the
-direct computation), in float32 and float64, and through FlexAttention's own eager reference (math_attention) against
-the math path: the table's gradients must reach the scheme's parameters unchanged. Also ``model.flex_kernel_options``:
+"""FlexAttention's score_mod for a bias of the distance alone (``bias_is_relative``, positions 0..T-1) whose own
+score_mod does not compile reads one table per forward pass, ``table[h, q_idx - kv_idx]``, built by the scheme's own
+code, instead of running ``score_bias`` per score; one whose score_mod compiles computes its bias in the kernel.
+Forward through FlexAttention (CPU, eager) against the math path; gradients, which FlexAttention cannot take on CPU,
+through the same score_mod evaluated at every (query, key) pair against ``score_bias`` evaluated there (the direct
+computation), in float32 and float64, and through FlexAttention's own eager reference (math_attention) against the
+math path: the table's gradients must reach the scheme's parameters unchanged. Also ``model.flex_kernel_options``:
 handed to FlexAttention, checked against its option names."""
 
 import math
@@ -22,12 +23,23 @@ from model.attention import attend, default_state
 from model.pe import SCHEMES
 
 RELATIVE = sorted(name for name, cls in SCHEMES.items() if cls.bias_is_relative)
+TABLE = [name for name in RELATIVE if not SCHEMES[name].score_mod_compiles]  # FlexAttention reads their table
 AWKWARD = [1, 127, 129, 300]  # FlexAttention's blocks hold 128 queries and 128 keys
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
 def test_the_registry_has_relative_schemes():
-    assert {"alibi", "t5", "kerple"} <= set(RELATIVE)
+    assert {"alibi", "t5", "kerple"} <= set(RELATIVE) and "kerple" in TABLE
+
+
+@pytest.mark.parametrize("name", sorted(set(RELATIVE) - set(TABLE)))
+def test_a_score_mod_that_compiles_computes_its_bias_in_the_kernel(name, monkeypatch):
+    """The table is a gather in the kernel, which costs shared memory; a scheme whose own score_mod compiles runs it."""
+    pe = scheme(name)
+    monkeypatch.setattr(attention, "_distance_bias", lambda *args: pytest.fail("the score_mod read the table"))
+    score_mod = attention._score_mod(pe, default_state(pe, 9, 9, torch.device("cpu")), 1, None)
+    i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    torch.testing.assert_close(score_mod(torch.zeros(9, 9), 0, 1, i, j), pe.score_bias(i, j, 1, 1))
 
 
 def dense_attention(q, k, v, bias):
@@ -50,7 +62,7 @@ def grads_through(pe, q, k, v, bias):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
-@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize("name", TABLE)
 def test_the_table_score_mod_gives_the_direct_bias_and_its_gradients(name, dtype, monkeypatch):
     """Output and gradients of q, k, v and of the scheme's parameters (layer 1: per-layer ones too), the score_mod
     that FlexAttention gets against score_bias at every pair; and the score_mod never calls score_bias itself."""
@@ -66,7 +78,7 @@ def test_the_table_score_mod_gives_the_direct_bias_and_its_gradients(name, dtype
 
 
 @pytest.mark.parametrize("name", RELATIVE)
-def test_the_table_score_mod_gradients_equal_the_math_paths(name):
+def test_the_score_mod_gradients_equal_the_math_paths(name):
     """The same score_mod's gradients against the written-out path's (its softmax in float32)."""
     pe, (q, k, v) = scheme(name), qkv(tq=75, tk=75)
     score_mod = attention._score_mod(pe, default_state(pe, 75, 75, q.device), 1, None)
@@ -107,7 +119,7 @@ def test_flex_with_the_table_matches_math(name, length, dtype):
         )
 
 
-@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize("name", TABLE)
 def test_the_table_is_built_once_per_forward_pass_and_layer(name, monkeypatch):
     """The scheme's code runs once per forward pass (per layer if its bias depends on the layer), on T distances."""
     calls = []
@@ -161,7 +173,7 @@ def test_kernel_options_are_composed_and_checked():
 
 
 @pytest.mark.slow  # dynamo's capture: about 1.5 s a scheme
-@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize("name", TABLE)
 @torch.no_grad()
 def test_the_table_score_mod_compiles_as_one_graph(name):
     """Dynamo captures FlexAttention with the table's score_mod whole (fullgraph: no graph break; aot_eager: no code

@@ -18,13 +18,30 @@ def heredocs() -> list[str]:
 
 def test_the_script_parses_and_refuses_a_wrong_part(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
-    for args in (["--part", "4"], ["--part"], ["--steps"]):
+    for args in (["--part", "4"], ["--part", "1,4"], ["--part"], ["--steps"], ["--budget", "0"], ["--budget", "9m"]):
         result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True)
         assert result.returncode == 2 and result.stderr.startswith("usage: bash bench/gpu_table.sh OUT_DIR [--part")
 
 
+def test_the_schemes_measured_again_are_those_of_the_last_run_that_did_not_get_flex(tmp_path):
+    retry = heredocs()[1]
+    results = tmp_path / "runs.json"
+    config = {"compile": True, "attn_backend": "flex"}
+    output = [
+        {"pe": "rope", "tokens_per_s": 1.0, "config": config | {"attn_backend": "sdpa"}},
+        {"pe": "alibi", "tokens_per_s": 1.0, "config": config},
+        {"pe": "kerple", "error": "RuntimeError: out of resource"},
+        {"pe": "t5", "tokens_per_s": 1.0, "config": {"compile": False, "attn_backend": "sdpa"}},
+    ]
+    results.write_text(json.dumps({"runs": [{"command": "...", "output": []}, {"command": "...", "output": output}]}))
+    run = subprocess.run(
+        [sys.executable, "-", str(results), "alibi,kerple,t5"], input=retry, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and run.stdout == "kerple,t5\n", run.stderr
+
+
 def test_the_tests_record_and_the_table(tmp_path):
-    record, table = heredocs()
+    record, _, table = heredocs()
     results, log = tmp_path / "2026-01-01-GPU.json", tmp_path / "tests.txt"
     log.write_text("....\n2 failed, 40 passed, 3 skipped in 9.00s\n")
     run = subprocess.run(

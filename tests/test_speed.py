@@ -62,18 +62,21 @@ def test_bench_splits_schemes_and_rejects_unknown_flags(capsys):
 
 def test_a_failing_scheme_is_recorded_and_the_next_runs_and_an_interruption_keeps_what_ran(tmp_path, monkeypatch):
     """A scheme whose step raises (a kernel that does not compile, memory that runs out) becomes {pe, error} and the
-    next scheme runs; interrupted (timeout -s INT), the records so far are saved to --record."""
+    next scheme runs; each is saved to --record as soon as it ran, in one run entry, so that a command stopped
+    outright (SIGKILL) or interrupted (timeout -s INT) keeps the records so far."""
     speed = load_script("speed")
+    record = tmp_path / "runs.json"
 
     def bench(cfg, args):
         if cfg.pe.name == "alibi":
             raise RuntimeError("out of resource: shared memory\ntraceback")
-        if cfg.pe.name == "t5":
+        if cfg.pe.name == "t5":  # what a kill at this point would leave
+            (saved,) = json.loads(record.read_text())["runs"]
+            assert [r["pe"] for r in saved["output"]] == ["alibi", "rope"]
             raise KeyboardInterrupt
         return {"pe": cfg.pe.name, "tokens_per_s": 1.0}
 
     monkeypatch.setattr(speed, "bench_scheme", bench)
-    record = tmp_path / "runs.json"
     with pytest.raises(SystemExit):  # 130, as an interrupted command
         speed.main(["pe=alibi,rope,t5,none", "--record", str(record)])
     (run,) = json.loads(record.read_text())["runs"]

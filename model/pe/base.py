@@ -176,13 +176,14 @@ class PositionalEncoding(nn.Module):
     bias_depends_on_layer: ClassVar[bool] = False
     # True when score_bias depends on the positions only through q_pos - k_pos (ALiBi, T5, KERPLE; not FIRE,
     # whose normaliser reads q_pos): with positions 0..T-1 attention then evaluates it once per distance, into a
-    # table of (H, T) values per forward pass that sdpa cuts its mask blocks from and FlexAttention's score_mod reads
-    # (``table[h, q - k]``), not once per score.
+    # table of (H, T) values per forward pass that sdpa cuts its mask blocks from and, where score_bias does not
+    # compile (below), FlexAttention's score_mod reads (``table[h, q - k]``), not once per score.
     bias_is_relative: ClassVar[bool] = False
     # False when inductor cannot compile score_bias itself into a FlexAttention score_mod with its gradients (FIRE's
     # MLP, KERPLE's per-layer parameters indexed twice; seen on an H200): where the score_mod would run it (a bias
     # that is not relative, or positions given per token) the bias goes through sdpa as a mask on GPU, block by block.
-    # A relative bias read from its distance table compiles whatever this says. FlexAttention's backward is compiled
+    # A relative bias is then read from its distance table, which compiles (a table read costs the kernel shared
+    # memory, so one that compiles computes its bias in the kernel instead). FlexAttention's backward is compiled
     # at the first backward pass, where no fallback can catch it.
     score_mod_compiles: ClassVar[bool] = True
     # True when content_bias is overridden: attention always runs the written-out path.
