@@ -38,9 +38,13 @@ MATH_SCORE_COPIES = 8
 # Tensors of B x H x block x T at the peak of a block recomputed in the backward pass: those it keeps, and as many
 # gradients of them.
 MATH_BLOCK_PEAK_COPIES = 2 * MATH_SCORE_COPIES
-# Tensors of B x H x T^2 a layer with transported logits keeps for backward: the logits (the blocks' input) and what
-# its chunked products keep, about twice as much (PaTH at 256 and 512 tokens, `scripts/estimate.py pe=path --measure`).
+# Tensors of B x H x T^2 a layer with transported logits keeps for backward while its queries are one block: the
+# logits and what their chunked products keep, about twice as much (PaTH, `scripts/estimate.py pe=path --measure`).
 TRANSPORTED_KEPT_COPIES = 3
+# Per token, per head, in units of (chunk + head size) floats: what a layer with transported logits keeps for every
+# block, which then computes its own rows (the chunks' own scores, queries carried back, keys carried on, the WY
+# factors, and the solve's inputs and outputs).
+TRANSPORTED_CHUNK_COPIES = 4
 
 
 @dataclass
@@ -96,6 +100,18 @@ def _head_bytes(tokens: int, vocab: int, width: int, fused: bool, grad: bool, ac
     return tokens * vocab * (act_bytes + 4 + 4 + 4)
 
 
+def transported_bytes(scheme: PositionalEncoding, rows: int, heads: int, T: int, head_size: int, whole: bool) -> float:
+    """What a layer with transported logits (model/pe/base.py, hook 7) keeps beyond the written-out path's own: with
+    its queries in one block (``whole``), that block's logits and the products behind them; otherwise what every
+    block computes its rows from, O(T) per head."""
+    if not scheme.has_transitions:
+        return 0
+    if whole:
+        return TRANSPORTED_KEPT_COPIES * rows * heads * T * T * 4
+    chunk = min(T, scheme.transition_chunk)
+    return TRANSPORTED_CHUNK_COPIES * rows * heads * T * (chunk + head_size) * 4
+
+
 def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MemoryEstimate:
     """Peak memory of one training step (one micro-batch) of ``cfg`` on ``device`` in ``dtype`` (autocast)."""
     m, t = cfg.model, cfg.train
@@ -117,8 +133,7 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
     def layer_bytes(scheme: PositionalEncoding) -> float:
         math_kept = 0 if recomputed else MATH_SCORE_COPIES * scores * 4
         kept = {"math": math_kept, "sdpa": scores / 2 * act if scheme.has_score_bias else 0}
-        # transported logits (model/pe/base.py, hook 7) are made whole before the blocks
-        transported = TRANSPORTED_KEPT_COPIES * scores * 4 if scheme.has_transitions else 0
+        transported = transported_bytes(scheme, rows, m.n_head, T, m.n_embd // m.n_head, whole=not recomputed)
         return tokens * (19 if _rotates(scheme) else 17) * m.n_embd * act + kept.get(backend(scheme), 0) + transported
 
     schemes = [scheme for scheme, _ in model.pe.layer_schemes()]
@@ -155,8 +170,8 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
         """(attention layer's activations, attention's own) of a layer that runs ``scheme``."""
         if backend == "math" or scheme.has_content_bias or scheme.has_attention_weights or scheme.has_transitions:
             attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
-            if scheme.has_transitions:  # the layer's whole logits, float32, made before the blocks cut them
-                attention_bytes += scores * 4
+            if scheme.has_transitions:  # a block's rows of logits stand for its q . k; what every block needs
+                attention_bytes += transported_bytes(scheme, rows, m.n_head, length, m.n_embd // m.n_head, whole=False)
         elif backend == "sdpa" and scheme.has_score_bias:
             # A block's mask, per row (CPU), cut from a per-head block: at most the budget, and 1/rows more.
             attention_bytes = min(scores, budget) * act * (1 + 1 / rows)

@@ -50,8 +50,9 @@ weights, float32, and the output is those weights times v. Blocks of queries bou
 cache changes nothing but the block's first query index. With no softmax there is no denominator for a sink: refused.
 
 A scheme whose logits carry each key to its query through per-token transitions (``pe.has_transitions``) always runs
-``math`` too: the layer computes those logits (``logits``, (B, H, Tq, Tk), unscaled) and each block of queries takes its
-rows in place of q . k; the scale, biases, mask and softmax follow as for any scheme.
+``math`` too: the layer hands over those logits as a function of a block of queries (``logits(start, stop)``, (B, H,
+stop - start, Tk), unscaled), which each block calls in place of q . k, so that no more rows than a block's exist at
+once (and, training, are recomputed with it); the scale, biases, mask and softmax follow as for any scheme.
 
 A cumulative bias (``pe.has_cumulative_bias``: FoX) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
 by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: sdpa
@@ -170,14 +171,15 @@ def attend(
     sums: torch.Tensor | None = None,
     sink: torch.Tensor | None = None,
     kernel_options: dict | None = None,
-    logits: torch.Tensor | None = None,
+    logits: Callable[[int, int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q: (B, H, Tq, D), the last Tq of the keys; k, v: (B, H, Tk, D). ``state`` holds the positions (default:
     keys at 0 .. Tk-1); ``layer`` selects the scheme's per-layer parameters. With a ``capture`` list, the math
     path runs and its probabilities, float32 (B, H, Tq, Tk), are appended to it. ``sums``: the cumulative bias's
     c of every key, (B, H, Tk) float32, or None. ``sink``: (H,) sink logits, or None. ``kernel_options``:
-    FlexAttention's, for its kernels (None or empty: its defaults). ``logits``: the scheme's transported logits of q
-    over k in place of q . k, (B, H, Tq, Tk), or None."""
+    FlexAttention's, for its kernels (None or empty: its defaults). ``logits``: the scheme's transported logits in
+    place of q . k, as ``logits(start, stop)`` -> those of queries start..stop-1 over k, (B, H, stop - start, Tk); or
+    None."""
     if state is None:
         state = default_state(pe, q.shape[-2], k.shape[-2], q.device)
     if capture is not None:
@@ -408,7 +410,7 @@ def _math_block(q, k, v, pe, state, layer, start, stop, sums, sink, logits=None)
     function of its arguments (it may read the per-forward tables of ``state``, never add to them), so that
     ``_math_attention`` can run it again in the backward pass."""
     q_block = q[:, :, start:stop]
-    products = q_block @ k.transpose(-2, -1) if logits is None else logits[:, :, start:stop]
+    products = q_block @ k.transpose(-2, -1) if logits is None else logits(start, stop)
     scores = products / math.sqrt(q.shape[-1])
     scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, sums)
     if pe.has_content_bias:

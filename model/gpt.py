@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,10 +205,10 @@ class CausalSelfAttention(nn.Module):
         cache: KVCache | None,
         layer: int,
         pe_layer: int,
-    ) -> torch.Tensor:
+    ) -> Callable[[int, int], torch.Tensor]:
         """The scheme's logits of the new queries over every key through the transitions of the tokens between them
-        (model/pe/base.py, hook 7), computed from the layer's input. The cache then keeps the keys carried through the
-        new tokens' transitions, in place of the keys as they came."""
+        (model/pe/base.py, hook 7), computed from the layer's input, as a function of a block of queries. The cache
+        then keeps the keys carried through the new tokens' transitions, in place of the keys as they came."""
         logits, carried = pe.transported_scores(q, k, pe.transitions(x, pe_layer), carry=cache is not None)
         if cache is not None:
             cache.keys[layer] = cache.kept(carried)

@@ -53,7 +53,7 @@ def inputs(T: int, seed: int = 0, dtype=torch.float32) -> list[torch.Tensor]:
 def ours(q, k, v, w, beta, gate=None) -> torch.Tensor:
     """The scheme's logits through attention's written-out path; the gate as PaTH-FoX's cumulative bias, divided by
     sqrt(d) (what ``cumulative_bias`` returns)."""
-    logits, _ = scheme().transported_scores(q, k, (w, beta), carry=False)
+    logits = scheme().transported_scores(q, k, (w, beta), carry=False)[0]
     sums = None if gate is None else (gate / math.sqrt(D)).cumsum(-1)
     return attend(q, k, v, scheme(), "auto", logits=logits, sums=sums)
 
@@ -103,7 +103,8 @@ def test_the_equation_as_explicit_products_over_several_chunks(monkeypatch):
     through every later transition."""
     monkeypatch.setattr(path_module, "CHUNK", 3)
     q, k, _, w, beta, _ = (t.detach() for t in inputs(11, dtype=torch.float64))
-    logits, carried = scheme().transported_scores(q, k, (w, beta), carry=True)
+    rows, carried = scheme().transported_scores(q, k, (w, beta), carry=True)
+    logits = rows(0, 11)
     causal = torch.ones(11, 11, dtype=torch.bool).tril()
     for b in range(B):
         for h in range(H):
@@ -120,17 +121,43 @@ def test_the_carried_keys_and_logits_token_by_token_equal_the_whole_sequence(mon
     transition, its own key untransformed), then a few at once; float64, chunks of 4."""
     monkeypatch.setattr(path_module, "CHUNK", 4)
     q, k, _, w, beta, _ = (t.detach() for t in inputs(19, dtype=torch.float64))
-    whole, keys_whole = scheme().transported_scores(q, k, (w, beta), carry=True)
+    rows, keys_whole = scheme().transported_scores(q, k, (w, beta), carry=True)
+    whole = rows(0, 19)
     pieces, keys = [], k[..., :0, :]
     for start, stop in [(0, 6)] + [(t, t + 1) for t in range(6, 12)] + [(12, 19)]:
         new = slice(start, stop)
-        logits, keys = scheme().transported_scores(
+        rows, keys = scheme().transported_scores(
             q[..., new, :], torch.cat((keys, k[..., new, :]), dim=-2), (w[..., new, :], beta[..., new]), carry=True
         )
-        pieces.append(F.pad(logits, (0, 19 - stop)))
+        pieces.append(F.pad(rows(0, stop - start), (0, 19 - stop)))
     causal = torch.ones(19, 19, dtype=torch.bool).tril()
     torch.testing.assert_close(torch.cat(pieces, dim=-2) * causal, whole * causal, **FLOAT64)
     torch.testing.assert_close(keys, keys_whole, **FLOAT64)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cached", [0, 5], ids=["no-cache", "cache"])
+def test_any_block_of_query_rows_equals_those_rows_of_the_whole(monkeypatch, cached):
+    """The written-out path asks for one block of queries at a time, wherever its blocks fall against the chunks
+    (chunks of 3 here over 14 new tokens, after 5 cached keys or none): each block's rows equal those of the whole."""
+    monkeypatch.setattr(path_module, "CHUNK", 3)
+    q, k, _, w, beta, _ = (t.detach() for t in inputs(cached + 14, dtype=torch.float64))
+    if cached:  # the cache keeps the first tokens' keys carried through the transitions after them
+        k = torch.cat(
+            (
+                scheme().transported_scores(
+                    q[..., :cached, :], k[..., :cached, :], (w[..., :cached, :], beta[..., :cached]), carry=True
+                )[1],
+                k[..., cached:, :],
+            ),
+            dim=-2,
+        )
+    new = slice(cached, None)
+    rows = scheme().transported_scores(q[..., new, :], k, (w[..., new, :], beta[..., new]), carry=False)[0]
+    whole = rows(0, 14)
+    assert whole.shape == (B, H, 14, cached + 14)
+    for start, stop in [(0, 1), (0, 3), (1, 2), (2, 7), (3, 6), (5, 13), (9, 14), (13, 14), (6, 14)]:
+        torch.testing.assert_close(rows(start, stop), whole[..., start:stop, :], **FLOAT64)
 
 
 def tiny(**settings) -> GPT:

@@ -18,7 +18,8 @@ for the rest:
 7. ``transitions(x, layer)`` and ``transported_scores(q, k, transitions, carry)`` -> the logit of query i over key j
    taken through a linear map made of one transition per token between them, q_i . T_i T_{i-1} ... T_{j+1} k_j, each
    T_t computed from the layer's input x (so from the data, per batch row and layer; PaTH's Householder-like
-   reflections); such a scheme always runs the written-out path, which takes these logits in place of q_i . k_j
+   reflections); such a scheme always runs the written-out path, which takes these logits in place of q_i . k_j,
+   one block of queries at a time
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
@@ -75,7 +76,7 @@ scheme is one module plus one ``configs/pe/<name>.yaml``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -196,6 +197,8 @@ class PositionalEncoding(nn.Module):
     # True when transitions and transported_scores are overridden: each layer computes the logits from its input
     # (model/gpt.py), and attention always runs the written-out path.
     has_transitions: ClassVar[bool] = False
+    # Tokens per chunk of those logits' products, which each block of queries computes its rows from (memory model).
+    transition_chunk: ClassVar[int] = 0
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
@@ -383,12 +386,13 @@ class PositionalEncoding(nn.Module):
 
     def transported_scores(
         self, q: torch.Tensor, k: torch.Tensor, transitions: Any, carry: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[Callable[[int, int], torch.Tensor], torch.Tensor | None]:
         """The new queries q (B, H, Tq, D) and every key k (B, H, Tk, D), cached ones first (already carried through
-        the transitions of every cached token after them), with the ``transitions`` of the Tq new tokens -> the logits
-        q_i . T_i ... T_{j+1} k_j, (B, H, Tq, Tk), unscaled and unmasked, float32 or wider; and with ``carry``, every
-        key carried through the transitions of every token after it, (B, H, Tk, D), which the KV cache keeps (None
-        without)."""
+        the transitions of every cached token after them), with the ``transitions`` of the Tq new tokens -> a function
+        ``rows(start, stop)`` of the logits q_i . T_i ... T_{j+1} k_j of queries start..stop-1, (B, H, stop - start,
+        Tk), unscaled and unmasked, float32 or wider (the written-out path calls it per block of queries); and with
+        ``carry``, every key carried through the transitions of every token after it, (B, H, Tk, D), which the KV
+        cache keeps (None without)."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no transported scores")
 
     def extra_repr(self) -> str:

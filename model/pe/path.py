@@ -27,16 +27,18 @@ divided by sqrt(d) as the reference's kernels and naive code do (they add the ga
 unscaled bias (model/pe/fox.py).
 
 How it is computed (model/pe/base.py, hook 7): the layer hands the scheme its per-token (w, beta) and the scheme
-returns A_ij for every new query over every key, which the written-out path scales, masks and softmaxes in blocks of
-queries. Within chunks of 64 tokens the product of transitions has the compact WY (UT) form: with W the chunk's w_t
-as rows and L = strictly lower (diag(beta) W W^T),
+returns A_ij of the new queries over every key as a function of a block of queries, which the written-out path calls
+per block before it scales, masks and softmaxes that block's rows (so no more rows than a block's exist at once, and
+training recomputes them in the backward pass). Within chunks of 64 tokens the product of transitions has the
+compact WY (UT) form: with W the chunk's w_t as rows and L = strictly lower (diag(beta) W W^T),
 
     H_s ... H_0 = I - W^T mask_s Y,      Y = (I + L)^{-1} diag(beta) W      (mask_s: rows 0..s)
 
 one triangular solve per chunk, from which every query is carried back to its chunk's start, every key on to its
-chunk's end, and the scores within a chunk follow; across chunks, queries are carried back one chunk at a time (a
-rank-64 update per chunk, all chunks at once), so a sequence of T tokens takes T / 64 steps of batched products, with
-O(T^2 d) work as attention itself. In float32 (float64 stays float64) whatever q's dtype.
+chunk's end, and the scores within a chunk follow (once per call, for every chunk); across chunks, a block's
+queries are carried back one chunk at a time (a rank-64 update per chunk, the block's chunks at once), so a block
+ending at token t takes t / 64 steps of batched products, with O(T^2 d) work in all as attention itself. In float32
+(float64 stays float64) whatever q's dtype.
 
 KV cache. The cache keeps each key already carried through the transitions of every token after it (H is symmetric,
 so carrying the key forward is carrying the query back): a new token carries the cached keys through its H first, and
@@ -44,13 +46,14 @@ its own key enters untransformed. Token positions are never read: randomized pos
 
 Cost on CPU (``OMP_NUM_THREADS=1 python scripts/speed.py pe=rope,path train.num_threads=1 --steps 5``, the default
 width-256 model at context 64, one thread of the shared 2-core AMD EPYC, 2026-11-27, three rounds): 0.93, 0.99, 0.95x
-RoPE's tokens per CPU-second (0.92-1.03x raw tokens/s); scoring at 1,024 tokens 0.76x, with 1.4x RoPE's peak memory, as
-a layer's logits exist whole (docs/speed.md, "PaTH attention on CPU").
+RoPE's tokens per CPU-second (0.92-1.03x raw tokens/s); scoring at 1,024 tokens 0.76x (docs/speed.md, "PaTH attention
+on CPU", where the memory of blocks that compute their own rows is measured).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +78,7 @@ class PaTHPositionalEncoding(PositionalEncoding):
     name = "path"
     config_class = PaTHConfig
     has_transitions = True
+    transition_chunk = CHUNK
 
     def __init__(self, cfg: PaTHConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -107,11 +111,13 @@ class PaTHPositionalEncoding(PositionalEncoding):
 
     def transported_scores(
         self, q: torch.Tensor, k: torch.Tensor, transitions: tuple[torch.Tensor, torch.Tensor], carry: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A_ij of the module docstring, (B, H, Tq, Tk) float32 (float64 for float64 q), of the new queries q (B, H,
-        Tq, D) over the keys k (B, H, Tk, D): the cached ones first, already carried to the last cached token, then the
-        Tq new ones, whose ``transitions`` (w, beta) these are. With ``carry``, also every key carried through all of
-        them, (B, H, Tk, D) in k's dtype, for the cache."""
+    ) -> tuple[Callable[[int, int], torch.Tensor], torch.Tensor | None]:
+        """A_ij of the module docstring for the new queries q (B, H, Tq, D) over the keys k (B, H, Tk, D): the cached
+        ones first, already carried to the last cached token, then the Tq new ones, whose ``transitions`` (w, beta)
+        these are. Returns ``rows(start, stop)``, the logits of queries start..stop-1 over every key, (B, H, stop -
+        start, Tk) float32 (float64 for float64 q), computed for those rows alone (what every chunk needs is made
+        here, once), and with ``carry``, every key carried through all of the new tokens, (B, H, Tk, D) in k's dtype,
+        for the cache."""
         w, beta = transitions
         dtype = torch.promote_types(q.dtype, torch.float32)
         n_new = q.shape[-2]
@@ -120,12 +126,18 @@ class PaTHPositionalEncoding(PositionalEncoding):
         q, new, w = (_chunked(t.to(dtype), chunk) for t in (q, new, w))
         beta = _chunked(beta.to(dtype)[..., None], chunk)[..., 0]
         local, q_start, k_end, y = _within_chunks(q, new, w, beta)
-        scores, q_back = _across_chunks(local, q_start, k_end, w, y, need_back=cached.shape[-2] > 0)
-        scores = scores[..., :n_new, :n_new]
-        if q_back is not None:
-            scores = torch.cat((q_back[..., :n_new, :] @ cached.transpose(-2, -1), scores), dim=-1)
+
+        def rows(start: int, stop: int) -> torch.Tensor:
+            first = start // chunk
+            scores, q_back = _across_chunks(local, q_start, k_end, w, y, first, -(-stop // chunk), cached.shape[-2] > 0)
+            start, stop = start - first * chunk, stop - first * chunk
+            scores = scores[..., start:stop, :n_new]
+            if q_back is None:
+                return scores
+            return torch.cat((q_back[..., start:stop, :] @ cached.transpose(-2, -1), scores), dim=-1)
+
         carried = _carried_keys(cached, k_end, w, y)[..., : k.shape[-2], :].to(k.dtype) if carry else None
-        return scores, carried
+        return rows, carried
 
 
 def _chunked(t: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -161,29 +173,42 @@ def _within_chunks(
 
 
 def _across_chunks(
-    local: torch.Tensor, q_start: torch.Tensor, k_end: torch.Tensor, w: torch.Tensor, y: torch.Tensor, need_back: bool
+    local: torch.Tensor,
+    q_start: torch.Tensor,
+    k_end: torch.Tensor,
+    w: torch.Tensor,
+    y: torch.Tensor,
+    first: int,
+    last: int,
+    need_back: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Every score, (B, H, N C, N C) (zero above the chunks' diagonal), from the chunks' own (``local``) and
-    those of query chunk n over key chunk m < n: n's queries, carried back to their chunk's start, then through chunks
-    n-1 .. m+1, times m's keys carried to m's end. Step s does every pair n - m = s at once, then carries the queries
-    through chunk m. With ``need_back``, also every query carried back to the first token (B, H, N C, D)."""
+    """The scores of query chunks first..last-1 over every key, (B, H, (last - first) C, N C) (zero above the chunks'
+    diagonal), from the chunks' own (``local``) and those of query chunk n over key chunk m < n: n's queries, carried
+    back to their chunk's start, then through chunks n-1 .. m+1, times m's keys carried to m's end. Step s does every
+    pair n - m = s of these rows at once, then carries their queries through chunk m. With ``need_back``, also each of
+    these queries carried back to the first token, (B, H, (last - first) C, D)."""
     B, H, N, C, _ = local.shape
-    if N == 1:  # one chunk (the training lengths, a decoding step): its own scores are all of them
-        return local.view(B, H, C, C), (q_start.view(B, H, C, -1) if need_back else None)
-    blocks = local.new_zeros(B, H, N, C, N, C)
-    diagonal = torch.arange(N, device=local.device)
-    blocks[:, :, diagonal, :, diagonal] = local.permute(2, 0, 1, 3, 4)
-    queries, back = q_start[:, :, 1:], [q_start[:, :, :1]]
-    for s in range(1, N):
-        keys = k_end[:, :, : N - s]
-        blocks[:, :, diagonal[s:], :, diagonal[: N - s]] = (queries @ keys.transpose(-2, -1)).permute(2, 0, 1, 3, 4)
-        if s == N - 1 and not need_back:
+    blocks = local.new_zeros(B, H, last - first, C, N, C)
+    chunks = torch.arange(N, device=local.device)
+    blocks[:, :, chunks[: last - first], :, chunks[first:last]] = local[:, :, first:last].permute(2, 0, 1, 3, 4)
+    queries, back, low = q_start[:, :, first:last], [], first  # queries: rows low..last-1
+    if first == 0:  # the first chunk's queries are at the first token already
+        queries, back, low = queries[:, :, 1:], [queries[:, :, :1]], 1
+    for s in range(1, last):
+        low = max(low, s)
+        if low >= last:
             break
-        queries = queries - (queries @ w[:, :, : N - s].transpose(-2, -1)) @ y[:, :, : N - s]
-        back.append(queries[:, :, :1])
-        queries = queries[:, :, 1:]
-    scores = blocks.view(B, H, N * C, N * C)
-    return scores, (torch.cat(back, dim=2).view(B, H, N * C, -1) if need_back else None)
+        keys = slice(low - s, last - s)
+        products = queries @ k_end[:, :, keys].transpose(-2, -1)
+        blocks[:, :, chunks[low - first : last - first], :, chunks[keys]] = products.permute(2, 0, 1, 3, 4)
+        if s == last - 1 and not need_back:
+            break
+        queries = queries - (queries @ w[:, :, keys].transpose(-2, -1)) @ y[:, :, keys]
+        if low == s:  # row s has been carried through chunk 0, to the first token
+            back.append(queries[:, :, :1])
+            queries = queries[:, :, 1:]
+    scores = blocks.view(B, H, (last - first) * C, N * C)
+    return scores, (torch.cat(back, dim=2).view(B, H, (last - first) * C, -1) if need_back else None)
 
 
 def _carried_keys(cached: torch.Tensor, k_end: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
