@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The GPU table: the CUDA-only tests, train.py and its evaluation end to end on a task, and every benchmark of
 # bench/README.md ("GPU: how to measure and commit"), recorded in ONE results file per GPU, with the table
-# docs/speed.md takes. In three parts whose steps' time limits add up to 8 minutes each, so that a part fits a
-# 10-minute job; without --part, the three in turn:
+# docs/speed.md takes. In four parts whose steps' time limits add up to 8 minutes at most each, so that a part fits
+# a 10-minute job; without --part, the four in turn:
 #
-#   bash bench/gpu_table.sh OUT_DIR [--part 1|2|3[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]
+#   bash bench/gpu_table.sh OUT_DIR [--part 1|2|3|4[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]
 #
 #   part 1: correctness first: the CUDA-only tests beside train.py on passkey (RoPE, FoX); then every bias scheme
 #           compiled beside compiled RoPE (GPT-2 small, 1,024 tokens, batch 16): training tokens/s and peak memory,
-#           and scoring 16K tokens (FlexAttention; a bias of the distance alone read from its table per distance);
-#           a scheme of that kind that did not run FlexAttention is measured again under two other kernel options.
+#           and scoring 16K tokens (FlexAttention); a scheme whose bias depends on the distance alone and that did
+#           not run FlexAttention is measured again under two other kernel options.
 #   part 2: CoPE compiled (its written-out attention in blocks of queries recomputed in the backward pass); every
 #           scheme eager, RoPE and the schemes without a kernel of their own first.
-#   part 3: the fused loss on GPU; the bias schemes through SDPA's blockwise masks instead of FlexAttention; the
-#           memory model's prediction beside the measured peak (RoPE, CoPE); nanoGPT at the same size.
+#   part 3: RoPE's MFU: nanoGPT at the same size, the fused loss on GPU, a compile mode that autotunes, batch 32.
+#   part 4: the memory model's prediction beside the measured peak (RoPE, CoPE); the bias schemes through SDPA's
+#           blockwise masks instead of FlexAttention.
 #
 # --budget: the seconds all the chosen parts may take together (a job with a wall-clock limit): each step's time
 # limit is cut to what is left, and a step that would get under 30 s is skipped (said in its log).
@@ -29,16 +30,16 @@
 # along with the checkout: bench/gpu_env.sh puts its packages on the path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bash bench/gpu_table.sh OUT_DIR [--part 1|2|3[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]"
+usage="usage: bash bench/gpu_table.sh OUT_DIR [--part 1|2|3|4[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]"
 [[ $# -ge 1 ]] || { echo "$usage" >&2; exit 2; }
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || exit
 shift
-parts="1 2 3"
+parts="1 2 3 4"
 nanogpt=""
 deadline=""
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --part) [[ ${2:-} =~ ^[123](,[123])*$ ]] || { echo "$usage" >&2; exit 2; }; parts=${2//,/ }; shift 2 ;;
+    --part) [[ ${2:-} =~ ^[1-4](,[1-4])*$ ]] || { echo "$usage" >&2; exit 2; }; parts=${2//,/ }; shift 2 ;;
     --budget) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { echo "$usage" >&2; exit 2; }; deadline=$((SECONDS + $2)); shift 2 ;;
     -*) echo "$usage" >&2; exit 2 ;;
     *) nanogpt=$1; shift ;;
@@ -150,21 +151,29 @@ part2() {
 }
 
 part3() {
-  # The fused chunked cross-entropy on GPU (model.fused_ce=auto is CPU only until measured); the bias schemes through
-  # SDPA with a blockwise mask instead of FlexAttention; the memory model's prediction beside the measured peak;
-  # nanoGPT at the same size.
-  local pe
-  bench 90 bench_fused_ce scripts/speed.py "${gpt2[@]}" pe=rope,alibi model.fused_ce=always
-  bench 150 bench_sdpa scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_score_bias")" model.attn_backend=sdpa \
-    --eval-length 16384
-  for pe in rope "$(registry "c.has_content_bias")"; do
-    bench 60 "estimate_$pe" scripts/estimate.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe="$pe" --measure \
-      --record "$F"
-  done
+  # RoPE's MFU against nanoGPT's at the same size, and what each of the fast GPT-2 codebases' ideas is worth here: the
+  # fused chunked cross-entropy (model.fused_ce=auto is CPU only until measured), a compile mode that autotunes its
+  # kernels, a micro-batch twice as large.
   if [[ -n "$nanogpt" ]]; then
     bench 100 bench_nanogpt scripts/speed_nanogpt.py --model-py "$nanogpt" --n-layer 12 --n-head 12 --n-embd 768 \
       --seq-len 1024 --batch-size 16 --warmup 5 --steps 10 --record "$F"
   fi
+  bench 90 bench_fused_ce scripts/speed.py "${gpt2[@]}" pe=rope,alibi model.fused_ce=always
+  bench 120 bench_compile_mode scripts/speed.py "${gpt2[@]}" pe=rope train.compile=true \
+    --compile-mode max-autotune-no-cudagraphs
+  bench 90 bench_batch32 scripts/speed.py "${gpt2[@]}" pe=rope train.compile=true train.batch_size=32
+}
+
+part4() {
+  # The memory model's prediction beside the measured peak (RoPE, CoPE); the bias schemes through SDPA with a
+  # blockwise mask instead of FlexAttention, scoring 16K too.
+  local pe
+  for pe in rope "$(registry "c.has_content_bias")"; do
+    bench 60 "estimate_$pe" scripts/estimate.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe="$pe" --measure \
+      --record "$F"
+  done
+  bench 150 bench_sdpa scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_score_bias")" model.attn_backend=sdpa \
+    --eval-length 16384
 }
 
 # The table: one row per scheme and command, its ratios against RoPE's row of the same command, or, in a command
@@ -207,7 +216,9 @@ for run in runs:
         c, e = r.get("config", {}), r.get("eval") or {}
         base = ours[0] if ours else latest.get(c.get("compile"), {})
         base_e = base.get("eval") or {}
-        cells = [r.get("impl", r.get("pe")), c.get("compile", ""), attention(c), c.get("fused_ce", "")]
+        mode = c.get("compile_mode") or "default"
+        compiled = f"{c.get('compile', '')}" + ("" if mode == "default" else f" {mode}")
+        cells = [r.get("impl", r.get("pe")), compiled, attention(c), c.get("fused_ce", "")]
         cells += [f"{r['tokens_per_s'] / 1e3:.0f}k", ratio(r["tokens_per_s"], base.get("tokens_per_s"))]
         cells += [r.get("mfu") or "", gb(r.get("peak_memory_mb")), ratio(r.get("peak_memory_mb"), base.get("peak_memory_mb"))]
         if e.get("tokens_per_s"):

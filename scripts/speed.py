@@ -58,6 +58,14 @@ from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
+# --compile-mode: torch.compile's modes (None: its default)
+COMPILE_MODES = {
+    "default": None,
+    "reduce-overhead": "reduce-overhead",
+    "max-autotune": "max-autotune",
+    "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+}
+
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     """The options shared with scripts/speed_nanogpt.py, so both time and record the same way."""
@@ -174,7 +182,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
         raw_model = build_model(cfg).to(device)
         optimizer = build_optimizer(raw_model, t, device)
         train_step = TrainStep(
-            torch.compile(raw_model) if compiled else raw_model,
+            torch.compile(raw_model, mode=COMPILE_MODES[args.compile_mode]) if compiled else raw_model,
             optimizer,
             build_scheduler(optimizer, t),
             t.grad_accum_steps,
@@ -207,6 +215,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "grad_accum_steps": t.grad_accum_steps,
             "dtype": str(dtype).split(".")[-1],
             "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
+            "compile_mode": args.compile_mode,
             "attn_backend": resolve_layer_backends(cfg.model.attn_backend, raw_model.pe, device),
             "fused_ce": use_fused(cfg.model.fused_ce, device),
             "flex_kernel_options": dict(cfg.model.flex_kernel_options),
@@ -270,6 +279,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     add_common_args(parser)
     parser.add_argument(
+        "--compile-mode",
+        choices=list(COMPILE_MODES),
+        default="default",
+        help="torch.compile's mode for the training step (with train.compile=true): what each is worth on a GPU",
+    )
+    parser.add_argument(
         "--eval-length",
         type=count(1),
         default=None,
@@ -291,6 +306,8 @@ def main(argv: list[str]) -> None:
     configs = [compose_config(rest + ([f"pe={name}"] if name else [])) for name in schemes]
     for cfg in configs:
         validate(cfg, reads_data=False)  # random token ids: any vocabulary
+        if args.compile_mode != "default" and str(cfg.train.compile).lower() != "true":
+            raise PosGPTError(f"--compile-mode {args.compile_mode} needs train.compile=true (it compiles nothing else)")
     records, run = [], None
     for cfg in configs:
         records.append(bench_or_error(cfg, args))

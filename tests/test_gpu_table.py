@@ -18,7 +18,7 @@ def heredocs() -> list[str]:
 
 def test_the_script_parses_and_refuses_a_wrong_part(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
-    for args in (["--part", "4"], ["--part", "1,4"], ["--part"], ["--steps"], ["--budget", "0"], ["--budget", "9m"]):
+    for args in (["--part", "5"], ["--part", "1,5"], ["--part"], ["--steps"], ["--budget", "0"], ["--budget", "9m"]):
         result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True)
         assert result.returncode == 2 and result.stderr.startswith("usage: bash bench/gpu_table.sh OUT_DIR [--part")
 

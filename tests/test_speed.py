@@ -60,6 +60,26 @@ def test_bench_splits_schemes_and_rejects_unknown_flags(capsys):
     )
 
 
+def test_the_compile_mode_reaches_torch_compile_and_needs_compilation(cli, monkeypatch):
+    """--compile-mode is torch.compile's mode for the timed step, recorded; without train.compile=true (which alone
+    compiles on CPU, and says what it means on any device) it is one line and exit 2, before anything runs."""
+    tiny = ["pe=none", "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.vocab_size=512"]
+    tiny += ["train.seq_len=16", "train.batch_size=2", "--warmup", "0", "--steps", "1"]
+    refused = cli.here("scripts/speed.py", *tiny, "--compile-mode", "max-autotune")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == "error: --compile-mode max-autotune needs train.compile=true (it compiles nothing else)\n"
+    modes = []
+
+    def compile_(model, mode=None, **options):  # records the mode; runs the model as it is
+        modes.append(mode)
+        return model
+
+    monkeypatch.setattr("torch.compile", compile_)
+    for mode, want in (("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs"), ("default", None)):
+        (record,) = json_lines(cli.here("scripts/speed.py", *tiny, "train.compile=true", "--compile-mode", mode))
+        assert modes[-1] == want and record["config"]["compile_mode"] == mode and record["config"]["compile"] is True
+
+
 def test_a_failing_scheme_is_recorded_and_the_next_runs_and_an_interruption_keeps_what_ran(tmp_path, monkeypatch):
     """A scheme whose step raises (a kernel that does not compile, memory that runs out) becomes {pe, error} and the
     next scheme runs; each is saved to --record as soon as it ran, in one run entry, so that a command stopped
