@@ -188,6 +188,8 @@ def _across_chunks(
     pair n - m = s of these rows at once, then carries their queries through chunk m. With ``need_back``, also each of
     these queries carried back to the first token, (B, H, (last - first) C, D)."""
     B, H, N, C, _ = local.shape
+    if N == 1:  # one chunk (the training lengths, a decoding step): its own scores are all of them
+        return local.view(B, H, C, C), (q_start.view(B, H, C, -1) if need_back else None)
     blocks = local.new_zeros(B, H, last - first, C, N, C)
     chunks = torch.arange(N, device=local.device)
     blocks[:, :, chunks[: last - first], :, chunks[first:last]] = local[:, :, first:last].permute(2, 0, 1, 3, 4)
@@ -195,9 +197,7 @@ def _across_chunks(
     if first == 0:  # the first chunk's queries are at the first token already
         queries, back, low = queries[:, :, 1:], [queries[:, :, :1]], 1
     for s in range(1, last):
-        low = max(low, s)
-        if low >= last:
-            break
+        low = max(low, s)  # rows before s have no key chunk s back: carried through chunk 0 already
         keys = slice(low - s, last - s)
         products = queries @ k_end[:, :, keys].transpose(-2, -1)
         blocks[:, :, chunks[low - first : last - first], :, chunks[keys]] = products.permute(2, 0, 1, 3, 4)
