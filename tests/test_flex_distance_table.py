@@ -173,11 +173,11 @@ def test_kernel_options_are_composed_and_checked():
 
 
 @pytest.mark.slow  # dynamo's capture: about 1.5 s a scheme
-@pytest.mark.parametrize("name", TABLE)
+@pytest.mark.parametrize("name", RELATIVE)
 @torch.no_grad()
-def test_the_table_score_mod_compiles_as_one_graph(name):
-    """Dynamo captures FlexAttention with the table's score_mod whole (fullgraph: no graph break; aot_eager: no code
-    generation on CPU), and it computes what the math path does."""
+def test_the_score_mod_compiles_as_one_graph(name):
+    """Dynamo captures FlexAttention with the scheme's score_mod whole, the table's or its own (fullgraph: no graph
+    break; aot_eager: no code generation on CPU), and it computes what the math path does."""
     torch._dynamo.reset()
     pe, (q, k, v) = scheme(name), qkv(129, 129, requires_grad=False)
     compiled = torch.compile(lambda q, k, v: attend(q, k, v, pe, "flex", layer=1), backend="aot_eager", fullgraph=True)
