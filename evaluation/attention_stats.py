@@ -1,8 +1,8 @@
 """Attention diagnostics: where each head looks, and how spread out its attention is, at 1x and past the
 training length (scripts/inspect_attention.py).
 
-For one head, p[i, j] is query i's attention probability on key j <= i (each row sums to 1). Two statistics,
-per layer and head, accumulated over evaluation windows of length T:
+For one head, p[i, j] is query i's attention probability on key j <= i (each row sums to 1, or less: below). Three
+statistics, per layer and head, accumulated over evaluation windows of length T:
 
 - weight by distance: w_i(d) = p[i, i - d] for d = 0 .. i, so each row's weights sum to 1 over the distances
   it can see. The mean weight at distance d is the mean of w_i(d) over every query with i >= d; it is reported
@@ -12,6 +12,9 @@ per layer and head, accumulated over evaluation windows of length T:
 - entropy by query position: H_i = -sum_j p[i, j] ln p[i, j] (nats), between 0 (one key) and ln(i + 1)
   (uniform over the i + 1 keys), in log-spaced bins of the 1-based position i + 1. Its growth with length
   dilutes attention; YaRN's temperature (rope_scaling.py) counteracts it.
+- attended mass by query position: m_i = sum_j p[i, j], 1 for a softmax; a scheme whose own weights replace the
+  softmax (stick-breaking) may leave part of a row unattended. The entropy and the mean distance are then those of
+  the row's weights normalised to sum 1 (what the attended part looks like), and m_i says how much there is of it.
 
 The probabilities come from the math path (``GPT.hidden_states(..., capture=probs)``, model/gpt.py), one window
 at a time; each layer's (H, T, T) block is reduced to O(H T) numbers as soon as the window is done, so
@@ -65,8 +68,9 @@ class LayerSums:
     """Running sums over windows for one layer (float64): enough for every reported mean."""
 
     weight: torch.Tensor  # (H, T): sum over queries of w_i(d)
-    entropy: torch.Tensor  # (H, T): sum over windows of H_i
-    distance: torch.Tensor  # (H,): sum over queries of sum_d d w_i(d)
+    entropy: torch.Tensor  # (H, T): sum over windows of H_i (of the normalised row)
+    distance: torch.Tensor  # (H,): sum over queries of sum_d d w_i(d) (of the normalised row)
+    mass: torch.Tensor  # (H, T): sum over windows of m_i
     windows: int = 0
 
     @classmethod
@@ -76,15 +80,19 @@ class LayerSums:
             z(n_head, length, dtype=torch.float64),
             z(n_head, length, dtype=torch.float64),
             z(n_head, dtype=torch.float64),
+            z(n_head, length, dtype=torch.float64),
         )
 
     def add(self, probs: torch.Tensor) -> None:
         """probs: (B, H, T, T) for B windows of length T."""
         weights = weights_by_distance(probs)
         distances = torch.arange(probs.shape[-1], device=probs.device, dtype=probs.dtype)
+        mass = probs.sum(-1)
+        share = 1 / mass.clamp_min(torch.finfo(probs.dtype).tiny)  # a row that attends nothing adds 0, not NaN
         self.weight += weights.sum(dim=(0, 2)).double().cpu()
-        self.distance += (weights * distances).sum(dim=(0, 2, 3)).double().cpu()
-        self.entropy += torch.special.entr(probs).sum(-1).sum(0).double().cpu()
+        self.distance += ((weights * distances).sum(-1) * share).sum(dim=(0, 2)).double().cpu()
+        self.entropy += torch.special.entr(probs * share[..., None]).sum(-1).sum(0).double().cpu()
+        self.mass += mass.sum(0).double().cpu()
         self.windows += probs.shape[0]
 
 
@@ -119,6 +127,9 @@ class LengthStats:
                 binned(layer.entropy, torch.full((T,), float(windows), dtype=torch.float64)) for layer in self.layers
             ],
             "uniform_entropy": binned(positions.log(), torch.ones(T, dtype=torch.float64)),
+            "attended_mass": [
+                binned(layer.mass, torch.full((T,), float(windows), dtype=torch.float64)) for layer in self.layers
+            ],
         }
 
 

@@ -17,8 +17,9 @@ the definitions). The run's config is recomposed as eval.py does it, with the sa
 
 Each "lengths" entry: {"length", "windows", "reason": null, "distance_bins": [[lo, hi), ...] of distances,
 "mean_weight": [layer][head][distance bin], "mean_distance": [layer][head], "position_bins": [[lo, hi), ...]
-of 1-based positions, "entropy": [layer][head][position bin] (nats), "uniform_entropy": [position bin]}; a
-length the scheme cannot encode (pe=learned past its table) or the split cannot fill is
+of 1-based positions, "entropy": [layer][head][position bin] (nats), "uniform_entropy": [position bin],
+"attended_mass": [layer][head][position bin] (1 for a softmax; entropy and mean distance are those of rows
+normalised to 1)}; a length the scheme cannot encode (pe=learned past its table) or the split cannot fill is
 {"length", "windows": 0, "reason"}. The plots also go to the run's W&B run. Like eval.py, it holds the run
 directory's lock while it runs (core/rundir.py).
 """

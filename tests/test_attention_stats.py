@@ -92,6 +92,30 @@ def test_uniform_attention_gives_the_uniform_entropy_and_mean_weights():
     np.testing.assert_allclose(report["mean_distance"][0][0], np.mean([i / 2 for i in range(T)]), rtol=1e-6)
 
 
+def test_rows_that_attend_less_than_everything_are_described_by_their_attended_part():
+    """Weights that are not a softmax (stick-breaking) may sum to less than 1: entropy and mean distance are those of
+    the row normalised to 1, and the attended mass is reported; a row that attends nothing adds mass 0, no NaN."""
+    T = 16
+    uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]
+    half = uniform * 0.5
+    half[3] = 0  # query 3 attends nothing
+    whole, partial = LayerSums.zeros(1, T), LayerSums.zeros(1, T)
+    whole.add(uniform[None, None])
+    partial.add(half[None, None])
+    full, part = LengthStats(T, [whole]).report(), LengthStats(T, [partial]).report()
+    assert full["attended_mass"][0][0] == pytest.approx([1.0] * len(full["position_bins"]))
+    bin_of_3 = next(k for k, (lo, hi) in enumerate(part["position_bins"]) if lo <= 4 < hi)
+    lo, hi = part["position_bins"][bin_of_3]
+    for k, mass in enumerate(part["attended_mass"][0][0]):
+        assert mass == pytest.approx(0.5 * (1 - 1 / (hi - lo)) if k == bin_of_3 else 0.5)
+    entropies, uniform_entropies = np.array(part["entropy"][0][0]), np.array(full["entropy"][0][0])
+    assert np.isfinite(entropies).all()
+    others = [k for k in range(len(entropies)) if k != bin_of_3]
+    np.testing.assert_allclose(entropies[others], uniform_entropies[others], rtol=1e-6)
+    want = (np.arange(T) / 2).sum() - 3 / 2  # each row's normalised mean distance i / 2, row 3's left out
+    np.testing.assert_allclose(part["mean_distance"][0][0], want / T, rtol=1e-6)
+
+
 def test_log_bins_cover_every_integer_once():
     for n in (1, 2, 16, 1000):
         bins = log_bins(n)
