@@ -22,7 +22,7 @@
 # Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
 # Environment: EVAL_VARIATIONS replaces the variations of every scheme that declares some (the study_variations
-# of its SchemeRecord, model/pe/base.py; RoPE: [yarn:16,ntk:16,self_extend:32:32,rerope:32]), e.g.
+# of its SchemeRecord, model/pe/base.py; RoPE: [yarn:16,ntk:16,self_extend:32:32,rerope:32,string:32:4]), e.g.
 # EVAL_VARIATIONS="[yarn:16]". A run evaluated before is evaluated only with the variations it lacks (eval/.variations-done lists those it has).
 #
 # Task study (--tasks): each (task, scheme, seed) trains with task=<task>, so with the task's own model, steps and

@@ -265,3 +265,18 @@ def test_every_record_names_a_scheme_and_every_scheme_has_a_colour():
     assert record("myscheme").colour == "" and record("none").display_name == "none (NoPE)"
     for attribute in ("colour", "display_name", "study_variations", "legacy_values"):
         assert not hasattr(PositionalEncoding, attribute), attribute
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_every_study_variation_is_one_its_scheme_accepts(name):
+    """scripts/study.sh evaluates every run with its scheme's study_variations: each passes the scheme's own check
+    at the default config and gives a change of its settings (a study would otherwise fail after training)."""
+    from omegaconf import OmegaConf
+
+    from experiment.compose import compose_config
+    from model.pe import record
+
+    variations = list(record(name).study_variations)
+    cfg = OmegaConf.to_object(compose_config([f"pe={name}"])).pe
+    SCHEMES[name].check_variations(cfg, variations)
+    assert all(SCHEMES[name].parse_variation(spec, cfg) for spec in variations)

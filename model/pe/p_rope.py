@@ -96,5 +96,5 @@ class PartialRotaryPositionalEncoding(RotaryPositionalEncoding):
 
 # a light tint of RoPE's blue; RoPE's evaluation-time variations
 RECORD = SchemeRecord(
-    "p_rope", colour="#aec7e8", study_variations=("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32")
+    "p_rope", colour="#aec7e8", study_variations=("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32", "string:32:4")
 )

@@ -248,5 +248,5 @@ def check_one_extension(scaling: RoPEScalingConfig, remap: RoPERemapConfig) -> N
 
 # the study evaluates every RoPE run with YaRN and NTK at factor 16, Self-Extend and ReRoPE
 RECORD = SchemeRecord(
-    "rope", colour="#1f77b4", study_variations=("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32")
+    "rope", colour="#1f77b4", study_variations=("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32", "string:32:4")
 )
