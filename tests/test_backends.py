@@ -177,6 +177,13 @@ def test_bfloat16_sdpa_matches_float32_math(name):
     assert_close_in_bfloat16(name, output_and_grads("sdpa", pe, q, k, v), want)
 
 
+@pytest.fixture(autouse=True)
+def every_scheme_in_one_process(monkeypatch):
+    """A test process compiles FlexAttention for every scheme, dtype and path, where a run compiles it for one
+    scheme: the limit on its compilations (model/attention.py) is a run's, not this file's."""
+    monkeypatch.setattr(attention, "FLEX_RECOMPILE_LIMIT", 10_000)
+
+
 @CUDA
 @pytest.mark.parametrize("backend", ["sdpa", "flex", "auto"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

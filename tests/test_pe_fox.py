@@ -153,6 +153,7 @@ def test_cuda_paths_equal_math_forward_and_backward(backend, monkeypatch):
     """FlexAttention's score_mod reads c through its closure: the gradients reaching the gates through it must
     equal the written-out path's (head size 16, FlexAttention's smallest)."""
     monkeypatch.setattr(attention, "flex_failure", None)  # an earlier failure would have turned flex into sdpa
+    monkeypatch.setattr(attention, "FLEX_RECOMPILE_LIMIT", 10_000)  # a run's limit; this process compiles many
     idx = torch.randint(0, 101, (B, 256), generator=torch.Generator().manual_seed(0)).cuda()
     models = [tiny(name, n_head=4, n_embd=64).cuda().train() for name in (backend, "math")]
     for g, w in zip(*(forward_and_grads(model, idx) for model in models)):
