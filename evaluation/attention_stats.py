@@ -107,6 +107,7 @@ class LengthStats:
         bins = log_bins(T)
         # Pairs (query, distance d) over all windows: queries d .. T-1 can see distance d.
         pairs = windows * (T - torch.arange(T, dtype=torch.float64))
+        queries = torch.full((T,), float(windows), dtype=torch.float64)  # one query per position and window
         positions = torch.arange(1, T + 1, dtype=torch.float64)
 
         def binned(values: torch.Tensor, weights: torch.Tensor) -> list:
@@ -123,13 +124,9 @@ class LengthStats:
             "mean_weight": [binned(layer.weight, pairs) for layer in self.layers],
             "mean_distance": [(layer.distance / (windows * T)).tolist() for layer in self.layers],
             "position_bins": [[lo, hi] for lo, hi in bins],
-            "entropy": [
-                binned(layer.entropy, torch.full((T,), float(windows), dtype=torch.float64)) for layer in self.layers
-            ],
+            "entropy": [binned(layer.entropy, queries) for layer in self.layers],
             "uniform_entropy": binned(positions.log(), torch.ones(T, dtype=torch.float64)),
-            "attended_mass": [
-                binned(layer.mass, torch.full((T,), float(windows), dtype=torch.float64)) for layer in self.layers
-            ],
+            "attended_mass": [binned(layer.mass, queries) for layer in self.layers],
         }
 
 

@@ -58,13 +58,8 @@ from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
-# --compile-mode: torch.compile's modes (None: its default)
-COMPILE_MODES = {
-    "default": None,
-    "reduce-overhead": "reduce-overhead",
-    "max-autotune": "max-autotune",
-    "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
-}
+# --compile-mode: torch.compile's modes ("default": mode=None)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -181,8 +176,9 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     with PeakMemory(device) as train_memory:
         raw_model = build_model(cfg).to(device)
         optimizer = build_optimizer(raw_model, t, device)
+        mode = None if args.compile_mode == "default" else args.compile_mode
         train_step = TrainStep(
-            torch.compile(raw_model, mode=COMPILE_MODES[args.compile_mode]) if compiled else raw_model,
+            torch.compile(raw_model, mode=mode) if compiled else raw_model,
             optimizer,
             build_scheduler(optimizer, t),
             t.grad_accum_steps,
@@ -280,7 +276,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     add_common_args(parser)
     parser.add_argument(
         "--compile-mode",
-        choices=list(COMPILE_MODES),
+        choices=COMPILE_MODES,
         default="default",
         help="torch.compile's mode for the training step (with train.compile=true): what each is worth on a GPU",
     )

@@ -6,7 +6,7 @@ FlexAttention fails at first use, attention warns once and runs sdpa, which reso
 
 import pytest
 import torch
-from test_backends import B, attend_at, qkv, scheme
+from test_backends import B, D, H, attend_at, qkv, scheme
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import model.attention as attention
@@ -134,7 +134,7 @@ def test_the_compiled_flex_kernel_serves_many_shapes_and_never_runs_unfused_sile
 
     def check(batch, length):
         generator = torch.Generator().manual_seed(length)
-        q, k, v = (torch.randn(batch, 4, length, 16, generator=generator) for _ in range(3))
+        q, k, v = (torch.randn(batch, H, length, D, generator=generator) for _ in range(3))
         torch.testing.assert_close(attend(q, k, v, pe, "flex"), attend(q, k, v, pe, "math"), **TOLERANCE)
 
     torch._dynamo.reset()
