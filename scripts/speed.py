@@ -58,8 +58,13 @@ from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
-# --compile-mode: torch.compile's modes ("default": mode=None)
+# --compile-mode: torch.compile's modes
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def torch_compile_mode(name: str) -> str | None:
+    """torch.compile's ``mode`` for a --compile-mode (None: its default)."""
+    return None if name == "default" else name
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -176,9 +181,8 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     with PeakMemory(device) as train_memory:
         raw_model = build_model(cfg).to(device)
         optimizer = build_optimizer(raw_model, t, device)
-        mode = None if args.compile_mode == "default" else args.compile_mode
         train_step = TrainStep(
-            torch.compile(raw_model, mode=mode) if compiled else raw_model,
+            torch.compile(raw_model, mode=torch_compile_mode(args.compile_mode)) if compiled else raw_model,
             optimizer,
             build_scheduler(optimizer, t),
             t.grad_accum_steps,
