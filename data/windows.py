@@ -12,6 +12,24 @@ from data.tokens import TokenArray
 IGNORED = -100  # a target the loss leaves out (model/loss.py's ignore_index)
 
 
+def random_positions(
+    batch: int, seq_len: int, n_positions: int, generator: torch.Generator, lengths: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(batch, seq_len) positions, each row a sorted random subset of [0, n_positions) (Ruoss et al. 2023: an
+    instance of n tokens takes n of the N positions, uniformly, in order). ``lengths`` (batch,): the tokens of each
+    row's instance, right-padded to seq_len (a task's training batch); its first lengths[b] positions are then a
+    sorted uniform subset of all N, not the smallest of seq_len draws, and its pads (never seen by the instance,
+    never scored) repeat its last position. Without ``lengths`` every row is seq_len tokens long."""
+    order = torch.rand(batch, n_positions, generator=generator).argsort(dim=1)[:, :seq_len]  # a random subset
+    if lengths is None:
+        return order.sort(dim=1).values
+    slots = torch.arange(seq_len)
+    instance = slots < lengths[:, None]
+    ranked = order.masked_fill(~instance, n_positions).sort(dim=1).values  # the instance's own, sorted, first
+    last = ranked.gather(1, (lengths.clamp(min=1) - 1)[:, None])
+    return torch.where(instance, ranked, last)
+
+
 def sample_batch(
     tokens: TokenArray, batch_size: int, seq_len: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,11 +55,21 @@ def draw_batch(
     (targets -100 except on its answers). Either way drawn from ``generator`` alone. ``training``: a task's
     training batch (Task.training_batch: the lengths and settings the task trains on); otherwise instances of
     exactly seq_len tokens at the task's own settings, as evaluated."""
+    if training:
+        return draw_training_batch(source, batch_size, seq_len, generator)[:2]
     if isinstance(source, Task):
-        if training:
-            return source.training_batch(batch_size, seq_len, generator)
         return source.sample(batch_size, seq_len, generator)
     return sample_batch(source, batch_size, seq_len, generator)
+
+
+def draw_training_batch(
+    source: TokenArray | Task, batch_size: int, seq_len: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A training batch (x, y) and the input tokens of each row's instance (a task's right-padded instances;
+    None for windows of a token split, whose every token is the row's)."""
+    if isinstance(source, Task):
+        return source.training_instances(batch_size, seq_len, generator)
+    return *sample_batch(source, batch_size, seq_len, generator), None
 
 
 def separate_documents(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,7 @@ def check_eval_settings(cfg: DictConfig) -> None:
             "scored on: no window of them fits; raise eval.max_tokens or drop those lengths"
         )
     _check_tasks_fit(cfg, lengths)
+    _check_random_positions(cfg, lengths)
     _check_key_tokens(cfg, lengths)
     not_evaluated = sorted(set(e.per_position_plot_lengths or []) - set(lengths))
     if not_evaluated:
@@ -60,6 +61,25 @@ def _check_tasks_fit(cfg: DictConfig, lengths: list[int]) -> None:
         raise PosGPTError(
             f"eval.copy_span={span} is not shorter than any evaluation length (the longest is {max(lengths)}): the "
             "copy probe writes its span twice in a window, so it would score nothing; lower eval.copy_span"
+        )
+
+
+def _check_random_positions(cfg: DictConfig, lengths: list[int]) -> None:
+    """eval.random_positions draws a task example's positions from the [0, N) its run trained on."""
+    if not cfg.eval.random_positions:
+        return
+    n = cfg.train.random_positions
+    if cfg.task.name == NO_TASK or not n:
+        trained = f"task={cfg.task.name}, train.random_positions={n}"
+        raise PosGPTError(
+            f"eval.random_positions scores a task run at positions drawn from the [0, N) it trained on "
+            f"(train.random_positions=N); this run has {trained}: drop eval.random_positions"
+        )
+    longer = [length for length in lengths if length > n]
+    if longer:
+        raise PosGPTError(
+            f"eval.random_positions draws each example's positions from [0, train.random_positions={n}): the lengths "
+            f"{longer} do not fit; drop them (eval.lengths or eval.length_multipliers)"
         )
 
 

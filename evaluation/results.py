@@ -355,9 +355,12 @@ def key_label(row: dict[str, Any]) -> str:
 
 
 def condition_label(row: dict[str, Any]) -> str:
-    """What a row was evaluated with besides its protocol and length (``yarn:8 logn``): the variation and the
-    attention temperature; "" for the run as trained. Rows of one run that differ in it are other measurements."""
-    return " ".join(filter(None, (row.get("variation", ""), temperature_label(row.get("attn_temperature")))))
+    """What a row was evaluated with besides its protocol and length (``yarn:8 logn``): the variation, the
+    attention temperature and a task row's random positions (``randpos:1024``, eval.random_positions); "" for the
+    run as trained. Rows of one run that differ in it are other measurements."""
+    n_positions = row.get("random_positions")
+    positions = f"randpos:{n_positions}" if n_positions else ""
+    return " ".join(filter(None, (row.get("variation", ""), temperature_label(row.get("attn_temperature")), positions)))
 
 
 def format_number(value: float, digits: int = 2) -> str:

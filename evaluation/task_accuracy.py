@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 
 from core.runtime import autocast
 from data.tasks import Task, build_task, held_out_seed
+from data.windows import random_positions
 from evaluation.context import EvalContext
 from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap
 from evaluation.results import (
@@ -65,6 +66,7 @@ CSV_COLUMNS = [
     "distance",
     "variation",
     "attn_temperature",
+    "random_positions",
     "accuracy",
     "ci_low",
     "ci_high",
@@ -108,14 +110,20 @@ def count_exact_matches(
     batch_tokens: int,
     device: torch.device,
     dtype: torch.dtype,
+    positions: torch.Tensor | None = None,
 ) -> int:
-    """Examples (rows) whose every answer token (y != -100) is the argmax of the model's next-token logits."""
+    """Examples (rows) whose every answer token (y != -100) is the argmax of the model's next-token logits;
+    ``positions`` (rows, length): each example's positions, else 0..length-1."""
     per_batch = max(1, batch_tokens // x.shape[1])
     correct = 0
-    for xb, yb in zip(x.split(per_batch), y.split(per_batch)):
-        xb, yb = xb.to(device), yb.to(device)
+    for i in range(0, len(x), per_batch):
+        xb, yb = x[i : i + per_batch].to(device), y[i : i + per_batch].to(device)
         with autocast(device, dtype):
-            predicted = model(xb).argmax(dim=-1)
+            if positions is None:
+                logits = model(xb)
+            else:
+                logits = model(xb, positions=positions[i : i + per_batch].to(device))
+        predicted = logits.argmax(dim=-1)
         correct += int(((predicted == yb) | (yb == -100)).all(dim=1).sum())
     return correct
 
@@ -135,12 +143,18 @@ def evaluate_cell(
     batch_tokens: int,
     device: torch.device,
     dtype: torch.dtype,
+    n_positions: int | None = None,
 ) -> dict[str, Any]:
     """One row: the accuracy of n held-out examples of ``length`` tokens and its 95% Wilson interval. The
-    examples are generated at once, so they do not depend on how the forward passes are batched."""
+    examples are generated at once, so they do not depend on how the forward passes are batched. ``n_positions``:
+    each example at a sorted random subset of [0, n_positions) (eval.random_positions), drawn from its own seed."""
     started = time.perf_counter()
     x, y = task.sample(n, length, torch.Generator().manual_seed(seed), **cell)
-    correct = count_exact_matches(model, x, y, batch_tokens, device, dtype)
+    positions = None
+    if n_positions:
+        drawn = torch.Generator().manual_seed(held_out_seed(seed, "positions"))
+        positions = random_positions(n, length, n_positions, drawn)
+    correct = count_exact_matches(model, x, y, batch_tokens, device, dtype, positions)
     low, high = wilson_interval(correct, n)
     return {
         "accuracy": correct / n,
@@ -156,18 +170,19 @@ def evaluate_task(ctx: EvalContext, task: Task) -> list[dict[str, Any]]:
     """Rows for every evaluation-time variation of the scheme (as perplexity's), length and cell."""
     e = ctx.cfg.eval
     n = examples_for(e.task_half_width)
+    n_positions = ctx.cfg.train.random_positions if e.random_positions else None  # checked at start-up
     rows = []
     for label, setting in ctx.variations():
         for length in dict.fromkeys(ctx.lengths):
             for cell in cells(task, list(e.task_depths)):
                 seed = held_out_seed(ctx.cfg.train.seed, f"eval:{length}:{json.dumps(cell, sort_keys=True)}")
                 row = {"task": task.name, "length": length, "depth": cell.get("depth"), **setting}
-                row.update(seed=seed, split="held-out")
+                row.update(seed=seed, split="held-out", random_positions=n_positions)
                 if reason := ctx.model.pe.beyond_reach(length):  # as perplexity: not evaluable there
                     row.update(accuracy=None, n=0, reason=reason)
                 else:
                     scored = evaluate_cell(
-                        ctx.model, task, length, cell, n, seed, e.batch_tokens, ctx.device, ctx.dtype
+                        ctx.model, task, length, cell, n, seed, e.batch_tokens, ctx.device, ctx.dtype, n_positions
                     )
                     row.update(scored)
                 rows.append(row)
@@ -207,6 +222,7 @@ def row_key(row: dict[str, Any]) -> tuple:
         settings_identity(row),  # a setting left at null: the measurement from before it existed
         json.dumps(row.get("attn_temperature"), sort_keys=True),  # None in rows from before it existed
         json.dumps(probe_settings(row), sort_keys=True),
+        row.get("random_positions"),  # None: at 0..L-1, as every row before eval.random_positions existed
     )
 
 

@@ -92,6 +92,9 @@ class EvalConfig:
     task_half_width: float = domain(0.05, gt=0, le=0.5)
     task_threshold: float = domain(0.9, gt=0, le=1)
     task_depths: list[float] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1)  # passkey
+    # A task run trained with train.random_positions=N: score each example at a sorted random subset of [0, N), as
+    # Ruoss et al. 2023 test, instead of at 0..L-1; its rows are labelled randpos:N
+    random_positions: bool = False
     # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
     tasks: list[str] = field(default_factory=list)
     copy_span: int = domain(16, ge=2, used_with=("tasks", PROBES))  # tokens in the copy probe's repeated span

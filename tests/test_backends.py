@@ -9,11 +9,11 @@ from omegaconf import OmegaConf
 import model.attention as attention
 import model.loss as loss_module
 from core.errors import PosGPTError
+from data.windows import random_positions
 from experiment.config import TrainConfig
 from model import GPT, ModelConfig
 from model.attention import attend, resolve_backend
 from model.pe import SCHEMES, ModelDims, PositionState, build_positional_encoding
-from training.batch_stream import random_positions
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 

@@ -10,10 +10,10 @@ from test_backends import B, D, H, attend_at, qkv, scheme
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import model.attention as attention
+from data.windows import random_positions
 from model import GPT, KVCache, ModelConfig
 from model.attention import attend, resolve_backend
 from model.pe import SCHEMES
-from training.batch_stream import random_positions
 
 BIAS = sorted(name for name, cls in SCHEMES.items() if cls.has_score_bias)
 CUMULATIVE = sorted(name for name, cls in SCHEMES.items() if cls.has_cumulative_bias)  # its data: the model's

@@ -1,6 +1,8 @@
 """Randomized positions (Ruoss et al. 2023): the draw, the model at per-row positions for every scheme, the
 refusals, and one training run through train.py."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -8,10 +10,14 @@ from cli_runs import train_losses
 
 from core.errors import PosGPTError
 from data import TokenArray
+from data.tasks import build_task
+from data.tasks.passkey import PasskeyConfig
+from data.windows import random_positions
+from evaluation.task_accuracy import count_exact_matches
 from model import GPT, ModelConfig
 from model.pe import SCHEMES
 from model.pe.learned import LearnedConfig
-from training.batch_stream import BatchStream, random_positions
+from training.batch_stream import BatchStream
 from training.distributed import DistInfo
 
 POSITIONAL = sorted(name for name in SCHEMES if SCHEMES[name].uses_positions())
@@ -91,3 +97,71 @@ def test_train_py_with_random_positions(cli, tmp_path):
     # pe=learned: a table of 16 positions
     refused = cli.train_here(tmp_path / "bad", "train.max_steps=3", "train.random_positions=256")
     assert refused.returncode == 2 and "random_positions=256" in refused.stderr
+
+
+def test_an_instance_takes_as_many_positions_as_its_tokens_from_the_whole_range():
+    """A right-padded instance of n tokens gets a sorted uniform n-subset of [0, N) (Ruoss et al.), not the n
+    smallest of seq_len draws; its pads repeat its last position; full rows are the draw without lengths."""
+    lengths = torch.tensor([1, 5, T, 3] * 50)
+    positions = random_positions(200, T, N, torch.Generator().manual_seed(2), lengths)
+    assert torch.equal(positions[2::4], random_positions(200, T, N, torch.Generator().manual_seed(2))[2::4])
+    for row, n in zip(positions, lengths.tolist()):
+        assert (row[:n].diff() > 0).all() and row.min() >= 0 and row.max() < N
+        assert (row[n:] == row[n - 1]).all()
+    # One token's position is uniform over [0, N) (mean (N - 1) / 2 = 31.5); the smallest of T draws would
+    # average N / (T + 1) < 5.
+    assert positions[0::4, 0].float().mean() > N / 4
+
+
+def test_a_task_batch_stream_draws_positions_for_each_instance_length():
+    task = build_task(PasskeyConfig())
+    stream = BatchStream(task, 16, 64, 0, DistInfo(), torch.device("cpu"), random_positions=1024)
+    generator = torch.Generator().manual_seed(0)
+    _, _, lengths = task.training_instances(16, 64, generator)
+    x, y, positions = stream.next()
+    expected = random_positions(16, 64, 1024, generator, lengths)
+    assert torch.equal(positions, expected) and len(set(lengths.tolist())) > 1
+    fixed = build_task(PasskeyConfig(train_lengths="fixed"))
+    plain = BatchStream(fixed, 16, 64, 0, DistInfo(), torch.device("cpu"), random_positions=1024).next()[2]
+    generator = torch.Generator().manual_seed(0)
+    fixed.training_batch(16, 64, generator)
+    assert torch.equal(plain, random_positions(16, 64, 1024, generator))  # one layout: the draw as before
+
+
+def test_counting_matches_scores_each_example_at_its_positions_0_to_l_minus_1_by_default():
+    """A model whose prediction at each token is its position: the targets equal to the positions given match."""
+
+    def predicts_position(x, positions=None):
+        at = torch.arange(x.shape[1]).expand_as(x) if positions is None else positions
+        return torch.nn.functional.one_hot(at, N).float()
+
+    cpu = torch.device("cpu")
+    x = torch.zeros(5, T, dtype=torch.long)
+    drawn = random_positions(5, T, N, torch.Generator().manual_seed(0))
+    assert count_exact_matches(predicts_position, x, drawn, 2 * T, cpu, torch.float32, drawn) == 5  # in 3 batches
+    assert count_exact_matches(predicts_position, x, drawn, 2 * T, cpu, torch.float32) == 0
+    assert count_exact_matches(predicts_position, x, torch.arange(T).expand(5, T), 2 * T, cpu, torch.float32) == 5
+
+
+@pytest.mark.slow
+def test_eval_at_random_positions_adds_its_rows_and_refuses_what_it_cannot_score(cli, tmp_path, reference):
+    run = tmp_path / "run"
+    small = ["task=passkey", "pe=rope", "train.seq_len=32", "task.key_len=2", "task.filler_len=3"]
+    done = cli.train_here(run, *small, "train.max_steps=4", "train.random_positions=128")
+    assert done.returncode == 0, done.stderr
+    for extra in ([], ["eval.random_positions=true", "eval.lengths=[16,32,128]"]):
+        again = cli.eval_here(run, "eval.lengths=[16,32]", *extra)
+        assert again.returncode == 0, again.stderr
+    rows = json.loads((run / "eval" / "tasks.json").read_text())["results"]
+    labels = {(row["length"], row["random_positions"]) for row in rows if row["depth"] is None}
+    assert labels == {(16, None), (32, None), (16, 128), (32, 128), (128, 128)}
+    assert "randpos:128 " in again.stdout  # the table's row label
+    refusals = {
+        "eval.lengths=[256]": "lengths [256] do not fit",
+        "eval.lengths=[16]": None,
+    }
+    for override, message in refusals.items():
+        result = cli.eval_here(run, "eval.random_positions=true", override)
+        assert (result.returncode, message is None or message in result.stderr) == (2 if message else 0, True)
+    plain = cli.eval_here(reference, "eval.random_positions=true")
+    assert plain.returncode == 2 and "this run has task=none" in plain.stderr

@@ -17,6 +17,7 @@ from reference_numbers import REFERENCE_NUMBERS
 from tiny_checkpoint import make_run
 
 from core.errors import PosGPTError
+from data.windows import random_positions
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, validate
@@ -24,7 +25,6 @@ from model import GPT, ModelConfig
 from model.pe import ModelDims
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
 from model.pe.rope_scaling import RoPEScalingConfig, parse_scaling, rope_inv_freq, scaling_label
-from training.batch_stream import random_positions
 from training.init_from import load_parent
 
 BASE = 10000.0

@@ -5,22 +5,18 @@ The next batch is sampled, pinned and copied to the device (non-blocking) while 
 makes a resumed run draw exactly the batches an uninterrupted one would.
 
 Randomized positions (``train.random_positions=N``; Ruoss et al. 2023): each sequence also gets positions, a
-sorted random subset of [0, N), drawn from the same generator right after its tokens (so resume stays exact).
+sorted random subset of [0, N) (a task's instance: as many as its own tokens), drawn from the same generator right
+after its tokens (so resume stays exact).
 """
 
 from __future__ import annotations
 
 import torch
 
-from data import TokenArray, draw_batch
+from data import TokenArray
 from data.tasks import Task
+from data.windows import draw_training_batch, random_positions
 from training.distributed import DistInfo
-
-
-def random_positions(batch: int, seq_len: int, n_positions: int, generator: torch.Generator) -> torch.Tensor:
-    """(batch, seq_len) positions, each row a sorted random subset of [0, n_positions) (Ruoss et al. 2023)."""
-    keys = torch.rand(batch, n_positions, generator=generator)
-    return keys.argsort(dim=1)[:, :seq_len].sort(dim=1).values
 
 
 def rank_rows(global_batch: int, dist: DistInfo) -> slice:
@@ -51,10 +47,11 @@ class BatchStream:
 
     def _draw(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         self._state_before = self.generator.get_state()
-        x, y = draw_batch(self.tokens, self.global_batch, self.seq_len, self.generator, training=True)
+        x, y, lengths = draw_training_batch(self.tokens, self.global_batch, self.seq_len, self.generator)
         batch = [x[self.rows], y[self.rows]]
         if self.random_positions:
-            positions = random_positions(self.global_batch, self.seq_len, self.random_positions, self.generator)
+            n = self.random_positions
+            positions = random_positions(self.global_batch, self.seq_len, n, self.generator, lengths)
             batch.append(positions[self.rows])
         if self.device.type == "cuda":
             batch = [t.pin_memory().to(self.device, non_blocking=True) for t in batch]

@@ -103,9 +103,16 @@ class Task:
         """A training batch as ``sample``'s, at the settings ``training_cell`` draws; under train_lengths=uniform
         each row an instance of a length drawn uniformly from [min_length, seq_len + 1] tokens, padded on the
         right (the pads' targets -100)."""
+        x, y, _ = self.training_instances(batch, seq_len, generator)
+        return x, y
+
+    def training_instances(
+        self, batch: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``training_batch``'s x and y, and how many input tokens of each row are its instance's (the rest pads)."""
         cell = self.training_cell(generator)
         if self.cfg.train_lengths == "fixed":
-            return self.sample(batch, seq_len, generator, **cell)
+            return *self.sample(batch, seq_len, generator, **cell), torch.full((batch,), seq_len)
         self._check_fits(seq_len, **cell)
         lengths = torch.randint(self.min_length(**cell), seq_len + 2, (batch,), generator=generator)
         tokens = torch.zeros(batch, seq_len + 1, dtype=torch.long)
@@ -113,7 +120,7 @@ class Task:
         for length in lengths.unique().tolist():  # ascending: the draws' order is fixed by the lengths alone
             rows = (lengths == length).nonzero().squeeze(1)
             tokens[rows, :length], answer[rows, :length] = self.generate(len(rows), length, generator, **cell)
-        return self._inputs_and_targets(tokens, answer)
+        return *self._inputs_and_targets(tokens, answer), lengths - 1  # an instance of n tokens: n - 1 inputs
 
     def _check_fits(self, seq_len: int, **cell: Any) -> None:
         if seq_len + 1 < self.min_length(**cell):
