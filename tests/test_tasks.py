@@ -203,6 +203,25 @@ def test_needles_answer_the_queried_keys_values_among_distractors():
             assert set(fill) <= {11, 12, 13}
 
 
+def test_needles_train_on_a_mixture_of_needle_counts_and_evaluate_at_n_keys():
+    task = build_task(NeedlesConfig(n_keys=4, min_keys=1))
+    key_marker = 10 + 16 + 5
+    generator = gen()
+    assert {task.training_cell(generator)["n_keys"] for _ in range(300)} == {1, 2, 3, 4}
+    tokens, _ = task.generate(8, 40, gen(), n_keys=1)
+    assert ((tokens == key_marker).sum(dim=1) == 1).all() and task.min_length(n_keys=1) == 8
+    assert ((task.sample(8, 40, gen())[0] == key_marker).sum(dim=1) == 4).all()  # evaluation: n_keys
+    counts = {
+        frozenset((task.training_batch(16, 40, generator)[0] == key_marker).sum(dim=1).tolist()) for _ in range(40)
+    }
+    assert all(len(count) == 1 for count in counts) and len(counts) == 4  # one count a batch, every count drawn
+    still = gen()
+    assert build_task(NeedlesConfig()).training_cell(still) == {}  # no mixture: nothing drawn
+    assert torch.equal(still.get_state(), gen().get_state())
+    with pytest.raises(PosGPTError, match="min_keys=5 is more than task.n_keys=4"):
+        build_task(NeedlesConfig(n_keys=4, min_keys=5))
+
+
 def _starts(row: list[int], marker: int) -> list[int]:
     return [i for i, token in enumerate(row) if token == marker]
 

@@ -9,7 +9,10 @@ key-value needles are hidden in filler; the query names one key, and all of its 
   multi-value needle (every value of the key must come back);
 - filler: one fixed "sentence" of filler_len distinct tokens repeated, as passkey's;
 - placement: the needles at random, non-overlapping places of the context, in any order; the queried needle
-  drawn uniformly among them. A longer instance has more filler between the needles (they stay the same).
+  drawn uniformly among them. A longer instance has more filler between the needles (they stay the same);
+- training mixture (``min_keys``): each training batch draws its number of needles uniformly from
+  [min_keys, n_keys], as MQAR's ``min_pairs``; evaluation uses n_keys. With one needle the task is a passkey,
+  which forms the retrieval circuit that the distractors then teach to select by key.
 
 Vocabulary: values [0, n_symbols), keys [n_symbols, n_symbols + n_key_symbols), filler (filler_len), KEY, QUERY.
 Chance of an exact match: 1/n_keys choosing among the needles in context, n_symbols^-n_values guessing.
@@ -18,7 +21,6 @@ Chance of an exact match: 1/n_keys choosing among the needles in context, n_symb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -35,6 +37,7 @@ class NeedlesConfig(GeneratedTaskConfig):
     n_symbols: int = domain(10, ge=1)  # the values' alphabet
     n_key_symbols: int = domain(16, ge=1)  # the keys' alphabet
     filler_len: int = domain(5, ge=1)
+    min_keys: int | None = domain(None, ge=1)  # training batches draw their needles from [min_keys, n_keys]
 
 
 class Needles(Task):
@@ -48,25 +51,35 @@ class Needles(Task):
                 f"task.n_keys={self.cfg.n_keys} distinct keys need task.n_key_symbols >= n_keys "
                 f"(got {self.cfg.n_key_symbols})"
             )
+        if self.cfg.min_keys is not None and self.cfg.min_keys > self.cfg.n_keys:
+            raise PosGPTError(f"task.min_keys={self.cfg.min_keys} is more than task.n_keys={self.cfg.n_keys}")
 
     @property
     def vocab_size(self) -> int:
         c = self.cfg
         return c.n_symbols + c.n_key_symbols + c.filler_len + 2
 
-    def min_length(self, **cell: Any) -> int:
-        return (self.cfg.n_keys + 1) * (2 + self.cfg.n_values)
+    def min_length(self, n_keys: int | None = None) -> int:
+        return ((n_keys or self.cfg.n_keys) + 1) * (2 + self.cfg.n_values)
 
-    def generate(self, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        c, size = self.cfg, 2 + self.cfg.n_values
+    def training_cell(self, generator: torch.Generator) -> dict[str, int]:
+        low = self.cfg.min_keys
+        if low is None or low == self.cfg.n_keys:
+            return {}
+        return {"n_keys": low + int(torch.randint(0, self.cfg.n_keys - low + 1, (), generator=generator))}
+
+    def generate(
+        self, batch: int, length: int, generator: torch.Generator, n_keys: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        c, size, n = self.cfg, 2 + self.cfg.n_values, n_keys or self.cfg.n_keys
         key_marker = c.n_symbols + c.n_key_symbols + c.filler_len
         context = length - size  # the query and its answers close the instance
-        keys = c.n_symbols + torch.rand(batch, c.n_key_symbols, generator=generator).argsort(dim=1)[:, : c.n_keys]
-        values = random_ints(0, c.n_symbols, (batch, c.n_keys, c.n_values), generator)
-        starts = non_overlapping_starts(batch, context, c.n_keys, size, generator)
-        queried = random_ints(0, c.n_keys, (batch, 1), generator)
+        keys = c.n_symbols + torch.rand(batch, c.n_key_symbols, generator=generator).argsort(dim=1)[:, :n]
+        values = random_ints(0, c.n_symbols, (batch, n, c.n_values), generator)
+        starts = non_overlapping_starts(batch, context, n, size, generator)
+        queried = random_ints(0, n, (batch, 1), generator)
         tokens = (c.n_symbols + c.n_key_symbols + torch.arange(length) % c.filler_len).repeat(batch, 1)
-        needles = torch.cat((torch.full((batch, c.n_keys, 1), key_marker), keys.unsqueeze(2), values), dim=2)
+        needles = torch.cat((torch.full((batch, n, 1), key_marker), keys.unsqueeze(2), values), dim=2)
         tokens.scatter_(1, (starts.unsqueeze(2) + torch.arange(size)).flatten(1), needles.flatten(1))
         query = torch.cat((keys.gather(1, queried), values[torch.arange(batch), queried[:, 0]]), dim=1)
         tokens[:, context] = key_marker + 1
