@@ -61,6 +61,11 @@ REPORTS = [
     ("task-study-gpu/comparison_tasks.md", ["task-study-gpu/*/"], []),
     ("task-study-uniform/comparison_tasks.md", ["task-study-uniform/*/"], []),
     ("ruler-defaults/comparison_tasks.md", ["ruler-defaults/*/"], []),
+    (
+        "task-randpos/comparison_rope.md",
+        ["task-study-uniform/passkey-rope-s*/", "task-randpos/passkey-rope-s*/"],
+        ["--baseline", "rope train.random_positions=None"],
+    ),
     ("task-study-gpu/comparison_tasks_vs_rope.md", ["task-study-gpu/*/"], ["--baseline", "rope"]),
     (
         "shakespeare-probes/comparison_width256.md",
