@@ -66,6 +66,11 @@ REPORTS = [
         ["task-study-uniform/passkey-rope-s*/", "task-randpos/passkey-rope-s*/"],
         ["--baseline", "rope train.random_positions=None"],
     ),
+    (
+        "task-randpos/comparison_sinusoidal.md",
+        ["task-study-uniform/passkey-sinusoidal-s*/", "task-randpos/passkey-sinusoidal-s*/"],
+        ["--baseline", "sinusoidal train.random_positions=None"],
+    ),
     ("task-study-gpu/comparison_tasks_vs_rope.md", ["task-study-gpu/*/"], ["--baseline", "rope"]),
     (
         "shakespeare-probes/comparison_width256.md",
