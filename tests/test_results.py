@@ -68,7 +68,11 @@ REPORTS = [
     ),
     (
         "task-randpos/comparison_sinusoidal.md",
-        ["task-study-uniform/passkey-sinusoidal-s*/", "task-randpos/passkey-sinusoidal-s*/"],
+        [
+            "task-study-uniform/passkey-sinusoidal-s*/",
+            "task-study-uniform/flipflop-sinusoidal-s*/",
+            "task-randpos/*-sinusoidal-s*/",
+        ],
         ["--baseline", "sinusoidal train.random_positions=None"],
     ),
     ("task-study-gpu/comparison_tasks_vs_rope.md", ["task-study-gpu/*/"], ["--baseline", "rope"]),
