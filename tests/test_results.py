@@ -63,7 +63,12 @@ REPORTS = [
     ("ruler-defaults/comparison_tasks.md", ["ruler-defaults/*/"], []),
     (
         "task-randpos/comparison_rope.md",
-        ["task-study-uniform/passkey-rope-s*/", "task-study-uniform/flipflop-rope-s*/", "task-randpos/*-rope-s*/"],
+        [
+            "task-study-uniform/passkey-rope-s*/",
+            "task-study-uniform/flipflop-rope-s*/",
+            "task-study-uniform/copy-rope-s*/",
+            "task-randpos/*-rope-s*/",
+        ],
         ["--baseline", "rope train.random_positions=None"],
     ),
     (
