@@ -143,6 +143,14 @@ def held_out_seed(seed: int, purpose: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{purpose}".encode()).digest()[:8], "little") >> 1
 
 
+def count_mixture(key: str, low: int | None, high: int, generator: torch.Generator) -> dict[str, int]:
+    """A training cell (``Task.training_cell``) whose ``key`` is drawn uniformly from [low, high], the mixture of
+    counts a task's paper trains on; {} and nothing drawn from ``generator`` when ``low`` is None or ``high``."""
+    if low is None or low == high:
+        return {}
+    return {key: low + int(torch.randint(0, high - low + 1, (), generator=generator))}
+
+
 def random_ints(low: int, high: torch.Tensor | int, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """Uniform integers in [low, high) elementwise; ``high`` may be a tensor of per-row bounds."""
     return low + (torch.rand(shape, generator=generator) * (torch.as_tensor(high) - low)).long()

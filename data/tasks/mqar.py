@@ -35,7 +35,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from data.tasks.base import GeneratedTaskConfig, Task
+from data.tasks.base import GeneratedTaskConfig, Task, count_mixture
 
 
 @dataclass
@@ -69,10 +69,7 @@ class MQAR(Task):
         return 4 * (n_pairs or self.cfg.n_pairs)
 
     def training_cell(self, generator: torch.Generator) -> dict[str, int]:
-        low = self.cfg.min_pairs
-        if low is None or low == self.cfg.n_pairs:
-            return {}
-        return {"n_pairs": low + int(torch.randint(0, self.cfg.n_pairs - low + 1, (), generator=generator))}
+        return count_mixture("n_pairs", self.cfg.min_pairs, self.cfg.n_pairs, generator)
 
     def generate(
         self, batch: int, length: int, generator: torch.Generator, n_pairs: int | None = None

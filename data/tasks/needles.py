@@ -26,7 +26,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from data.tasks.base import GeneratedTaskConfig, Task, non_overlapping_starts, random_ints
+from data.tasks.base import GeneratedTaskConfig, Task, count_mixture, non_overlapping_starts, random_ints
 
 
 @dataclass
@@ -63,10 +63,7 @@ class Needles(Task):
         return ((n_keys or self.cfg.n_keys) + 1) * (2 + self.cfg.n_values)
 
     def training_cell(self, generator: torch.Generator) -> dict[str, int]:
-        low = self.cfg.min_keys
-        if low is None or low == self.cfg.n_keys:
-            return {}
-        return {"n_keys": low + int(torch.randint(0, self.cfg.n_keys - low + 1, (), generator=generator))}
+        return count_mixture("n_keys", self.cfg.min_keys, self.cfg.n_keys, generator)
 
     def generate(
         self, batch: int, length: int, generator: torch.Generator, n_keys: int | None = None
