@@ -202,12 +202,10 @@ def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) ->
 
 def evaluated_run(runner: Runner, directory: Path) -> Path:
     """A run with results in ``directory``/run: a checkpoint of untrained weights (tests/tiny_checkpoint.py),
-    evaluated at one length. For module fixtures, which come before conftest's per-test token-cache setting."""
+    evaluated at one length."""
     from tiny_checkpoint import make_run
 
     run_dir = make_run(directory / "run", runner.corpus)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("POSGPT_CACHE_DIR", runner.env["POSGPT_CACHE_DIR"])
-        done = runner.eval_here(run_dir, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
+    done = runner.eval_here(run_dir, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
     assert done.returncode == 0, done.stderr
     return run_dir

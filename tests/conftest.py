@@ -15,10 +15,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pyproject.toml runs a worker per co
     torch.set_num_threads(1)
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Token caches go to one per-session temporary directory, never to the user's ~/.cache."""
-    monkeypatch.setenv("POSGPT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "posgpt-cache"))
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Token caches go to one per-session temporary directory, never to the user's ~/.cache. Session-scoped and
+    autouse, so it is set before any other fixture runs: a per-test setting came after the session and module
+    fixtures that train (the reference run), which then tokenized into ~/.cache, and a later test in the same
+    worker tokenized its corpus again and printed a progress bar beside a one-line refusal."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POSGPT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "posgpt-cache"))
+        yield
 
 
 def _seed_everything() -> None:

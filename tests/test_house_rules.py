@@ -2,6 +2,7 @@
 code outside model/pe/ knows a positional scheme by name."""
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -333,3 +334,16 @@ def test_the_next_test_starts_with_gradients_on():
     """conftest.py: a test starts as a fresh process would, whatever the test before it left (runs after the test
     above, in the same worker: pytest runs a file's tests in order)."""
     assert torch.is_grad_enabled()
+
+
+@pytest.fixture(scope="module")
+def cache_seen_by_a_module_fixture() -> str | None:
+    """What a module fixture that trains (the passkey run of test_task_lengths.py) sees as the token cache."""
+    return os.environ.get("POSGPT_CACHE_DIR")
+
+
+def test_fixtures_of_every_scope_tokenize_into_the_sessions_cache(cache_seen_by_a_module_fixture, tmp_path_factory):
+    """conftest.py: a fixture that ran before the first test's own setup once tokenized into ~/.cache/posgpt, and
+    the next test on the same corpus tokenized again, printing a progress bar beside its one-line refusal."""
+    session_cache = str(tmp_path_factory.getbasetemp() / "posgpt-cache")
+    assert cache_seen_by_a_module_fixture == session_cache == os.environ["POSGPT_CACHE_DIR"]
