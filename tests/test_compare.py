@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 from cli_runs import load_script
+from omegaconf import OmegaConf
 
 from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
 from evaluation.results import format_number, format_ppl
 from evaluation.stats import Estimate, clearly_different
-from experiment.settings import config_for_evaluation
+from experiment.compose import compose_config
+from experiment.config import TrainConfig
+from experiment.settings import config_for_evaluation, trained_config
 from reports.perplexity import entries_of, markdown_report, ppl_estimate, ppl_values, ratio_estimate
-from reports.runs import Entry, Run, evaluated_with, group_by_seed, group_labels, load_runs
+from reports.runs import Entry, Run, evaluated_with, group_by_seed, group_labels, load_runs, typed_config
 from reports.tables import find_baseline, paired_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -607,3 +610,16 @@ def test_export_refuses_two_runs_of_one_name(cli, tmp_path):
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "several runs are named rope-s1: export them into separate folders" in done.stderr
     assert not (tmp_path / "exported").exists()
+
+
+def test_seeds_of_one_setting_share_one_typing_and_keep_their_own_seed():
+    """reports.runs.typed_config types a setting once for all its seeds: each still reads its own seed, a config
+    without one reads the schema's default (not a cached seed), and the result is trained_config's."""
+    saved = OmegaConf.to_container(compose_config(["pe=rope", "train.seed=7"]), resolve=True)
+    other_seed = {**saved, "train": {**saved["train"], "seed": 8}}
+    no_seed = {**saved, "train": {k: v for k, v in saved["train"].items() if k != "seed"}}
+    for config in (saved, other_seed, no_seed, saved):
+        assert typed_config(config) == OmegaConf.to_container(trained_config(config), resolve=True)
+    assert [typed_config(c)["train"]["seed"] for c in (saved, other_seed, no_seed)] == [7, 8, TrainConfig().seed]
+    typed_config(saved)["train"]["seed"] = 99  # a caller's change reaches no other run
+    assert typed_config(other_seed)["train"]["seed"] == 8 and typed_config(saved)["train"]["seed"] == 7
