@@ -76,6 +76,7 @@ REPORTS = [
         [
             "task-study-uniform/passkey-sinusoidal-s*/",
             "task-study-uniform/flipflop-sinusoidal-s*/",
+            "task-study-uniform/copy-sinusoidal-s*/",
             "task-randpos/*-sinusoidal-s*/",
         ],
         ["--baseline", "sinusoidal train.random_positions=None"],
