@@ -222,6 +222,42 @@ def test_needles_train_on_a_mixture_of_needle_counts_and_evaluate_at_n_keys():
         build_task(NeedlesConfig(n_keys=4, min_keys=5))
 
 
+def test_needles_query_several_distinct_needles_in_turn():
+    """RULER's multi-query needle: n_queries distinct needles queried at the end, each followed by its values,
+    every value an answer token; a batch with fewer needles than queries queries each once."""
+    cfg = NeedlesConfig(n_keys=4, n_values=2, n_symbols=6, n_key_symbols=5, filler_len=3, n_queries=3, min_keys=1)
+    task = build_task(cfg)
+    key_marker, query_marker = 6 + 5 + 3, 6 + 5 + 3 + 1
+    assert task.min_length() == (4 + 3) * 4 and task.min_length(n_keys=2) == (2 + 2) * 4
+    for n_keys, length in ((4, 28), (4, 61), (2, 30)):
+        n_queries = min(3, n_keys)
+        tokens, answer = task.generate(32, length, gen(), n_keys=n_keys)
+        for row, mask in zip(tokens.tolist(), answer.tolist()):
+            context = length - 4 * n_queries
+            needles = {row[i + 1]: row[i + 2 : i + 4] for i in range(context) if row[i] == key_marker}
+            assert len(needles) == n_keys
+            tail = [row[i : i + 4] for i in range(context, length, 4)]
+            assert [q[0] for q in tail] == [query_marker] * n_queries
+            assert len({q[1] for q in tail}) == n_queries  # distinct needles
+            assert all(q[2:] == needles[q[1]] for q in tail)  # each queried key's values
+            assert mask == [False] * context + [False, False, True, True] * n_queries
+    with pytest.raises(PosGPTError, match="n_queries=5 distinct needles to query need task.n_keys >= n_queries"):
+        build_task(NeedlesConfig(n_keys=4, n_queries=5))
+
+
+PINNED_NEEDLES = [
+    [31, 22, 1, 2, 31, 12, 1, 0, 29, 30, 26, 31, 13, 2, 9, 26, 31, 23, 7, 7, 32, 23, 7, 7],
+    [26, 31, 21, 5, 2, 31, 12, 5, 0, 31, 22, 1, 2, 29, 30, 31, 13, 8, 7, 30, 32, 12, 5, 0],
+]
+
+
+def test_one_needle_query_draws_what_it_drew_before_n_queries():
+    """Pinned instances of the default needles (one query): runs made before task.n_queries existed stay
+    reproducible. The numbers are the default generator's draws at seed 0, recorded when n_queries was added."""
+    tokens, answer = build_task(NeedlesConfig()).generate(2, 24, gen())
+    assert tokens.tolist() == PINNED_NEEDLES and answer[:, -2:].all() and answer.sum() == 4
+
+
 def _starts(row: list[int], marker: int) -> list[int]:
     return [i for i, token in enumerate(row) if token == marker]
 

@@ -1,5 +1,5 @@
-"""Needle retrieval among distractors (RULER's multi-key and multi-value needles, Hsieh et al. 2024, §3.1): several
-key-value needles are hidden in filler; the query names one key, and all of its values must be repeated.
+"""Needle retrieval among distractors (RULER's multi-key, multi-value and multi-query needles, Hsieh et al. 2024,
+§3.1): several key-value needles are hidden in filler; a query names one key, and all of its values must be repeated.
 
     f f f KEY k_a v v f f KEY k_b v v f f f f ... f QUERY k_b v v
                                                                ^^^ answer tokens: the queried key's values, in order
@@ -7,15 +7,20 @@ key-value needles are hidden in filler; the query names one key, and all of its 
 - needles: n_keys distinct keys (from n_key_symbols), each followed by n_values values drawn uniformly from
   n_symbols; n_keys > 1 is RULER's multi-key needle (the other keys are distractors), n_values > 1 its
   multi-value needle (every value of the key must come back);
+- queries: n_queries distinct needles are queried in turn at the end (``QUERY k_b v v QUERY k_a v v``), RULER's
+  multi-query needle; every queried value is an answer token. One query gives one lookup's supervision per instance;
+  MQAR's 8 queries give eight;
 - filler: one fixed "sentence" of filler_len distinct tokens repeated, as passkey's;
 - placement: the needles at random, non-overlapping places of the context, in any order; the queried needle
   drawn uniformly among them. A longer instance has more filler between the needles (they stay the same);
 - training mixture (``min_keys``): each training batch draws its number of needles uniformly from
   [min_keys, n_keys], as MQAR's ``min_pairs``; evaluation uses n_keys. With one needle the task is a passkey,
-  which forms the retrieval circuit that the distractors then teach to select by key.
+  which forms the retrieval circuit that the distractors then teach to select by key. A batch with fewer needles
+  than n_queries queries each of them once.
 
 Vocabulary: values [0, n_symbols), keys [n_symbols, n_symbols + n_key_symbols), filler (filler_len), KEY, QUERY.
-Chance of an exact match: 1/n_keys choosing among the needles in context, n_symbols^-n_values guessing.
+Chance of an exact match with one query: 1/n_keys choosing among the needles in context, n_symbols^-n_values
+guessing; with several, every query must be right.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class NeedlesConfig(GeneratedTaskConfig):
     n_key_symbols: int = domain(16, ge=1)  # the keys' alphabet
     filler_len: int = domain(5, ge=1)
     min_keys: int | None = domain(None, ge=1)  # training batches draw their needles from [min_keys, n_keys]
+    n_queries: int = domain(1, ge=1)  # distinct needles queried in turn at the end (at most n_keys)
 
 
 class Needles(Task):
@@ -53,6 +59,11 @@ class Needles(Task):
             )
         if self.cfg.min_keys is not None and self.cfg.min_keys > self.cfg.n_keys:
             raise PosGPTError(f"task.min_keys={self.cfg.min_keys} is more than task.n_keys={self.cfg.n_keys}")
+        if self.cfg.n_queries > self.cfg.n_keys:
+            raise PosGPTError(
+                f"task.n_queries={self.cfg.n_queries} distinct needles to query need task.n_keys >= n_queries "
+                f"(got {self.cfg.n_keys})"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -60,7 +71,8 @@ class Needles(Task):
         return c.n_symbols + c.n_key_symbols + c.filler_len + 2
 
     def min_length(self, n_keys: int | None = None) -> int:
-        return ((n_keys or self.cfg.n_keys) + 1) * (2 + self.cfg.n_values)
+        n = n_keys or self.cfg.n_keys
+        return (n + min(self.cfg.n_queries, n)) * (2 + self.cfg.n_values)
 
     def training_cell(self, generator: torch.Generator) -> dict[str, int]:
         return count_mixture("n_keys", self.cfg.min_keys, self.cfg.n_keys, generator)
@@ -69,18 +81,21 @@ class Needles(Task):
         self, batch: int, length: int, generator: torch.Generator, n_keys: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c, size, n = self.cfg, 2 + self.cfg.n_values, n_keys or self.cfg.n_keys
-        key_marker = c.n_symbols + c.n_key_symbols + c.filler_len
-        context = length - size  # the query and its answers close the instance
+        key_marker, n_queries = c.n_symbols + c.n_key_symbols + c.filler_len, min(c.n_queries, n)
+        context = length - n_queries * size  # the queries and their answers close the instance
         keys = c.n_symbols + torch.rand(batch, c.n_key_symbols, generator=generator).argsort(dim=1)[:, :n]
         values = random_ints(0, c.n_symbols, (batch, n, c.n_values), generator)
         starts = non_overlapping_starts(batch, context, n, size, generator)
-        queried = random_ints(0, n, (batch, 1), generator)
+        if n_queries == 1:  # one draw, as before n_queries existed: one query's instances stay what they were
+            queried = random_ints(0, n, (batch, 1), generator)
+        else:
+            queried = torch.rand(batch, n, generator=generator).argsort(dim=1)[:, :n_queries]
         tokens = (c.n_symbols + c.n_key_symbols + torch.arange(length) % c.filler_len).repeat(batch, 1)
         needles = torch.cat((torch.full((batch, n, 1), key_marker), keys.unsqueeze(2), values), dim=2)
         tokens.scatter_(1, (starts.unsqueeze(2) + torch.arange(size)).flatten(1), needles.flatten(1))
-        query = torch.cat((keys.gather(1, queried), values[torch.arange(batch), queried[:, 0]]), dim=1)
-        tokens[:, context] = key_marker + 1
-        tokens[:, context + 1 :] = query
-        answer = torch.zeros(batch, length, dtype=torch.bool)
-        answer[:, context + 2 :] = True
-        return tokens, answer
+        queries = needles.gather(1, queried.unsqueeze(2).expand(-1, -1, size)).clone()
+        queries[:, :, 0] = key_marker + 1  # QUERY k v..: the needle with its marker replaced
+        tokens[:, context:] = queries.flatten(1)
+        answer = torch.zeros(batch, n_queries, size, dtype=torch.bool)
+        answer[:, :, 2:] = True  # the values of each query
+        return tokens, torch.cat((torch.zeros(batch, context, dtype=torch.bool), answer.flatten(1)), dim=1)
