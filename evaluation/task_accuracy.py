@@ -26,6 +26,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,16 @@ def wilson_interval(correct: int, n: int, z: float = Z_95) -> tuple[float, float
     return (0.0 if correct == 0 else low), (1.0 if correct == n else high)
 
 
+@dataclass
+class Matches:
+    """What :func:`count_exact_matches` counted: the examples whose every answer token is right, and per answer
+    token in order (the k-th answer token of each example that has k of them), how many are right of how many."""
+
+    correct: int
+    answer_correct: list[int]
+    answer_n: list[int]
+
+
 @torch.inference_mode()
 def count_exact_matches(
     model: torch.nn.Module,
@@ -111,11 +122,13 @@ def count_exact_matches(
     device: torch.device,
     dtype: torch.dtype,
     positions: torch.Tensor | None = None,
-) -> int:
-    """Examples (rows) whose every answer token (y != -100) is the argmax of the model's next-token logits;
-    ``positions`` (rows, length): each example's positions, else 0..length-1."""
+) -> Matches:
+    """Examples (rows) whose every answer token (y != -100) is the argmax of the model's next-token logits, and
+    each answer token's own count (which query of several, which read, fails); ``positions`` (rows, length): each
+    example's positions, else 0..length-1."""
     per_batch = max(1, batch_tokens // x.shape[1])
-    correct = 0
+    correct, n_answers = 0, int((y != -100).sum(dim=1).max()) if len(y) else 0
+    answer_correct, answer_n = torch.zeros(n_answers, dtype=torch.long), torch.zeros(n_answers, dtype=torch.long)
     for i in range(0, len(x), per_batch):
         xb, yb = x[i : i + per_batch].to(device), y[i : i + per_batch].to(device)
         with autocast(device, dtype):
@@ -123,9 +136,12 @@ def count_exact_matches(
                 logits = model(xb)
             else:
                 logits = model(xb, positions=positions[i : i + per_batch].to(device))
-        predicted = logits.argmax(dim=-1)
-        correct += int(((predicted == yb) | (yb == -100)).all(dim=1).sum())
-    return correct
+        right, answer = (logits.argmax(dim=-1) == yb).cpu(), (yb != -100).cpu()
+        correct += int((right | ~answer).all(dim=1).sum())
+        order = answer.cumsum(dim=1)[answer] - 1  # each answer token's place among its example's answers
+        answer_n += torch.bincount(order, minlength=n_answers)
+        answer_correct += torch.bincount(order[right[answer]], minlength=n_answers)
+    return Matches(correct, answer_correct.tolist(), answer_n.tolist())
 
 
 def cells(task: Task, depths: list[float]) -> list[dict[str, Any]]:
@@ -154,14 +170,16 @@ def evaluate_cell(
     if n_positions:
         drawn = torch.Generator().manual_seed(held_out_seed(seed, "positions"))
         positions = random_positions(n, length, n_positions, drawn)
-    correct = count_exact_matches(model, x, y, batch_tokens, device, dtype, positions)
-    low, high = wilson_interval(correct, n)
+    matches = count_exact_matches(model, x, y, batch_tokens, device, dtype, positions)
+    low, high = wilson_interval(matches.correct, n)
     return {
-        "accuracy": correct / n,
+        "accuracy": matches.correct / n,
         "ci_low": low,
         "ci_high": high,
-        "correct": correct,
+        "correct": matches.correct,
         "n": n,
+        "answer_correct": matches.answer_correct,
+        "answer_n": matches.answer_n,
         "seconds": round(time.perf_counter() - started, 3),
     }
 

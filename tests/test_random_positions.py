@@ -138,9 +138,12 @@ def test_counting_matches_scores_each_example_at_its_positions_0_to_l_minus_1_by
     cpu = torch.device("cpu")
     x = torch.zeros(5, T, dtype=torch.long)
     drawn = random_positions(5, T, N, torch.Generator().manual_seed(0))
-    assert count_exact_matches(predicts_position, x, drawn, 2 * T, cpu, torch.float32, drawn) == 5  # in 3 batches
-    assert count_exact_matches(predicts_position, x, drawn, 2 * T, cpu, torch.float32) == 0
-    assert count_exact_matches(predicts_position, x, torch.arange(T).expand(5, T), 2 * T, cpu, torch.float32) == 5
+
+    def correct(targets: torch.Tensor, positions: torch.Tensor | None) -> int:
+        return count_exact_matches(predicts_position, x, targets, 2 * T, cpu, torch.float32, positions).correct
+
+    assert correct(drawn, drawn) == 5  # in 3 batches
+    assert correct(drawn, None) == 0 and correct(torch.arange(T).expand(5, T), None) == 5
 
 
 @pytest.mark.slow

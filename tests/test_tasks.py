@@ -376,7 +376,24 @@ def test_exact_match_needs_every_answer_token():
     x, y = task.sample(10, 40, gen())
     model = Oracle(y, wrong={2, 5, 9}, vocab=task.vocab_size)
     # batch_tokens=120: three rows per forward pass, four passes
-    assert count_exact_matches(model, x, y, 120, torch.device("cpu"), torch.float32) == 7
+    matches = count_exact_matches(model, x, y, 120, torch.device("cpu"), torch.float32)
+    assert matches.correct == 7
+    key_len = PasskeyConfig().key_len  # every example has key_len answer tokens; three had their last one wrong
+    assert matches.answer_n == [10] * key_len and matches.answer_correct == [10] * (key_len - 1) + [7]
+
+
+def test_each_answer_token_is_counted_in_its_place_among_its_examples_answers():
+    """Answers of different counts per example (flip-flop's reads): the k-th answer token of every example that
+    has k, whichever position it is at, in any batching."""
+    y = torch.full((3, 8), -100)
+    y[0, [1, 5]] = 1  # two answers
+    y[1, [2, 3, 7]] = 1  # three
+    y[2, [6]] = 1  # one
+    model = Oracle(y, wrong={1}, vocab=4)  # example 1's last answer wrong
+    for batch_tokens in (8, 24):
+        model.row = 0
+        matches = count_exact_matches(model, torch.zeros_like(y), y, batch_tokens, torch.device("cpu"), torch.float32)
+        assert (matches.correct, matches.answer_correct, matches.answer_n) == (2, [3, 2, 0], [3, 2, 1])
 
 
 def test_effective_length_is_where_accuracy_first_falls_below_the_threshold():
