@@ -11,6 +11,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 # (the committed report, the run folders in the order compare.py was given them, its options)
 REPORTS = [
     ("study-width256/comparison.md", ["study-width256/*/"], ["--ratios", "--val-curve", "v.png"]),
+    ("width256-2025-schemes/comparison.md", ["width256-2025-schemes/*/"], ["--ratios"]),
     ("study-width256/comparison_vs_rope.md", ["study-width256/*/"], ["--ratios", "--baseline", "rope"]),
     ("study-width64/comparison.md", ["study-width64/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("rope-extensions/comparison_width64.md", ["rope-extensions/width64-*/"], ["--ratios", "--baseline", "rope"]),
