@@ -595,8 +595,11 @@ def _flex_attention(q, k, v, pe, state, layer, sums=None, sink=None, kernel_opti
             block_mask = state.bias_blocks["documents"] = document_block_mask(state.documents)
     if sink is None:
         return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, **options)
-    out, lse = _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True, **options)
-    return sink_rescale(out, lse, sink)
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    kernel = _flex_kernel(q.device)
+    out, aux = kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True), **options)
+    return sink_rescale(out, aux.lse, sink)
 
 
 def _flex_kernel(device: torch.device):

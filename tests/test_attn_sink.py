@@ -12,6 +12,8 @@ from model import GPT, ModelConfig
 from model.attention import attend
 from model.pe import SCHEMES
 
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # flex on CPU
+
 
 def scheme(name: str, n_head: int = 2):
     from model.pe import ModelDims, build_positional_encoding
