@@ -65,14 +65,14 @@ def typed_config(saved: dict[str, Any]) -> dict[str, Any]:
     the config less its seed, and whether it has one), the seed put back. A config with an interpolation left in
     it, or a seed that is not an int, is typed on its own."""
     train = dict(saved.get("train") or {})
-    seed = train.pop("seed", None)
-    key = json.dumps([seed is None, {**saved, "train": train}], sort_keys=True, default=repr)
-    if "${" in key or not (seed is None or type(seed) is int):
+    has_seed, seed = "seed" in train, train.pop("seed", None)
+    key = json.dumps([has_seed, {**saved, "train": train}], sort_keys=True, default=repr)
+    if "${" in key or (has_seed and type(seed) is not int):
         return OmegaConf.to_container(trained_config(saved), resolve=True)
     if key not in _TYPED:
         _TYPED[key] = OmegaConf.to_container(trained_config(saved), resolve=True)
     typed = copy.deepcopy(_TYPED[key])
-    if seed is not None:
+    if has_seed:
         typed["train"]["seed"] = seed
     return typed
 
