@@ -48,6 +48,8 @@ def test_a_task_run_writes_accuracy_by_length_and_depth(passkey_run):
     for row in rows:
         if row["length"] <= 16:
             assert row["n"] == 16 and 0 <= row["ci_low"] <= row["accuracy"] <= row["ci_high"] <= 1
+            # each of the key's 3 answer tokens counted over the 16 examples; an exact match has every one right
+            assert row["answer_n"] == [16] * 3 and row["correct"] <= min(row["answer_correct"])
         else:  # past the learned table: not evaluable, as perplexity
             assert row["accuracy"] is None and "encodes at most 16 positions" in row["reason"]
     assert document["effective_length"] == {"": None}  # 6 steps: far from 0.9
