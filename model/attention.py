@@ -597,8 +597,8 @@ def _flex_attention(q, k, v, pe, state, layer, sums=None, sink=None, kernel_opti
         return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, **options)
     from torch.nn.attention.flex_attention import AuxRequest
 
-    kernel = _flex_kernel(q.device)
-    out, aux = kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True), **options)
+    flex = _flex_kernel(q.device)
+    out, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True), **options)
     return sink_rescale(out, aux.lse, sink)
 
 
