@@ -93,6 +93,19 @@ def test_train_refuses_impossible_mqar_settings_before_writing(cli, override, me
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("task.n_queries=5", "task.n_queries=5 distinct needles to query need task.n_keys >= n_queries (got 4)"),
+        ("task.n_queries=0", "task.n_queries=0 is out of its domain [1, inf)"),
+    ],
+)
+def test_train_refuses_impossible_needles_queries_before_writing(cli, override, message):
+    run_dir = cli.base / "task-needles-refused"
+    assert_one_line_error(cli.train_here(run_dir, "task=needles", override), message)
+    assert not run_dir.exists()
+
+
 def test_train_refuses_a_copy_probe_it_could_not_run_before_writing(cli):
     """eval.copy_min_count is checked against the training split before the first step, not after the last."""
     reference_run(cli)  # its corpus is tokenized: the refusal is then the command's only output
