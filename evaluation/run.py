@@ -110,7 +110,8 @@ def score_perplexity(ctx: EvalContext, val_tokens: TokenArray) -> list[dict[str,
     # eval.key_tokens: the evaluator selects the key tokens once, before any variation is applied to the model
     selection = find_key_tokens(ctx, val_tokens) if e.key_tokens else None
     for label, fields in ctx.variations():
-        backend = resolve_layer_backends(cfg.model.attn_backend, ctx.model.pe, ctx.device)  # a variation may change it
+        # a variation may change the backend
+        backend = resolve_layer_backends(cfg.model.attn_backend, ctx.model.pe, ctx.device, sink=cfg.model.attn_sink)
         scored = evaluate_extrapolation(
             ctx.model,
             val_tokens,

@@ -128,12 +128,14 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
     explicit = t.random_positions is not None  # positions per token: no distance table stands in for the bias
 
     def backend(scheme: PositionalEncoding) -> str:
-        return attention.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit)
+        return attention.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit, m.attn_sink)
 
     def layer_bytes(scheme: PositionalEncoding) -> float:
         math_kept = 0 if recomputed else MATH_SCORE_COPIES * scores * 4
         kept = {"math": math_kept, "sdpa": scores / 2 * act if scheme.has_score_bias else 0}
-        transported = transported_bytes(scheme, rows, m.n_head, T, m.n_embd // m.n_head, whole=not recomputed)
+        # the scheme's own kernel (model/pe/base.py, hook 8) keeps no T x T and no transported logits, as flash sdpa
+        fused = backend(scheme) == scheme.fused_backend
+        transported = 0 if fused else transported_bytes(scheme, rows, m.n_head, T, m.n_embd // m.n_head, not recomputed)
         return tokens * (19 if _rotates(scheme) else 17) * m.n_embd * act + kept.get(backend(scheme), 0) + transported
 
     schemes = [scheme for scheme, _ in model.pe.layer_schemes()]
@@ -168,7 +170,9 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
 
     def layer_parts(scheme: PositionalEncoding) -> tuple[float, float]:
         """(attention layer's activations, attention's own) of a layer that runs ``scheme``."""
-        if backend == "math" or scheme.has_content_bias or scheme.has_attention_weights or scheme.has_transitions:
+        if backend == scheme.fused_backend:
+            attention_bytes = 0  # the scheme's own kernel (model/pe/base.py, hook 8): no T x T, as flash sdpa
+        elif backend == "math" or scheme.has_content_bias or scheme.has_attention_weights or scheme.has_transitions:
             attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
             if scheme.has_transitions:  # a block's rows of logits stand for its q . k; what every block needs
                 attention_bytes += transported_bytes(scheme, rows, m.n_head, length, m.n_embd // m.n_head, whole=False)

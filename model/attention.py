@@ -54,6 +54,13 @@ A scheme whose logits carry each key to its query through per-token transitions 
 stop - start, Tk), unscaled), which each block calls in place of q . k, so that no more rows than a block's exist at
 once (and, training, are recomputed with it); the scale, biases, mask and softmax follow as for any scheme.
 
+Either kind of scheme may bring a kernel of its own for the whole of its attention (model/pe/base.py, hook 8: an
+installed package's Triton kernel on CUDA). The layer runs it in place of ``attend`` for a full causal pass
+(:func:`fused_attention`), on any backend but ``math``; a KV cache, captured probabilities, positions per token
+(packed documents) or a sink run ``math``. :func:`resolve_backend` then reports the scheme's ``fused_backend`` (the
+runs' records name the kernel), and a kernel that fails at its first use is given up as FlexAttention is
+(``fused_failure``).
+
 A cumulative bias (``pe.has_cumulative_bias``: FoX) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
 by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: sdpa
 folds it into q and k (float32, no cache: the fused causal kernel) or adds it to each materialised mask block,
@@ -104,18 +111,24 @@ _MAX_BLOCK_SCORES = 1 << 24
 
 # Why FlexAttention was given up in this process (None while it works): from then on sdpa runs instead.
 flex_failure: str | None = None
+# Why a scheme's own kernel (model/pe/base.py, hook 8) was given up (None while it works): the written-out path runs.
+fused_failure: str | None = None
 
 
-def resolve_backend(backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False) -> str:
+def resolve_backend(
+    backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False, sink: bool = False
+) -> str:
     """The backend that will actually run for this scheme on this device (sdpa for flex once FlexAttention
     has failed in this process, see ``flex_failure``); ``explicit``: positions are given per token (training's
-    random positions, documents), not 0..T-1, so no distance table stands in for the scheme's score_bias."""
+    random positions, documents), not 0..T-1, so no distance table stands in for the scheme's score_bias; ``sink``:
+    the model has sink logits (model.attn_sink)."""
     if backend not in BACKENDS:
         raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
     if pe.has_content_bias or pe.has_attention_weights or pe.has_transitions or pe.score_window() is not None:
         # the bias needs the scores themselves, two scores per pair, weights that are not a softmax, or logits that are
-        # not q . k: no kernel
-        return "math"
+        # not q . k: no PyTorch kernel; the scheme's own, where one is installed, for what it can take
+        own = backend != "math" and not explicit and not sink and fused_failure is None
+        return pe.fused_backend if own and pe.fused_attention(device) is not None else "math"
     if backend == "auto":
         biased = pe.has_score_bias or pe.has_cumulative_bias
         backend = "flex" if biased and device.type == "cuda" else "sdpa"
@@ -137,12 +150,46 @@ def _score_mod_compiles(pe: PositionalEncoding, explicit: bool) -> bool:
     return _reads_distance_table(pe, explicit) or pe.score_mod_compiles
 
 
-def resolve_layer_backends(backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False) -> str:
+def resolve_layer_backends(
+    backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False, sink: bool = False
+) -> str:
     """:func:`resolve_backend` of the scheme each layer runs (``PositionalEncoding.layer_schemes``): one backend,
     or the distinct ones in layer order joined by ``+`` when layers differ (a per-layer pattern with a bias scheme
     in some layers, on CUDA: ``sdpa+flex``)."""
     schemes = pe.layer_schemes()
-    return "+".join(dict.fromkeys(resolve_backend(backend, scheme, device, explicit) for scheme, _ in schemes))
+    return "+".join(dict.fromkeys(resolve_backend(backend, scheme, device, explicit, sink) for scheme, _ in schemes))
+
+
+def fused_attention(
+    pe: PositionalEncoding, backend: str, state: PositionState, sink: bool
+) -> Callable[..., torch.Tensor] | None:
+    """The scheme's own kernel for a layer's whole attention (model/pe/base.py, hook 8), where :func:`resolve_backend`
+    picks it and the pass is a full causal one (no KV cache: the caller's to check), wrapped so that a kernel failing at
+    its first use (a Triton compilation, say) is given up as FlexAttention is: warned once, ``fused_failure`` set, the
+    written-out path from then on; None otherwise."""
+    device = state.positions.device
+    if state.q_offset != 0 or resolve_backend(backend, pe, device, state.explicit, sink) != pe.fused_backend:
+        return None
+    own = pe.fused_attention(device)
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor | None:
+        if torch.compiler.is_compiling():  # traced into the enclosing compilation, which falls back as a whole
+            return own(q, k, v, x, layer)
+        try:
+            return own(q, k, v, x, layer)
+        except torch.OutOfMemoryError:
+            raise  # the written-out path needs more memory, not less
+        except Exception as error:  # whatever the kernel's compilation raises (triton, a driver)
+            _give_up_fused(error, pe.fused_backend)
+            return None
+
+    return run
+
+
+def _give_up_fused(error: Exception, name: str) -> None:
+    global fused_failure
+    fused_failure = first_line(error)
+    warn(f"{name} attention failed ({fused_failure}); the written-out path runs from now on")
 
 
 def default_state(
@@ -186,8 +233,8 @@ def attend(
         out, probs = _math_attention(q, k, v, pe, state, layer, sums, sink, keep_probs=True, logits=logits)
         capture.append(probs)
         return out
-    backend = resolve_backend(backend, pe, q.device, state.explicit)
-    if backend == "math":
+    backend = resolve_backend(backend, pe, q.device, state.explicit, sink is not None)
+    if backend in ("math", pe.fused_backend):  # the scheme's own kernel runs from the layer (fused_attention)
         return _math_attention(q, k, v, pe, state, layer, sums, sink, logits=logits)[0]
     width = v.shape[-1]
     options = kernel_options or None

@@ -33,7 +33,7 @@ from torch import nn
 
 from core.domain import check_domains, domain
 from core.errors import PosGPTError
-from model.attention import BACKENDS, attend, check_kernel_options, default_state
+from model.attention import BACKENDS, attend, check_kernel_options, default_state, fused_attention
 from model.documents import within_document_index
 from model.loss import FUSED_MODES, lm_head_cross_entropy
 from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
@@ -173,14 +173,23 @@ class CausalSelfAttention(nn.Module):
             q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
+        full = cache is None and capture is None  # a full causal pass: the scheme's own kernel may run it
+        own = fused_attention(pe, self.backend, state, self.sink is not None) if full else None
+        y = None if own is None else own(self.temperature(q, 0, None), k, v, x, pe_layer)
+        if y is None:  # no kernel of the scheme's own runs this pass (or it has just failed)
+            y = self._attend(x, q, k, v, pe, state, cache, layer, capture, pe_layer)
+        return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    def _attend(self, x, q, k, v, pe, state, cache, layer, capture, pe_layer) -> torch.Tensor:
+        """model/attention.py's ``attend`` of the rotated q, k (the cache's keys included) and v, with the scheme's
+        data-dependent terms of this layer's input x, and the attention temperature."""
         sums = self._cumulative_sums(x, pe, cache, layer, pe_layer) if pe.has_cumulative_bias else None
         # documents packed into the row: a query attends the keys of its own document so far
         attended = None if state.documents is None else within_document_index(state.documents) + 1
         q = self.temperature(q, state.q_offset, attended)
         logits = self._transported_logits(x, q, k, pe, cache, layer, pe_layer) if pe.has_transitions else None
         options = self.kernel_options
-        y = attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink, options, logits)
-        return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink, options, logits)
 
     @staticmethod
     def _cumulative_sums(

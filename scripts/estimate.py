@@ -60,7 +60,7 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
             for _ in range(2):
                 step(x, x)
             what = {"work": "training", "seq_len": t.seq_len, "batch_size": t.batch_size}
-    backend = resolve_backend(cfg.model.attn_backend, model.pe, device)
+    backend = resolve_backend(cfg.model.attn_backend, model.pe, device, sink=cfg.model.attn_sink)
     what |= {
         "backend": backend,
         "dtype": dtype,

@@ -171,10 +171,10 @@ def split_schemes(overrides: list[str]) -> tuple[list[str | None], list[str]]:
 
 
 def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
-    t = cfg.train
+    t, m = cfg.train, cfg.model
     device, dtype = set_up_runtime(t)
     compiled = compile_enabled(t.compile, device.type)
-    vocab = cfg.model.vocab_size
+    vocab = m.vocab_size
     x = torch.randint(0, vocab, (t.batch_size, t.seq_len), device=device)
     y = torch.randint(0, vocab, (t.batch_size, t.seq_len), device=device)
 
@@ -205,9 +205,9 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
         "step_ms": round(step_s * 1e3, 2),
         "cpu_share": round(cpu_share, 3),
         "config": {
-            "n_layer": cfg.model.n_layer,
-            "n_head": cfg.model.n_head,
-            "n_embd": cfg.model.n_embd,
+            "n_layer": m.n_layer,
+            "n_head": m.n_head,
+            "n_embd": m.n_embd,
             "vocab_size": vocab,
             "n_params": raw_model.num_params(),
             "seq_len": t.seq_len,
@@ -216,9 +216,9 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "dtype": str(dtype).split(".")[-1],
             "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
             "compile_mode": args.compile_mode,
-            "attn_backend": resolve_layer_backends(cfg.model.attn_backend, raw_model.pe, device),
-            "fused_ce": use_fused(cfg.model.fused_ce, device),
-            "flex_kernel_options": dict(cfg.model.flex_kernel_options),
+            "attn_backend": resolve_layer_backends(m.attn_backend, raw_model.pe, device, sink=m.attn_sink),
+            "fused_ce": use_fused(m.fused_ce, device),
+            "flex_kernel_options": dict(m.flex_kernel_options),
             "threads": torch.get_num_threads(),
             "warmup": args.warmup,
             "steps": args.steps,

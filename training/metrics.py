@@ -34,7 +34,7 @@ class MetricsWindow:
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
-        t = cfg.train
+        t, m = cfg.train, cfg.model
         self.dist, self.device = dist, device
         self.tokens_per_step, self.peak = t.batch_size * t.seq_len, peak_flops(device)
         self.flops_per_token = model_flops_per_token(model, t.seq_len)
@@ -43,7 +43,7 @@ class MetricsWindow:
         # Positions per token (random positions, documents) keep a bias of the distance off its table: explicit.
         explicit = t.random_positions is not None or cfg.data.document_aware
         self.runtime = {
-            "attn_backend": resolve_layer_backends(cfg.model.attn_backend, model.pe, device, explicit),
+            "attn_backend": resolve_layer_backends(m.attn_backend, model.pe, device, explicit, m.attn_sink),
             "dtype": str(dtype).removeprefix("torch."),
         }
         if dist.is_main:

@@ -21,6 +21,12 @@ for the rest:
    reflections); such a scheme always runs the written-out path, which takes these logits in place of q_i . k_j,
    one block of queries at a time
 
+One more hook is not a place for position but a faster way to the same numbers: ``fused_attention(device)`` -> a
+kernel that computes a scheme's whole attention (hooks 6 and 7 above, which have no PyTorch kernel) in one pass, where
+an installed package provides it (its reference's Triton kernel on a GPU), or None. Attention runs it for full causal
+passes on ``device`` (training, scoring) and names it in the runs' records (``fused_backend``); anything it cannot
+take (a KV cache, captured probabilities, packed documents, a sink) runs the written-out path (model/attention.py).
+
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
 block on CPU (via ``bias_block``, which a scheme may override with a faster whole-block version); the
@@ -76,6 +82,8 @@ scheme is one module plus one ``configs/pe/<name>.yaml``.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -84,7 +92,21 @@ import torch
 from torch import nn
 
 from core.domain import check_domains
-from core.errors import PosGPTError
+from core.errors import PosGPTError, first_line, warn
+
+
+@functools.cache
+def installed_kernel(module: str, name: str) -> Callable[..., Any] | None:
+    """``name`` of the module ``module`` of an installed package (a scheme's reference kernel, hook 8), imported at its
+    first use; None where the package or what it needs is not installed (a Triton kernel without Triton), or where it
+    fails to import (said once). The written-out path then runs, and the runs' records name it."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError:
+        return None
+    except Exception as error:  # whatever the package raises at import (a driver, a compiler)
+        warn(f"{module} cannot be imported ({first_line(error)}); the written-out path runs")
+        return None
 
 
 @dataclass
@@ -199,6 +221,8 @@ class PositionalEncoding(nn.Module):
     has_transitions: ClassVar[bool] = False
     # Tokens per chunk of those logits' products, which each block of queries computes its rows from (memory model).
     transition_chunk: ClassVar[int] = 0
+    # The attention backend that fused_attention's kernel is recorded as (None: the scheme has no such kernel).
+    fused_backend: ClassVar[str | None] = None
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
@@ -394,6 +418,12 @@ class PositionalEncoding(nn.Module):
         ``carry``, every key carried through the transitions of every token after it, (B, H, Tk, D), which the KV
         cache keeps (None without)."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no transported scores")
+
+    def fused_attention(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
+        """A kernel ``kernel(q, k, v, x, layer)`` -> the attention output (B, H, T, Dv) of a full causal pass of q, k,
+        v (B, H, T, D) (q scaled by the model's attention temperature), with x (B, T, C) the layer's input, computing
+        what the written-out path computes; None where no installed kernel applies on ``device`` (module docstring)."""
+        return None
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

@@ -44,6 +44,12 @@ KV cache. The cache keeps each key already carried through the transitions of ev
 so carrying the key forward is carrying the query back): a new token carries the cached keys through its H first, and
 its own key enters untransformed. Token positions are never read: randomized positions are refused as for NoPE.
 
+On CUDA with flash-linear-attention installed (PyPI ``fla-core``), a full causal pass (training, scoring) runs the
+reference's Triton kernel instead (``parallel_path_attn``, head sizes 16-128; base interface hook 8), recorded as
+``attn_backend=fla``; decoding from a KV cache, a sink and packed documents run the written-out path.
+tests/test_fused_attention.py compares the two on CUDA, forward and backward, float32 and bfloat16 (not yet run on a
+GPU).
+
 Cost on CPU (``OMP_NUM_THREADS=1 python scripts/speed.py pe=rope,path train.num_threads=1 --steps 5``, the default
 width-256 model at context 64, one thread of the shared 2-core AMD EPYC, 2026-11-27, three rounds): 0.93, 0.99, 0.95x
 RoPE's tokens per CPU-second (0.92-1.03x raw tokens/s); scoring at 1,024 tokens 0.76x (docs/speed.md, "PaTH attention
@@ -61,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord, installed_kernel
 
 # Tokens per chunk of the WY form: the reference's block size on a GPU; products within a chunk are (64 x 64) matrices.
 CHUNK = 64
@@ -79,6 +85,7 @@ class PaTHPositionalEncoding(PositionalEncoding):
     config_class = PaTHConfig
     has_transitions = True
     transition_chunk = CHUNK
+    fused_backend = "fla"
 
     def __init__(self, cfg: PaTHConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -106,8 +113,33 @@ class PaTHPositionalEncoding(PositionalEncoding):
 
     def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         """log f_t / sqrt(d), (B, H, T) float32, from the layer's input x (B, T, C): PaTH-FoX's gate."""
-        logits = F.linear(x, self.gate_weight[layer], self.gate_bias[layer])
-        return F.logsigmoid(logits.float()).transpose(1, 2) / math.sqrt(self.dims.head_dim)
+        return self._log_forget(x, layer).transpose(1, 2) / math.sqrt(self.dims.head_dim)
+
+    def _log_forget(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """log f_t, (B, T, H) float32."""
+        return F.logsigmoid(F.linear(x, self.gate_weight[layer], self.gate_bias[layer]).float())
+
+    def fused_attention(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
+        """flash-linear-attention's Triton kernel of PaTH (and PaTH-FoX) attention (``parallel_path_attn``, the
+        reference's), on CUDA where it is installed and takes the head size (16, 32, 64 or 128)."""
+        if device.type != "cuda" or self.dims.head_dim not in (16, 32, 64, 128):
+            return None
+        kernel = installed_kernel("fla.ops.path_attn", "parallel_path_attn")
+        if kernel is None:
+            return None
+
+        def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:
+            w, beta = self.transitions(x, layer)
+            # the kernel's (B, T, H, .) layout; w, beta and the gate in float32 (it asks for them so); the gate is
+            # log f_t, which the kernel adds before the scale, as cumulative_bias's division does
+            scale = q.shape[-1] ** -0.5
+            q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+            w, beta = w.transpose(1, 2).float().contiguous(), beta.transpose(1, 2).float().contiguous()
+            gate = self._log_forget(x, layer).contiguous() if self.cfg.forget_gate else None
+            out, _ = kernel(q, k, v, w, beta, gate, scale=scale)
+            return out.transpose(1, 2)
+
+        return attention
 
     def transported_scores(
         self, q: torch.Tensor, k: torch.Tensor, transitions: tuple[torch.Tensor, torch.Tensor], carry: bool

@@ -30,6 +30,11 @@ block, a few copies of it while the weights are computed), and a KV cache works 
 see every cached key. There is no softmax denominator, so an attention sink (``model.attn_sink``) is refused. Token
 positions are never read: randomized positions are refused as for NoPE.
 
+On CUDA with flash-linear-attention installed (PyPI ``fla-core``), a full causal pass (training, scoring) runs its
+Triton kernel instead (``parallel_stickbreaking_attn``, the paper's algorithm; base interface hook 8), recorded as
+``attn_backend=fla``; decoding from a KV cache runs the written-out path. tests/test_fused_attention.py compares the
+two on CUDA, forward and backward, float32 and bfloat16 (not yet run on a GPU).
+
 Cost on CPU (``OMP_NUM_THREADS=1 python scripts/speed.py pe=rope,stickbreaking train.num_threads=1 --steps 5``, the
 default width-256 model at context 64, one thread of the shared 2-core AMD EPYC, 2026-11-27, three rounds): 1.00,
 1.03, 0.99x RoPE's tokens per CPU-second (0.83-1.33x raw tokens/s, as other jobs' load moved); at 1,024 tokens 0.74x
@@ -38,12 +43,13 @@ in training and 0.54-0.93x scoring, with 1.2-1.6x RoPE's peak memory (docs/speed
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from model.pe.base import PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import PEConfig, PositionalEncoding, SchemeRecord, installed_kernel
 
 
 @dataclass
@@ -58,6 +64,23 @@ class StickBreakingPositionalEncoding(PositionalEncoding):
     name = "stickbreaking"
     config_class = StickBreakingConfig
     has_attention_weights = True
+    fused_backend = "fla"
+
+    def fused_attention(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
+        """flash-linear-attention's Triton kernel of these weights (``parallel_stickbreaking_attn``, module docstring),
+        on CUDA where it is installed and takes the head size (at most 256)."""
+        if device.type != "cuda" or self.dims.head_dim > 256:
+            return None
+        kernel = installed_kernel("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
+        if kernel is None:
+            return None
+
+        def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:
+            layout = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # the kernel's (B, T, H, D)
+            out, _ = kernel(*layout, scale=q.shape[-1] ** -0.5, attend_current=self.cfg.attend_current)
+            return out.transpose(1, 2)  # the rest of the stick (its second output) weighs nothing, as here
+
+        return attention
 
     def attention_weights(self, scores: torch.Tensor, layer: int) -> torch.Tensor:
         """A_ij of the module docstring, (B, H, Tq, Tk) float32 (float64 for float64 scores), from the scaled scores

@@ -1,0 +1,173 @@
+"""A scheme's own kernel for its whole attention (model/pe/base.py, hook 8): flash-linear-attention's Triton kernels
+of stick-breaking and PaTH attention, on CUDA where the package is installed (requirements-dev.txt installs it).
+
+On the CPU, the dispatch: which passes reach the kernel (a full causal pass) and which run the written-out path (a KV
+cache, captured probabilities, packed documents, a sink, model.attn_backend=math), that the kernel's output is the
+layer's, and that a kernel failing at its first use is given up, said once and recorded. The kernel there is the
+written-out path itself, standing in for the Triton one, so the outputs must be equal. On CUDA (skipped without): each
+real kernel equals the written-out path forward and backward, in float32 and under bfloat16 autocast, at a length
+that is not a whole number of the kernels' blocks, and a model on CUDA picks it (no silent fallback)."""
+
+import pytest
+import torch
+
+import model.attention as attention
+from model import GPT, KVCache, ModelConfig
+from model.attention import attend, resolve_backend, resolve_layer_backends
+from model.pe import SCHEMES
+from model.pe.path import PaTHConfig
+from model.pe.stickbreaking import StickBreakingConfig
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+FUSED = ["stickbreaking", "path"]
+VOCAB = 101
+
+
+def tiny(name: str, device: str = "cpu", backend: str = "auto", sink: bool = False, **settings) -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=128, vocab_size=VOCAB, attn_backend=backend, attn_sink=sink)
+    config = {"stickbreaking": StickBreakingConfig, "path": PaTHConfig}[name](**settings)
+    model = GPT(cfg, config, train_seq_len=64).to(device)
+    if name == "path":
+        with torch.no_grad():  # beta away from 1 and the gate away from 1/2, so that a wrong transition shows
+            for p in (model.pe.beta_bias, *([model.pe.gate_bias] if settings.get("forget_gate") else [])):
+                p.normal_(0.0, 1.0)
+    return model
+
+
+def tokens(rows: int, length: int, device: str = "cpu") -> torch.Tensor:
+    return torch.randint(0, VOCAB, (rows, length), generator=torch.Generator().manual_seed(1)).to(device)
+
+
+def written_out(pe):
+    """The written-out path as a kernel of hook 8's signature, and the list of the calls it gets."""
+    calls = []
+
+    def kernel(q, k, v, x, layer):
+        calls.append(q.shape)
+        logits = None
+        if pe.has_transitions:
+            logits, _ = pe.transported_scores(q, k, pe.transitions(x, layer), carry=False)
+        return attend(q, k, v, pe, "math", layer=layer, logits=logits)
+
+    return kernel, calls
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Every fused scheme's hook 8 returns the written-out path on any device; the calls are counted."""
+    calls = {}
+
+    def install(name: str, model: GPT):
+        kernel, calls[name] = written_out(model.pe)
+        monkeypatch.setattr(type(model.pe), "fused_attention", lambda self, device: kernel)
+        return calls[name]
+
+    monkeypatch.setattr(attention, "fused_failure", None)
+    return install
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_a_full_pass_runs_the_schemes_kernel_and_the_rest_the_written_out_path(name, stand_in):
+    model = tiny(name)
+    with torch.no_grad():
+        want = model(tokens(2, 40))
+    calls = stand_in(name, model)
+    cpu = torch.device("cpu")
+    assert resolve_layer_backends("auto", model.pe, cpu) == "fla"
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens(2, 40)), want, rtol=0, atol=0)
+    assert len(calls) == 2  # one per layer
+    probs, cache = [], KVCache()
+    with torch.no_grad():
+        model(tokens(2, 40), capture=probs)  # attention diagnostics: the written-out probabilities
+        model(tokens(2, 40)[:, :30], cache=cache)  # a prompt into the cache, then a token from it
+        model(tokens(2, 40)[:, 30:31], cache=cache)
+        model(tokens(2, 40), documents=torch.zeros(2, 40, dtype=torch.long))  # packed documents: positions per token
+    assert len(calls) == 2 and len(probs) == 2
+    assert resolve_backend("math", model.pe, cpu) == "math"  # asked for by name
+    assert resolve_backend("auto", model.pe, cpu, explicit=True) == "math"
+    assert resolve_backend("auto", model.pe, cpu, sink=True) == "math"
+
+
+def test_the_layer_outputs_what_the_kernel_computes(monkeypatch):
+    model = tiny("stickbreaking")
+    with torch.no_grad():
+        want = model(tokens(2, 40))
+        monkeypatch.setattr(type(model.pe), "fused_attention", lambda self, device: lambda q, k, v, x, layer: 0 * v)
+        assert not torch.allclose(model(tokens(2, 40)), want)  # attention's output is no longer the scheme's
+
+
+def test_a_sink_runs_the_written_out_path(stand_in):
+    model = tiny("path", sink=True)
+    calls = stand_in("path", model)
+    with torch.no_grad():
+        model(tokens(2, 40))
+    assert calls == [] and resolve_layer_backends("auto", model.pe, torch.device("cpu"), sink=True) == "math"
+
+
+def test_a_kernel_failing_at_its_first_use_is_given_up_said_once_and_recorded(monkeypatch, capsys):
+    model = tiny("stickbreaking")
+    with torch.no_grad():
+        want = model(tokens(2, 40))
+    calls = []
+
+    def failing(q, k, v, x, layer):
+        calls.append(layer)
+        raise RuntimeError("triton: no kernel for this GPU\nlong log")
+
+    monkeypatch.setattr(attention, "fused_failure", None)
+    monkeypatch.setattr(type(model.pe), "fused_attention", lambda self, device: failing)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens(2, 40)), want, rtol=0, atol=0)
+        model(tokens(2, 40))
+    assert calls == [0]  # given up at the first failure: the second layer and the next pass run the written-out path
+    assert attention.fused_failure == "RuntimeError: triton: no kernel for this GPU"
+    assert resolve_layer_backends("auto", model.pe, torch.device("cpu")) == "math"
+    err = capsys.readouterr().err
+    assert err.count("warning: fla attention failed (RuntimeError: triton: no kernel for this GPU)") == 1
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_no_kernel_on_the_cpu(name):
+    pe = tiny(name).pe
+    assert pe.fused_attention(torch.device("cpu")) is None
+    assert resolve_backend("auto", pe, torch.device("cpu")) == "math"
+
+
+def outputs_and_gradients(model: GPT, idx: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+        loss = model(idx[:, :-1], idx[:, 1:], reduction="none")
+    loss.sum().backward()
+    return [loss.float()] + [p.grad.float() for p in model.parameters() if p.grad is not None]
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "name, settings",
+    [
+        ("stickbreaking", {}),
+        ("stickbreaking", {"attend_current": True}),
+        ("path", {}),
+        ("path", {"forget_gate": True}),
+    ],
+    ids=["stickbreaking", "stickbreaking-current", "path", "path-fox"],
+)
+def test_the_cuda_kernel_equals_the_written_out_path_forward_and_backward(name, settings, dtype):
+    fused, math = (tiny(name, "cuda", backend, **settings) for backend in ("auto", "math"))
+    assert resolve_layer_backends("auto", fused.pe, torch.device("cuda")) == "fla"  # installed: no silent fallback
+    idx = tokens(4, 101, "cuda")  # 100 positions: not a whole number of the kernels' 64-token blocks
+    got, want = outputs_and_gradients(fused, idx, dtype), outputs_and_gradients(math, idx, dtype)
+    tolerance = {"rtol": 2e-3, "atol": 2e-4} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 2e-2}
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, **tolerance)
+    assert attention.fused_failure is None
+
+
+def test_every_scheme_with_a_kernel_of_its_own_names_its_backend():
+    """hook 8's two halves go together: a scheme that returns a kernel says what its runs record."""
+    for name, scheme in SCHEMES.items():
+        own = scheme.fused_attention is not SCHEMES["rope"].fused_attention
+        assert own == (scheme.fused_backend is not None), name
