@@ -99,6 +99,9 @@ class PaTHPositionalEncoding(PositionalEncoding):
         if cfg.forget_gate:
             self.gate_weight = nn.Parameter(torch.randn(L, H, C) * std)
             self.gate_bias = nn.Parameter(torch.zeros(L, H))
+        # imported here, not in the forward pass that torch.compile traces; only where CUDA is (Triton needs it)
+        cuda = torch.cuda.is_available()
+        self._kernel = installed_kernel("fla.ops.path_attn", "parallel_path_attn") if cuda else None
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         return [self.beta_bias] + ([self.gate_bias] if self.cfg.forget_gate else [])
@@ -122,10 +125,8 @@ class PaTHPositionalEncoding(PositionalEncoding):
     def fused_attention(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
         """flash-linear-attention's Triton kernel of PaTH (and PaTH-FoX) attention (``parallel_path_attn``, the
         reference's), on CUDA where it is installed and takes the head size (16, 32, 64 or 128)."""
-        if device.type != "cuda" or self.dims.head_dim not in (16, 32, 64, 128):
-            return None
-        kernel = installed_kernel("fla.ops.path_attn", "parallel_path_attn")
-        if kernel is None:
+        kernel = self._kernel
+        if device.type != "cuda" or kernel is None or self.dims.head_dim not in (16, 32, 64, 128):
             return None
 
         def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from model.pe.base import PEConfig, PositionalEncoding, SchemeRecord, installed_kernel
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord, installed_kernel
 
 
 @dataclass
@@ -66,13 +66,18 @@ class StickBreakingPositionalEncoding(PositionalEncoding):
     has_attention_weights = True
     fused_backend = "fla"
 
+    def __init__(self, cfg: StickBreakingConfig, dims: ModelDims) -> None:
+        super().__init__(cfg, dims)
+        # imported here, not in the forward pass that torch.compile traces; only where CUDA is (Triton needs it)
+        self._kernel = None
+        if torch.cuda.is_available():
+            self._kernel = installed_kernel("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
+
     def fused_attention(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
         """flash-linear-attention's Triton kernel of these weights (``parallel_stickbreaking_attn``, module docstring),
         on CUDA where it is installed and takes the head size (at most 256)."""
-        if device.type != "cuda" or self.dims.head_dim > 256:
-            return None
-        kernel = installed_kernel("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
-        if kernel is None:
+        kernel = self._kernel
+        if device.type != "cuda" or kernel is None or self.dims.head_dim > 256:
             return None
 
         def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:
