@@ -160,9 +160,12 @@ def test_the_cuda_kernel_equals_the_written_out_path_forward_and_backward(name, 
     assert resolve_layer_backends("auto", fused.pe, torch.device("cuda")) == "fla"  # installed: no silent fallback
     idx = tokens(4, 101, "cuda")  # 100 positions: not a whole number of the kernels' 64-token blocks
     got, want = outputs_and_gradients(fused, idx, dtype), outputs_and_gradients(math, idx, dtype)
-    tolerance = {"rtol": 2e-3, "atol": 2e-4} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 2e-2}
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, **tolerance)
+    # Relative to each tensor's size: the kernels multiply in TF32 or bfloat16 blocks and the written-out path in
+    # float32, which moves small entries by more than their own size; a wrong term (a scale, a gate, a transition)
+    # moves the whole tensor by tens of percent.
+    bound = 1e-2 if dtype == torch.float32 else 5e-2
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.shape == b.shape and ((a - b).norm() / b.norm()).item() < bound, "losses" if i == 0 else f"grad {i}"
     assert attention.fused_failure is None
 
 
