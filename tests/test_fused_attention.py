@@ -4,7 +4,8 @@ of stick-breaking and PaTH attention, on CUDA where the package is installed (re
 On the CPU, the dispatch: which passes reach the kernel (a full causal pass) and which run the written-out path (a KV
 cache, captured probabilities, packed documents, a sink, model.attn_backend=math), that the kernel's output is the
 layer's, and that a kernel failing at its first use is given up, said once and recorded. The kernel there is the
-written-out path itself, standing in for the Triton one, so the outputs must be equal. On CUDA (skipped without): each
+written-out path itself, standing in for the Triton one, so the outputs must be equal; and the memory model's
+prediction for the kernel's path. On CUDA (skipped without): each
 real kernel equals the written-out path forward and backward, in float32 and under bfloat16 autocast, at a length
 that is not a whole number of the kernels' blocks, and a model on CUDA picks it (no silent fallback)."""
 
@@ -12,6 +13,8 @@ import pytest
 import torch
 
 import model.attention as attention
+from experiment.compose import compose_config
+from experiment.estimate import scoring_memory, training_memory
 from model import GPT, KVCache, ModelConfig
 from model.attention import attend, resolve_backend, resolve_layer_backends
 from model.pe import SCHEMES
@@ -174,3 +177,17 @@ def test_every_scheme_with_a_kernel_of_its_own_names_its_backend():
     for name, scheme in SCHEMES.items():
         own = scheme.fused_attention is not SCHEMES["rope"].fused_attention
         assert own == (scheme.fused_backend is not None), name
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_the_memory_model_keeps_no_length_squared_term_for_the_schemes_kernel(name, monkeypatch):
+    """experiment/estimate.py: where the scheme's kernel runs (a CUDA device, the kernel installed: standing in here),
+    attention keeps what flash sdpa keeps, not the written-out path's scores."""
+    cfg = compose_config([f"pe={name}", "train.seq_len=1024"])
+    written = training_memory(cfg, "cuda"), scoring_memory(cfg, 8192, "math")
+    monkeypatch.setattr(SCHEMES[name], "fused_attention", lambda self, device: lambda q, k, v, x, layer: v)
+    fused = training_memory(cfg, "cuda"), scoring_memory(cfg, 8192, "fla")
+    assert fused[0].parts["recomputed_block"] == 0 < written[0].parts["recomputed_block"]  # no block of T x T
+    assert fused[1].parts["attention"] == 0 < written[1].parts["attention"]
+    rope = compose_config(["pe=rope", "train.seq_len=1024"])  # RoPE: flash sdpa, the same model otherwise
+    assert fused[0].parts["activations"] <= training_memory(rope, "cuda").parts["activations"] * 1.01
