@@ -9,6 +9,8 @@ prediction for the kernel's path. On CUDA (skipped without): each
 real kernel equals the written-out path forward and backward, in float32 and under bfloat16 autocast, at a length
 that is not a whole number of the kernels' blocks, and a model on CUDA picks it (no silent fallback)."""
 
+import json
+
 import pytest
 import torch
 
@@ -191,3 +193,20 @@ def test_the_memory_model_keeps_no_length_squared_term_for_the_schemes_kernel(na
     assert fused[1].parts["attention"] == 0 < written[1].parts["attention"]
     rope = compose_config(["pe=rope", "train.seq_len=1024"])  # RoPE: flash sdpa, the same model otherwise
     assert fused[0].parts["activations"] <= training_memory(rope, "cuda").parts["activations"] * 1.01
+
+
+def test_a_run_whose_kernel_fails_at_its_first_step_records_the_path_that_runs(cli, tmp_path, monkeypatch):
+    """train.py records the backend when it starts and again after its first step, where a kernel that failed was
+    given up: metrics.jsonl says which path trained from which step (here the stand-in fails, and math ran)."""
+
+    def failing(q, k, v, x, layer):
+        raise RuntimeError("triton: no kernel for this GPU")
+
+    monkeypatch.setattr(attention, "fused_failure", None)
+    monkeypatch.setattr(SCHEMES["stickbreaking"], "fused_attention", lambda self, device: failing)
+    run_dir = tmp_path / "run"
+    done = cli.train_here(run_dir, "pe=stickbreaking", "train.max_steps=3")
+    assert done.returncode == 0, done.stderr
+    assert "attn_backend=fla" in done.stdout and done.stderr.count("warning: fla attention failed") == 1
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["attn_backend"]) for r in rows if "attn_backend" in r] == [(0, "fla"), (1, "math")]

@@ -318,6 +318,8 @@ def _run_loop(loop: _Loop) -> tuple[int, int | None]:
                 x, y, skip_nonfinite=t.skip_nonfinite, positions=positions, documents=documents
             )
             step += 1
+            if step == loop.start_step + 1:  # a kernel that failed at this step was given up: record what runs now
+                loop.window.recheck_runtime(step)
             loop.window.add(step, loss, skipped)
             stopped_by = _agreed_stop(stop, dist, step, t.log_every, device)
             _end_step(loop, step, grad_norm, stopping=stopped_by is not None)

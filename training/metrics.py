@@ -42,10 +42,8 @@ class MetricsWindow:
         # What computes this run (a resumed run may change either): recorded by record_runtime.
         # Positions per token (random positions, documents) keep a bias of the distance off its table: explicit.
         explicit = t.random_positions is not None or cfg.data.document_aware
-        self.runtime = {
-            "attn_backend": resolve_layer_backends(m.attn_backend, model.pe, device, explicit, m.attn_sink),
-            "dtype": str(dtype).removeprefix("torch."),
-        }
+        self._backends = lambda: resolve_layer_backends(m.attn_backend, model.pe, device, explicit, m.attn_sink)
+        self.runtime = {"attn_backend": self._backends(), "dtype": str(dtype).removeprefix("torch.")}
         if dist.is_main:
             self.wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)
             self.metrics = MetricsFile(run_dir, resume_step=start_step if checkpoint else None)
@@ -108,6 +106,14 @@ class MetricsWindow:
             self.metrics.write({"step": step, **self.runtime})
             if self.wandb_run is not None:
                 self.wandb_run.config.update({"runtime": self.runtime}, allow_val_change=True)
+
+    def recheck_runtime(self, step: int) -> None:
+        """After the first step: a kernel given up there (FlexAttention, a scheme's own, model/attention.py) changed
+        the backend that runs, which is then recorded from ``step`` on."""
+        backend = self._backends()
+        if backend != self.runtime["attn_backend"]:
+            self.runtime["attn_backend"] = backend
+            self.record_runtime(step)
 
     def write(self, record: dict) -> None:
         if record and self.dist.is_main:
