@@ -245,6 +245,20 @@ def test_needles_query_several_distinct_needles_in_turn():
         build_task(NeedlesConfig(n_keys=4, n_queries=5))
 
 
+def test_needles_can_hide_answers_from_the_inputs():
+    """task.hide_answers: the same instances, each answer's input position the blank (the new last token id), so
+    that no query is answered from the values already given; the targets are the answers as before."""
+    settings = {"n_keys": 4, "n_queries": 4, "min_keys": 1}
+    shown, hidden = build_task(NeedlesConfig(**settings)), build_task(NeedlesConfig(**settings, hide_answers=True))
+    assert hidden.vocab_size == shown.vocab_size + 1 and shown.answer_input is None
+    (x, y), (hx, hy) = (task.training_batch(16, 63, gen()) for task in (shown, hidden))
+    assert torch.equal(hy, y)
+    answers = torch.zeros_like(y, dtype=torch.bool)
+    answers[:, 1:] = y[:, :-1] != -100  # the input after an answer target is that answer
+    assert answers.sum() > 0 and torch.equal(hx[answers], torch.full_like(hx[answers], hidden.vocab_size - 1))
+    assert torch.equal(hx[~answers], x[~answers]) and not (x == hidden.vocab_size - 1).any()
+
+
 PINNED_NEEDLES = [
     [31, 22, 1, 2, 31, 12, 1, 0, 29, 30, 26, 31, 13, 2, 9, 26, 31, 23, 7, 7, 32, 23, 7, 7],
     [26, 31, 21, 5, 2, 31, 12, 5, 0, 31, 22, 1, 2, 29, 30, 31, 13, 8, 7, 30, 32, 12, 5, 0],

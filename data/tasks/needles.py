@@ -13,12 +13,17 @@
 - filler: one fixed "sentence" of filler_len distinct tokens repeated, as passkey's;
 - placement: the needles at random, non-overlapping places of the context, in any order; the queried needle
   drawn uniformly among them. A longer instance has more filler between the needles (they stay the same);
+- answers as inputs (``hide_answers``): false, each answer token is the next position's input (teacher forcing), so
+  with several queries the values already answered tell a later query which needles remain, and the last query is
+  answered by elimination without matching its key (measured: results/ruler-defaults); true, an answer's input
+  position holds a blank token instead, as MQAR's does (``Task.answer_input``), so that every query needs the lookup;
 - training mixture (``min_keys``): each training batch draws its number of needles uniformly from
   [min_keys, n_keys], as MQAR's ``min_pairs``; evaluation uses n_keys. With one needle the task is a passkey,
   which forms the retrieval circuit that the distractors then teach to select by key. A batch with fewer needles
   than n_queries queries each of them once.
 
-Vocabulary: values [0, n_symbols), keys [n_symbols, n_symbols + n_key_symbols), filler (filler_len), KEY, QUERY.
+Vocabulary: values [0, n_symbols), keys [n_symbols, n_symbols + n_key_symbols), filler (filler_len), KEY, QUERY,
+and with ``hide_answers`` the blank.
 Chance of an exact match with one query: 1/n_keys choosing among the needles in context, n_symbols^-n_values
 guessing; with several, every query must be right.
 """
@@ -44,6 +49,7 @@ class NeedlesConfig(GeneratedTaskConfig):
     filler_len: int = domain(5, ge=1)
     min_keys: int | None = domain(None, ge=1)  # training batches draw their needles from [min_keys, n_keys]
     n_queries: int = domain(1, ge=1)  # distinct needles queried in turn at the end (at most n_keys)
+    hide_answers: bool = False  # true: an answer's input position holds a blank, not the answer (module docstring)
 
 
 class Needles(Task):
@@ -68,7 +74,11 @@ class Needles(Task):
     @property
     def vocab_size(self) -> int:
         c = self.cfg
-        return c.n_symbols + c.n_key_symbols + c.filler_len + 2
+        return c.n_symbols + c.n_key_symbols + c.filler_len + 2 + (1 if c.hide_answers else 0)
+
+    @property
+    def answer_input(self) -> int | None:  # type: ignore[override]  # Task's class-level setting, per config here
+        return self.vocab_size - 1 if self.cfg.hide_answers else None  # the blank, the last id
 
     def min_length(self, n_keys: int | None = None) -> int:
         n = n_keys or self.cfg.n_keys
