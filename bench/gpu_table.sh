@@ -11,8 +11,9 @@
 #           compiled beside compiled RoPE (GPT-2 small, 1,024 tokens, batch 16): training tokens/s and peak memory,
 #           and scoring 16K tokens (FlexAttention); a scheme whose bias depends on the distance alone and that did
 #           not run FlexAttention is measured again under two other kernel options.
-#   part 2: CoPE compiled (its written-out attention in blocks of queries recomputed in the backward pass); every
-#           scheme eager, RoPE and the schemes without a kernel of their own first.
+#   part 2: CoPE compiled (its written-out attention in blocks of queries recomputed in the backward pass); stick-
+#           breaking and PaTH compiled on flash-linear-attention's kernels beside RoPE, training and scoring 16K
+#           tokens; every scheme eager, RoPE and the schemes without a PyTorch kernel first.
 #   part 3: RoPE's MFU: nanoGPT at the same size, the fused loss on GPU, a compile mode that autotunes, batch 32.
 #   part 4: the memory model's prediction beside the measured peak (RoPE, CoPE); the bias schemes through SDPA's
 #           blockwise masks instead of FlexAttention.
@@ -142,13 +143,17 @@ PY
 }
 
 part2() {
-  # CoPE compiled (the eager run is in the next step, beside RoPE's), then every scheme eager (the bias schemes'
-  # FlexAttention kernels are compiled whatever train.compile says): RoPE first, as the baseline of the command,
-  # then the schemes that run the written-out path (no kernel of their own), then the rest.
+  # CoPE compiled (the eager run is in the last step, beside RoPE's); the schemes with a kernel of their own
+  # (flash-linear-attention's: stick-breaking, PaTH; recorded as attn_backend=fla where it ran) compiled, training and
+  # scoring 16K tokens; then every scheme eager (the bias schemes' FlexAttention kernels are compiled whatever
+  # train.compile says): RoPE first, as the baseline of the command, then the schemes without a PyTorch kernel
+  # (the written-out path, or their own), then the rest.
   local own written
   written=$(registry "c.has_content_bias or c.has_attention_weights or c.has_transitions")
   own=$(registry "n != 'rope' and not (c.has_content_bias or c.has_attention_weights or c.has_transitions)")
   bench 150 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_content_bias")" train.compile=true
+  bench 120 bench_fused_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$(registry "c.fused_backend")" \
+    train.compile=true --eval-length 16384
   bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="rope,$written,$own" train.compile=false
 }
 
