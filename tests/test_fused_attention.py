@@ -4,12 +4,18 @@ of stick-breaking and PaTH attention, on CUDA where the package is installed (re
 On the CPU, the dispatch: which passes reach the kernel (a full causal pass) and which run the written-out path (a KV
 cache, captured probabilities, packed documents, a sink, model.attn_backend=math), that the kernel's output is the
 layer's, and that a kernel failing at its first use is given up, said once and recorded. The kernel there is the
-written-out path itself, standing in for the Triton one, so the outputs must be equal; and the memory model's
-prediction for the kernel's path. On CUDA (skipped without): each
-real kernel equals the written-out path forward and backward, in float32 and under bfloat16 autocast, at a length
-that is not a whole number of the kernels' blocks, and a model on CUDA picks it (no silent fallback)."""
+written-out path itself, standing in for the Triton one, so the outputs must be equal. Also on the CPU: the memory
+model's prediction for the kernel's path, and the real kernels run by Triton's interpreter (tests/fla_interpreted.py).
+On CUDA (skipped without): each real kernel equals the written-out path forward and backward, in float32 and under
+bfloat16 autocast, at a length that is not a whole number of the kernels' blocks, and a model on CUDA picks it (no
+silent fallback)."""
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +30,7 @@ from model.pe.path import PaTHConfig
 from model.pe.stickbreaking import StickBreakingConfig
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+REPO = Path(__file__).resolve().parent.parent
 FUSED = ["stickbreaking", "path"]
 VOCAB = 101
 
@@ -210,3 +217,25 @@ def test_a_run_whose_kernel_fails_at_its_first_step_records_the_path_that_runs(c
     assert "attn_backend=fla" in done.stdout and done.stderr.count("warning: fla attention failed") == 1
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["attn_backend"]) for r in rows if "attn_backend" in r] == [(0, "fla"), (1, "math")]
+
+
+@pytest.mark.slow  # a process of its own: Triton reads TRITON_INTERPRET when it defines its kernels
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (requirements-dev.txt)")
+def test_the_real_kernels_in_tritons_cpu_interpreter_equal_the_written_out_path():
+    """flash-linear-attention's Triton kernels themselves, run on the CPU by Triton's interpreter through the schemes'
+    own wrappers (tests/fla_interpreted.py): every layer ran the kernel, and losses and every gradient equal the
+    written-out path's to 1e-4 of their size (float32; measured 2e-7 to 6e-6)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "tests/fla_interpreted.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(row["scheme"], row["settings"]) for row in rows] == [
+        ("stickbreaking", {}),
+        ("stickbreaking", {"attend_current": True}),
+        ("path", {}),
+        ("path", {"forget_gate": True}),
+    ]
+    for row in rows:
+        assert row["layers"] == [0, 1] and row["worst"] < 1e-4, row
