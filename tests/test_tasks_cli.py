@@ -80,29 +80,22 @@ def test_eval_refuses_what_would_change_the_trained_task(cli, mqar_run, override
 
 
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("task", "override", "message"),
     [
-        ("task.min_pairs=9", "task.min_pairs=9 is more than task.n_pairs=8"),
-        ("task.power_a=0", "task.power_a=0.0 is out of its domain (0, 1]"),
-        ("task.power_a=1.5", "task.power_a=1.5 is out of its domain (0, 1]"),
+        ("mqar", "task.min_pairs=9", "task.min_pairs=9 is more than task.n_pairs=8"),
+        ("mqar", "task.power_a=0", "task.power_a=0.0 is out of its domain (0, 1]"),
+        ("mqar", "task.power_a=1.5", "task.power_a=1.5 is out of its domain (0, 1]"),
+        (
+            "needles",
+            "task.n_queries=5",
+            "task.n_queries=5 distinct needles to query need task.n_keys >= n_queries (got 4)",
+        ),
+        ("needles", "task.n_queries=0", "task.n_queries=0 is out of its domain [1, inf)"),
     ],
 )
-def test_train_refuses_impossible_mqar_settings_before_writing(cli, override, message):
-    run_dir = cli.base / "task-mqar-refused"
-    assert_one_line_error(cli.train_here(run_dir, "task=mqar", override), message)
-    assert not run_dir.exists()
-
-
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("task.n_queries=5", "task.n_queries=5 distinct needles to query need task.n_keys >= n_queries (got 4)"),
-        ("task.n_queries=0", "task.n_queries=0 is out of its domain [1, inf)"),
-    ],
-)
-def test_train_refuses_impossible_needles_queries_before_writing(cli, override, message):
-    run_dir = cli.base / "task-needles-refused"
-    assert_one_line_error(cli.train_here(run_dir, "task=needles", override), message)
+def test_train_refuses_impossible_task_settings_before_writing(cli, task, override, message):
+    run_dir = cli.base / f"task-{task}-refused"
+    assert_one_line_error(cli.train_here(run_dir, f"task={task}", override), message)
     assert not run_dir.exists()
 
 
