@@ -182,10 +182,10 @@ def test_the_cuda_kernel_equals_the_written_out_path_forward_and_backward(name, 
 
 
 def test_every_scheme_with_a_kernel_of_its_own_names_its_backend():
-    """hook 8's two halves go together: a scheme that returns a kernel says what its runs record."""
+    """hook 8's parts go together: a scheme that returns a kernel says what its runs record and which kernel it is."""
     for name, scheme in SCHEMES.items():
         own = scheme.fused_attention is not SCHEMES["rope"].fused_attention
-        assert own == (scheme.fused_backend is not None), name
+        assert own == (scheme.fused_backend is not None) == (scheme.fused_kernel is not None), name
 
 
 @pytest.mark.parametrize("name", FUSED)

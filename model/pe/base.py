@@ -24,7 +24,8 @@ for the rest:
 One more hook is not a place for position but a faster way to the same numbers: ``fused_attention(device)`` -> a
 kernel that computes a scheme's whole attention (hooks 6 and 7 above, which have no PyTorch kernel) in one pass, where
 an installed package provides it (its reference's Triton kernel on a GPU), or None. Attention runs it for full causal
-passes on ``device`` (training, scoring) and names it in the runs' records (``fused_backend``); anything it cannot
+passes on ``device`` (training, scoring) and names it in the runs' records (``fused_backend``; ``fused_kernel`` says
+which package's function it is, imported when the scheme is built); anything it cannot
 take (a KV cache, captured probabilities, packed documents, a sink) runs the written-out path (model/attention.py).
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
@@ -221,8 +222,10 @@ class PositionalEncoding(nn.Module):
     has_transitions: ClassVar[bool] = False
     # Tokens per chunk of those logits' products, which each block of queries computes its rows from (memory model).
     transition_chunk: ClassVar[int] = 0
-    # The attention backend that fused_attention's kernel is recorded as (None: the scheme has no such kernel).
+    # The attention backend that fused_attention's kernel is recorded as (None: the scheme has no such kernel), and
+    # (module, name) of that kernel in its package: imported when the scheme is built, where CUDA is (``_kernel``).
     fused_backend: ClassVar[str | None] = None
+    fused_kernel: ClassVar[tuple[str, str] | None] = None
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
@@ -232,6 +235,9 @@ class PositionalEncoding(nn.Module):
         check_domains(cfg, "pe.")  # the config's validation did this at start-up; model/ also runs without it
         self.cfg = cfg
         self.dims = dims
+        # not imported in the forward pass that torch.compile traces; only where CUDA is (a Triton kernel needs it)
+        cuda = self.fused_kernel is not None and torch.cuda.is_available()
+        self._kernel = installed_kernel(*self.fused_kernel) if cuda else None
 
     @classmethod
     def uses_positions(cls) -> bool:

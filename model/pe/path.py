@@ -67,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord, installed_kernel
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
 
 # Tokens per chunk of the WY form: the reference's block size on a GPU; products within a chunk are (64 x 64) matrices.
 CHUNK = 64
@@ -86,6 +86,7 @@ class PaTHPositionalEncoding(PositionalEncoding):
     has_transitions = True
     transition_chunk = CHUNK
     fused_backend = "fla"
+    fused_kernel = ("fla.ops.path_attn", "parallel_path_attn")
 
     def __init__(self, cfg: PaTHConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -99,9 +100,6 @@ class PaTHPositionalEncoding(PositionalEncoding):
         if cfg.forget_gate:
             self.gate_weight = nn.Parameter(torch.randn(L, H, C) * std)
             self.gate_bias = nn.Parameter(torch.zeros(L, H))
-        # imported here, not in the forward pass that torch.compile traces; only where CUDA is (Triton needs it)
-        cuda = torch.cuda.is_available()
-        self._kernel = installed_kernel("fla.ops.path_attn", "parallel_path_attn") if cuda else None
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         return [self.beta_bias] + ([self.gate_bias] if self.cfg.forget_gate else [])

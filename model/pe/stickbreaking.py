@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord, installed_kernel
+from model.pe.base import PEConfig, PositionalEncoding, SchemeRecord
 
 
 @dataclass
@@ -65,13 +65,7 @@ class StickBreakingPositionalEncoding(PositionalEncoding):
     config_class = StickBreakingConfig
     has_attention_weights = True
     fused_backend = "fla"
-
-    def __init__(self, cfg: StickBreakingConfig, dims: ModelDims) -> None:
-        super().__init__(cfg, dims)
-        # imported here, not in the forward pass that torch.compile traces; only where CUDA is (Triton needs it)
-        self._kernel = None
-        if torch.cuda.is_available():
-            self._kernel = installed_kernel("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
+    fused_kernel = ("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
 
     def fused_attention(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
         """flash-linear-attention's Triton kernel of these weights (``parallel_stickbreaking_attn``, module docstring),
