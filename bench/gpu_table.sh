@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # The GPU table: the CUDA-only tests, train.py and its evaluation end to end on a task, and every benchmark of
 # bench/README.md ("GPU: how to measure and commit"), recorded in ONE results file per GPU, with the table
-# docs/speed.md takes. In four parts whose steps' time limits add up to 8 minutes at most each, so that a part fits
-# a 10-minute job; without --part, the four in turn:
+# docs/speed.md takes. In five parts whose steps' time limits add up to 8 minutes at most each, so that a part fits
+# a 10-minute job (one compiled scheme with its 16K scoring takes about 90 s on an H200, most of it compiling);
+# without --part, the five in turn:
 #
-#   bash bench/gpu_table.sh OUT_DIR [--part 1|2|3|4[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]
+#   bash bench/gpu_table.sh OUT_DIR [--part 1|2|3|4|5[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]
 #
 #   part 1: correctness first: the CUDA-only tests (the fused kernels of stick-breaking and PaTH among them) beside
-#           train.py on passkey (RoPE, FoX); then every bias scheme
-#           compiled beside compiled RoPE (GPT-2 small, 1,024 tokens, batch 16): training tokens/s and peak memory,
-#           and scoring 16K tokens (FlexAttention); a scheme whose bias depends on the distance alone and that did
-#           not run FlexAttention is measured again under two other kernel options.
-#   part 2: CoPE compiled (its written-out attention in blocks of queries recomputed in the backward pass); stick-
-#           breaking and PaTH compiled on flash-linear-attention's kernels beside RoPE, training and scoring 16K
-#           tokens; every scheme eager, RoPE and the schemes without a PyTorch kernel first.
-#   part 3: RoPE's MFU: nanoGPT at the same size, the fused loss on GPU, a compile mode that autotunes, batch 32.
-#   part 4: the memory model's prediction beside the measured peak (RoPE, CoPE); the bias schemes through SDPA's
-#           blockwise masks instead of FlexAttention.
+#           train.py on passkey (RoPE, FoX); then T5 and KERPLE compiled beside compiled RoPE (GPT-2 small, 1,024
+#           tokens, batch 16): training tokens/s and peak memory, and scoring 16K tokens (FlexAttention).
+#   part 2: the other bias schemes the same way; a scheme whose bias depends on the distance alone and that did not
+#           run FlexAttention is measured again under two other kernel options.
+#   part 3: stick-breaking and PaTH compiled on flash-linear-attention's kernels beside RoPE, training and scoring
+#           16K tokens; CoPE compiled (its written-out attention in blocks of queries recomputed in the backward
+#           pass).
+#   part 4: RoPE's MFU: nanoGPT at the same size, the fused loss on GPU, a compile mode that autotunes, batch 32.
+#   part 5: every scheme eager, RoPE and the schemes without a PyTorch kernel first; the memory model's prediction
+#           beside the measured peak (RoPE, CoPE); the bias schemes through SDPA's blockwise masks instead of
+#           FlexAttention.
 #
 # --budget: the seconds all the chosen parts may take together (a job with a wall-clock limit): each step's time
 # limit is cut to what is left, and a step that would get under 30 s is skipped (said in its log).
@@ -32,16 +34,16 @@
 # along with the checkout: bench/gpu_env.sh puts its packages on the path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bash bench/gpu_table.sh OUT_DIR [--part 1|2|3|4[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]"
+usage="usage: bash bench/gpu_table.sh OUT_DIR [--part 1|2|3|4|5[,...]] [--budget SECONDS] [/path/to/nanoGPT/model.py]"
 [[ $# -ge 1 ]] || { echo "$usage" >&2; exit 2; }
 OUT=$(mkdir -p "$1" && cd "$1" && pwd) || exit
 shift
-parts="1 2 3 4"
+parts="1 2 3 4 5"
 nanogpt=""
 deadline=""
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --part) [[ ${2:-} =~ ^[1-4](,[1-4])*$ ]] || { echo "$usage" >&2; exit 2; }; parts=${2//,/ }; shift 2 ;;
+    --part) [[ ${2:-} =~ ^[1-5](,[1-5])*$ ]] || { echo "$usage" >&2; exit 2; }; parts=${2//,/ }; shift 2 ;;
     --budget) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { echo "$usage" >&2; exit 2; }; deadline=$((SECONDS + $2)); shift 2 ;;
     -*) echo "$usage" >&2; exit 2 ;;
     *) nanogpt=$1; shift ;;
@@ -55,6 +57,9 @@ F=$(ls -t "$OUT"/*-"$gpu".json 2>/dev/null | head -n 1)
 echo "recording into $F"
 
 gpt2=(model=gpt2 train.seq_len=1024 train.batch_size=16 --warmup 5 --steps 10 --record "$F")
+# Part 1's bias schemes: the two whose FlexAttention kernels asked for more shared memory than an H200 has on
+# 2026-11-27 (part 2 takes the rest).
+PART1_BIAS=t5,kerple
 registry() {  # registry EXPRESSION: the registered schemes whose class satisfies it (c), comma-separated
   python -c "from model.pe import SCHEMES; print(','.join(sorted(n for n, c in SCHEMES.items() if $1)))"
 }
@@ -82,19 +87,17 @@ bench() {  # bench LIMIT LOG ARGS...: one step, its time limit (SIGINT, then SIG
 
 part1() {
   # Correctness first: the CUDA-only tests (they skip on CPU: FlexAttention and SDPA against the math path for every
-  # scheme, forward and backward, fp32 and bf16, the fused loss, FoX; the compile tests with inductor included),
-  # beside train.py on the GPU (bf16 autocast, compile, fused AdamW: its defaults there) and its own evaluation:
-  # passkey with RoPE at its default settings, and FoX (FlexAttention with a cumulative bias) for 500 steps.
-  # Then the bias schemes (a score bias or a cumulative one) compiled, against compiled RoPE in the same command,
-  # with scoring at 16K (16x the training length); a scheme whose bias depends on the distance alone and that did
-  # not run FlexAttention there is measured again with less shared memory per kernel (its kernels asked for 245,760
-  # bytes of an H200's 232,448 on 2026-11-27, forward included): 2 pipeline stages instead of 3 in both passes, then
-  # the forward's tiles halved.
-  local work train_pid status tests limit bias table retry
+  # scheme, forward and backward, fp32 and bf16, the fused loss, FoX, the fused kernels of stick-breaking and PaTH;
+  # the compile tests with inductor included), beside train.py on the GPU (bf16 autocast, compile, fused AdamW: its
+  # defaults there) and its own evaluation: passkey with RoPE at its default settings, and FoX (FlexAttention with a
+  # cumulative bias) for 500 steps. The tests are handed out one at a time (--dist worksteal): a fused kernel's
+  # first call autotunes, 40-50 s a test on an H200, and the default hand-out queued all of those on one worker.
+  # Then compiled RoPE beside the bias schemes of PART1_BIAS (training, and scoring 16K tokens).
+  local work train_pid status tests limit
   work=$(mktemp -d)  # the passkey runs' directories (checkpoints): their console output goes to OUT_DIR
-  limit=$(limit_for 150)
+  limit=$(limit_for 180)
   (
-    for spec in "rope 3000 140" "fox 500 60"; do
+    for spec in "rope 3000 100" "fox 500 80"; do
       read -r pe steps run_limit <<< "$spec"
       run_limit=$(limit_for "$run_limit")
       ((run_limit == 0)) && break
@@ -108,8 +111,8 @@ part1() {
   tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_pe_fox.py tests/test_compile.py
     tests/test_fused_attention.py)
   echo "$(date +%T) tests (limit ${limit} s)"
-  ((limit > 0)) && timeout "$limit" python -m pytest -q -rs -n 12 -p no:cacheprovider "${tests[@]}" -k "cuda or compile or flex" \
-    > "$OUT/tests.txt" 2>&1
+  ((limit > 0)) && timeout "$limit" python -m pytest -q -rs -n 12 --dist worksteal -p no:cacheprovider "${tests[@]}" \
+    -k "cuda or compile or flex" > "$OUT/tests.txt" 2>&1
   status=$?
   python - "$F" "$status" "$OUT/tests.txt" "${tests[*]}" <<'PY'
 import re, sys
@@ -120,44 +123,55 @@ path, status, log, tests = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]
 lines = log.read_text().strip().splitlines()
 summary = lines[-1] if lines else f"no output (exit {status})"
 counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|error)", summary)}
+if not counts:  # stopped before pytest's summary: count its progress characters (-q: one per test that ended)
+    marks = "".join(line.split(" [")[0] for line in lines if re.fullmatch(r"[.FEsxX]+( +\[ *\d+%\])?", line))
+    counts = {"passed": marks.count("."), "failed": marks.count("F"), "error": marks.count("E"),
+              "skipped": marks.count("s")}
+    summary = f"stopped (exit {status}) before its end: " + ", ".join(f"{n} {w}" for w, n in counts.items())
 save_run(path, "-m pytest", ["-q", "-n", "12", *tests.split(), "-k", "cuda or compile or flex"],
          [{"exit_status": status, "summary": summary, **counts}])
 PY
   wait "$train_pid"
-  bias=$(registry "c.has_score_bias or c.has_cumulative_bias")
-  table=$(registry "c.bias_is_relative")
-  bench 230 bench_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$bias" train.compile=true --eval-length 16384
-  retry=$(python - "$F" "$table" <<'PY'
-import json, sys
-last = json.load(open(sys.argv[1]))["runs"][-1]["output"]
-rows = {r["pe"]: r for r in last if "pe" in r}
-wanted = sys.argv[2].split(",")
-print(",".join(n for n in wanted if n in rows and (rows[n].get("config") or {}).get("attn_backend") != "flex"))
-PY
-  )
-  [[ -z $retry ]] && return
-  bench 90 bench_kernel_stages scripts/speed.py "${gpt2[@]}" pe="$retry" train.compile=true \
-    "+model.flex_kernel_options={fwd_num_stages:2,bwd_num_stages:2}"
-  bench 90 bench_kernel_tiles scripts/speed.py "${gpt2[@]}" pe="$retry" train.compile=true \
-    "+model.flex_kernel_options={fwd_BLOCK_M:64,fwd_BLOCK_N:64,bwd_num_stages:2}"
+  bench 230 bench_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$PART1_BIAS" train.compile=true --eval-length 16384
 }
 
 part2() {
-  # CoPE compiled (the eager run is in the last step, beside RoPE's); the schemes with a kernel of their own
-  # (flash-linear-attention's: stick-breaking, PaTH; recorded as attn_backend=fla where it ran) compiled, training and
-  # scoring 16K tokens; then every scheme eager (the bias schemes' FlexAttention kernels are compiled whatever
-  # train.compile says): RoPE first, as the baseline of the command, then the schemes without a PyTorch kernel
-  # (the written-out path, or their own), then the rest.
-  local own written
-  written=$(registry "c.has_content_bias or c.has_attention_weights or c.has_transitions")
-  own=$(registry "n != 'rope' and not (c.has_content_bias or c.has_attention_weights or c.has_transitions)")
-  bench 150 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_content_bias")" train.compile=true
-  bench 120 bench_fused_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$(registry "c.fused_backend")" \
-    train.compile=true --eval-length 16384
-  bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="rope,$written,$own" train.compile=false
+  # Compiled RoPE beside the other bias schemes (a score bias or a cumulative one), training and scoring 16K; then a
+  # scheme whose bias depends on the distance alone and whose latest record did not run FlexAttention is measured
+  # again with less shared memory per kernel (its kernels asked for 245,760 bytes of an H200's 232,448 on
+  # 2026-11-27, forward included): 2 pipeline stages instead of 3 in both passes, then the forward's tiles halved.
+  local rest retry
+  rest=$(registry "(c.has_score_bias or c.has_cumulative_bias) and n not in '$PART1_BIAS'.split(',')")
+  bench 320 bench_compiled_bias scripts/speed.py "${gpt2[@]}" pe="rope,$rest" train.compile=true --eval-length 16384
+  retry=$(python - "$F" "$(registry "c.bias_is_relative")" <<'PY'
+import json, sys
+latest = {}  # scheme -> its latest record, over every run in the file
+for run in json.load(open(sys.argv[1]))["runs"]:
+    for row in run["output"]:
+        if "pe" in row and "impl" not in row:
+            latest[row["pe"]] = row
+wanted = sys.argv[2].split(",")
+print(",".join(n for n in wanted if n in latest and (latest[n].get("config") or {}).get("attn_backend") != "flex"))
+PY
+  )
+  [[ -z $retry ]] && return
+  bench 80 bench_kernel_stages scripts/speed.py "${gpt2[@]}" pe="$retry" train.compile=true \
+    "+model.flex_kernel_options={fwd_num_stages:2,bwd_num_stages:2}"
+  bench 80 bench_kernel_tiles scripts/speed.py "${gpt2[@]}" pe="$retry" train.compile=true \
+    "+model.flex_kernel_options={fwd_BLOCK_M:64,fwd_BLOCK_N:64,bwd_num_stages:2}"
 }
 
 part3() {
+  # The schemes with a kernel of their own (flash-linear-attention's: stick-breaking, PaTH; recorded as
+  # attn_backend=fla where it ran) compiled beside RoPE, training and scoring 16K tokens (each kernel autotunes at
+  # its first call: stick-breaking outlasted a 99 s step on 2026-11-27); CoPE compiled (its written-out attention in
+  # blocks of queries recomputed in the backward pass; its eager run is part 5's, beside RoPE's).
+  bench 300 bench_fused_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$(registry "c.fused_backend")" \
+    train.compile=true --eval-length 16384
+  bench 150 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_content_bias")" train.compile=true
+}
+
+part4() {
   # RoPE's MFU against nanoGPT's at the same size, and what each of the fast GPT-2 codebases' ideas is worth here: the
   # fused chunked cross-entropy (model.fused_ce=auto is CPU only until measured), a compile mode that autotunes its
   # kernels, a micro-batch twice as large.
@@ -171,10 +185,15 @@ part3() {
   bench 90 bench_batch32 scripts/speed.py "${gpt2[@]}" pe=rope train.compile=true train.batch_size=32
 }
 
-part4() {
-  # The memory model's prediction beside the measured peak (RoPE, CoPE); the bias schemes through SDPA with a
-  # blockwise mask instead of FlexAttention, scoring 16K too.
-  local pe
+part5() {
+  # Every scheme eager (the bias schemes' FlexAttention kernels are compiled whatever train.compile says): RoPE
+  # first, as the baseline of the command, then the schemes without a PyTorch kernel (the written-out path, or their
+  # own), then the rest; the memory model's prediction beside the measured peak (RoPE, CoPE); the bias schemes
+  # through SDPA with a blockwise mask instead of FlexAttention, scoring 16K too.
+  local pe own written
+  written=$(registry "c.has_content_bias or c.has_attention_weights or c.has_transitions")
+  own=$(registry "n != 'rope' and not (c.has_content_bias or c.has_attention_weights or c.has_transitions)")
+  bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="rope,$written,$own" train.compile=false
   for pe in rope "$(registry "c.has_content_bias")"; do
     bench 60 "estimate_$pe" scripts/estimate.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe="$pe" --measure \
       --record "$F"

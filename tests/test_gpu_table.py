@@ -18,26 +18,49 @@ def heredocs() -> list[str]:
 
 def test_the_script_parses_and_refuses_a_wrong_part(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
-    for args in (["--part", "5"], ["--part", "1,5"], ["--part"], ["--steps"], ["--budget", "0"], ["--budget", "9m"]):
+    for args in (["--part", "6"], ["--part", "1,6"], ["--part"], ["--steps"], ["--budget", "0"], ["--budget", "9m"]):
         result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True)
         assert result.returncode == 2 and result.stderr.startswith("usage: bash bench/gpu_table.sh OUT_DIR [--part")
 
 
-def test_the_schemes_measured_again_are_those_of_the_last_run_that_did_not_get_flex(tmp_path):
+def test_the_schemes_measured_again_are_those_whose_latest_record_did_not_get_flex(tmp_path):
     retry = heredocs()[1]
     results = tmp_path / "runs.json"
     config = {"compile": True, "attn_backend": "flex"}
-    output = [
-        {"pe": "rope", "tokens_per_s": 1.0, "config": config | {"attn_backend": "sdpa"}},
-        {"pe": "alibi", "tokens_per_s": 1.0, "config": config},
-        {"pe": "kerple", "error": "RuntimeError: out of resource"},
-        {"pe": "t5", "tokens_per_s": 1.0, "config": {"compile": False, "attn_backend": "sdpa"}},
+    earlier = [  # part 1: KERPLE without FlexAttention, T5 on it
+        {"pe": "kerple", "tokens_per_s": 1.0, "config": {"compile": False, "attn_backend": "sdpa"}},
+        {"pe": "t5", "tokens_per_s": 1.0, "config": config},
     ]
-    results.write_text(json.dumps({"runs": [{"command": "...", "output": []}, {"command": "...", "output": output}]}))
+    output = [  # part 2: KERPLE with other kernel options got it; T5 failed; ALiBi (a compile that fell back)
+        {"pe": "rope", "tokens_per_s": 1.0, "config": config | {"attn_backend": "sdpa"}},
+        {"pe": "kerple", "tokens_per_s": 1.0, "config": config},
+        {"pe": "t5", "error": "RuntimeError: out of resource"},
+        {"pe": "alibi", "tokens_per_s": 1.0, "config": {"compile": False, "attn_backend": "sdpa"}},
+    ]
+    runs = [{"command": "...", "output": rows} for rows in ([], earlier, output)]
+    results.write_text(json.dumps({"runs": runs}))
     run = subprocess.run(
-        [sys.executable, "-", str(results), "alibi,kerple,t5"], input=retry, capture_output=True, text=True
+        [sys.executable, "-", str(results), "alibi,fire,kerple,t5"], input=retry, capture_output=True, text=True
     )
-    assert run.returncode == 0 and run.stdout == "kerple,t5\n", run.stderr
+    assert run.returncode == 0 and run.stdout == "alibi,t5\n", run.stderr
+
+
+def test_tests_stopped_at_their_time_limit_are_recorded_by_their_progress(tmp_path):
+    record = heredocs()[0]
+    results, log = tmp_path / "2026-01-01-GPU.json", tmp_path / "tests.txt"
+    log.write_text("bringing up nodes...\n\n" + "." * 72 + " [ 31%]\n" + "." * 70 + "F. [ 62%]\n..s.\n")
+    args = [sys.executable, "-", str(results), "124", str(log), "tests/test_backends.py"]
+    run = subprocess.run(args, input=record, cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    (row,) = json.loads(results.read_text())["runs"][0]["output"]
+    assert row == {
+        "exit_status": 124,
+        "summary": "stopped (exit 124) before its end: 146 passed, 1 failed, 0 error, 1 skipped",
+        "passed": 146,
+        "failed": 1,
+        "error": 0,
+        "skipped": 1,
+    }
 
 
 def test_the_tests_record_and_the_table(tmp_path):
