@@ -15,7 +15,8 @@
 #   part 3: stick-breaking and PaTH compiled on flash-linear-attention's kernels beside RoPE, training and scoring
 #           16K tokens; CoPE compiled (its written-out attention in blocks of queries recomputed in the backward
 #           pass).
-#   part 4: RoPE's MFU: nanoGPT at the same size, the fused loss on GPU, a compile mode that autotunes, batch 32.
+#   part 4: RoPE's MFU: nanoGPT at the same size, the fused loss on GPU, a compile mode that autotunes, batch 32,
+#           cuDNN's attention.
 #   part 5: every scheme eager, RoPE and the schemes without a PyTorch kernel first; the memory model's prediction
 #           beside the measured peak (RoPE, CoPE); the bias schemes through SDPA's blockwise masks instead of
 #           FlexAttention.
@@ -174,15 +175,16 @@ part3() {
 part4() {
   # RoPE's MFU against nanoGPT's at the same size, and what each of the fast GPT-2 codebases' ideas is worth here: the
   # fused chunked cross-entropy (model.fused_ce=auto is CPU only until measured), a compile mode that autotunes its
-  # kernels, a micro-batch twice as large.
+  # kernels, a micro-batch twice as large, cuDNN's attention kernel instead of SDPA's own choice.
   if [[ -n "$nanogpt" ]]; then
     bench 100 bench_nanogpt scripts/speed_nanogpt.py --model-py "$nanogpt" --n-layer 12 --n-head 12 --n-embd 768 \
       --seq-len 1024 --batch-size 16 --warmup 5 --steps 10 --record "$F"
   fi
   bench 90 bench_fused_ce scripts/speed.py "${gpt2[@]}" pe=rope,alibi model.fused_ce=always
-  bench 120 bench_compile_mode scripts/speed.py "${gpt2[@]}" pe=rope train.compile=true \
+  bench 110 bench_compile_mode scripts/speed.py "${gpt2[@]}" pe=rope train.compile=true \
     --compile-mode max-autotune-no-cudagraphs
   bench 90 bench_batch32 scripts/speed.py "${gpt2[@]}" pe=rope train.compile=true train.batch_size=32
+  bench 90 bench_cudnn scripts/speed.py "${gpt2[@]}" pe=rope train.compile=true --sdpa-backend cudnn
 }
 
 part5() {
@@ -221,7 +223,10 @@ def gb(mib):
 
 def attention(config):
     options = config.get("flex_kernel_options") or {}
-    return config.get("attn_backend", "") + "".join(f" {k}={v}" for k, v in options.items())
+    sdpa = config.get("sdpa_backend", "auto")
+    return config.get("attn_backend", "") + ("" if sdpa == "auto" else f" {sdpa}") + "".join(
+        f" {k}={v}" for k, v in options.items()
+    )
 
 
 print(f"`{path.rsplit('/', 1)[-1]}`\n")

@@ -23,7 +23,8 @@ Peak memory is evaluation/memory.py's PeakMemory, as in the evaluation's result 
 during the measured block (from before the model is built; for evaluation, with the trained weights in
 place), in MiB; "memory_metric" says what was read. MFU uses experiment.build.model_flops_per_token (the count
 the training loop logs) and core.runtime's peak table; it is null on CPU and unknown GPUs.
-``--record FILE`` appends the run to a results file (bench/README.md).
+``--record FILE`` appends the run to a results file (bench/README.md). ``--compile-mode`` and ``--sdpa-backend``
+(SDPA limited to one of its CUDA kernels: flash, cuDNN's, memory-efficient) try what the fast GPT-2 codebases use.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import _repo
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -48,7 +50,7 @@ from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import PosGPTError, first_line
 from core.files import atomic_write, check_outputs, read_user_text
 from core.host_memory import reused_freed_memory
-from core.runtime import autocast, peak_flops, set_up_runtime
+from core.runtime import autocast, peak_flops, select_device, set_up_runtime
 from evaluation.memory import PeakMemory
 from experiment.build import build_model, model_flops_per_token
 from experiment.compose import compose_config
@@ -65,6 +67,26 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 def torch_compile_mode(name: str) -> str | None:
     """torch.compile's ``mode`` for a --compile-mode (None: its default)."""
     return None if name == "default" else name
+
+
+# --sdpa-backend: SDPA's CUDA kernels by torch.nn.attention.SDPBackend's names ("auto": PyTorch's own choice)
+SDPA_BACKENDS = {
+    "auto": None,
+    "flash": "FLASH_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+}
+
+
+def sdpa_backend(name: str) -> contextlib.AbstractContextManager:
+    """SDPA limited to one kernel while a scheme is timed, its compilation included (the kernel is chosen where the
+    graph is traced). A kernel that cannot take a call raises: the scheme's record is then its error, never a
+    silent fallback to another kernel."""
+    if SDPA_BACKENDS[name] is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[name]))
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -216,6 +238,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
             "dtype": str(dtype).split(".")[-1],
             "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
             "compile_mode": args.compile_mode,
+            "sdpa_backend": args.sdpa_backend,
             "attn_backend": resolve_layer_backends(m.attn_backend, raw_model.pe, device, sink=m.attn_sink),
             "fused_ce": use_fused(m.fused_ce, device),
             "flex_kernel_options": dict(m.flex_kernel_options),
@@ -236,7 +259,8 @@ def bench_or_error(cfg: DictConfig, args: argparse.Namespace) -> dict:
     """:func:`bench_scheme`'s record, or the scheme and the first line of what stopped it (a kernel the GPU does not
     compile, memory it does not have), so that one scheme's failure does not lose the others'."""
     try:
-        return bench_scheme(cfg, args)
+        with sdpa_backend(args.sdpa_backend):
+            return bench_scheme(cfg, args)
     except PosGPTError:
         raise
     except Exception as error:
@@ -285,6 +309,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="torch.compile's mode for the training step (with train.compile=true): what each is worth on a GPU",
     )
     parser.add_argument(
+        "--sdpa-backend",
+        choices=list(SDPA_BACKENDS),
+        default="auto",
+        help="SDPA's CUDA kernel for every scaled_dot_product_attention call (flash, cuDNN's, memory-efficient), "
+        "training and scoring: what each is worth on a GPU",
+    )
+    parser.add_argument(
         "--eval-length",
         type=count(1),
         default=None,
@@ -308,6 +339,10 @@ def main(argv: list[str]) -> None:
         validate(cfg, reads_data=False)  # random token ids: any vocabulary
         if args.compile_mode != "default" and str(cfg.train.compile).lower() != "true":
             raise PosGPTError(f"--compile-mode {args.compile_mode} needs train.compile=true (it compiles nothing else)")
+        if args.sdpa_backend != "auto" and select_device(cfg.train.device).type != "cuda":
+            raise PosGPTError(
+                f"--sdpa-backend {args.sdpa_backend} needs a CUDA device (the kernels it picks are CUDA's)"
+            )
     records, run = [], None
     for cfg in configs:
         records.append(bench_or_error(cfg, args))

@@ -100,6 +100,8 @@ def test_the_tests_record_and_the_table(tmp_path):
     runs.append(
         {"command": "...", "output": [{"pe": "t5", "tokens_per_s": 360e3, "peak_memory_mb": 1300, "config": options}]}
     )
+    cudnn = config | {"attn_backend": "sdpa", "sdpa_backend": "cudnn"}
+    runs.append({"command": "...", "output": [{"pe": "rope", "tokens_per_s": 500e3, "config": cudnn}]})
     results.write_text(json.dumps({"runs": runs}))
     run = subprocess.run([sys.executable, "-", str(results), "rope"], input=table, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
@@ -108,5 +110,6 @@ def test_the_tests_record_and_the_table(tmp_path):
     assert "| alibi | True | flex | False | 440k | 1.10x |  | 1.1 | 1.10x |  |  |  |  |" in lines
     assert any(line.startswith("| t5 | | error: RuntimeError: out of resource |") for line in lines)
     assert "| t5 | True | flex bwd_num_stages=2 | False | 360k | 0.90x |  | 1.3 | 1.30x |  |  |  |  |" in lines
+    assert "| rope | True | sdpa cudnn | False | 500k | 1.00x |  |  |  |  |  |  |  |" in lines
     header = next(line for line in lines if line.startswith("| scheme"))
     assert all(line.count("|") == header.count("|") for line in lines if line.startswith("| "))

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from cli_runs import REPO, load_script
 
 FIELDS = {"pe", "device", "tokens_per_s", "mfu", "peak_memory_mb", "memory_metric", "step_ms", "config"}
@@ -41,7 +42,7 @@ def test_bench_prints_one_json_line_per_scheme_with_eval(cli):
         assert record["tokens_per_s"] > 0 and record["step_ms"] > 0 and record["peak_memory_mb"] > 0
         assert record["mfu"] is None  # CPU: no peak FLOP/s to compare with
         assert record["config"]["seq_len"] == 32 and record["config"]["fused_ce"] is True
-        assert record["config"]["attn_backend"] == "sdpa"
+        assert record["config"]["attn_backend"] == "sdpa" and record["config"]["sdpa_backend"] == "auto"
         assert record["eval"]["length"] == 128
     assert records[0]["eval"]["tokens_per_s"] > 0
     assert "at most 32 positions" in records[1]["eval"]["error"]  # a learned table cannot go beyond training
@@ -78,6 +79,25 @@ def test_the_compile_mode_reaches_torch_compile_and_needs_compilation(cli, monke
     for mode, want in (("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs"), ("default", None)):
         (record,) = json_lines(cli.here("scripts/speed.py", *tiny, "train.compile=true", "--compile-mode", mode))
         assert modes[-1] == want and record["config"]["compile_mode"] == mode and record["config"]["compile"] is True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels it picks run there")
+def test_the_sdpa_backend_limits_sdpa_to_one_kernel_and_needs_cuda(cli):
+    """--sdpa-backend: every SDPA call while a scheme is timed may use that one kernel, and a call it cannot take
+    raises, no silent fallback (on the CPU, cuDNN's and the memory-efficient kernels take none); on a machine
+    without CUDA the option is one line and exit 2 before anything runs."""
+    speed = load_script("speed")
+    q = torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(0))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with speed.sdpa_backend("auto"):
+        torch.testing.assert_close(sdpa(q, q, q, is_causal=True), sdpa(q, q, q, is_causal=True))
+    for name in ("cudnn", "efficient"):
+        with speed.sdpa_backend(name), pytest.raises(RuntimeError):
+            sdpa(q, q, q, is_causal=True)
+    tiny = ["pe=none", "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "train.seq_len=16", "--steps", "1"]
+    refused = cli.here("scripts/speed.py", *tiny, "--sdpa-backend", "cudnn")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == "error: --sdpa-backend cudnn needs a CUDA device (the kernels it picks are CUDA's)\n"
 
 
 def test_a_failing_scheme_is_recorded_and_the_next_runs_and_an_interruption_keeps_what_ran(tmp_path, monkeypatch):
