@@ -192,6 +192,39 @@ def split_schemes(overrides: list[str]) -> tuple[list[str | None], list[str]]:
     return schemes, rest
 
 
+def recorded_settings(
+    cfg: DictConfig,
+    raw_model: torch.nn.Module,
+    train_step: TrainStep,
+    device: torch.device,
+    dtype: torch.dtype,
+    args: argparse.Namespace,
+) -> dict:
+    """A record's "config": the model's size, the batch, and every setting that picks a kernel or a path."""
+    t, m = cfg.train, cfg.model
+    return {
+        "n_layer": m.n_layer,
+        "n_head": m.n_head,
+        "n_embd": m.n_embd,
+        "vocab_size": m.vocab_size,
+        "n_params": raw_model.num_params(),
+        "seq_len": t.seq_len,
+        "batch_size": t.batch_size,
+        "grad_accum_steps": t.grad_accum_steps,
+        "dtype": str(dtype).split(".")[-1],
+        "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
+        "compile_mode": args.compile_mode,
+        "sdpa_backend": args.sdpa_backend,
+        "attn_backend": resolve_layer_backends(m.attn_backend, raw_model.pe, device, sink=m.attn_sink),
+        "fused_ce": use_fused(m.fused_ce, device),
+        "flex_kernel_options": dict(m.flex_kernel_options),
+        "threads": torch.get_num_threads(),
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "torch": torch.__version__,
+    }
+
+
 def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     t, m = cfg.train, cfg.model
     device, dtype = set_up_runtime(t)
@@ -226,27 +259,7 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
         "memory_metric": train_memory.metric,
         "step_ms": round(step_s * 1e3, 2),
         "cpu_share": round(cpu_share, 3),
-        "config": {
-            "n_layer": m.n_layer,
-            "n_head": m.n_head,
-            "n_embd": m.n_embd,
-            "vocab_size": vocab,
-            "n_params": raw_model.num_params(),
-            "seq_len": t.seq_len,
-            "batch_size": t.batch_size,
-            "grad_accum_steps": t.grad_accum_steps,
-            "dtype": str(dtype).split(".")[-1],
-            "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
-            "compile_mode": args.compile_mode,
-            "sdpa_backend": args.sdpa_backend,
-            "attn_backend": resolve_layer_backends(m.attn_backend, raw_model.pe, device, sink=m.attn_sink),
-            "fused_ce": use_fused(m.fused_ce, device),
-            "flex_kernel_options": dict(m.flex_kernel_options),
-            "threads": torch.get_num_threads(),
-            "warmup": args.warmup,
-            "steps": args.steps,
-            "torch": torch.__version__,
-        },
+        "config": recorded_settings(cfg, raw_model, train_step, device, dtype, args),
     }
     del train_step, optimizer
     raw_model.zero_grad(set_to_none=True)
