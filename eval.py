@@ -66,7 +66,7 @@ def evaluate(run_dir: Path, overrides: list[str]) -> None:
     )
     # data.eval_split: the val split of the training corpus, all of another one; a task run generates its own
     val_tokens = (
-        eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
+        eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
         if cfg.task.name == NO_TASK
         else None
     )

@@ -45,20 +45,23 @@ SHARD_NAME = re.compile(r"(train|val|all)_\d{6}\.bin")
 NOT_CONTENT = ("name", "cache_dir", "num_proc", "eval_split", "document_aware")
 
 
-def load_splits(cfg: DataConfig) -> dict[str, TokenArray]:
-    """The train and val tokens of cfg's corpus, tokenized on first use and read from the cache after."""
-    streams = _load(cfg)
+def load_splits(cfg: DataConfig, progress: bool = True) -> dict[str, TokenArray]:
+    """The train and val tokens of cfg's corpus, tokenized on first use (a progress bar unless ``progress`` is
+    false: logging.progress) and read from the cache after."""
+    streams = _load(cfg, progress)
     return {split: _nonempty(streams[split], cfg) for split in SPLITS}
 
 
-def load_split(cfg: DataConfig, split: str) -> TokenArray:
+def load_split(cfg: DataConfig, split: str, progress: bool = True) -> TokenArray:
     """The tokens of one split: "train", "val", or "all" (the whole corpus, train then val)."""
     if split not in (*SPLITS, ALL):
         raise PosGPTError(f"unknown data split {split!r}: use one of {', '.join((*SPLITS, ALL))}")
-    return _nonempty(_load(cfg)[split], cfg)
+    return _nonempty(_load(cfg, progress)[split], cfg)
 
 
-def eval_tokens(cfg: DataConfig, trained_data: Mapping, trained_corpus: dict | None) -> TokenArray:
+def eval_tokens(
+    cfg: DataConfig, trained_data: Mapping, trained_corpus: dict | None, progress: bool = True
+) -> TokenArray:
     """The tokens eval.py scores, by data.eval_split; its .name is the split ("val", "train" or "all").
 
     auto: the val split of the corpus the run was trained on (its tokens match `trained_corpus`, the
@@ -66,7 +69,7 @@ def eval_tokens(cfg: DataConfig, trained_data: Mapping, trained_corpus: dict | N
     corpus. The training corpus's sources with other tokens (edited since, or another data.val_fraction)
     are refused under auto: their val split may hold text the run trained on.
     """
-    streams = _load(cfg)
+    streams = _load(cfg, progress)
     split = cfg.eval_split
     if split == "auto":
         if trained_corpus is not None:
@@ -138,7 +141,7 @@ def _plain(value: object) -> object:
     return list(value) if not isinstance(value, (str, bytes, Mapping)) and isinstance(value, Iterable) else value
 
 
-def _load(cfg: DataConfig) -> dict[str, TokenArray]:
+def _load(cfg: DataConfig, progress: bool = True) -> dict[str, TokenArray]:
     """train, val and all (both) of cfg's corpus, tokenizing what the cache lacks or what fails its checks."""
     validate_data_config(cfg)
     corpus = open_corpus(cfg)
@@ -165,7 +168,7 @@ def _load(cfg: DataConfig) -> dict[str, TokenArray]:
                 flush=True,
             )
         try:
-            manifest = _tokenize(corpus, folder, cfg, key, trusted)
+            manifest = _tokenize(corpus, folder, cfg, key, trusted, progress)
         except (OSError, MachineFault) as e:  # a full disk, a missing permission
             reason = e.strerror if isinstance(e, OSError) and e.strerror else e
             raise MachineFault(
@@ -275,7 +278,9 @@ def _nonempty(tokens: TokenArray, cfg: DataConfig) -> TokenArray:
     return tokens
 
 
-def _tokenize(corpus: Corpus, folder: Path, cfg: DataConfig, key: str, trusted: dict[str, dict]) -> dict:
+def _tokenize(
+    corpus: Corpus, folder: Path, cfg: DataConfig, key: str, trusted: dict[str, dict], progress: bool = True
+) -> dict:
     """Write every shard not in `trusted` (shards already checked against their record), recording each in
     the manifest as it is written; then mark the manifest complete and return it."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -298,7 +303,7 @@ def _tokenize(corpus: Corpus, folder: Path, cfg: DataConfig, key: str, trusted: 
 
     _write_json(folder / MANIFEST, manifest)
     print(f"data: tokenizing {cfg.name} into {folder}", flush=True)
-    with tqdm(total=corpus.n_documents, unit="doc", desc="tokenizing") as bar:
+    with tqdm(total=corpus.n_documents, unit="doc", desc="tokenizing", disable=not progress) as bar:
 
         def missing_shards() -> Iterator[tuple[Path, list[str], bool]]:
             for stream, index, docs in _group_into_shards(corpus.documents(), cfg.shard_chars):

@@ -122,7 +122,7 @@ def probe_candidates(cfg: DictConfig, vocab: int) -> torch.Tensor:
     min_count = cfg.eval.copy_min_count
     key = (json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True), min_count, vocab)
     if key not in _COUNTED_CANDIDATES:
-        train_tokens = load_split(cfg.data, "train") if min_count else None
+        train_tokens = load_split(cfg.data, "train", cfg.logging.progress) if min_count else None
         _COUNTED_CANDIDATES[key] = span_candidates(vocab, min_count, train_tokens, cfg.logging.progress)
     candidates = _COUNTED_CANDIDATES[key]
     if len(candidates) < 2:

@@ -65,7 +65,7 @@ def inspect_run(run_dir: Path, overrides: list[str]) -> None:
     multipliers = list(cfg.inspect.length_multipliers)
     if not multipliers:
         raise PosGPTError("inspect.length_multipliers must name at least one length")
-    tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"))
+    tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
     variation = model.pe.current_variation()
     entries = []
     for length in sorted({m * cfg.train.seq_len for m in multipliers}):

@@ -67,7 +67,12 @@ class Runner:
         return [*TINY, f"data.files=[{self.corpus}]", f"hydra.run.dir={run_dir}", *extra]
 
     def run(self, command: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-        return subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        """The command's result. Whatever it answers, nothing a library prints at interpreter shutdown may follow it
+        (nanobind's leak report, which a Triton newer than the torch build's own printed from every process that
+        imported torch._dynamo: requirements-dev.txt keeps Triton within what torch 2.13 pins)."""
+        result = subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert "nanobind: leaked" not in result.stderr, f"library noise at exit: {result.stderr[-300:]}"
+        return result
 
     def train(self, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
         return self.run([sys.executable, "train.py", *self.overrides(run_dir, *extra)])

@@ -73,6 +73,9 @@ def main() -> None:
 
     prune = autotuner.Autotuner.prune_configs
     autotuner.Autotuner.prune_configs = lambda self, kwargs: prune(self, kwargs)[:1]
+    # Some Triton versions (3.7) time even a single remaining candidate, through the GPU driver the interpreter lacks:
+    # the timing is not needed to pick the only one.
+    autotuner.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
     warnings.filterwarnings("ignore")  # fla's "Triton is not supported on current platform, roll back to CPU"
     idx = torch.randint(0, 101, (1, 71), generator=torch.Generator().manual_seed(1))  # 70: not whole 64-token blocks
     for name, settings in VARIANTS:

@@ -163,6 +163,15 @@ def assert_evaluation_follows_the_checkpoint(cli, run_dir, tmp_path, rows):
     assert linear == pytest.approx({key: row["ppl"] for key, row in rows.items()}, rel=1e-5)
 
 
+def test_a_good_run_as_its_own_process_writes_nothing_to_stderr(cli, tmp_path):
+    """What a user sees of a good run, training and its evaluation, to the process's exit: its lines on stdout and
+    nothing on stderr (a library's report at interpreter shutdown shows only here, in a process of its own:
+    nanobind's leak report from a Triton newer than torch's own did; tests/cli_runs.py refuses it in every run)."""
+    # logging.progress=false (cli_runs.TINY) also keeps the tokenizing bar off stderr, where this process tokenizes
+    done = cli.train(tmp_path / "run", "pe=rope", "train.max_steps=2", "train.eval_after=true", "eval.lengths=[16,32]")
+    assert done.returncode == 0 and "pe=rope ppl" in done.stdout and done.stderr == "", done.stderr
+
+
 def test_main_job_shape_trains_and_evaluates_in_one_command(corpus, cli, tmp_path):
     """python train.py ends by evaluating (train.eval_after defaults to true) and prints the table; it logs to an
     offline W&B run (logging.wandb.mode defaults to offline)."""

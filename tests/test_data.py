@@ -246,6 +246,18 @@ def test_single_document_splits_the_token_stream(tmp_path):
     assert len(splits["val"]) == len(expected) - int(len(expected) * 0.9)
 
 
+def test_the_tokenizing_bar_follows_logging_progress(tmp_path, capsys):
+    """Tokenizing shows a progress bar (stderr) unless the caller passes logging.progress=false, as every other bar;
+    the tokens are the same either way."""
+    book = tmp_path / "book.txt"
+    book.write_text("A single book. " * 50)
+    quiet = load_splits(DataConfig(name="quiet", source="text", files=[str(book)], num_proc=1), progress=False)
+    assert "tokenizing" not in capsys.readouterr().err
+    shown = load_splits(DataConfig(name="shown", source="text", files=[str(book)], num_proc=1))
+    assert "tokenizing: 100%" in capsys.readouterr().err
+    assert all_tokens(quiet).tolist() == all_tokens(shown).tolist()
+
+
 def test_text_field_and_bad_json_are_reported(tmp_path):
     rows = write_jsonl(tmp_path / "rows.jsonl", ["one", "two"], field="content")
     with pytest.raises(PosGPTError, match="data.text_field"):

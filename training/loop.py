@@ -155,10 +155,10 @@ def _load_data(cfg: DictConfig, dist: distributed.DistInfo) -> dict:
         return {"train": task, "val": task}
     with contextlib.nullcontext() if dist.is_main else contextlib.redirect_stdout(io.StringIO()):
         if dist.local_rank == 0:
-            splits = load_splits(cfg.data)
+            splits = load_splits(cfg.data, cfg.logging.progress)
         distributed.barrier(dist)
         if dist.local_rank != 0:
-            splits = load_splits(cfg.data)
+            splits = load_splits(cfg.data, cfg.logging.progress)
     return splits
 
 
