@@ -325,8 +325,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--sdpa-backend",
         choices=list(SDPA_BACKENDS),
         default="auto",
-        help="SDPA's CUDA kernel for every scaled_dot_product_attention call (flash, cuDNN's, memory-efficient), "
-        "training and scoring: what each is worth on a GPU",
+        help="limit every scaled_dot_product_attention call to one of SDPA's CUDA implementations (flash, cuDNN's, "
+        "memory-efficient), training and scoring: what each is worth on a GPU",
     )
     parser.add_argument(
         "--eval-length",
