@@ -525,7 +525,9 @@ def test_probe_candidates_count_the_training_split_once_a_process(tmp_path, monk
     np.array([5, 5, 7, 7, 9], dtype=np.uint16).tofile(path)
     loads = []
     monkeypatch.setattr(copy_probe, "_COUNTED_CANDIDATES", {})
-    monkeypatch.setattr(copy_probe, "load_split", lambda data, split, progress: loads.append(data.name) or TokenArray([path]))
+    monkeypatch.setattr(
+        copy_probe, "load_split", lambda data, split, progress: loads.append(data.name) or TokenArray([path])
+    )
 
     def config(name: str, min_count: int) -> DictConfig:
         return OmegaConf.create(
