@@ -12,6 +12,11 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 REPORTS = [
     ("study-width256/comparison.md", ["study-width256/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("width256-2025-schemes/comparison.md", ["width256-2025-schemes/*/"], ["--ratios"]),
+    (
+        "document-aware-rope/comparison.md",
+        ["document-aware-rope/rope-s*/", "width256-2025-schemes/rope-s*/"],
+        ["--ratios", "--baseline", "rope data.document_aware=False", "--val-curve", "v.png"],
+    ),
     ("study-width256/comparison_vs_rope.md", ["study-width256/*/"], ["--ratios", "--baseline", "rope"]),
     ("study-width64/comparison.md", ["study-width64/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("rope-extensions/comparison_width64.md", ["rope-extensions/width64-*/"], ["--ratios", "--baseline", "rope"]),
