@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
 
 
 def evaluate(run_dir: Path, overrides: list[str]) -> None:
-    run = load_trained_run(run_dir, overrides)
+    run = load_trained_run(run_dir, overrides, "eval.py")
     cfg, checkpoint = run.cfg, run.checkpoint
     check_eval_settings(cfg)
     # The corpus scored and the checkpoint are read; the results must not land on them.

@@ -73,7 +73,7 @@ class TextStream:
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-    run = load_trained_run(*parse_run_dir(argv, USAGE))
+    run = load_trained_run(*parse_run_dir(argv, USAGE), "sample.py")
     cfg, model, device, dtype = run.cfg, run.model, run.device, run.dtype
     if cfg.task.name != NO_TASK:  # its tokens are the task's symbols, not GPT-2's: there is no text to write
         raise PosGPTError(

@@ -26,6 +26,7 @@ from core.errors import PosGPTError
 from core.rundir import removed_if_unused
 from experiment.compose import compose_config, hydra_errors_as_user_errors, sweep_jobs
 from experiment.config import register_configs
+from experiment.settings import check_command_settings
 from training.loop import check_before_training, train
 
 register_configs()
@@ -52,6 +53,7 @@ def check_sweep(argv: list[str]) -> None:
     for number, job in enumerate(jobs):
         try:
             check_before_training(compose_config(job))
+            check_command_settings(job, "train.py")
         except PosGPTError as error:
             swept = [override for override in job if any(override not in other for other in jobs)]
             raise type(error)(f"job {number} of the sweep ({' '.join(swept)}): {error}") from None

@@ -15,7 +15,7 @@ from core.checkpoint_io import CHECKPOINT_DIR, checkpoint_file, load_checkpoint,
 from core.errors import PosGPTError
 from core.runtime import flops_per_token, set_up_runtime
 from experiment.config import validate
-from experiment.settings import config_for_evaluation, overridden_keys
+from experiment.settings import check_command_settings, config_for_evaluation, overridden_keys
 from model import GPT
 
 
@@ -59,14 +59,16 @@ class TrainedRun:
     dtype: torch.dtype
 
 
-def load_trained_run(run_dir: Path, overrides: list[str]) -> TrainedRun:
+def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> TrainedRun:
     """Build the model from the checkpoint's own config (experiment/settings.py refuses overrides that would
     change it), load its weights, and set up device and precision; the model is in eval mode. A setting the run
     does not read is refused among the overrides only: a trained setting that an override leaves unread (a
-    scaling's own parameters, evaluated without the scaling) was read in training."""
+    scaling's own parameters, evaluated without the scaling) was read in training; so is one that ``command``
+    (the script, as COMMAND_SETTINGS names it) does not read."""
     checkpoint = load_checkpoint(run_dir)
     cfg = config_for_evaluation(checkpoint, overrides)
     validate(cfg, keys=overridden_keys(overrides))
+    check_command_settings(overrides, command)  # after the domains: a value outside its domain is that, anywhere
     device, dtype = set_up_runtime(cfg.train)
     model = build_model(cfg)
     load_weights(model, checkpoint["model"], checkpoint_file(run_dir))

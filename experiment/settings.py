@@ -61,6 +61,23 @@ RESUME_SETTINGS = (
 )
 
 
+# Settings that only some commands read (train.py evaluates at its end: train.eval_after).
+COMMAND_SETTINGS = {
+    "eval.": ("train.py", "eval.py"),
+    "sample.": ("sample.py",),
+    "inspect.": ("scripts/inspect_attention.py",),
+}
+
+
+def check_command_settings(overrides: list[str], command: str) -> None:
+    """PosGPTError for an override that ``command`` never reads (sample.py's sample.* given to eval.py, say):
+    accepted, it would be ignored without a word."""
+    for key in overridden_keys(overrides):
+        for prefix, readers in COMMAND_SETTINGS.items():
+            if may_change(key, (prefix,)) and command not in readers:
+                raise PosGPTError(f"{key} is read by {' and '.join(readers)}, not by {command}: drop it here")
+
+
 def eval_settings(pe_name: str) -> tuple[str, ...]:
     """EVAL_SETTINGS plus the scheme's own evaluation-time variations."""
     scheme = SCHEMES.get(pe_name)

@@ -54,7 +54,7 @@ def value_positions(inputs: torch.Tensor, targets: torch.Tensor, n_pairs: int) -
 def attention_on_value(run_dir: Path, every_layer: bool = False) -> list[str]:
     """One line per scored length and layer: the head with the most attention on the queried value, its mean
     weight there over all queries, and (where some are) over the queries farther than L from their value and nearer."""
-    run = load_trained_run(run_dir, [])
+    run = load_trained_run(run_dir, [], "scripts/attention_on_value.py")
     if run.cfg.task.name != "mqar":
         raise PosGPTError(f"{run_dir} is not an MQAR run (task={run.cfg.task.name}): this reads MQAR's layout")
     task = build_task(OmegaConf.to_object(run.cfg.task))

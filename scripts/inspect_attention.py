@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
 
 
 def inspect_run(run_dir: Path, overrides: list[str]) -> None:
-    run = load_trained_run(run_dir, overrides)
+    run = load_trained_run(run_dir, overrides, "scripts/inspect_attention.py")
     cfg, checkpoint, model, device, dtype, run_dir = run.cfg, run.checkpoint, run.model, run.device, run.dtype, run.dir
     multipliers = list(cfg.inspect.length_multipliers)
     if not multipliers:

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     pairs = held_out_pairs()
     for run_dir in args.run_dirs:
-        run = load_trained_run(run_dir, ["train.num_threads=1"])
+        run = load_trained_run(run_dir, ["train.num_threads=1"], "scripts/repeated_passages.py")
         record = {
             "run": f"{run_dir.parent.name}/{run_dir.name}",
             "step": run.checkpoint["step"],

@@ -165,7 +165,7 @@ def test_another_run_as_evaluator_selects_what_that_run_selects_for_itself(cli, 
     tokens = Tokens(400)
 
     def selection_of(run_dir, *extra):
-        run = load_trained_run(run_dir, [*keys, *extra])
+        run = load_trained_run(run_dir, [*keys, *extra], "eval.py")
         ctx = EvalContext.of(run.cfg, run.model, run_dir, CPU, torch.float32, {}, 0)
         return ctx, find_key_tokens(ctx, tokens)
 

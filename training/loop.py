@@ -38,6 +38,7 @@ from data.tasks import NO_TASK, build_task, held_out_seed
 from evaluation.checks import check_eval_settings
 from experiment.build import build_model
 from experiment.config import compile_enabled, set_task_vocabulary, validate
+from experiment.settings import check_command_settings
 from model import GPT
 from model.documents import within_document_index
 from training import distributed
@@ -119,8 +120,10 @@ def check_before_training(cfg: DictConfig) -> None:
 
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
-    """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None."""
+    """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None.
+    ``overrides``: the command line's, of which none may be a setting only another command reads."""
     check_before_training(cfg)
+    check_command_settings(overrides, "train.py")
     dist = distributed.init_distributed(cfg.train.device)
     try:
         run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
