@@ -13,6 +13,11 @@ REPORTS = [
     ("study-width256/comparison.md", ["study-width256/*/"], ["--ratios", "--val-curve", "v.png"]),
     ("width256-2025-schemes/comparison.md", ["width256-2025-schemes/*/"], ["--ratios"]),
     (
+        "pope-mqar-budget/comparison_tasks.md",
+        ["task-study-uniform/mqar-pope-s1/", "pope-mqar-budget/mqar-pope-s1-3000/", "task-study-uniform/mqar-rope-s1/"],
+        [],
+    ),
+    (
         "document-aware-rope/comparison.md",
         ["document-aware-rope/rope-s*/", "width256-2025-schemes/rope-s*/"],
         ["--ratios", "--baseline", "rope data.document_aware=False", "--val-curve", "v.png"],
