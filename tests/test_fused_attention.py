@@ -15,10 +15,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import REPO
 
 import model.attention as attention
 from experiment.compose import compose_config
@@ -30,7 +30,6 @@ from model.pe.path import PaTHConfig
 from model.pe.stickbreaking import StickBreakingConfig
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-REPO = Path(__file__).resolve().parent.parent
 FUSED = ["stickbreaking", "path"]
 VOCAB = 101
 
