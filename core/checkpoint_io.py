@@ -106,6 +106,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(state["model"], dict):
         kind = type(state["model"]).__name__
         raise PosGPTError(f"{path} is not a posgpt checkpoint (its model weights are a {kind}, not a dict)")
+    for key in ("step", "format_version"):  # a bool is an int to Python, never a count here
+        value = state[key]
+        if type(value) is not int or value < 0:
+            raise PosGPTError(f"{path} is not a posgpt checkpoint (its {key} is {value!r}, not a count)")
     if state["format_version"] > FORMAT_VERSION:
         raise PosGPTError(f"{path} was written by a newer posgpt (format {state['format_version']})")
     return state
@@ -126,8 +130,9 @@ def load_weights(model: torch.nn.Module, weights: Mapping[str, Any], source: str
 
 def check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, Any], source: str | Path) -> None:
     """:class:`WeightsMismatch` naming the first parameter (in the model's order) that ``weights`` lacks, holds with
-    another shape, or holds besides the model's: a checkpoint whose config no longer describes its weights (an
-    edit, a file copied from another run, a half-migrated format) or that lost a weight."""
+    another shape or with non-finite values, or holds besides the model's: a checkpoint whose config no longer
+    describes its weights (an edit, a file copied from another run, a half-migrated format) or that lost a weight or
+    was damaged."""
     for name, tensor in expected.items():
         theirs = weights.get(name)
         if not isinstance(theirs, torch.Tensor):
@@ -145,6 +150,12 @@ def check_weights(expected: Mapping[str, torch.Tensor], weights: Mapping[str, An
                 list(theirs.shape),
                 list(tensor.shape),
             )
+    # Training stops at a non-finite loss before it saves (or skips the step), so such a weight is damage.
+    damaged = next((name for name in expected if not torch.isfinite(weights[name]).all()), None)
+    if damaged is not None:
+        raise WeightsMismatch(
+            f"checkpoint {source} is damaged: {damaged} holds NaN or infinite values; nothing was loaded", damaged
+        )
     unexpected = next((name for name in weights if name not in expected), None)
     if unexpected is not None:
         raise WeightsMismatch(

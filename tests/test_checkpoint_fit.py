@@ -1,10 +1,10 @@
 """A checkpoint that contradicts itself or lost a weight is refused in one line by every command that loads it.
 
 core.checkpoint_io.check_weights is the one check: every parameter of the model the checkpoint's config describes
-must be there with its shape, and nothing else. eval.py, sample.py, scripts/inspect_attention.py, a resume
-(train.resume=true) and a parent (train.init_from) all go through it, so a config edited after training, a file
-copied from another run or a weight gone missing ends in ``error: ...`` naming the first parameter that does not
-fit (and both shapes), exit 2, before anything is written. Before, the first three ended in load_state_dict's
+must be there with its shape and finite values, and nothing else. eval.py, sample.py, scripts/inspect_attention.py,
+a resume (train.resume=true) and a parent (train.init_from) all go through it, so a config edited after training, a
+file copied from another run, a weight gone missing or damaged ends in ``error: ...`` naming the first parameter that
+does not fit (and both shapes), exit 2, before anything is written. Before, the first three ended in load_state_dict's
 traceback and a resume trained on, the missing weight left at its fresh initialisation. A resume also needs the
 training state beside the weights (training.checkpointing.RESUME_STATE).
 """
@@ -19,7 +19,8 @@ import pytest
 import torch
 from cli_runs import STEPS, assert_one_line_error
 
-from core.checkpoint_io import WeightsMismatch, check_weights, last_checkpoint_path
+from core.checkpoint_io import WeightsMismatch, check_weights, last_checkpoint_path, load_checkpoint
+from core.errors import PosGPTError
 
 FIRST = "pe.table.weight"  # the first parameter, in the model's order, whose shape follows model.n_embd (pe=learned)
 
@@ -38,8 +39,12 @@ def expected() -> dict[str, torch.Tensor]:
             r"a.weight has shape \[2, 4\] in the checkpoint but \[4, 2\] in the model",
         ),  # noqa: E501
         ({**expected(), "c.weight": torch.zeros(1)}, r"it holds c.weight, which the model has not"),
+        (
+            {"a.weight": torch.zeros(4, 2), "b.bias": torch.tensor([0.0, float("inf"), 0.0])},
+            r"^checkpoint x is damaged: b.bias holds NaN or infinite values; nothing was loaded",
+        ),
     ],
-    ids=["missing", "not a tensor", "shape", "unexpected"],
+    ids=["missing", "not a tensor", "shape", "unexpected", "not finite"],
 )
 def test_check_weights_names_the_first_parameter_that_does_not_fit(weights, message):
     with pytest.raises(WeightsMismatch, match=message):
@@ -62,6 +67,10 @@ def damage(run: Path, how: str) -> str:
             f"checkpoint {path} does not fit the model its config describes: {FIRST} has shape {shape} in the "
             f"checkpoint but {[shape[0], 32]} in the model"
         )
+    elif how == "a NaN weight":
+        name = list(state["model"])[0]
+        state["model"][name].view(-1)[0] = float("nan")
+        fragment = f"checkpoint {path} is damaged: {name} holds NaN or infinite values; nothing was loaded"
     else:
         state["model"]["blocks.7.extra.weight"] = torch.zeros(2)
         fragment = f"checkpoint {path} does not fit the model its config describes: it holds blocks.7.extra.weight"
@@ -75,7 +84,19 @@ def digest(folder: Path) -> dict[str, str]:
     }  # noqa: E501
 
 
-DAMAGES = ["a weight missing", "config that no longer fits", "an unexpected weight"]
+DAMAGES = ["a weight missing", "config that no longer fits", "an unexpected weight", "a NaN weight"]
+
+
+@pytest.mark.parametrize(
+    "key, value", [("step", "twenty"), ("step", -3), ("step", True), ("format_version", 1.0), ("format_version", None)]
+)
+def test_a_checkpoint_whose_counts_are_not_counts_is_refused(tmp_path, key, value):
+    """An edited step was printed and recorded in every row as the run's training steps, with exit 0."""
+    state = {"model": {}, "step": 20, "config": {}, "format_version": 1, key: value}
+    path = tmp_path / "last.pt"
+    torch.save(state, path)
+    with pytest.raises(PosGPTError, match=rf"^{path} is not a posgpt checkpoint \(its {key} is {value!r}, not a count"):
+        load_checkpoint(path)
 
 
 @pytest.mark.slow  # the reference run trains once per session
