@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import io
 import os
 import signal
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO, TypeVar
 
@@ -123,10 +124,25 @@ def _untee() -> None:
             setattr(sys, name, stream._stream)
 
 
-def tee_console(path: Path) -> None:
+@contextlib.contextmanager
+def kept_console() -> Iterator[io.StringIO]:
+    """Print as usual and keep a copy of the printed lines: what a command says before its checks have passed,
+    for :func:`tee_console` to put at the head of the run's log once it may write there."""
+    _untee()  # the last job's log (a multirun's) takes nothing of the next job
+    kept = io.StringIO()
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(sys.stdout, kept), _Tee(sys.stderr, kept)
+    try:
+        yield kept
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def tee_console(path: Path, earlier: str = "") -> None:
     """From now on, append what this process prints (stdout and stderr, the final ``error:`` line included)
-    to ``path`` as well: a run's console log. A second call (the next job of a multirun, in the same process)
-    moves the copy to the new file."""
+    to ``path`` as well, after ``earlier`` (:func:`kept_console`): a run's console log. A second call (the next
+    job of a multirun, in the same process) moves the copy to the new file."""
     _untee()
     log = open(path, "a", buffering=1)  # noqa: SIM115 (open until the process exits or the next job starts)
+    log.write(earlier)
     sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)

@@ -30,6 +30,16 @@ def random_positions(
     return torch.where(instance, ranked, last)
 
 
+def check_split_length(tokens: TokenArray, seq_len: int) -> None:
+    """A split too short for one training window: seq_len + 1 tokens, and torch.randint's upper bound in
+    :func:`sample_batch` must stay positive."""
+    if len(tokens) < seq_len + 2:
+        raise PosGPTError(
+            f"the {tokens.name} split has {len(tokens):,} tokens, fewer than seq_len+2={seq_len + 2}; "
+            "lower train.seq_len or add data"
+        )
+
+
 def sample_batch(
     tokens: TokenArray, batch_size: int, seq_len: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,11 +48,7 @@ def sample_batch(
     The starts come from `generator` alone, so saving and restoring its state resumes the exact sequence
     of batches.
     """
-    if len(tokens) < seq_len + 2:  # torch.randint's upper bound below must stay positive
-        raise PosGPTError(
-            f"the {tokens.name} split has {len(tokens):,} tokens, fewer than seq_len+2={seq_len + 2}; "
-            "lower train.seq_len or add data"
-        )
+    check_split_length(tokens, seq_len)
     starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator)
     windows = torch.from_numpy(np.stack([tokens.read(int(start), seq_len + 1) for start in starts]).astype(np.int64))
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

@@ -27,7 +27,8 @@ def existing_run(reference, tmp_path_factory):
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
     files = [*checkpoints, run_dir / "metrics.jsonl", *record]
     before = {path: path.read_bytes() for path in files}
-    assert "train: pe=learned" in before[run_dir / "train.log"].decode()  # the console log
+    log = before[run_dir / "train.log"].decode()  # the console log, from the data's lines (printed before the
+    assert log.startswith("data: ") and "train: pe=learned" in log  # run directory may be written) on
     yield run_dir
     assert sorted((run_dir / "checkpoints").iterdir()) == checkpoints
     assert all(path.read_bytes() == content for path, content in before.items())
@@ -75,13 +76,16 @@ def test_bad_config(cli, existing_run, overrides, message):
         ("missing.txt", None, "does not exist"),
         ("empty.txt", b"", "is empty"),
         ("binary.txt", b"\xff\xfe\x00\x81 not UTF-8 text", "could not read"),
+        ("short.txt", b"word " * 200, "the val split has"),  # too short for one window: was found at the first batch
     ],
 )
 def test_bad_data_file(cli, tmp_path, name, content, message):
+    """Refused before the run directory is written: a rerun with the file mended starts clean."""
     path = tmp_path / name
     if content is not None:
         path.write_bytes(content)
-    assert_user_error(cli.train_here(tmp_path / "run", f"data.files=[{path}]"), message)
+    assert_one_line_error(cli.train_here(tmp_path / "run", f"data.files=[{path}]"), message)
+    assert not (tmp_path / "run").exists()
 
 
 def test_fresh_run_refuses_an_existing_run_directory(cli, existing_run):

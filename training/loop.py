@@ -27,13 +27,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_weights
-from core.cli import tee_console
+from core.cli import kept_console, tee_console
 from core.errors import PosGPTError
 from core.host_memory import reused_freed_memory
 from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
-from data import draw_batch, load_splits, separate_documents, validate_data_config
+from data import check_split_length, draw_batch, load_splits, separate_documents, validate_data_config
 from data.tasks import NO_TASK, build_task, held_out_seed
 from evaluation.checks import check_eval_settings
 from experiment.build import build_model
@@ -162,6 +162,8 @@ def _load_data(cfg: DictConfig, dist: distributed.DistInfo) -> dict:
         distributed.barrier(dist)
         if dist.local_rank != 0:
             splits = load_splits(cfg.data, cfg.logging.progress)
+    for tokens in splits.values():  # refused here, before the run directory is written, not at the first batch
+        check_split_length(tokens, cfg.train.seq_len)
     return splits
 
 
@@ -180,15 +182,16 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     finished = checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
     if finished and _nothing_to_do(cfg, run_dir, checkpoint, dist):
         return None  # and nothing was written
+    with kept_console() as earlier:  # the data's lines, for the run's log once the data has passed its checks
+        splits = None if finished else _load_data(cfg, dist)
     # Every check has passed: only now does this command write into the run directory.
     checkpointer = Checkpointer(cfg, run_dir, overrides, checkpoint, dist, device)
     checkpointer.record_run()
     if dist.is_main:
-        tee_console(run_dir / CONSOLE_LOG)
+        tee_console(run_dir / CONSOLE_LOG, earlier.getvalue())
     if finished:
         return _finish_trained(cfg, run_dir, checkpoint, raw_model, dist, device, dtype)
 
-    splits = _load_data(cfg, dist)
     if cfg.task.name == NO_TASK:
         checkpointer.track_corpus(splits, checkpoint, cfg.data)
     loop = _set_up_loop(cfg, run_dir, raw_model, checkpoint, parent, checkpointer, splits, dist, device, dtype)
