@@ -302,12 +302,22 @@ def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | N
         )
     if t.distributed not in ("ddp", "fsdp"):
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
+    _validate_eval(cfg)
+    _validate_scheme(cfg, config, keys)
+    _validate_task(cfg, reads_data)
+    _validate_documents(cfg, keys)
+    if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
+        raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
+
+
+def _validate_eval(cfg: DictConfig) -> None:
+    """The lengths, protocols and probes an evaluation names, before the settings read only with one of them."""
     if not eval_lengths(cfg):
         raise PosGPTError("eval.lengths (or eval.length_multipliers) must name at least one length")
     if min(eval_lengths(cfg)) < 1:
         raise PosGPTError(
             f"eval.length_multipliers={list(cfg.eval.length_multipliers)} gives a length below one token at "
-            f"train.seq_len={t.seq_len}: each multiple of it must round to at least 1"
+            f"train.seq_len={cfg.train.seq_len}: each multiple of it must round to at least 1"
         )
     protocols = ["nonoverlapping", "sliding", "streaming"]  # evaluation/extrapolation.py
     unknown = set(cfg.eval.protocols) - set(protocols)
@@ -315,11 +325,8 @@ def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | N
         raise PosGPTError(
             f"eval.protocols must be a non-empty subset of [{', '.join(protocols)}] (got {list(cfg.eval.protocols)})"
         )
-    _validate_scheme(cfg, config, keys)
-    _validate_task(cfg, reads_data)
-    _validate_documents(cfg, keys)
-    if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
-        raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
+    if set(cfg.eval.tasks) - set(PROBES):
+        raise PosGPTError(f"eval.tasks may hold {list(PROBES)} (got {list(cfg.eval.tasks)})")
 
 
 def _validate_scheme(cfg: DictConfig, config: Config, keys: Collection[str] | None) -> None:
@@ -344,8 +351,6 @@ def _validate_task(cfg: DictConfig, reads_data: bool) -> None:
     task = build_task(OmegaConf.to_object(cfg.task))
     if reads_data:
         _check_vocabulary(cfg, task)
-    if set(cfg.eval.tasks) - set(PROBES):
-        raise PosGPTError(f"eval.tasks may hold {list(PROBES)} (got {list(cfg.eval.tasks)})")
     if cfg.eval.tasks and task is not None:
         raise PosGPTError(f"eval.tasks probes a language-model run; this run was trained on task={task.name}")
     if task is None:

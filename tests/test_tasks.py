@@ -628,6 +628,8 @@ def test_the_distances_of_a_length_share_their_windows_and_control(tmp_path):
 def test_probes_are_for_language_model_runs():
     with pytest.raises(PosGPTError, match="eval.tasks may hold"):
         validate(compose_config(["eval.tasks=[passkey]"]))
+    with pytest.raises(PosGPTError, match="eval.tasks may hold"):  # not "eval.copy_span is read only when ..."
+        validate(compose_config(["eval.tasks=[copy]", "eval.copy_span=8"]))
     with pytest.raises(PosGPTError, match="language-model run"):
         validate(compose_config(["task=passkey", "eval.tasks=[copy_probe]"]))
     validate(compose_config(["eval.tasks=[copy_probe]"]))
