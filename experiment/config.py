@@ -282,6 +282,11 @@ def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | N
         raise PosGPTError(f"train.dtype must be auto, float32 or bfloat16 (got {t.dtype!r})")
     if str(t.compile).lower() not in COMPILE_SETTINGS:
         raise PosGPTError(f"train.compile must be auto, true or false (got {t.compile!r})")
+    if t.lr * t.weight_decay >= 1:  # AdamW scales each decayed weight by 1 - lr_t * weight_decay at every step
+        raise PosGPTError(
+            f"train.lr={t.lr} x train.weight_decay={t.weight_decay} is {t.lr * t.weight_decay:g}, at least 1: "
+            "AdamW's decoupled decay would zero or flip the sign of every decayed weight each step; lower one"
+        )
     if t.random_positions is not None and t.random_positions < t.seq_len:
         raise PosGPTError(
             f"train.random_positions={t.random_positions} must be at least train.seq_len={t.seq_len} "
