@@ -175,6 +175,20 @@ def test_skip_nonfinite_skips_the_step(cli, tmp_path, nan_at_step):
     assert_finite_weights(checkpoint)
 
 
+@pytest.mark.parametrize("skip", ["false", "true"])
+def test_a_nonfinite_loss_before_any_update_is_refused_whatever_skip_nonfinite_says(
+    cli, tmp_path, nan_at_step, skip, recwarn
+):
+    """The weights the run starts from overflow (pe=xpos pe.scale_base=1e-300, pe=fire pe.init_c=1e300): the
+    message blamed train.lr, and with train.skip_nonfinite=true every step was skipped and the run ended, trained
+    nothing and scored n/a, with exit 0."""
+    nan_at_step(1)
+    done = cli.train_here(tmp_path, "train.max_steps=5", f"train.skip_nonfinite={skip}", "pe.max_positions=16")
+    assert_one_line_error(done, "non-finite at step 1, before any update", "(this command sets", "pe.max_positions")
+    assert not (tmp_path / "checkpoints").exists()
+    assert not [w for w in recwarn if "lr_scheduler" in str(w.message)]  # a skipped step before any optimizer step
+
+
 def test_output_piped_to_a_reader_that_stops_early_ends_quietly(cli, existing_run):
     """`eval.py ... | head -0`: the reader is gone before the first line; no traceback, exit 1."""
     process = subprocess.Popen(

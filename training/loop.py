@@ -324,6 +324,8 @@ def _run_loop(loop: _Loop) -> tuple[int, int | None]:
                 x, y, skip_nonfinite=t.skip_nonfinite, positions=positions, documents=documents
             )
             step += 1
+            if step == 1:
+                _check_first_loss(loss, loop)
             if step == loop.start_step + 1:  # a kernel that failed at this step was given up: record what runs now
                 loop.window.recheck_runtime(step)
             loop.window.add(step, loss, skipped)
@@ -333,6 +335,19 @@ def _run_loop(loop: _Loop) -> tuple[int, int | None]:
             stopped_by = _agreed_stop(stop, dist, step, 1, device)
     loop.window.close()
     return step, stopped_by
+
+
+def _check_first_loss(loss: torch.Tensor, loop: _Loop) -> None:
+    """Step 1's loss is that of the weights the run starts from, before any update: non-finite there, the forward
+    pass overflows with these settings. A lower learning rate cannot mend that, and skipping steps would skip every
+    one and end with nothing trained and exit 0."""
+    if distributed.any_rank(not bool(torch.isfinite(loss)), loop.dist, loop.device):
+        given = [o for o in loop.checkpointer.overrides if o.startswith(("model", "pe", "train.init_from"))]
+        sets = f" (this command sets {', '.join(given)})" if given else ""
+        raise PosGPTError(
+            "the training loss is non-finite at step 1, before any update: the model's forward pass overflows with "
+            f"these settings{sets}; neither a lower train.lr nor train.skip_nonfinite can mend that"
+        )
 
 
 def _end_step(loop: _Loop, step: int, grad_norm: torch.Tensor, stopping: bool) -> None:

@@ -7,6 +7,8 @@ the run goes on uncompiled (``TrainStep.compiled`` says which ran) instead of dy
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -89,6 +91,8 @@ class TrainStep:
         skipped = skip_nonfinite and not torch.isfinite(grad_norm).item()
         if not skipped:
             self.optimizer.step()
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped first step: torch warns of the order, which is meant here
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total, grad_norm, skipped
