@@ -28,8 +28,7 @@ from core.errors import PosGPTError
 from core.files import read_user_text
 from core.runtime import autocast
 from data import EOT_TOKEN, gpt2_encoding
-from data.tasks import NO_TASK
-from experiment.build import load_trained_run, parse_run_dir
+from experiment.build import load_trained_run, parse_run_dir, require_text_run
 from model.sampling import check_length, generate
 
 USAGE = 'usage: python sample.py run_dir=<training run directory> [sample.prompt="..."] [sample.* and other overrides]'
@@ -75,11 +74,7 @@ class TextStream:
 def main(argv: list[str]) -> None:
     run = load_trained_run(*parse_run_dir(argv, USAGE), "sample.py")
     cfg, model, device, dtype = run.cfg, run.model, run.device, run.dtype
-    if cfg.task.name != NO_TASK:  # its tokens are the task's symbols, not GPT-2's: there is no text to write
-        raise PosGPTError(
-            f"{run.dir} was trained on task={cfg.task.name}: sampling text from it means nothing; evaluate it "
-            f"with python eval.py run_dir={run.dir}"
-        )
+    require_text_run(run, "sampling text from it")
     validate_sample_config(cfg)
     ids = prompt_tokens(cfg)
     s = cfg.sample

@@ -14,6 +14,7 @@ from torch import nn
 from core.checkpoint_io import CHECKPOINT_DIR, checkpoint_file, load_checkpoint, load_weights
 from core.errors import PosGPTError
 from core.runtime import flops_per_token, set_up_runtime
+from data.tasks import NO_TASK
 from experiment.config import validate
 from experiment.settings import check_command_settings, config_for_evaluation, overridden_keys
 from model import GPT
@@ -57,6 +58,16 @@ class TrainedRun:
     model: GPT
     device: torch.device
     dtype: torch.dtype
+
+
+def require_text_run(run: TrainedRun, doing: str) -> None:
+    """A task run's tokens are its task's own symbols, not GPT-2's: text given to it means nothing, and its ids
+    index past the model's vocabulary."""
+    if run.cfg.task.name != NO_TASK:
+        raise PosGPTError(
+            f"{run.dir} was trained on task={run.cfg.task.name}: {doing} means nothing; evaluate it with "
+            f"python eval.py run_dir={run.dir}"
+        )
 
 
 def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> TrainedRun:

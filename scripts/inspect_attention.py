@@ -42,7 +42,7 @@ from core.rundir import EVAL_DIR, lock_run
 from core.tracking import init_wandb
 from data import eval_tokens
 from evaluation.attention_stats import ATTENTION_FILE, attention_statistics, plot_distance, plot_entropy
-from experiment.build import load_trained_run, parse_run_dir
+from experiment.build import load_trained_run, parse_run_dir, require_text_run
 
 USAGE = "usage: python scripts/inspect_attention.py run_dir=<training run directory> [inspect.* and other overrides]"
 
@@ -61,6 +61,7 @@ def main(argv: list[str]) -> None:
 
 def inspect_run(run_dir: Path, overrides: list[str]) -> None:
     run = load_trained_run(run_dir, overrides, "scripts/inspect_attention.py")
+    require_text_run(run, "inspecting its attention on text")
     cfg, checkpoint, model, device, dtype, run_dir = run.cfg, run.checkpoint, run.model, run.device, run.dtype, run.dir
     multipliers = list(cfg.inspect.length_multipliers)
     if not multipliers:

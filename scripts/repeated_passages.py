@@ -31,7 +31,7 @@ import torch
 from core.cli import ArgumentParser, exit_on_user_error
 from core.files import check_outputs
 from data.tokenizer import gpt2_encoding
-from experiment.build import TrainedRun, load_trained_run
+from experiment.build import TrainedRun, load_trained_run, require_text_run
 
 CORPUS_ROWS = 50_000
 CORPUS_SEED = 0
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     pairs = held_out_pairs()
     for run_dir in args.run_dirs:
         run = load_trained_run(run_dir, ["train.num_threads=1"], "scripts/repeated_passages.py")
+        require_text_run(run, "scoring text with it")
         record = {
             "run": f"{run_dir.parent.name}/{run_dir.name}",
             "step": run.checkpoint["step"],

@@ -318,10 +318,20 @@ def test_a_damaged_tasks_file_is_named(three_seeds, tmp_path, capsys, text, prob
     assert exit_info.value.code == 2 and f"{run_dir}/eval/tasks.json {problem}" in capsys.readouterr().err
 
 
-def test_sample_refuses_a_task_run(cli, tmp_path):
+@pytest.mark.parametrize(
+    "command, doing",
+    [
+        ("sample.py", "sampling text from it"),
+        # these two fed GPT-2's ids of text to the task's vocabulary: IndexError's traceback
+        ("scripts/inspect_attention.py", "inspecting its attention on text"),
+        ("scripts/repeated_passages.py", "scoring text with it"),
+    ],
+)
+def test_a_command_that_reads_text_refuses_a_task_run(cli, tmp_path, command, doing):
     run_dir = make_run(tmp_path / "passkey", cli.corpus, "task=passkey")
-    done = cli.here("sample.py", f"run_dir={run_dir}")
-    assert_one_line_error(done, f"{run_dir} was trained on task=passkey: sampling text from it means nothing")
+    args = ["halves", str(run_dir)] if command.endswith("passages.py") else [f"run_dir={run_dir}"]
+    done = cli.here(command, *args)
+    assert_one_line_error(done, f"{run_dir} was trained on task=passkey: {doing} means nothing")
 
 
 # The task study end to end: tiny runs, few examples per cell, two lengths.
