@@ -323,7 +323,7 @@ def damaged_runs(good: Path, folder: Path) -> dict[str, Path]:
     runs["a_file"] = folder / "a-file"
     runs["a_file"].write_text("not a run\n")
     runs["missing"] = folder / "missing-run"
-    for damage in ("weight_missing", "config_misfit"):  # checkpoints that contradict themselves
+    for damage in ("weight_missing", "config_misfit", "weight_nan"):  # checkpoints that contradict themselves
         runs[f"checkpoint_{damage}"] = folder / f"checkpoint-{damage.replace('_', '-')}"
         shutil.copytree(good, runs[f"checkpoint_{damage}"], ignore=shutil.ignore_patterns(".posgpt.lock"))
         _damage_checkpoint(runs[f"checkpoint_{damage}"] / "checkpoints" / "last.pt", damage)
@@ -331,12 +331,15 @@ def damaged_runs(good: Path, folder: Path) -> dict[str, Path]:
 
 
 def _damage_checkpoint(path: Path, damage: str) -> None:
-    """A checkpoint that lost its last weight, or whose config no longer describes its weights (twice the width)."""
+    """A checkpoint that lost its last weight, holds a NaN, or whose config no longer describes its weights (twice
+    the width)."""
     import torch
 
     state = torch.load(path, weights_only=True)
     if damage == "weight_missing":
         del state["model"][list(state["model"])[-1]]
+    elif damage == "weight_nan":
+        state["model"][list(state["model"])[0]].view(-1)[0] = float("nan")
     else:
         state["config"]["model"]["n_embd"] *= 2
     path.unlink()  # not through a hard link: the run's step_*.pt stays whole
@@ -380,6 +383,7 @@ class Workspace:
         self.scratch = self.root / "scratch"
         self.corpus = self.inputs / "corpus.txt"
         self.run = self.inputs / "run"
+        self.task_run = self.inputs / "task-run"  # a run whose tokens are a task's symbols, not GPT-2's
         self.cache = self.root / "cache"
 
     def prepare(self, run: Callable[[str, list[str], Path], Outcome]) -> None:
@@ -391,6 +395,7 @@ class Workspace:
         for command, argv in (
             (TRAIN, [*self.train_base(self.run), "train.max_steps=2", "train.eval_after=true"]),
             (INSPECT, [f"run_dir={self.run}", "inspect.length_multipliers=[1]", "inspect.windows=1"]),
+            (TRAIN, [*TINY[2:], "task=passkey", f"hydra.run.dir={self.task_run}", "train.max_steps=2"]),
         ):
             outcome = run(command, argv, self.scratch)
             if outcome.code != OK:
@@ -398,7 +403,7 @@ class Workspace:
         self.files = make_bad_files(self.inputs / "bad")
         self.files["run_dir"] = self.run
         self.files["checkpoint"] = self.run / "checkpoints" / "last.pt"
-        self.runs = damaged_runs(self.run, self.inputs / "runs")
+        self.runs = {**damaged_runs(self.run, self.inputs / "runs"), "task_run": self.task_run}
 
     def train_base(self, run_dir: Path) -> list[str]:
         return [*TINY, f"data.files=[{self.corpus}]", f"hydra.run.dir={run_dir}"]
