@@ -15,10 +15,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO, TypeVar
 
-from core.errors import MachineFault, PosGPTError
+from core.errors import MachineFault, PosGPTError, first_line
 from core.files import bad_path, os_fault, path_loop
 
 F = TypeVar("F", bound=Callable)
+
+
+_LESS_MEMORY = "lower the batch, the lengths or the model's sizes"
 
 
 def exit_on_user_error(fn: F) -> F:
@@ -27,6 +30,7 @@ def exit_on_user_error(fn: F) -> F:
     left, permission denied, an I/O error), naming its file, and one about a path no file can have (too long, a
     loop of links: core.files.bad_path, exit 2), also where pathlib reports the loop as a RuntimeError
     (core.files.path_loop): every check of an input or output path resolves it, so this one place covers them.
+    Running out of memory (torch's allocators, Python's MemoryError) is one line too, exit 74.
 
     Ctrl-C (where the training loop does not handle it itself) exits with 130, as the shell expects, also
     without a traceback; output piped to a reader that stops early (``| head``) ends the command quietly.
@@ -49,7 +53,11 @@ def exit_on_user_error(fn: F) -> F:
             if fault is None:
                 raise
             _exit_with(fault)
+        except MemoryError:
+            _exit_with(MachineFault(f"out of memory; {_LESS_MEMORY}"))
         except RuntimeError as error:
+            if type(error).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(error):  # torch's
+                _exit_with(MachineFault(f"out of memory ({first_line(error)}); {_LESS_MEMORY}"))
             loop = path_loop(error)
             if loop is None:
                 raise

@@ -1,4 +1,5 @@
-"""How glibc's allocator hands large blocks back to the system: two policies, one for speed, one for measuring.
+"""How glibc's allocator hands large blocks back to the system: two policies, one for speed, one for measuring;
+and how much memory the system has left to give (:func:`available_bytes`).
 
 glibc serves an allocation above its mmap threshold (dynamic, at most 32 MiB on 64-bit) with a fresh mapping and
 unmaps it when it is freed. A CPU training step frees and allocates the same large tensors every step (at the
@@ -20,6 +21,7 @@ import contextlib
 import ctypes
 import ctypes.util
 from collections.abc import Iterator
+from pathlib import Path
 
 # <malloc.h>; setting any of them also turns glibc's dynamic mmap threshold off for the process.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
@@ -62,3 +64,21 @@ def return_freed_memory() -> bool:
     """
     libc = _libc()
     return libc is not None and libc.mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1
+
+
+def available_bytes() -> int | None:
+    """The memory this process may still take before the system kills it: Linux's MemAvailable, or less where a
+    cgroup (a container, a batch job) caps it; None where neither can be read."""
+    limits = []
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        limits += [int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")]
+    except (OSError, ValueError):
+        pass
+    try:
+        cap, used = (Path("/sys/fs/cgroup", name).read_text().strip() for name in ("memory.max", "memory.current"))
+        if cap != "max":
+            limits.append(int(cap) - int(used))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None

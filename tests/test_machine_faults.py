@@ -127,6 +127,31 @@ def test_any_write_on_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: could not write {path}: No space left on device\n"
 
 
+@pytest.mark.parametrize(
+    "error, shown",
+    [
+        (  # what torch's CPU allocator raises for a block the system refuses (a legal size, pe.npos=2**31)
+            RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory"),
+            "out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't ",
+        ),
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"), "out of memory (OutOfMemoryError: CUDA"),
+        (MemoryError(), "out of memory; lower the batch"),
+    ],
+)
+def test_running_out_of_memory_is_one_line(capsys, error, shown):
+    """It was torch's traceback, exit 1."""
+
+    @core_cli.exit_on_user_error
+    def command():
+        raise error
+
+    with pytest.raises(SystemExit) as exit_info:
+        command()
+    assert exit_info.value.code == IO_ERROR_EXIT_CODE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {shown}") and err.count("\n") == 1 and "lower the batch" in err
+
+
 def test_read_user_text_names_the_byte_where_utf8_fails(tmp_path):
     path = tmp_path / "prompt.txt"
     path.write_bytes(b"def \xe9t\xe9():\r\n")

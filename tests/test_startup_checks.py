@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 from cli_runs import REPO, assert_one_line_error
 
+from core.errors import PosGPTError
+from experiment import build
+from experiment.build import check_fits_in_memory, meta_model
+from experiment.compose import compose_config
+
 
 def refused_before_writing(done, run_dir: Path, *fragments: str) -> None:
     assert_one_line_error(done, *fragments)
@@ -70,6 +75,8 @@ def test_a_setting_read_by_an_evaluation_variation_is_accepted(cli, tmp_path):
         (["task=passkey", "eval.lengths=[4,16]", "train.eval_after=true"], ["evaluation lengths [4]", "task=passkey"]),
         # each step scaled every decayed weight by 1 - lr x weight_decay < 0: a perplexity of inf, with exit 0
         (["train.lr=1e-3", "train.weight_decay=1e10"], ["train.lr=0.001 x train.weight_decay=10000000000.0"]),
+        # a size inside its domain whose model the machine cannot hold: killed by the system while it was built
+        (["pe=cope", "pe.npos=2147483647"], ["parameters: training it needs", "GiB of memory this machine has"]),
         # a probe longer than every length would write an empty result and exit 0
         (
             ["train.eval_after=true", "eval.tasks=[copy_probe]", "eval.copy_span=200"],
@@ -155,3 +162,18 @@ def test_study_a_directory_it_cannot_make_is_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     done = study("--schemes", "rope", "--seeds", "1", str(tmp_path / "file" / "study"))
     assert_one_line_error(done, f"cannot make the study directory {tmp_path / 'file' / 'study'}: Not a directory")
+
+
+@pytest.mark.parametrize("training, per_parameter", [(True, 16), (False, 4)])
+def test_a_model_larger_than_the_memory_left_is_refused(monkeypatch, training, per_parameter):
+    """Weights, gradients and AdamW's two states to train on the CPU (fp32), the weights alone to load; nothing
+    checked where the system does not say what it has left."""
+    cfg = compose_config(["model=tiny", "train.device=cpu"])
+    needed = meta_model(cfg).num_params() * per_parameter
+    monkeypatch.setattr(build, "available_bytes", lambda: needed)
+    check_fits_in_memory(cfg, training)  # exactly enough
+    monkeypatch.setattr(build, "available_bytes", lambda: needed - 1)
+    with pytest.raises(PosGPTError, match=rf"^the model has [\d,]+ parameters: {'training' if training else 'load'}"):
+        check_fits_in_memory(cfg, training)
+    monkeypatch.setattr(build, "available_bytes", lambda: None)
+    check_fits_in_memory(cfg, training)

@@ -36,7 +36,7 @@ from core.tracking import init_wandb
 from data import check_split_length, draw_batch, load_splits, separate_documents, validate_data_config
 from data.tasks import NO_TASK, build_task, held_out_seed
 from evaluation.checks import check_eval_settings
-from experiment.build import build_model
+from experiment.build import build_model, check_fits_in_memory
 from experiment.config import compile_enabled, set_task_vocabulary, validate
 from experiment.settings import check_command_settings
 from model import GPT
@@ -111,6 +111,7 @@ def check_before_training(cfg: DictConfig) -> None:
     set_task_vocabulary(cfg)
     validate(cfg)
     validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
+    check_fits_in_memory(cfg, training=True)
     if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
         check_eval_settings(cfg)
         if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
