@@ -13,7 +13,6 @@ from torch import nn
 
 from core.checkpoint_io import CHECKPOINT_DIR, checkpoint_file, load_checkpoint, load_weights
 from core.errors import PosGPTError
-from core.host_memory import available_bytes
 from core.runtime import flops_per_token, set_up_runtime
 from data.tasks import NO_TASK
 from experiment.config import validate
@@ -23,32 +22,6 @@ from model import GPT
 
 def build_model(cfg: DictConfig) -> GPT:
     return GPT(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), train_seq_len=cfg.train.seq_len)
-
-
-def meta_model(cfg: DictConfig) -> GPT:
-    """The model as built, on the meta device (shapes only: nothing is allocated or initialised for real)."""
-    with torch.device("meta"):
-        return build_model(cfg)
-
-
-def check_fits_in_memory(cfg: DictConfig, training: bool) -> None:
-    """Refuse a model too large for the memory the system has left (core.host_memory.available_bytes): built
-    anyway, it is killed by the system, with no line to say why. Counted on the meta device. What it needs in
-    fp32: the weights, and to train on the CPU their gradients and AdamW's two states, 16 bytes a parameter (on a
-    GPU the host holds the weights alone, while they are built)."""
-    available = available_bytes()
-    if available is None:
-        return
-    params = meta_model(cfg).num_params()
-    on_gpu = cfg.train.device != "cpu" and torch.cuda.is_available()
-    on_host = 16 if training and not on_gpu else 4  # bytes a parameter
-    if params * on_host > available:
-        GiB = 2**30
-        raise PosGPTError(
-            f"the model has {params:,} parameters: {'training' if training else 'loading'} it needs "
-            f"{params * on_host / GiB:,.1f} GiB, more than the {available / GiB:.1f} GiB of memory this machine "
-            "has available; lower its sizes (model.*, pe.*)"
-        )
 
 
 def model_flops_per_token(model: GPT, seq_len: int) -> float:
@@ -108,7 +81,6 @@ def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> Train
     validate(cfg, keys=overridden_keys(overrides))
     check_command_settings(overrides, command)  # after the domains: a value outside its domain is that, anywhere
     device, dtype = set_up_runtime(cfg.train)
-    check_fits_in_memory(cfg, training=False)  # beside the checkpoint's own copy of the weights
     model = build_model(cfg)
     load_weights(model, checkpoint["model"], checkpoint_file(run_dir))
     model.to(device).eval()

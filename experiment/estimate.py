@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from experiment.build import meta_model, model_flops_per_token
+from experiment.build import build_model, model_flops_per_token
 from model import attention
 from model.gpt import padded_vocab_size
 from model.loss import FUSED_CHUNK, NO_GRAD_CHUNK, use_fused
@@ -68,16 +68,22 @@ class MemoryEstimate:
         }
 
 
+def _meta_model(cfg: DictConfig) -> torch.nn.Module:
+    """The model as built, on the meta device (shapes only: nothing is allocated or initialised for real)."""
+    with torch.device("meta"):
+        return build_model(cfg)
+
+
 def _rotates(pe: PositionalEncoding) -> bool:
     return type(pe).rotate is not PositionalEncoding.rotate
 
 
 def count_parameters(cfg: DictConfig) -> int:
-    return meta_model(cfg).num_params()
+    return _meta_model(cfg).num_params()
 
 
 def flops_per_token(cfg: DictConfig) -> float:
-    return model_flops_per_token(meta_model(cfg), cfg.train.seq_len)
+    return model_flops_per_token(_meta_model(cfg), cfg.train.seq_len)
 
 
 def _head_bytes(tokens: int, vocab: int, width: int, fused: bool, grad: bool, act_bytes: int) -> float:
@@ -109,7 +115,7 @@ def transported_bytes(scheme: PositionalEncoding, rows: int, heads: int, T: int,
 def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MemoryEstimate:
     """Peak memory of one training step (one micro-batch) of ``cfg`` on ``device`` in ``dtype`` (autocast)."""
     m, t = cfg.model, cfg.train
-    model = meta_model(cfg)  # its schemes' flags and backends, and its parameter count
+    model = _meta_model(cfg)  # its schemes' flags and backends, and its parameter count
     n_params = model.num_params()
     act = 2 if dtype == torch.bfloat16 else 4
     rows, T = t.batch_size // t.grad_accum_steps, t.seq_len
@@ -154,7 +160,7 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
     (evaluation/extrapolation.py) on the given attention backend (sdpa, flex or math; sdpa of a bias scheme
     is its blockwise masked path)."""
     m = cfg.model
-    model = meta_model(cfg)
+    model = _meta_model(cfg)
     rows = max(1, cfg.eval.batch_tokens // length)
     tokens = rows * length
     act = 2 if dtype == torch.bfloat16 else 4

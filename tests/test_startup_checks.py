@@ -11,10 +11,7 @@ from pathlib import Path
 import pytest
 from cli_runs import REPO, assert_one_line_error
 
-from core.errors import PosGPTError
-from experiment import build
-from experiment.build import check_fits_in_memory, meta_model
-from experiment.compose import compose_config
+import training.loop
 
 
 def refused_before_writing(done, run_dir: Path, *fragments: str) -> None:
@@ -75,8 +72,6 @@ def test_a_setting_read_by_an_evaluation_variation_is_accepted(cli, tmp_path):
         (["task=passkey", "eval.lengths=[4,16]", "train.eval_after=true"], ["evaluation lengths [4]", "task=passkey"]),
         # each step scaled every decayed weight by 1 - lr x weight_decay < 0: a perplexity of inf, with exit 0
         (["train.lr=1e-3", "train.weight_decay=1e10"], ["train.lr=0.001 x train.weight_decay=10000000000.0"]),
-        # a size inside its domain whose model the machine cannot hold: killed by the system while it was built
-        (["pe=cope", "pe.npos=2147483647"], ["parameters: training it needs", "GiB of memory this machine has"]),
         # a probe longer than every length would write an empty result and exit 0
         (
             ["train.eval_after=true", "eval.tasks=[copy_probe]", "eval.copy_span=200"],
@@ -164,16 +159,10 @@ def test_study_a_directory_it_cannot_make_is_one_line(tmp_path):
     assert_one_line_error(done, f"cannot make the study directory {tmp_path / 'file' / 'study'}: Not a directory")
 
 
-@pytest.mark.parametrize("training, per_parameter", [(True, 16), (False, 4)])
-def test_a_model_larger_than_the_memory_left_is_refused(monkeypatch, training, per_parameter):
-    """Weights, gradients and AdamW's two states to train on the CPU (fp32), the weights alone to load; nothing
-    checked where the system does not say what it has left."""
-    cfg = compose_config(["model=tiny", "train.device=cpu"])
-    needed = meta_model(cfg).num_params() * per_parameter
-    monkeypatch.setattr(build, "available_bytes", lambda: needed)
-    check_fits_in_memory(cfg, training)  # exactly enough
-    monkeypatch.setattr(build, "available_bytes", lambda: needed - 1)
-    with pytest.raises(PosGPTError, match=rf"^the model has [\d,]+ parameters: {'training' if training else 'load'}"):
-        check_fits_in_memory(cfg, training)
-    monkeypatch.setattr(build, "available_bytes", lambda: None)
-    check_fits_in_memory(cfg, training)
+def test_a_model_whose_training_state_does_not_fit_in_memory_is_refused(cli, tmp_path, monkeypatch):
+    """Gradients and AdamW's two states, 12 bytes a parameter on the CPU: a size inside its domain (pe.npos=2**27
+    at the default model) built, then was killed by the system at the first step, with no line."""
+    monkeypatch.setattr(training.loop, "available_bytes", lambda: 1000)  # what the system says it has left
+    run_dir = tmp_path / "run"
+    done = cli.train_here(run_dir)
+    refused_before_writing(done, run_dir, "parameters: training it needs", "this machine has 0.0 GiB available")

@@ -29,14 +29,14 @@ from omegaconf import DictConfig, OmegaConf
 from core.checkpoint_io import last_checkpoint_path, load_weights
 from core.cli import kept_console, tee_console
 from core.errors import PosGPTError
-from core.host_memory import reused_freed_memory
+from core.host_memory import available_bytes, reused_freed_memory
 from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
 from core.runtime import autocast, set_up_runtime
 from core.tracking import init_wandb
 from data import check_split_length, draw_batch, load_splits, separate_documents, validate_data_config
 from data.tasks import NO_TASK, build_task, held_out_seed
 from evaluation.checks import check_eval_settings
-from experiment.build import build_model, check_fits_in_memory
+from experiment.build import build_model
 from experiment.config import compile_enabled, set_task_vocabulary, validate
 from experiment.settings import check_command_settings
 from model import GPT
@@ -111,7 +111,6 @@ def check_before_training(cfg: DictConfig) -> None:
     set_task_vocabulary(cfg)
     validate(cfg)
     validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
-    check_fits_in_memory(cfg, training=True)
     if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
         check_eval_settings(cfg)
         if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
@@ -168,6 +167,20 @@ def _load_data(cfg: DictConfig, dist: distributed.DistInfo) -> dict:
     return splits
 
 
+def _check_memory_for_training(model: GPT, device: torch.device) -> None:
+    """Training on the CPU adds to the weights their gradients and AdamW's two states, 12 bytes a parameter in
+    fp32: refused here where the system has not that much left (core.host_memory.available_bytes), which would
+    otherwise kill the process at the first step, with no line to say why."""
+    available = available_bytes() if device.type == "cpu" else None
+    params = model.num_params()
+    if available is not None and params * 12 > available:
+        raise PosGPTError(
+            f"the model has {params:,} parameters: training it needs {params * 12 / 2**30:,.1f} GiB more for their "
+            f"gradients and AdamW's states, and this machine has {available / 2**30:.1f} GiB available; lower its "
+            "sizes (model.*, pe.*)"
+        )
+
+
 def _check_batch(t: DictConfig, dist: distributed.DistInfo) -> None:
     if t.batch_size % (dist.world_size * t.grad_accum_steps):
         raise PosGPTError(
@@ -180,6 +193,7 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     _check_batch(cfg.train, dist)
     device, dtype = set_up_runtime(cfg.train, local_rank=dist.local_rank if dist.enabled else None)
     cfg, raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
+    _check_memory_for_training(raw_model, device)
     finished = checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
     if finished and _nothing_to_do(cfg, run_dir, checkpoint, dist):
         return None  # and nothing was written
