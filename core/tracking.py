@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.errors import PosGPTError, first_line
 from core.files import atomic_write
 from core.rundir import METRICS_FILE
 
@@ -68,6 +69,18 @@ def init_wandb(cfg: DictConfig, run_dir: str | Path, run_id: str | None, job_typ
     import wandb
 
     os.environ.setdefault("WANDB_SILENT", "true")
+    try:
+        return _start_wandb(wandb, cfg, run_dir, run_id, job_type)
+    except (wandb.errors.UsageError, wandb.errors.AuthenticationError, wandb.errors.CommError) as error:
+        # Online with no login, a bad key or no network: before, W&B's traceback, and the run never started.
+        raise PosGPTError(
+            f"logging.wandb.mode={wb.mode}: W&B could not start ({first_line(error)}); log in (`wandb login`, or "
+            "WANDB_API_KEY), or log offline (logging.wandb.mode=offline, the default) and `wandb sync` later"
+        ) from None
+
+
+def _start_wandb(wandb, cfg: DictConfig, run_dir: str | Path, run_id: str | None, job_type: str):
+    wb = cfg.logging.wandb
     return wandb.init(
         mode=wb.mode,
         project=wb.project,

@@ -14,6 +14,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from core.errors import PosGPTError
+from core.tracking import init_wandb
 from data import DataConfig, load_splits
 from evaluation import plots
 from evaluation.context import EvalContext
@@ -21,6 +23,7 @@ from evaluation.plots import Series, scheme_colour
 from evaluation.results import CSV_COLUMNS, format_ppl, format_table
 from evaluation.run import EVAL_DIR, evaluate_run, per_position_rows
 from experiment.build import build_model
+from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from model import ModelConfig
 from model.pe import record
@@ -273,3 +276,14 @@ def test_a_malformed_previous_results_file_is_reported_and_rewritten(val_tokens,
     printed = capsys.readouterr().out
     assert "ignoring the previous results" in printed and "extrapolation.json is malformed: no" in printed
     assert read_document(tmp_path) == document and len(document["results"]) == 3
+
+
+def test_wandb_online_without_a_login_is_one_line(tmp_path, monkeypatch):
+    """W&B's UsageError traceback, exit 1 (and with a key but no network, its CommError after its own timeout)."""
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc holding a key
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    cfg = compose_config(["logging.wandb.mode=online"])
+    with pytest.raises(PosGPTError, match=r"^logging.wandb.mode=online: W&B could not start \(UsageError: "):
+        init_wandb(cfg, tmp_path, None)
