@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from core.errors import PosGPTError
+from core.host_memory import available_bytes
 from core.runtime import autocast
 from evaluation.plots import new_figure, scheme_colour
 from evaluation.run import EVAL_DIR
@@ -135,8 +136,11 @@ def attention_statistics(
     model: torch.nn.Module, tokens: TokenArray, length: int, windows: int, device: torch.device, dtype: torch.dtype
 ) -> dict[str, Any]:
     """Statistics over up to ``windows`` consecutive windows of ``length`` tokens from the start of ``tokens``;
-    an entry with a ``reason`` (and nothing else) where the scheme or the data cannot provide one window."""
+    an entry with a ``reason`` (and nothing else) where the scheme, the data or the memory left cannot provide one
+    window."""
     if reason := model.pe.beyond_reach(length):
+        return {"length": length, "windows": 0, "reason": reason}
+    if reason := _beyond_memory(model, length, device):
         return {"length": length, "windows": 0, "reason": reason}
     n_windows = min(windows, len(tokens) // length)
     if n_windows == 0:
@@ -156,6 +160,20 @@ def attention_statistics(
         for sums in stats.layers:
             sums.add(probs.pop(0))  # reduce, then free this layer's T x T block
     return stats.report()
+
+
+def _beyond_memory(model: torch.nn.Module, length: int, device: torch.device) -> str | None:
+    """Every layer's T x T attention weights per head are captured at once (fp32), and about two more layers' worth
+    while one is computed: where the system has not that much memory left, the process would be killed."""
+    available = available_bytes() if device.type == "cpu" else None
+    layers, heads = model.cfg.n_layer, model.cfg.n_head
+    need = (layers + 2) * heads * length**2 * 4
+    if available is None or need <= available:
+        return None
+    return (
+        f"its attention weights need about {need / 2**30:,.1f} GiB ({layers} layers x {heads} heads x {length}^2), "
+        f"and {available / 2**30:.1f} GiB of memory is available"
+    )
 
 
 def _bin_centres(bins: list[list[int]], offset: int = 0) -> np.ndarray:

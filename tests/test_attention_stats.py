@@ -14,6 +14,7 @@ from tiny_checkpoint import make_run
 
 from core.errors import PosGPTError
 from data import TokenArray
+from evaluation import attention_stats
 from evaluation.attention_stats import (
     LayerSums,
     LengthStats,
@@ -130,6 +131,16 @@ def test_alibi_heads_with_steeper_slopes_look_closer(tmp_path):
     for layer in stats["mean_distance"]:
         by_slope = [distance for _, distance in sorted(zip(slopes, layer))]  # from the smallest slope up
         assert all(a > b for a, b in zip(by_slope, by_slope[1:])), (slopes, layer)
+
+
+def test_a_length_whose_weights_do_not_fit_in_memory_is_skipped_with_its_reason(tmp_path, monkeypatch):
+    """inspect.length_multipliers=[600] at the default model captured 2 x 4 x 38,400^2 weights: killed by the system."""
+    model = tiny("rope")
+    monkeypatch.setattr(attention_stats, "available_bytes", lambda: 1000)
+    stats = attention_statistics(model, token_array(tmp_path, 4 * SEQ_LEN), SEQ_LEN, 1, CPU, torch.float32)
+    assert stats["windows"] == 0 and stats["reason"].startswith("its attention weights need about")
+    monkeypatch.setattr(attention_stats, "available_bytes", lambda: None)
+    assert attention_statistics(model, token_array(tmp_path, 4 * SEQ_LEN), SEQ_LEN, 1, CPU, torch.float32)["windows"]
 
 
 # --- the command line and compare.py ---
