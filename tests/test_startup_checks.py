@@ -72,6 +72,8 @@ def test_a_setting_read_by_an_evaluation_variation_is_accepted(cli, tmp_path):
         (["task=passkey", "eval.lengths=[4,16]", "train.eval_after=true"], ["evaluation lengths [4]", "task=passkey"]),
         # each step scaled every decayed weight by 1 - lr x weight_decay < 0: a perplexity of inf, with exit 0
         (["train.lr=1e-3", "train.weight_decay=1e10"], ["train.lr=0.001 x train.weight_decay=10000000000.0"]),
+        # a val split shorter than twice every evaluation length: trained, then wrote an all-n/a table, exit 0
+        (["train.eval_after=true", "eval.lengths=[4096]", "eval.max_tokens=4096"], ["would score nothing", "4096"]),
         # a probe longer than every length would write an empty result and exit 0
         (
             ["train.eval_after=true", "eval.tasks=[copy_probe]", "eval.copy_span=200"],

@@ -36,8 +36,9 @@ from core.tracking import init_wandb
 from data import check_split_length, draw_batch, load_splits, separate_documents, validate_data_config
 from data.tasks import NO_TASK, build_task, held_out_seed
 from evaluation.checks import check_eval_settings
+from evaluation.extrapolation import scored_range
 from experiment.build import build_model
-from experiment.config import compile_enabled, set_task_vocabulary, validate
+from experiment.config import compile_enabled, eval_lengths, set_task_vocabulary, validate
 from experiment.settings import check_command_settings
 from model import GPT
 from model.documents import within_document_index
@@ -164,6 +165,13 @@ def _load_data(cfg: DictConfig, dist: distributed.DistInfo) -> dict:
             splits = load_splits(cfg.data, cfg.logging.progress)
     for tokens in splits.values():  # refused here, before the run directory is written, not at the first batch
         check_split_length(tokens, cfg.train.seq_len)
+    lengths, val = eval_lengths(cfg), splits["val"]
+    if cfg.train.eval_after and scored_range(len(val), lengths, cfg.eval.max_tokens) is None:
+        raise PosGPTError(
+            f"the evaluation after training would score nothing: the {val.name} split has {len(val):,} tokens and "
+            f"each evaluation length needs twice its own (the shortest, {min(lengths)}, needs {2 * min(lengths)}); "
+            "lower eval.lengths (or eval.length_multipliers), add data, or set train.eval_after=false"
+        )
     return splits
 
 
