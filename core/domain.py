@@ -10,8 +10,8 @@ and :func:`check_domains` walks a config (nested dataclass instances, e.g. ``Ome
 composed config) and raises PosGPTError naming the first value outside its field's domain, e.g.
 ``train.beta1=1.5 is out of its domain [0, 1)``. A field declared ``used_with=(selector, values)`` is read only
 when its sibling field ``selector`` is one of ``values`` (or, for a list, holds one): :func:`check_used` refuses it
-set to anything but its default otherwise, since the run would silently ignore it. Other checks that relate
-several keys stay code beside the schema.
+set to anything but its default otherwise, since the run would silently ignore it (:func:`read_with` declares
+that alone, for a field of any type). Other checks that relate several keys stay code beside the schema.
 """
 
 from __future__ import annotations
@@ -78,6 +78,17 @@ def domain(
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
+def read_with(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    used_with: tuple[str, tuple[Any, ...]],
+) -> Any:
+    """A dataclass field of any type (no numeric domain) that only the given values of its sibling read, as
+    :func:`domain`'s ``used_with``."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_OWNER: used_with})
+
+
 def domain_of(field: dataclasses.Field) -> Interval | None:
     """The domain a field declares, or None."""
     return field.metadata.get(_KEY)
@@ -122,6 +133,7 @@ def check_used(
         wanted = f"{name} holds {' or '.join(users)}" if isinstance(chosen, list) else f"{name}={'|'.join(users)}"
         shown = f"[{','.join(map(str, chosen))}]" if isinstance(chosen, list) else chosen
         shown = str(shown).lower() if isinstance(shown, bool) else shown
+        value = str(value).lower() if isinstance(value, bool) else value  # true, as typed
         raise PosGPTError(
             f"{key}={value} is read only when {wanted}; {name}={shown} ignores it: drop it or change {name}"
         )

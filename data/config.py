@@ -1,10 +1,10 @@
 """The typed schema of the `data` config group, and the checks that run before any data is read."""
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from core.domain import domain
+from core.domain import domain, read_with
 from core.errors import PosGPTError
 from core.files import bad_path
 
@@ -14,6 +14,8 @@ MAX_NAME_BYTES = 200  # data.name, with the cache key, must fit a file name (255
 
 # datasets' packaged loader for each kind of local or remote file.
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# Which data.source reads a key (core.domain's used_with): any other source would ignore it.
+_TEXT, _HUB, _FILES_OR_HUB = ("source", ("text",)), ("source", ("hub",)), ("source", ("text", "hub"))
 
 
 @dataclass
@@ -28,20 +30,20 @@ class DataConfig:
     source: str = "python_stdlib"  # python_stdlib | text | hub
 
     # source=text: local paths or http(s) URLs; one .txt file is one document, .jsonl/.json/.parquet hold one per row
-    files: list[str] = field(default_factory=list)
-    text_field: str = "text"  # column holding the text in json/parquet files and hub datasets
+    files: list[str] = read_with(default_factory=list, used_with=_TEXT)
+    text_field: str = read_with("text", used_with=_FILES_OR_HUB)  # the text's column: json/parquet files, hub datasets
 
     # source=hub: a dataset on the Hugging Face Hub
-    hub_path: str | None = None
-    hub_name: str | None = None
-    hub_split: str = "train"
-    hub_val_split: str | None = None  # the dataset's own validation split; None: split by document hash
-    streaming: bool = False  # read the hub dataset as a stream instead of downloading it whole first
-    max_documents: int | None = domain(None, ge=1)  # read at most this many documents of each hub split
+    hub_path: str | None = read_with(None, used_with=_HUB)
+    hub_name: str | None = read_with(None, used_with=_HUB)
+    hub_split: str = read_with("train", used_with=_HUB)
+    hub_val_split: str | None = read_with(None, used_with=_HUB)  # the dataset's own val split; None: by document hash
+    streaming: bool = read_with(False, used_with=_HUB)  # read the hub dataset as a stream, not downloaded whole first
+    max_documents: int | None = domain(None, ge=1, used_with=_HUB)  # read at most this many documents a hub split
 
     # False for datasets whose rows are lines of one running text (wikitext): rows are then joined
     # instead of each being ended by <|endoftext|>. Give such data a hub_val_split, or its lines get split.
-    rows_are_documents: bool = True
+    rows_are_documents: bool = read_with(True, used_with=_FILES_OR_HUB)
 
     # Share of documents (picked by a stable hash) that go to the validation split; when a local corpus
     # is too small for that to fill both splits (one book), the share of its tokens taken from the end.

@@ -44,10 +44,14 @@ def test_a_vocabulary_smaller_than_the_datas_is_refused(cli, tmp_path, extra, fr
         (["model.attn_temperature.attn_scale=0.2"], ["attn_scale=0.2", "model.attn_temperature.type=llama4"]),
         (["eval.streaming_sinks=2"], ["eval.streaming_sinks=2", "eval.protocols holds streaming"]),
         (["eval.copy_span=4"], ["eval.copy_span=4", "eval.tasks holds copy_probe"]),
+        # a data source's own keys under another source (these runs read local files: data.source=text)
+        (["data.streaming=true"], ["data.streaming=true is read only when data.source=hub", "data.source=text"]),
+        (["data.hub_split=validation"], ["data.hub_split=validation", "data.source=hub"]),
         # a null default too, where the run's type (none) holds it for variations that do not read it
         (["pe=rope", "pe.scaling.low_freq_factor=2"], ["low_freq_factor=2.0", "pe.scaling.type=llama3"]),
         (["pe=rope", "pe.scaling.beta_fast=16", "eval.variations=[none,ntk:4]"], ["pe.scaling.beta_fast=16.0"]),
         (["pe=hybrid", "pe.rope.scaling.beta_fast=16"], ["pe.rope.scaling.beta_fast=16.0"]),
+        (["data.max_documents=5"], ["data.max_documents=5", "data.source=hub"]),
     ],
 )
 def test_a_setting_its_type_ignores_is_refused(cli, tmp_path, extra, fragments):
