@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.domain import check_domains, domain
+from core.domain import check_domains, domain, read_with
 from core.errors import PosGPTError
 from model.attention import BACKENDS, attend, check_kernel_options, default_state, fused_attention
 from model.documents import within_document_index
@@ -54,7 +54,7 @@ class ModelConfig:
     fused_ce: str = "auto"  # the fused chunked loss: auto (on CPU) | always | never (see model/loss.py)
     # FlexAttention's kernel options, given to its kernels as they are (block sizes, stages, warps; fwd_/bwd_ for one
     # pass only): a speed setting, same result; empty: FlexAttention's own choice (see model/attention.py)
-    flex_kernel_options: dict[str, Any] = field(default_factory=dict)
+    flex_kernel_options: dict[str, Any] = read_with(default_factory=dict, used_with=("attn_backend", ("auto", "flex")))
     # Length-dependent attention temperature (model/temperature.py) and a learned sink logit per head (model/sink.py)
     attn_temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
     attn_sink: bool = False

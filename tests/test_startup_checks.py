@@ -52,6 +52,8 @@ def test_a_vocabulary_smaller_than_the_datas_is_refused(cli, tmp_path, extra, fr
         (["pe=rope", "pe.scaling.beta_fast=16", "eval.variations=[none,ntk:4]"], ["pe.scaling.beta_fast=16.0"]),
         (["pe=hybrid", "pe.rope.scaling.beta_fast=16"], ["pe.rope.scaling.beta_fast=16.0"]),
         (["data.max_documents=5"], ["data.max_documents=5", "data.source=hub"]),
+        # FlexAttention's kernel options where it never runs
+        (["model.attn_backend=sdpa", "+model.flex_kernel_options.BLOCK_M=32"], ["model.attn_backend=sdpa ignores"]),
     ],
 )
 def test_a_setting_its_type_ignores_is_refused(cli, tmp_path, extra, fragments):
