@@ -201,8 +201,9 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
     _check_batch(cfg.train, dist)
     device, dtype = set_up_runtime(cfg.train, local_rank=dist.local_rank if dist.enabled else None)
     cfg, raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
-    _check_memory_for_training(raw_model, device)
     finished = checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
+    if not finished:  # a finished run only evaluates: no gradients or optimizer states
+        _check_memory_for_training(raw_model, device)
     if finished and _nothing_to_do(cfg, run_dir, checkpoint, dist):
         return None  # and nothing was written
     with kept_console() as earlier:  # the data's lines, for the run's log once the data has passed its checks
