@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
 from core.rundir import removed_if_unused
-from experiment.compose import compose_config, hydra_errors_as_user_errors, sweep_jobs
+from experiment.compose import check_group_choices, compose_config, hydra_errors_as_user_errors, sweep_jobs
 from experiment.config import register_configs
 from experiment.settings import check_command_settings
 from training.loop import check_before_training, train
@@ -62,6 +62,7 @@ def check_sweep(argv: list[str]) -> None:
 @exit_on_user_error
 def cli() -> None:
     with hydra_errors_as_user_errors():
+        check_group_choices(sys.argv[1:])
         check_sweep(sys.argv[1:])
         main()
 

@@ -128,8 +128,31 @@ def sweep_jobs(argv: list[str]) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, max_batch_size=None) for job in batch]
 
 
+def check_group_choices(argv: list[str]) -> None:
+    """A config group (``pe=``, ``model=``, ...) is chosen by the name of one of its files (or a list of names).
+    Hydra meets a number, a bool or null there with a bare ValueError (a traceback) and a mapping (``model={}``)
+    by composing the defaults as if nothing were asked: refused here, naming the override and the choices."""
+    groups = {path.name: path for path in CONFIG_DIR.iterdir() if path.is_dir() and path.name != "hydra"}
+    parser = OverridesParser.create()
+    for argument in argv:
+        try:
+            (override,) = parser.parse_overrides([argument])
+        except (HydraException, ValueError):  # a flag, a flag's value, or a line Hydra refuses itself
+            continue
+        if override.key_or_group not in groups or override.is_delete():
+            continue
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        for value in values:
+            names = value if isinstance(value, list) else [value]
+            if not all(isinstance(name, str) for name in names):
+                group = override.key_or_group
+                choices = ", ".join(sorted(path.stem for path in groups[group].glob("*.yaml")))
+                raise PosGPTError(f"{argument}: {group} chooses a file of configs/{group}/ by name ({choices})")
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """configs/config.yaml with ``overrides`` applied, as train.py would compose it (without the hydra node)."""
+    check_group_choices(overrides)
     register_configs()
     with hydra_errors_as_user_errors(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose("config", overrides=list(overrides))

@@ -39,6 +39,21 @@ def test_unknown_scheme_lists_the_options(cli, existing_run):
     assert_one_line_error(done, "Could not find 'pe/fourier'", "Available options in 'pe': alibi, cope, fire, fox")
 
 
+@pytest.mark.parametrize("override", ["pe=1", "model=false", "data=null", "model={}", "pe=[rope,3]"])
+def test_a_group_chosen_by_something_not_a_name_is_refused(cli, existing_run, override):
+    # Hydra's bare ValueError (a traceback, exit 1) for a number, a bool or null; a mapping composed the defaults
+    group = override.split("=")[0]
+    done = cli.train_here(existing_run, override)
+    assert_one_line_error(done, f"{override}: {group} chooses a file of configs/{group}/")
+
+
+def test_a_sweep_or_a_script_choosing_a_group_by_a_number_is_refused(cli, existing_run):
+    done = cli.train_here(existing_run, "-m", "pe=rope,3")
+    assert_one_line_error(done, "pe=rope,3: pe chooses a file of configs/pe/")
+    done = cli.here("scripts/estimate.py", "model=3")
+    assert_one_line_error(done, "model=3: model chooses a file of configs/model/ by name (gpt2, tiny, tiny_wide)")
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
