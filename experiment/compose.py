@@ -71,11 +71,24 @@ def hydra_errors_as_user_errors() -> Iterator[None]:
     try:
         yield
     except (HydraException, OmegaConfBaseException) as error:
-        raise PosGPTError(one_line(error)) from None
+        message = one_line(error)
+        raise PosGPTError(message + _group_hint(message)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:  # a config file (--config-dir ...) that is not YAML
         raise _config_file_error(error) from None
     except (FileExistsError, NotADirectoryError) as error:  # hydra.run.dir names a file (or a path through one)
         raise PosGPTError(f"cannot make the directory {error.filename}: a file is in the way; choose another") from None
+
+
+_GROUP_ASSIGNED = re.compile(r"Error merging override ([\w.]+)=.*is not a subclass of \w+Config")
+
+
+def _group_hint(message: str) -> str:
+    """``logging.wandb=false`` gives a value to a group of settings: say to set one of its keys instead."""
+    match = _GROUP_ASSIGNED.search(message)
+    if match is None:
+        return ""
+    key = match.group(1)
+    return f" ({key} is a group of settings: set one of them, {key}.<name>=..., listed in docs/configuration.md)"
 
 
 def _config_file_error(error: yaml.YAMLError | UnicodeDecodeError) -> PosGPTError:

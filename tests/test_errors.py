@@ -60,6 +60,7 @@ def test_a_sweep_or_a_script_choosing_a_group_by_a_number_is_refused(cli, existi
         ("+train.lerning_rate=3e-4", "unknown config key train.lerning_rate"),  # the `+` Hydra's own message suggests
         ("train.lerning_rate=3e-4", "Key 'lerning_rate' not in 'TrainConfig'"),
         ("train.max_steps=abc", "could not be converted to Integer"),
+        ("logging.wandb=false", "(logging.wandb is a group of settings: set one of them, logging.wandb.<name>=..."),
     ],
 )
 def test_config_typos_never_train(cli, existing_run, override, message):
