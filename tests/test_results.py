@@ -68,6 +68,11 @@ REPORTS = [
     ),
     ("task-attention/comparison_tasks_vs_rope.md", ["task-attention/*/"], ["--baseline", "rope"]),
     ("task-4layer-hybrids/comparison_tasks_vs_rope.md", ["task-4layer-hybrids/*/"], ["--baseline", "rope"]),
+    (
+        "task-4layer-hybrids-uniform/comparison_tasks_vs_rope.md",
+        ["task-4layer-hybrids-uniform/*/"],
+        ["--baseline", "rope"],
+    ),
     ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
     ("task-study-gpu/comparison_tasks.md", ["task-study-gpu/*/"], []),
     ("task-study-uniform/comparison_tasks.md", ["task-study-uniform/*/"], []),
