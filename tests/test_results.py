@@ -71,7 +71,7 @@ REPORTS = [
     (
         "task-4layer-hybrids-uniform/comparison_tasks_vs_rope.md",
         ["task-4layer-hybrids-uniform/*/"],
-        ["--baseline", "rope"],
+        ["--baseline", "rope pe.base=10000.0"],
     ),
     ("task-study/comparison_tasks_vs_rope.md", ["task-study/*/"], ["--baseline", "rope"]),
     ("task-study-gpu/comparison_tasks.md", ["task-study-gpu/*/"], []),
