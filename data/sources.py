@@ -258,7 +258,8 @@ def _hub_corpus(cfg: DataConfig) -> Corpus:
 
     where = cfg.hub_path + (f" ({cfg.hub_name})" if cfg.hub_name else "")
     # Offline, datasets retries every request for about 25 s before it gives up; one quick probe answers
-    # at once. With HF_DATASETS_OFFLINE=1 datasets reads its own cache and never touches the network.
+    # at once. In offline mode (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE) datasets reads its own cache and never touches
+    # the network, so no probe is made.
     if not datasets.config.HF_HUB_OFFLINE and not _hub_reachable():
         raise PosGPTError(
             f"could not download {where} from the Hugging Face Hub (no network?). Use data=text "
@@ -291,6 +292,16 @@ def _hub_corpus(cfg: DataConfig) -> Corpus:
     return Corpus(fingerprint, documents, None, cfg.rows_are_documents)
 
 
+# The variables that put datasets in offline mode (datasets.config.HF_HUB_OFFLINE), the more specific first.
+OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+
+
+def offline_variable() -> str:
+    """The environment variable that put the Hugging Face libraries in offline mode, to name it in a refusal."""
+    truthy = ("1", "ON", "YES", "TRUE")
+    return next((name for name in OFFLINE_VARIABLES if os.environ.get(name, "").upper() in truthy), "HF_HUB_OFFLINE")
+
+
 def _hub_reachable(timeout_s: float = 5.0) -> bool:
     import huggingface_hub  # here, not at the top: see _load_table
 
@@ -307,6 +318,12 @@ def _load_hub(cfg: DataConfig, split: str, where: str) -> datasets.Dataset | dat
     try:
         table = datasets.load_dataset(cfg.hub_path, cfg.hub_name, split=split, streaming=cfg.streaming)
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
+        if datasets.config.HF_HUB_OFFLINE:  # a corpus missing from the cache, not a wrong name
+            raise PosGPTError(
+                f"could not load split {split!r} of {where}: {offline_variable()}=1 keeps the Hugging Face Hub "
+                f"offline and it is not in the local cache ({datasets.config.HF_DATASETS_CACHE}); unset "
+                f"{offline_variable()} to download it, or use data=text data.files=[...] with local files"
+            ) from e
         raise PosGPTError(
             f"could not load split {split!r} of {where} from the Hugging Face Hub ({e}); "
             "check data.hub_path, data.hub_name, data.hub_split and data.hub_val_split"

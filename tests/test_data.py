@@ -276,14 +276,40 @@ def test_text_field_and_bad_json_are_reported(tmp_path):
         load_splits(DataConfig(source="text", files=[str(corrupt)]))
 
 
-def test_hub_fails_fast_offline():
+TINYSTORIES = DataConfig(
+    name="tinystories", source="hub", hub_path="roneneldan/TinyStories", hub_val_split="validation"
+)
+
+
+def test_hub_fails_fast_without_network(monkeypatch):
+    """Online mode (whatever the environment says) on a machine without the Hub: one quick refusal, not datasets'
+    25 s of retries."""
+    import datasets
+
     if sources._hub_reachable():
         pytest.skip("the Hugging Face Hub is reachable from here")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     started = time.monotonic()
     with pytest.raises(PosGPTError, match="no network"):
-        load_splits(
-            DataConfig(name="tinystories", source="hub", hub_path="roneneldan/TinyStories", hub_val_split="validation")
-        )
+        load_splits(TINYSTORIES)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("variable", sources.OFFLINE_VARIABLES)
+def test_hub_offline_mode_names_its_variable(monkeypatch, tmp_path, variable):
+    """In offline mode (a cluster node without internet) a corpus missing from the cache is refused at once, and the
+    refusal names the variable that set offline mode, so the user knows what to unset."""
+    import datasets
+
+    for name in sources.OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty-cache")
+    started = time.monotonic()
+    with pytest.raises(PosGPTError) as refusal:
+        load_splits(TINYSTORIES)
+    assert f"{variable}=1" in str(refusal.value) and "\n" not in str(refusal.value)
     assert time.monotonic() - started < 10
 
 

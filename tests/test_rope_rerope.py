@@ -204,7 +204,14 @@ def test_eval_scores_self_extend_and_rerope_as_variations(cli, rope_run):
     assert all(row["ppl"] is not None and row["attn_backend"] == "math" for row in rows if row["variation"])
     by_label = {(row["variation"], row["length"]): row for row in rows}
     assert by_label[("rerope:8:4", 64)]["variation_settings"] == {
-        "remap": {"type": "rerope", "window": 8, "group": None, "leaky_factor": 4.0, "local_window": None}
+        "remap": {
+            "type": "rerope",
+            "window": 8,
+            "group": None,
+            "leaky_factor": 4.0,
+            "local_window": None,
+            "attention_factor": None,
+        }
     }
     assert "scaling" in by_label[("", 16)]["variation_settings"]  # the run as trained: its scaling alone
     # Each variation was applied: an untrained model's perplexities differ only slightly, but they differ.

@@ -4,8 +4,10 @@ it cannot be installed here: its index mapping and its attention are transcribed
 by the softmax its docstring defines). Also the per-pair distance formula, randomized positions, cached decoding,
 a window covering the sequence, labels and refusals.
 
-Inputs are float64 and the references run in float64; posgpt stores cos and sin and computes the windowed scores
-in float32, hence tolerances of 1e-5 (about 100x that rounding).
+The reference multiplies cos and sin by its attention factor 0.1 ln 2 + 1 (``attention_factor`` in
+string_for_llama.py's ``replace_with_string``); the transcription applies it where the reference does, to every
+rotated query and key. Inputs are float64 and the references run in float64; posgpt stores cos and sin and computes
+the windowed scores in float32, hence tolerances of 1e-5 (about 100x that rounding).
 """
 
 import json
@@ -23,14 +25,27 @@ from experiment.compose import compose_config
 from experiment.config import validate
 from model.pe import ModelDims
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
-from model.pe.rope_remap import RoPERemapConfig
+from model.pe.rope_remap import STRING_ATTENTION_FACTOR, RoPERemapConfig
 
 LOOSE = {"rtol": 1e-5, "atol": 1e-5}
 CASES = [(6, 2, 15), (8, 0, 20), (5, 4, 13)]  # (W = diag_size, w = local_window, T), T > W
 
 
-def string(window: int, local_window: int) -> RoPERemapConfig:
-    return RoPERemapConfig("string", window=window, local_window=local_window)
+# replace_with_string: attention_factor = 0.1*math.log(2) + 1, written out here as the reference writes it
+REFERENCE_FACTOR = 0.1 * math.log(2) + 1
+
+
+def string(window: int, local_window: int, factor: float | None = None) -> RoPERemapConfig:
+    return RoPERemapConfig("string", window=window, local_window=local_window, attention_factor=factor)
+
+
+def resolved_string(window: int, local_window: int) -> RoPERemapConfig:
+    return string(window, local_window, REFERENCE_FACTOR)
+
+
+def rope_scaled(x: torch.Tensor, positions: torch.Tensor, factor: float) -> torch.Tensor:
+    """apply_rotary_pos_emb with the reference's cos_cached and sin_cached, both multiplied by ``factor``."""
+    return rope_at(x, positions) * factor
 
 
 def qkv(T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,15 +72,19 @@ def flash_attention(q, k, v, causal=True, window_left=-1):
     return scores.softmax(-1) @ v, scores.logsumexp(-1)
 
 
-def string_prefill_reference(q, k, v, diag_size: int, local_window: int, window_left: int | None = None):
+def string_prefill_reference(
+    q, k, v, diag_size: int, local_window: int, window_left: int | None = None, factor: float = REFERENCE_FACTOR
+):
     """string_for_llama.py, ``forward`` without a KV cache, then ``string_flash_forward``; one sequence,
-    position_ids = arange(T). ``window_left``: the diagonal part's window, ``diag_size`` as written."""
+    position_ids = arange(T). ``window_left``: the diagonal part's window, ``diag_size`` as written; ``factor``: the
+    attention factor in cos and sin."""
     T = q.shape[-2]
     position_ids = torch.arange(T)
-    key_states = rope_at(k, position_ids)  # key_states = apply_rotary_pos_emb(key_states, cos, sin, position_ids)
-    query_states_1 = rope_at(q, position_ids)
+    # key_states = apply_rotary_pos_emb(key_states, cos, sin, position_ids)
+    key_states = rope_scaled(k, position_ids, factor)
+    query_states_1 = rope_scaled(q, position_ids, factor)
     position_ids = position_ids - diag_size + local_window
-    query_states_2 = rope_at(q, position_ids)
+    query_states_2 = rope_scaled(q, position_ids, factor)
     # diag_out, diag_lse, _ = flash_attn_func(neighbor_query_states, key_states, value_states, causal=True,
     #                                         window_size=[diag_size, 0], return_attn_probs=True)
     left = diag_size if window_left is None else window_left
@@ -86,16 +105,16 @@ def string_prefill_reference(q, k, v, diag_size: int, local_window: int, window_
     return torch.cat([diag_out_head, merge_out_tail], dim=-2)
 
 
-def string_decode_reference(q, k, v, diag_size: int, local_window: int):
+def string_decode_reference(q, k, v, diag_size: int, local_window: int, factor: float = REFERENCE_FACTOR):
     """The same ``forward`` with a KV cache (has_kv_cache), for the last token over every key before it: the cache
     holds keys rotated at their positions; flash decoding of query_states_1 over the last diag_size keys and of
     query_states_2 (shifted) over the others, merged by their lse."""
     kv_seq_len = k.shape[-2]
     position_ids = torch.tensor([kv_seq_len - 1])
-    key_cache = rope_at(k, torch.arange(kv_seq_len))
-    query_states_1 = rope_at(q[..., -1:, :], position_ids)
+    key_cache = rope_scaled(k, torch.arange(kv_seq_len), factor)
+    query_states_1 = rope_scaled(q[..., -1:, :], position_ids, factor)
     position_ids = position_ids - diag_size + local_window
-    query_states_2 = rope_at(q[..., -1:, :], position_ids)
+    query_states_2 = rope_scaled(q[..., -1:, :], position_ids, factor)
     shifted_size = kv_seq_len - diag_size
     out1, lse1 = flash_attention(query_states_1, key_cache[..., shifted_size:, :], v[..., shifted_size:, :], False)
     out2, lse2 = flash_attention(query_states_2, key_cache[..., :shifted_size, :], v[..., :shifted_size, :], False)
@@ -178,11 +197,27 @@ def test_the_references_prefill_is_posgpts_but_for_the_pair_it_scores_twice(W, w
     assert not differs[:W].any() and differs[W:].all()
 
 
+def test_the_attention_factor_is_the_references_and_switches_off():
+    """By default every logit is the reference's, a^2 = 1.1434 times the remap's alone; a factor of 1 gives the
+    reference with its factor left out, and the two differ."""
+    W, w, T = CASES[0]
+    q, k, v = qkv(T, seed=4)
+    assert STRING_ATTENTION_FACTOR == REFERENCE_FACTOR and round(REFERENCE_FACTOR**2, 4) == 1.1434
+    with_factor, _ = posgpt_attention(scheme(string(W, w)), q, k, v)
+    without, _ = posgpt_attention(scheme(string(W, w, 1.0)), q, k, v)
+    torch.testing.assert_close(
+        with_factor[..., W:, :], string_prefill_reference(q, k, v, W, w, W - 1)[..., W:, :], **LOOSE
+    )
+    want = string_prefill_reference(q, k, v, W, w, W - 1, factor=1.0)
+    torch.testing.assert_close(without, want, **LOOSE)
+    assert (with_factor - without).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize(("W", "w", "T"), CASES)
 def test_string_equals_its_distance_formula_pair_by_pair(W, w, T):
     q, k, v = qkv(T, seed=2)
     want, want_probs = pairwise_attention(q, k, v, torch.arange(T), string_distance(W, w))
-    got, got_probs = posgpt_attention(scheme(string(W, w)), q, k, v)
+    got, got_probs = posgpt_attention(scheme(string(W, w, 1.0)), q, k, v)
     torch.testing.assert_close(got, want, **LOOSE)
     torch.testing.assert_close(got_probs.double(), want_probs, **LOOSE)
 
@@ -191,7 +226,7 @@ def test_with_explicit_positions_the_shift_is_by_position():
     q, k, v = qkv(12, seed=3)
     positions = torch.tensor([0, 1, 3, 4, 9, 10, 11, 17, 18, 30, 31, 40])
     want, _ = pairwise_attention(q, k, v, positions, string_distance(6, 2))
-    got, _ = posgpt_attention(scheme(string(6, 2)), q, k, v, positions=positions)
+    got, _ = posgpt_attention(scheme(string(6, 2, 1.0)), q, k, v, positions=positions)
     torch.testing.assert_close(got, want, **LOOSE)
 
 
@@ -199,7 +234,7 @@ def test_with_explicit_positions_the_shift_is_by_position():
 def test_a_window_covering_the_sequence_is_plain_rope():
     tokens = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
     plain = tiny_model(train_len=32)(tokens)
-    torch.testing.assert_close(tiny_model(string(24, 4), train_len=32)(tokens), plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tiny_model(string(24, 4, 1.0), train_len=32)(tokens), plain, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(tiny_model(string(8, 4), train_len=32)(tokens), plain, rtol=1e-5, atol=1e-5)
 
 
@@ -218,10 +253,15 @@ def test_cached_decoding_equals_a_full_forward_beyond_the_window():
 def test_label_and_parse_round_trip():
     cfg = RotaryPositionalEncoding.config_class()
     settings = RotaryPositionalEncoding.parse_variation(" string : 21 : 4 ", cfg)
-    assert settings == {"remap": string(21, 4)}
+    assert settings == {"remap": resolved_string(21, 4)}
     assert RotaryPositionalEncoding.variation_label(settings) == "string:21:4"
     plain = {"remap": {"type": "string", "window": 21, "group": None, "leaky_factor": None, "local_window": 4}}
+    plain["remap"]["attention_factor"] = REFERENCE_FACTOR
     assert RotaryPositionalEncoding.variation_label(plain) == "string:21:4"  # as result rows hold it
+    del plain["remap"]["attention_factor"]  # a row scored before the factor was applied: without it
+    assert RotaryPositionalEncoding.variation_label(plain) == "string:21:4:1"
+    off = RotaryPositionalEncoding.parse_variation("string:21:4:1", cfg)
+    assert off == {"remap": string(21, 4, 1.0)} and RotaryPositionalEncoding.variation_label(off) == "string:21:4:1"
     labels = [label for label, _ in scheme(RoPERemapConfig()).eval_variations(["none", "string:21:4", "rerope:8"])]
     assert labels == ["", "string:21:4", "rerope:8"]
 
@@ -230,7 +270,8 @@ def test_label_and_parse_round_trip():
     ("spec", "message"),
     [
         ("string:8", "is not string:W:w"),
-        ("string:8:2:1", "is not string:W:w"),
+        ("string:8:2:1:3", "is not string:W:w"),
+        ("string:8:2:0", "attention_factor=0.0 is out of its domain"),
         ("string:8:two", "is not string:W:w"),
         ("string:8:8", "local_window=8 must be smaller than window=8"),
         ("string:8:-1", "local_window=-1 is out of its domain [0, inf)"),
@@ -265,6 +306,7 @@ def test_a_run_configured_with_string_builds_and_evaluates_it(pe):
     validate(cfg)
     model = build_model(cfg)
     assert model.pe.score_window() == 8 and model.pe.current_variation() == "string:8:2"
+    assert model.pe.cfg.remap.attention_factor == REFERENCE_FACTOR  # resolved, so the rows record it
     validate(compose_config([f"pe={pe}", "eval.variations=[none,string:21:4]"]))
 
 
@@ -274,10 +316,16 @@ def test_result_rows_from_before_local_window_existed_keep_their_identity():
     from evaluation import results, task_accuracy
 
     before = {"type": "rerope", "window": 8, "group": None, "leaky_factor": None}
-    rows = [{"variation_settings": {"remap": remap}} for remap in (before, {**before, "local_window": None})]
+    now = {**before, "local_window": None, "attention_factor": None}
+    rows = [{"variation_settings": {"remap": remap}} for remap in (before, now)]
     assert results.settings_identity(rows[0]) == results.settings_identity(rows[1])
     task_rows = [{**row, "task": "passkey", "length": 64} for row in rows]
     assert task_accuracy.row_key(task_rows[0]) == task_accuracy.row_key(task_rows[1])
+    # a STRING row scored before its attention factor was applied is another measurement than one scored with it
+    old = {"type": "string", "window": 8, "group": None, "leaky_factor": None, "local_window": 2}
+    new = {**old, "attention_factor": REFERENCE_FACTOR}
+    rows = [{"variation_settings": {"remap": remap}} for remap in (old, new)]
+    assert results.settings_identity(rows[0]) != results.settings_identity(rows[1])
 
 
 @pytest.mark.slow
@@ -304,6 +352,7 @@ def test_eval_scores_string_as_a_variation(cli):
         "group": None,
         "leaky_factor": None,
         "local_window": 2,
+        "attention_factor": REFERENCE_FACTOR,
     }
     plain = {row["length"]: row["ppl"] for row in rows if row["variation"] == ""}
     assert all(row["ppl"] != plain[row["length"]] for row in string_rows)  # applied (an untrained model: slightly)

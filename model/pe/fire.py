@@ -61,9 +61,10 @@ class FirePositionalEncoding(PositionalEncoding):
     def normalized_distance(self, q_pos: torch.Tensor, k_pos: torch.Tensor, layer: int) -> torch.Tensor:
         """psi(i - j) / psi(max(i, L)), broadcast over q_pos and k_pos."""
         fire = self.layers[layer]
-        distance = (q_pos - k_pos).clamp(min=0).float()  # masked entries (j > i) as distance 0
+        dtype = fire.c.dtype  # the model's: float32, or float64 for a float64 model
+        distance = (q_pos - k_pos).clamp(min=0).to(dtype)  # masked entries (j > i) as distance 0
         threshold = (fire.L_multiplier * self.cfg.init_L).abs()
-        normalizer = torch.maximum(q_pos.float(), threshold)
+        normalizer = torch.maximum(q_pos.to(dtype), threshold)
         return torch.log1p((fire.c * distance).abs()) / (torch.log1p((fire.c * normalizer).abs()) + 1e-6)
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:

@@ -33,7 +33,15 @@ import torch
 from core.domain import domain
 from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
-from model.pe.rope_remap import RoPERemapConfig, check_remap, far_positions, parse_remap, remap_label
+from model.pe.rope_remap import (
+    RoPERemapConfig,
+    check_remap,
+    far_positions,
+    parse_remap,
+    remap_attention_factor,
+    remap_label,
+    resolved,
+)
 from model.pe.rope_scaling import (
     LENGTH_DEPENDENT,
     ROPE_SCALINGS,
@@ -126,7 +134,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
         """Remap the distances beyond a window (or stop: type none) from now on."""
         check_remap(remap, train_len=self.dims.train_seq_len)
         check_one_extension(self.cfg.scaling, remap)
-        self.cfg = dataclasses.replace(self.cfg, remap=remap)
+        self.cfg = dataclasses.replace(self.cfg, remap=resolved(remap))
 
     @classmethod
     def check_variations(cls, cfg: RoPEConfig, specs: Sequence[str]) -> None:
@@ -203,7 +211,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
         the attention factor that multiplies cos and sin."""
         scale = ROPE_SCALINGS[self.cfg.scaling.type]
         original_len = self.cfg.scaling.original_seq_len or self.dims.train_seq_len  # L (see rope_scaling.py)
-        return scale(self.inv_freq, self.cfg.scaling, self.cfg.base, self.rotated, original_len, seq_len)
+        inv_freq, factor = scale(self.inv_freq, self.cfg.scaling, self.cfg.base, self.rotated, original_len, seq_len)
+        return inv_freq, factor * remap_attention_factor(self.cfg.remap)  # a remap comes without a scaling
 
     def cos_sin(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T,) or (B, T) positions -> cos, sin of shape (T, r) or (B, 1, T, r), r the rotated dimensions, for a

@@ -21,7 +21,11 @@ i - j >= W, into the trained range, by rotating q and k of far pairs to other po
   within a model's own length, to let the well-trained small distances overwrite the rarely trained large ones
   (its reference suggests W = 0.25 to 0.4 L and w = 128 to 512 for L = 128K); beyond L it reaches T = L + W - w
   with trained distances only. W is the reference's ``shifted_offset`` (``diag_size``), w its ``local_value``
-  (``local_window``).
+  (``local_window``). The reference also multiplies RoPE's cos and sin, for every pair, near and far, by an
+  attention factor a = 0.1 ln(s) + 1 with s = 2 (YaRN's temperature at factor 2, "STRING will make the attention
+  map smooth, we use the attention_factor to recover it"): a = 1.0693, so every logit q . k grows by a^2 = 1.1434.
+  posgpt applies it by default (``attention_factor``, resolved to that number so that result rows record it);
+  ``attention_factor=1`` (``string:W:w:1``) switches it off, to tell its effect from the remap's.
 
 Reference code, transcribed in tests/test_rope_self_extend.py and tests/test_rope_rerope.py: datamllab/LongLM,
 legacy_patch_before_4_38/llama_self_extend_patch.py (``apply_grouped_rotary_pos_emb``: ``position_ids_q =
@@ -53,6 +57,7 @@ reference caches unrotated keys and rotates all of them again at every generated
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -68,23 +73,33 @@ class RoPERemapConfig:
     group: int | None = domain(None, ge=2)  # self_extend only: G, far distances grow G times slower
     leaky_factor: float | None = domain(None, gt=1)  # rerope only: k, far distances grow by 1/k (null: not at all)
     local_window: int | None = domain(None, ge=0)  # string only: w < W, the distance far pairs are shifted back to
+    # string only: a, which multiplies cos and sin (logits by a^2); null: the reference's 0.1 ln 2 + 1; 1: none
+    attention_factor: float | None = domain(None, gt=0)
 
 
 REMAPS = ("none", "self_extend", "rerope", "string")
+# STRING's reference (string_for_llama.py, replace_with_string): attention_factor = 0.1*math.log(2) + 1
+STRING_ATTENTION_FACTOR = 0.1 * math.log(2) + 1
 # The settings each type takes: required, then optional. Any other is refused.
 TYPE_SETTINGS = {
     "none": ((), ()),
     "self_extend": (("group", "window"), ()),
     "rerope": (("window",), ("leaky_factor",)),
-    "string": (("window", "local_window"), ()),
+    "string": (("window", "local_window"), ("attention_factor",)),
 }
-# eval.variations notation: self_extend:G:W, rerope:W, rerope:W:k, string:W:w (the spec's numbers, in this order)
+# eval.variations notation: self_extend:G:W, rerope:W, rerope:W:k, string:W:w, string:W:w:a (the spec's numbers, in
+# this order)
 SPEC_FIELDS = {
     "self_extend": ("group", "window"),
     "rerope": ("window", "leaky_factor"),
-    "string": ("window", "local_window"),
+    "string": ("window", "local_window", "attention_factor"),
 }
-SPEC_FORMS = {"self_extend": "self_extend:G:W", "rerope": "rerope:W or rerope:W:K", "string": "string:W:w"}
+FLOAT_FIELDS = ("leaky_factor", "attention_factor")
+SPEC_FORMS = {
+    "self_extend": "self_extend:G:W",
+    "rerope": "rerope:W or rerope:W:K",
+    "string": "string:W:w or string:W:w:a",
+}
 
 
 def check_remap(remap: RoPERemapConfig, train_len: int | None = None, where: str = "pe.remap") -> None:
@@ -94,7 +109,7 @@ def check_remap(remap: RoPERemapConfig, train_len: int | None = None, where: str
     if remap.type not in REMAPS:
         raise PosGPTError(f"unknown {where} type {remap.type!r}; choose one of {list(REMAPS)}")
     required, optional = TYPE_SETTINGS[remap.type]
-    for name in ("window", "group", "leaky_factor", "local_window"):
+    for name in ("window", "group", "leaky_factor", "local_window", "attention_factor"):
         value = getattr(remap, name)
         if value is None and name in required:
             raise PosGPTError(f"{where}: type {remap.type} needs {name} (e.g. {example(remap.type)})")
@@ -118,7 +133,7 @@ def example(kind: str) -> str:
     return {
         "self_extend": "self_extend:4:32 = group 4, window 32",
         "rerope": "rerope:32 or rerope:32:16",
-        "string": "string:32:4 = window 32, local window 4",
+        "string": "string:32:4 = window 32, local window 4; string:32:4:1 without the attention factor",
     }[kind]
 
 
@@ -131,24 +146,43 @@ def parse_remap(spec: str) -> RoPERemapConfig | None:
     names = SPEC_FIELDS[kind]
     required = TYPE_SETTINGS[kind][0]
     try:
-        values = [int(number) if name != "leaky_factor" else float(number) for name, number in zip(names, numbers)]
+        values = [float(number) if name in FLOAT_FIELDS else int(number) for name, number in zip(names, numbers)]
     except ValueError:
         values = []
     if not len(required) <= len(numbers) <= len(names) or len(values) != len(numbers):
         raise PosGPTError(f"eval.variations: {spec!r} is not {SPEC_FORMS[kind]} ({example(kind)})")
     remap = RoPERemapConfig(type=kind, **dict(zip(names, values)))
     check_remap(remap, where=f"eval.variations entry {spec!r}")
+    return resolved(remap)
+
+
+def resolved(remap: RoPERemapConfig) -> RoPERemapConfig:
+    """``remap`` with STRING's attention factor made explicit (null: the reference's), so that what scored a row is
+    written in it."""
+    if remap.type == "string" and remap.attention_factor is None:
+        return dataclasses.replace(remap, attention_factor=STRING_ATTENTION_FACTOR)
     return remap
 
 
+def remap_attention_factor(remap: RoPERemapConfig) -> float:
+    """What the remap multiplies cos and sin by (STRING's attention factor; 1 for the others)."""
+    return resolved(remap).attention_factor if remap.type == "string" else 1.0
+
+
 def remap_label(remap: dict | RoPERemapConfig | None) -> str:
-    """``self_extend:4:32``, ``rerope:32``, ``rerope:32:16``, ``string:32:4``: the spec that gives it; "" for none."""
+    """``self_extend:4:32``, ``rerope:32``, ``rerope:32:16``, ``string:32:4``: the spec that gives it; "" for none.
+    STRING's label names its attention factor only where it is not the reference's: ``string:32:4:1`` without it,
+    as rows scored before posgpt applied it hold it (their remap has no ``attention_factor``)."""
     if remap is None:
         return ""
     if isinstance(remap, RoPERemapConfig):
         remap = dataclasses.asdict(remap)
     if remap["type"] == "none":
         return ""
+    remap = dict(remap)
+    if remap["type"] == "string":
+        factor = remap.get("attention_factor", 1.0)
+        remap["attention_factor"] = None if factor in (None, STRING_ATTENTION_FACTOR) else factor
     numbers = [remap[name] for name in SPEC_FIELDS[remap["type"]] if remap.get(name) is not None]
     return ":".join([remap["type"], *(f"{number:g}" for number in numbers)])
 
