@@ -35,7 +35,7 @@ import torch
 from core.errors import PosGPTError
 from core.host_memory import available_bytes
 from core.runtime import autocast
-from evaluation.plots import new_figure, scheme_colour
+from evaluation.plots import add_titles, new_figure, save, scheme_colour
 from evaluation.run import EVAL_DIR
 
 if TYPE_CHECKING:
@@ -205,8 +205,8 @@ def plot_distance(document: dict[str, Any], path) -> None:
         ax.set_xlabel("query-key distance (log scale)")
     for ax in axes[:, 0]:
         ax.set_ylabel("mean attention weight")
-    fig.suptitle(f"{_title(document)}: attention by distance (dashed: training length)")
-    fig.savefig(path, dpi=110)
+    add_titles(fig, f"pe={document['pe']}: attention by distance", _caption(document, "a line per head"))
+    save(fig, path)
 
 
 def plot_entropy(document: dict[str, Any], path) -> None:
@@ -226,8 +226,8 @@ def plot_entropy(document: dict[str, Any], path) -> None:
         ax.set_xlabel("query position (log scale)")
     for ax in axes[:, 0]:
         ax.set_ylabel("entropy (nats)")
-    fig.suptitle(f"{_title(document)}: attention entropy by position (dashed: training length)")
-    fig.savefig(path, dpi=110)
+    add_titles(fig, f"pe={document['pe']}: attention entropy by position", _caption(document, "a line per head"))
+    save(fig, path)
 
 
 def _finish_panel(ax, document: dict[str, Any], layer: int, entry: dict[str, Any]) -> None:
@@ -238,9 +238,11 @@ def _finish_panel(ax, document: dict[str, Any], layer: int, entry: dict[str, Any
     ax.legend(fontsize="x-small")
 
 
-def _title(document: dict[str, Any]) -> str:
-    variation = f" {document['variation']}" if document.get("variation") else ""
-    return f"pe={document['pe']}{variation}, trained at length {document['train_seq_len']} (step {document['step']})"
+def _caption(document: dict[str, Any], lines: str) -> str:
+    """What the title leaves out: the variation, the training length and step, what the lines and dashes are."""
+    variation = f"{document['variation']}, " if document.get("variation") else ""
+    trained = f"trained at length {document['train_seq_len']} (step {document['step']})"
+    return f"{variation}{trained}; {lines}; dashed: the training length"
 
 
 def plot_entropy_comparison(documents: list[tuple[str, dict[str, Any]]], path) -> None:
@@ -264,8 +266,12 @@ def plot_entropy_comparison(documents: list[tuple[str, dict[str, Any]]], path) -
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="x-small")
     axes[0, 0].set_ylabel("entropy (nats), mean over heads")
-    fig.suptitle("Attention entropy by position (dashed: training length)")
-    fig.savefig(path, dpi=110)
+    add_titles(
+        fig,
+        "Attention entropy by position",
+        "a line per run (mean over heads), at the longest length it was inspected at; dashed: the training length",
+    )
+    save(fig, path)
 
 
 def read_attention(run_dirs: list[Path]) -> list[tuple[str, dict[str, Any]]]:

@@ -28,7 +28,10 @@ from model.pe import record
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-TITLE_WIDTH = 70  # characters a title line holds before it wraps (a task's settings can be long), rather than be cut
+# A title is one short line; the detail (data, protocol, step, what a band is) goes to a smaller caption under the
+# figure, wrapped to its width at this many characters an inch (fontsize "small"), so that it is never cut off.
+CAPTION_CHARS_PER_INCH = 14
+PANEL_DETAIL_WIDTH = 45  # characters a line of a panel's detail (a task's settings) holds before it wraps
 LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (10, 3)), "v"), ((0, (5, 2, 1, 2, 1, 2)), "P")]
 
 
@@ -144,17 +147,39 @@ def _draw_by_length(ax, series: list[Series], train_lens: set[int]) -> None:
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
-def plot_ppl_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
+def add_titles(fig: Figure, title: str, caption: str = "") -> None:
+    """``title`` above the figure (one short line), ``caption`` under it in smaller grey type, wrapped to the
+    figure's width; the constrained layout makes room for both."""
+    fig.suptitle(title)
+    if caption:
+        width = int(fig.get_figwidth() * CAPTION_CHARS_PER_INCH)
+        fig.supxlabel(textwrap.fill(caption, width), fontsize="small", color="0.3")
+
+
+def add_panel_title(ax, name: str, detail: str = "") -> None:
+    """A panel's name on its left, and its detail (a task's settings) small on its right, wrapped to a few words
+    a line, rather than one long title that runs past the panel."""
+    ax.set_title(name, loc="left", fontsize="medium")
+    if detail:
+        ax.set_title(textwrap.fill(detail, PANEL_DETAIL_WIDTH), loc="right", fontsize="x-small", color="0.3")
+
+
+def plot_ppl_vs_length(
+    series: list[Series], train_lens: set[int], path: str | Path, title: str, caption: str = ""
+) -> Path:
     """One line per series (x: lengths, y: perplexities; lengths without a perplexity left out)."""
     fig = new_figure()
     ax = fig.subplots()
     _draw_by_length(ax, series, train_lens)
     ax.set_yscale("log")
     _label_log_axis(ax.yaxis, *ax.get_ylim())
-    return _label_and_save(fig, ax, "evaluation length (tokens)", "perplexity", title, path)
+    add_titles(fig, title, caption)
+    return _label_and_save(fig, ax, "evaluation length (tokens)", "perplexity", path)
 
 
-def plot_per_position(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
+def plot_per_position(
+    series: list[Series], train_lens: set[int], path: str | Path, title: str, caption: str = ""
+) -> Path:
     """One line per series (x: bin centres, y: mean loss in the bin)."""
     from matplotlib import ticker
 
@@ -164,18 +189,20 @@ def plot_per_position(series: list[Series], train_lens: set[int], path: str | Pa
     _mark_training_length(ax, train_lens)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
-    return _label_and_save(
-        fig, ax, "position in the window (1 = first token; log scale)", "mean loss (nats)", title, path
-    )
+    add_titles(fig, title, caption)
+    return _label_and_save(fig, ax, "position in the window (1 = first token; log scale)", "mean loss (nats)", path)
 
 
-def plot_accuracy_vs_length(series: list[Series], train_lens: set[int], path: str | Path, title: str) -> Path:
+def plot_accuracy_vs_length(
+    series: list[Series], train_lens: set[int], path: str | Path, title: str, caption: str = ""
+) -> Path:
     """Task accuracy (x: lengths, log scale; y: accuracy in [0, 1]), each series' 95% interval as its band."""
     fig = new_figure()
     ax = fig.subplots()
     _draw_by_length(ax, series, train_lens)
     ax.set_ylim(-0.02, 1.02)
-    return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", title, path)
+    add_titles(fig, title, caption)
+    return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", path)
 
 
 CROWDED_LEGEND = 8  # entries above which a panel's legend goes beside it
@@ -184,22 +211,48 @@ CROWDED_LEGEND = 8  # entries above which a panel's legend goes beside it
 TASK_AXES = {"accuracy": "exact-match accuracy", "copy_gain": "copy gain (nats the first copy adds)"}
 
 
-def plot_task_panels(panels: list[tuple[str, list[Series], set[int], str]], path: str | Path, title: str) -> Path:
+@dataclass
+class Panel:
+    """A panel of a multi-panel figure: its name (one short line), its detail (a task's settings: small, beside
+    the name) and what it draws."""
+
+    name: str
+    detail: str
+    series: list[Series]
+    train_lens: set[int]
+    measure: str  # a key of TASK_AXES
+
+
+def plot_task_panels(panels: list[Panel], path: str | Path, title: str, caption: str = "") -> Path:
     """plot_accuracy_vs_length's plot for several tasks or measures in one figure (scripts/compare.py): a panel per
-    (title, series, training lengths, measure: a key of TASK_AXES), one above the other."""
+    Panel, one above the other."""
     fig = new_figure(4.5 * len(panels))
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
-    for ax, (panel_title, series, train_lens, measure) in zip(axes, panels):
-        _draw_by_length(ax, series, train_lens)
-        if measure == "accuracy":
+    for ax, panel in zip(axes, panels):
+        _draw_by_length(ax, panel.series, panel.train_lens)
+        if panel.measure == "accuracy":
             ax.set_ylim(-0.02, 1.02)
-        _label(ax, "evaluation length (tokens)", TASK_AXES[measure], panel_title)
-    fig.suptitle(title)
-    fig.savefig(path, dpi=120)
-    return Path(path)
+        _label(ax, "evaluation length (tokens)", TASK_AXES[panel.measure])
+        add_panel_title(ax, panel.name, panel.detail)
+    add_titles(fig, title, caption)
+    return save(fig, path)
 
 
-def plot_grid_heatmap(cells: list[tuple[float, int, float | None]], ylabel: str, path: str | Path, title: str) -> Path:
+def _draw_grid(ax, grid: list[list[float]], fontsize: str | float = "small"):
+    """An accuracy grid (rows × columns; nan: blank) coloured from 0 to 1, each cell's value printed in it, in
+    the colour that reads on it; the image, for a colour bar."""
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            if not math.isnan(value):
+                colour = "white" if value < 0.5 else "black"
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=fontsize, color=colour)
+    return image
+
+
+def plot_grid_heatmap(
+    cells: list[tuple[float, int, float | None]], ylabel: str, path: str | Path, title: str, caption: str = ""
+) -> Path:
     """Accuracy over a (depth or distance) × length grid: (y, length, accuracy) cells; None: not evaluable, blank."""
     depths = sorted({d for d, _, _ in cells})
     lengths = sorted({length for _, length, _ in cells})
@@ -208,34 +261,77 @@ def plot_grid_heatmap(cells: list[tuple[float, int, float | None]], ylabel: str,
         grid[depths.index(depth)][lengths.index(length)] = math.nan if accuracy is None else accuracy
     fig = new_figure()
     ax = fig.subplots()
-    image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-    for i, row in enumerate(grid):
-        for j, value in enumerate(row):
-            if not math.isnan(value):
-                colour = "white" if value < 0.5 else "black"
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="small", color=colour)
+    image = _draw_grid(ax, grid)
     ax.set_xticks(range(len(lengths)), [str(length) for length in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
     ax.set_ylabel(ylabel)
     fig.colorbar(image, ax=ax, label="exact-match accuracy")
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize="medium")
-    fig.savefig(path, dpi=120)
-    return Path(path)
+    add_titles(fig, title, caption)
+    return save(fig, path)
 
 
-def plot_training_curves(series: list[Series], path: str | Path, title: str) -> Path:
+@dataclass
+class HeatmapPanel:
+    """A task's grid of settings × lengths: ``values[i][j]`` is setting i's mean at lengths[j] (None: no value)."""
+
+    name: str
+    detail: str
+    settings: list[str]
+    lengths: list[int]
+    train_len: int | None  # None: the settings trained at different lengths, so the ticks give lengths alone
+    values: list[list[float | None]]
+
+
+def plot_task_heatmaps(panels: list[HeatmapPanel], path: str | Path, title: str, caption: str = "") -> Path:
+    """A heatmap per task (scripts/compare.py --task-heatmap), two panels a row: settings down, evaluation lengths
+    across (each tick: the length and its multiple of the training length), the mean printed in each cell."""
+    columns = min(2, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    most = max(len(panel.settings) for panel in panels)
+    fig = new_figure(height=rows * (1.2 + 0.3 * most), width=6.5 * columns)
+    axes = fig.subplots(rows, columns, squeeze=False).flatten()
+    image = None
+    for ax, panel in zip(axes, panels):
+        grid = [[math.nan if value is None else value for value in row] for row in panel.values]
+        image = _draw_grid(ax, grid, fontsize=7)
+        ax.invert_yaxis()  # the first setting at the top, as in the tables
+        ax.set_xticks(range(len(panel.lengths)), [_length_tick(n, panel.train_len) for n in panel.lengths])
+        ax.set_yticks(range(len(panel.settings)), panel.settings)
+        if panel.train_len in panel.lengths:  # the training length's edge: extrapolation lies to its right
+            ax.axvline(panel.lengths.index(panel.train_len) + 0.5, color="white", linewidth=2)
+        ax.tick_params(labelsize=8)
+        add_panel_title(ax, panel.name, panel.detail)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes[: len(panels)].tolist(), label="exact-match accuracy", shrink=0.6)
+    add_titles(fig, title, caption)
+    return save(fig, path)
+
+
+def _length_tick(length: int, train_len: int | None) -> str:
+    """A heatmap column's tick: the length, and under it its multiple of the training length (0.5×, 16×)."""
+    return f"{length}" if train_len is None else f"{length}\n{length / train_len:.3g}×"
+
+
+def plot_training_curves(series: list[Series], path: str | Path, title: str, caption: str = "") -> Path:
     """One line per series (x: training steps, y: validation loss)."""
     fig = new_figure()
     ax = fig.subplots()
     _draw(ax, series)
-    return _label_and_save(fig, ax, "training step", "validation loss (nats)", title, path)
+    add_titles(fig, title, caption)
+    return _label_and_save(fig, ax, "training step", "validation loss (nats)", path)
 
 
-def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
+def save(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig``; the bounding box is the drawn content's, so that nothing is cut off at an edge."""
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return Path(path)
+
+
+def _label(ax, xlabel: str, ylabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     if len(ax.get_legend_handles_labels()[1]) > CROWDED_LEGEND:  # beside the panel, where it hides no line
         ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -243,7 +339,6 @@ def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
         ax.legend(fontsize="small")
 
 
-def _label_and_save(fig: Figure, ax, xlabel: str, ylabel: str, title: str, path: str | Path) -> Path:
-    _label(ax, xlabel, ylabel, title)
-    fig.savefig(path, dpi=120)
-    return Path(path)
+def _label_and_save(fig: Figure, ax, xlabel: str, ylabel: str, path: str | Path) -> Path:
+    _label(ax, xlabel, ylabel)
+    return save(fig, path)

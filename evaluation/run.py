@@ -169,7 +169,8 @@ def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: 
             list(curves.values()),
             {train_len},
             eval_dir / PPL_PLOT,
-            f"pe={pe}, trained at length {train_len} (step {document['step']})",
+            f"pe={pe}: perplexity by length",
+            f"trained at length {train_len} (step {document['step']}); dashed: the training length",
         )
     }
     position_rows = per_position_rows(document, per_position_lengths)
@@ -191,7 +192,8 @@ def write_plots(document: dict[str, Any], eval_dir: Path, per_position_lengths: 
         position_series,
         {train_len},
         eval_dir / PER_POSITION_PLOT,
-        f"pe={pe}: loss by position, trained at length {train_len}\n{bins_note(position_rows)}",
+        f"pe={pe}: loss by position",
+        f"trained at length {train_len} (step {document['step']}); {bins_note(position_rows)}",
     )
     return plots
 

@@ -386,7 +386,8 @@ def _gain_text(row: dict[str, Any] | None) -> str:
 
 def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
     pe, train_len, rows = document["pe"], document["train_seq_len"], document["results"]
-    title = f"{document['task']}, pe={pe}, trained at length {train_len} (step {document['step']})"
+    title = f"{document['task']}, pe={pe}"
+    trained = f"trained at length {train_len} (step {document['step']})"
     curves: dict[str, Series] = {}
     for row in sorted((r for r in rows if grid_cell(r) is None), key=sort_key):
         label = variation(row) or "as trained"
@@ -398,7 +399,9 @@ def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
     plots = {}
     if any(line.x for line in curves.values()):
         path = eval_dir / ACCURACY_PLOT
-        plots["accuracy_vs_length"] = plot_accuracy_vs_length(list(curves.values()), {train_len}, path, title)
+        plots["accuracy_vs_length"] = plot_accuracy_vs_length(
+            list(curves.values()), {train_len}, path, f"{title}: accuracy by length", f"{trained}; band: 95% Wilson CI"
+        )
     # A heatmap per grid and probe setting (distance_length.png; with several settings in tasks.json,
     # distance_length_copy_min_count=0.png, ...), drawn again from every row: earlier ones are replaced.
     probe_label = probe_labeller(rows)
@@ -415,7 +418,10 @@ def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
                 if (name, probe) == (key, setting)
             ]
             name = f"{key}_length" + ("_" + FILE_UNSAFE.sub("_", setting) if setting else "")
-            plots[name] = plot_grid_heatmap(cells, ylabel, eval_dir / f"{name}.png", " ".join((title, setting)).strip())
+            caption = "; ".join(part for part in (trained, setting) if part)
+            plots[name] = plot_grid_heatmap(
+                cells, ylabel, eval_dir / f"{name}.png", f"{title}: accuracy by {key}", caption
+            )
     return plots
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from core.files import atomic_write
 from data.tasks import TASKS
-from evaluation.plots import Series
+from evaluation.plots import HeatmapPanel, Panel, Series
 from evaluation.results import length_header
 from evaluation.stats import Estimate, mean_ci
 from evaluation.task_accuracy import GRIDS, PROBE_SETTINGS, effective_lengths, grid_cell, probe_settings
@@ -242,7 +242,7 @@ def task_csv(entries: list[TaskEntry], path: Path) -> Path:
     return atomic_write(path, text.getvalue())
 
 
-def task_panels(entries: list[TaskEntry]) -> list[tuple[str, list[Series], set[int], str]]:
+def task_panels(entries: list[TaskEntry]) -> list[Panel]:
     """Per task identity, accuracy vs length with its CI band, one line per setting: at no grid cell (random
     depth), or, for a task measured only on a grid (the copy probe's distances), at its first cell; where the
     rows have a copy_gain (the copy probe's), a second panel of it, which says more than an accuracy of 0 does."""
@@ -261,5 +261,34 @@ def task_panels(entries: list[TaskEntry]) -> list[tuple[str, list[Series], set[i
                 x, y, widths = [p[0] for p in points], [p[1].mean for p in points], [p[1].half_width for p in points]
                 series.append(Series(entry.label, entry.scheme, x, y, widths))
             train_lens = {entry.train_len for entry in cell_members}
-            panels.append((identity + (f", {title}" if title else ""), series, train_lens, measure))
+            panels.append(Panel(*panel_names(identity, title), series, train_lens, measure))
+    return panels
+
+
+def panel_names(identity: str, cell_title: str) -> tuple[str, str]:
+    """A panel's name (the task, and its grid cell: "passkey, random depth") and its detail (the task's settings),
+    from an identity "passkey (filler_len=5, ...)"."""
+    task, _, settings = identity.partition(" (")
+    return task + (f", {cell_title}" if cell_title else ""), settings.removesuffix(")")
+
+
+def task_heatmap_panels(entries: list[TaskEntry]) -> list[HeatmapPanel]:
+    """Per task identity, its accuracy table as a grid: a row per setting, a column per evaluated length, each cell
+    the mean over seeds (None where no seed has a value: not evaluable, or not evaluated), at the cell task_panels
+    draws (random depth; the copy probe's first distance)."""
+    panels = []
+    estimate = task_estimate("accuracy")
+    for identity, members, classes in task_tables(entries):
+        title, cell_members = classes[0]
+        if "accuracy" not in task_measures(members):
+            continue
+        lengths = sorted({length for entry in cell_members for seed in entry.per_seed for length in seed})
+        values = [
+            [None if (value := estimate(entry, length)) is None else value.mean for length in lengths]
+            for entry in cell_members
+        ]
+        settings = [entry.label for entry in cell_members]
+        train_lens = {entry.train_len for entry in cell_members}
+        train_len = next(iter(train_lens)) if len(train_lens) == 1 else None  # else no multiple means the same
+        panels.append(HeatmapPanel(*panel_names(identity, title), settings, lengths, train_len, values))
     return panels

@@ -8,6 +8,7 @@
     python scripts/compare.py runs/*/ --val-curve val.png              # validation loss during training, per setting
     python scripts/compare.py runs/*/ --baseline rope                   # paired differences against rope
     python scripts/compare.py tasks/passkey-*/ --task-plot acc.png      # task runs: accuracy over seeds
+    python scripts/compare.py tasks/*/ --task-heatmap grid.png          # task runs: settings x lengths, per task
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by eval.py) and
 the config the run was trained with (its checkpoint's; without checkpoints, the one its extrapolation.json records,
@@ -43,7 +44,9 @@ the highest mean in bold, which intervals are apart from the highest's, and the 
 (value − the highest's, or --baseline's, in accuracy points: a ratio means nothing at accuracy 0). Settings are
 found and labelled among the runs of one task. Also written: --task-csv (every cell, with each seed's value)
 and --task-plot (accuracy vs length with its CI band, a panel per task identity, at random depth or the first
-grid cell). The perplexity outputs are written only for runs that have perplexity.
+grid cell), and --task-heatmap (the accuracy table of each task identity as a grid of settings × lengths, a panel
+per task, the mean over seeds printed in each cell). The perplexity outputs are written only for runs that have
+perplexity.
 
 Key-token perplexity (LongPPL, eval.key_tokens=true: evaluation/key_tokens.py): where the runs have its rows for the
 protocol compared, a section "## Key-token perplexity" after the perplexity tables: key-token perplexity by length over
@@ -72,6 +75,7 @@ from evaluation.plots import (
     check_image_paths,
     plot_per_position,
     plot_ppl_vs_length,
+    plot_task_heatmaps,
     plot_task_panels,
     plot_training_curves,
 )
@@ -88,7 +92,7 @@ from reports.perplexity import (
 )
 from reports.runs import Entry, Run, group_by_seed, load_runs
 from reports.tables import find_baseline
-from reports.task_tables import TaskEntry, task_csv, task_entries, task_panels, task_report
+from reports.task_tables import TaskEntry, task_csv, task_entries, task_heatmap_panels, task_panels, task_report
 
 DEFAULT_MARKDOWN = Path("comparison.md")  # the other outputs lie beside it (default_outputs)
 
@@ -168,6 +172,13 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
         "(default: the --markdown path with _tasks.png)",
     )
     parser.add_argument(
+        "--task-heatmap",
+        type=Path,
+        default=None,
+        help="task runs: mean accuracy over seeds as a grid of settings x lengths, a panel per task, to this "
+        "path (default: the --markdown path with _tasks_heatmap.png)",
+    )
+    parser.add_argument(
         "--task-csv",
         type=Path,
         default=None,
@@ -180,6 +191,7 @@ def default_outputs(markdown: Path) -> dict[str, Path]:
     return {
         "plot": markdown.with_suffix(".png"),
         "task_plot": markdown.with_name(f"{markdown.stem}_tasks.png"),
+        "task_heatmap": markdown.with_name(f"{markdown.stem}_tasks_heatmap.png"),
         "task_csv": markdown.with_name(f"{markdown.stem}_tasks.csv"),
     }
 
@@ -243,7 +255,7 @@ def check_output_paths(args: argparse.Namespace, perplexity: bool, tasks: bool) 
     plot)."""
     outputs = ["markdown", "val_curve", "entropy"]
     outputs += ["plot", "per_position"] if perplexity else []
-    outputs += ["task_plot", "task_csv"] if tasks else []
+    outputs += ["task_plot", "task_heatmap", "task_csv"] if tasks else []
     check_image_paths(
         {option_name(name): getattr(args, name) for name in outputs if name not in ("markdown", "task_csv")}
     )
@@ -280,18 +292,30 @@ def comparison_markdown(
 
 
 def write_task_outputs(args: argparse.Namespace, tasks: list[TaskEntry], written: list[Path]) -> None:
-    """The task plot and CSV; each added to ``written``."""
-    args.task_csv.parent.mkdir(parents=True, exist_ok=True)
-    args.task_plot.parent.mkdir(parents=True, exist_ok=True)
-    band = " (band: 95% CI over seeds)" if any(len(entry.per_seed) > 1 for entry in tasks) else ""
-    plot_task_panels(task_panels(tasks), args.task_plot, f"Task results by evaluation length{band}")
+    """The task plot, heatmap and CSV; each added to ``written``."""
+    for path in (args.task_csv, args.task_plot, args.task_heatmap):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    seeds = sorted({len(entry.per_seed) for entry in tasks})
+    band = "; band: 95% CI over seeds" if seeds[-1] > 1 else ""
+    plot_task_panels(
+        task_panels(tasks), args.task_plot, "Task results by evaluation length", f"dashed: the training length{band}"
+    )
     written += [task_csv(tasks, args.task_csv), args.task_plot]
+    heatmaps = task_heatmap_panels(tasks)
+    if heatmaps:  # a copy probe alone has no accuracy worth a grid
+        over = f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
+        caption = (
+            f"cell: exact match, mean over the seeds with a value ({over} a setting; intervals and cells with fewer: "
+            "the markdown); blank: no value; white line: the training length"
+        )
+        plot_task_heatmaps(heatmaps, args.task_heatmap, "Exact match by evaluation length", caption)
+        written.append(args.task_heatmap)
 
 
 def write_validation_plot(args: argparse.Namespace, curves: list[ValidationCurve], written: list[Path]) -> None:
     """The validation loss during training, per setting; added to ``written``."""
     args.val_curve.parent.mkdir(parents=True, exist_ok=True)
-    band = " (band: 95% CI over seeds)" if max(curve.seeds for curve in curves) > 1 else ""
+    band = "band: 95% CI over seeds; " if max(curve.seeds for curve in curves) > 1 else ""
     plot_training_curves(
         [
             Series(
@@ -304,7 +328,8 @@ def write_validation_plot(args: argparse.Namespace, curves: list[ValidationCurve
             for curve in curves
         ],
         args.val_curve,
-        f"Validation loss during training{band}",
+        "Validation loss during training",
+        f"{band}at the training length, every train.val_every steps",
     )
     written.append(args.val_curve)
 
@@ -313,11 +338,10 @@ def write_perplexity_plots(args: argparse.Namespace, entries: list[Entry], data:
     """The perplexity plot and, with --per-position, the loss by position; each added to ``written``."""
     train_lens = {entry.train_len for entry in entries}
     seeds = sorted({len(entry.per_seed) for entry in entries})
-    band = " (band: 95% CI over seeds)" if seeds[-1] > 1 else ""
+    band = "; band: 95% CI over seeds" if seeds[-1] > 1 else ""
+    scored = f"{args.protocol} protocol, data {data}"
     args.plot.parent.mkdir(parents=True, exist_ok=True)
-    plot_ppl_vs_length(
-        ppl_series(entries), train_lens, args.plot, f"Length extrapolation ({args.protocol}, {data}){band}"
-    )
+    plot_ppl_vs_length(ppl_series(entries), train_lens, args.plot, "Perplexity by evaluation length", f"{scored}{band}")
     written.append(args.plot)
     if args.per_position is not None:
         length = longest_evaluated_length(entries)
@@ -332,7 +356,8 @@ def write_perplexity_plots(args: argparse.Namespace, entries: list[Entry], data:
             per_position_series(entries, length),
             train_lens,
             args.per_position,
-            f"Loss by position in windows of {length} ({args.protocol}, {data}){band}\n{bins_note(rows)} per seed",
+            f"Loss by position in windows of {length}",
+            f"{scored}{band}; {bins_note(rows)} per seed",
         )
         written.append(args.per_position)
 

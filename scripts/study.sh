@@ -194,7 +194,8 @@ if [[ -n "$tasks" ]]; then  # every finished task run in <dir> (a language-model
         [[ -f "$run/eval/tasks.json" && ! -f "$run/eval/extrapolation.json" ]] && runs+=("$run")
     done
     python scripts/compare.py "${runs[@]}" --markdown "$study_dir/comparison_tasks.md" \
-        --task-plot "$study_dir/comparison_tasks.png" --task-csv "$study_dir/comparison_tasks.csv"
+        --task-plot "$study_dir/comparison_tasks.png" --task-heatmap "$study_dir/comparison_tasks_heatmap.png" \
+        --task-csv "$study_dir/comparison_tasks.csv"
     exit 0
 fi
 runs=()

@@ -177,8 +177,31 @@ def test_default_outputs_lie_beside_the_markdown(three_seeds, tmp_path, monkeypa
         "study.md",
         "study_tasks.csv",
         "study_tasks.png",
+        "study_tasks_heatmap.png",
     ]
     assert not list(elsewhere.iterdir())
+
+
+def test_the_heatmap_is_a_panel_per_task_with_a_cell_per_setting_and_length(three_seeds, tmp_path, monkeypatch):
+    """Settings down, lengths across, the mean over seeds printed in each cell that has one (rope is n/a at 64:
+    blank), at random depth (the depth grid's rows are another table); a task of its own is a panel of its own."""
+    from evaluation import plots
+
+    drawn = {}
+    real_save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: real_save(drawn.setdefault(Path(path).name, fig), path))
+    mqar = [task_run(tmp_path / "mqar", "rope", seed, {16: 0.5, 32: 0.25}, "task=mqar") for seed in (1, 2)]
+    report_of([*three_seeds, *mqar], tmp_path)
+    assert (tmp_path / "c_tasks_heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    panels = [ax for ax in drawn["c_tasks_heatmap.png"].axes if ax.images]
+    assert [ax.get_title(loc="left") for ax in panels] == ["passkey, random depth", "mqar"]
+    passkey, task = panels
+    assert [label.get_text() for label in passkey.get_yticklabels()] == ["rope", "alibi"]
+    assert [label.get_text() for label in passkey.get_xticklabels()] == ["16\n1×", "32\n2×", "64\n4×"]
+    assert [text.get_text() for text in passkey.texts] == ["0.80", "0.40", "0.65", "0.50", "0.10"]
+    assert passkey.images[0].get_array().shape == (2, 3)
+    assert [text.get_text() for text in task.texts] == ["0.50", "0.25"]
+    assert drawn["c_tasks_heatmap.png"].get_suptitle() == "Exact match by evaluation length"
 
 
 def test_the_task_csv_holds_every_cell_with_its_seeds(three_seeds, tmp_path):
@@ -273,16 +296,16 @@ def test_the_task_plot_draws_the_copy_gain_beside_the_accuracy_where_rows_have_i
     probe = {1: {(16, 4): (0.0, -5.0, 0.2), (32, 4): (0.0, -5.0, 0.1)}, 2: {(16, 4): (0.0, -5.0, 0.4)}}
     runs = [language_run(tmp_path, "rope", seed, 10.0, probe[seed]) for seed in (1, 2)]
     panels = task_panels(task_entries(load_runs(runs)))
-    assert [(title.split(" (")[0], measure) for title, _, _, measure in panels] == [
-        ("copy_probe", "accuracy"),
-        ("copy_probe", "copy_gain"),
+    assert [(panel.name, panel.measure) for panel in panels] == [
+        ("copy_probe, distance 4", "accuracy"),
+        ("copy_probe, distance 4", "copy_gain"),
     ]
-    (gain,) = panels[1][1]
+    (gain,) = panels[1].series
     assert gain.x == [16, 32] and gain.y == pytest.approx([0.3, 0.1])
     report_of(runs, tmp_path)
     assert (tmp_path / "c_tasks.png").exists()
     passkey = [task_run(tmp_path / "passkey", "rope", seed, {16: 1.0}) for seed in (1, 2)]
-    assert [measure for *_, measure in task_panels(task_entries(load_runs(passkey)))] == ["accuracy"]
+    assert [panel.measure for panel in task_panels(task_entries(load_runs(passkey)))] == ["accuracy"]
 
 
 def test_copy_probes_of_other_spans_are_other_tables(tmp_path):
@@ -387,6 +410,7 @@ def test_the_task_study_trains_each_task_scheme_and_seed_skips_what_is_done_and_
     mqar, passkey = report.split("## Task: passkey (")
     assert "| none (NoPE) | 1 |" in mqar and "| none (NoPE) | 1 |" in passkey and "random depth:" in passkey
     assert (study_dir / "comparison_tasks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (study_dir / "comparison_tasks_heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (study_dir / "comparison_tasks.csv").read_text().startswith("task,task_settings,setting,depth,distance")
     assert not (study_dir / "comparison.md").exists()  # the language-model study's comparison is another's
 

@@ -77,3 +77,23 @@ def test_a_broken_link_and_a_missing_heading_are_caught(tmp_path):
         "[bad](other.md#nothing) `[in code](nowhere.md)`\n```\n[in a block](nowhere.md)\n```\n"
     )
     assert broken(page) == ["missing.png: no such file", "other.md#nothing: no heading #nothing in other.md"]
+
+
+README_LINE = 120  # characters a prose line of the README may hold, so that a newcomer reads it without scrolling
+
+
+def long_prose_lines(text: str) -> list[str]:
+    """Lines of prose (not code blocks, not table rows) longer than README_LINE, measured as read: a link's target
+    (a path or anchor that cannot be wrapped) does not count."""
+    lines = [line for line in outside_code_blocks(text) if not line.lstrip().startswith("|")]
+    return [line for line in lines if len(re.sub(r"\]\([^)\s]+\)", "]()", line)) > README_LINE]
+
+
+def test_no_prose_line_of_the_readme_passes_120_characters():
+    assert long_prose_lines((REPO / "README.md").read_text()) == []
+
+
+def test_a_long_prose_line_is_found_and_a_link_target_or_a_table_row_is_not():
+    words = "word " * 30
+    text = f"{words}\n| {words} |\n```\n{words}\n```\nshort [link](docs/{'x' * 200}.md)\n"
+    assert long_prose_lines(text) == [words]

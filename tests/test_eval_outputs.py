@@ -236,7 +236,7 @@ def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
     assert other_process.stdout.strip() == new
 
     drawn = {}
-    monkeypatch.setattr(plots, "_label_and_save", lambda fig, ax, *args: drawn.setdefault(args[-2], ax))
+    monkeypatch.setattr(plots, "_label_and_save", lambda fig, ax, *args: drawn.setdefault(args[-1], ax))
     series = [
         Series("rope", "rope", [8, 16], [20.0, 25.0], [1.0, 2.0]),
         Series("mine", "myscheme", [8, 16], [21.0, 22.0]),
@@ -254,8 +254,8 @@ def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
 def test_a_crowded_legend_goes_beside_the_panel_where_it_hides_no_line(tmp_path, monkeypatch):
     drawn = []
 
-    def label_only(fig, ax, xlabel, ylabel, title, path):
-        plots._label(ax, xlabel, ylabel, title)
+    def label_only(fig, ax, xlabel, ylabel, path):
+        plots._label(ax, xlabel, ylabel)
         drawn.append(ax)
 
     monkeypatch.setattr(plots, "_label_and_save", label_only)
