@@ -2,6 +2,7 @@
 commit or publish beside a paper.
 
     python scripts/export_results.py multirun/study/*/ --to results/my-study
+    python scripts/export_results.py multirun/study/*/ --to results/my-study --slim   # what results/ commits
     python scripts/compare.py results/my-study/*/ --ratios          # the same report as on the runs themselves
 
 Per run, ``<to>/<run directory's name>/`` gets ``eval/extrapolation.json`` (and its ``.csv``), ``metrics.jsonl``
@@ -15,6 +16,9 @@ scheme, its data, ...) is refused, naming both and a setting that differs, befor
 export would replace that run's results and leave files of both. A run's ``eval/tasks.json`` and ``tasks.csv`` (task
 accuracy, the copy probe), where it has them, are copied as they are (tasks.json always records the config); a
 task run has no extrapolation.json.
+
+``--slim`` then slims each exported run as ``scripts/slim_results.py`` does (no CSVs, no per-position detail that
+compare.py never draws, a training loss every 100 steps): what a study commits under results/.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
+from slim_results import slim_folders
 
 from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
@@ -47,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="training run directories")
     parser.add_argument("--to", type=Path, required=True, help="the folder to export into")
+    parser.add_argument(
+        "--slim", action="store_true", help="slim each exported run to what compare.py reads (slim_results.py)"
+    )
     return parser.parse_args(argv)
 
 
@@ -154,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     for run_dir, document, name in zip(args.run_dirs, documents, names):
         export_run(run_dir, document, args.to / name)
         print(f"export: {run_dir} -> {args.to / name}", flush=True)
+    if args.slim:
+        slim_folders([args.to / name for name in names])
 
 
 if __name__ == "__main__":

@@ -7,15 +7,21 @@ commits under results/.
 Under each folder given, per run:
 
 - ``eval/extrapolation.json`` loses each row's ``per_position_loss`` (one loss per position, thousands of numbers
-  a row, that nothing in compare.py reads); ``per_position_bins``, which ``compare.py --per-position`` draws, stays.
+  a row, that nothing in compare.py reads), and its ``per_position_bins`` except where ``compare.py
+  --per-position`` can draw them: that draws the longest length any run scored (of the protocol, data and measure
+  compared), so each run's rows at its own longest scored length of each keep theirs (every row of the sliding
+  protocol keeps them: there the stride compared changes with the length).
 - ``eval/extrapolation.csv`` and ``eval/tasks.csv`` are removed: each is the JSON beside it, row for row
   (evaluation/results.py and evaluation/task_accuracy.py write them from it), and ``--csv`` writes them again. A CSV is
   removed only once every value in it is checked to be the JSON's; one that is not is refused, and nothing is
   written.
-- ``metrics.jsonl`` (and a study's ``*metrics.jsonl`` copied beside its runs) keeps, per logged step, the step, the
-  training loss and the validation loss (``compare.py --val-curve``), and every other record (each start's
-  attention backend and dtype, a fine-tuning's parent) whole; the learning rate (the config's schedule), the
-  gradient norm and the step timings (tokens/s, MFU) are dropped.
+- ``metrics.jsonl`` (and a study's ``*metrics.jsonl`` copied beside its runs) keeps every step that logged a
+  validation loss (``compare.py --val-curve``) and, of the steps that logged only a training loss, the first, the
+  last and every TRAIN_LOSS_EVERY-th; each with its step, training and validation loss. Every other record (each
+  start's attention backend and dtype, a fine-tuning's parent) stays whole. The learning rate (the config's
+  schedule), the gradient norm and the step timings (tokens/s, MFU) are dropped.
+
+``python scripts/export_results.py ... --slim`` exports slimmed in one step.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write
-from evaluation.results import CSV_FILE, JSON_FILE, write_results
+from evaluation.results import CSV_FILE, JSON_FILE, row_ppl, write_results
 from evaluation.results import csv_rows as extrapolation_rows
 from evaluation.results import write_csv as write_extrapolation_csv
 from evaluation.run import EVAL_DIR
@@ -42,7 +48,10 @@ from evaluation.task_accuracy import csv_rows as task_rows
 from evaluation.task_accuracy import write_csv as write_task_csv
 
 DROPPED_ROW_KEYS = ("per_position_loss",)
+BINS = "per_position_bins"
 KEPT_STEP_KEYS = ("step", "train_loss", "val_loss")  # a logged step's record: what --val-curve and the READMEs read
+# A training loss every 100 steps draws the curve (runs log every 10): compare.py reads only the validation loss
+TRAIN_LOSS_EVERY = 100
 METRICS_GLOB = "*metrics.jsonl"
 Change = str | dict[str, Any] | None  # a file's new text, a results document to write, or None: remove the file
 # (the JSON, the CSV written from it, its rows as that CSV writes them, the writer)
@@ -59,19 +68,47 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _selection(row: dict[str, Any]) -> tuple:
+    """What compare.py selects a row by, besides its length (reports/perplexity.py, _wanted)."""
+    return row["protocol"], str(row.get("data")), row.get("measure")
+
+
+def bins_drawn(rows: list[dict[str, Any]]) -> list[bool]:
+    """Per row, whether ``compare.py --per-position`` can draw its bins: a row of the sliding protocol, or a
+    scored row at the longest length of its selection (protocol, data, measure) scored in this run; any
+    comparison's longest length is some run's longest, and a run scored shorter is not drawn there."""
+    longest: dict[tuple, int] = {}
+    for row in rows:
+        if row_ppl(row) is not None:
+            longest[_selection(row)] = max(longest.get(_selection(row), 0), row["length"])
+    return [
+        row["protocol"] == "sliding" or (row_ppl(row) is not None and longest[_selection(row)] == row["length"])
+        for row in rows
+    ]
+
+
 def slim_document(document: dict[str, Any]) -> dict[str, Any]:
-    """``extrapolation.json``'s document without the rows' per-position losses."""
-    rows = [{key: value for key, value in row.items() if key not in DROPPED_ROW_KEYS} for row in document["results"]]
+    """``extrapolation.json``'s document without the rows' per-position losses, and without the position bins
+    that compare.py never draws (bins_drawn)."""
+    rows = []
+    for row, drawn in zip(document["results"], bins_drawn(document["results"])):
+        dropped = DROPPED_ROW_KEYS if drawn else (*DROPPED_ROW_KEYS, BINS)
+        rows.append({key: value for key, value in row.items() if key not in dropped})
     return {**document, "results": rows}
 
 
 def slim_metrics(text: str) -> str:
-    """``metrics.jsonl`` with each logged step's record cut to KEPT_STEP_KEYS; other records (a start's backend and
-    dtype, a fine-tuning's parent) and blank lines as they are."""
+    """``metrics.jsonl`` with each logged step's record cut to KEPT_STEP_KEYS, and of the steps without a
+    validation loss only the first, the last and every TRAIN_LOSS_EVERY-th kept; other records (a start's
+    backend and dtype, a fine-tuning's parent) and blank lines as they are."""
+    records = [json.loads(line) if line.strip() else None for line in text.splitlines()]
+    steps = [i for i, record in enumerate(records) if isinstance(record, dict) and "train_loss" in record]
+    ends = {steps[0], steps[-1]} if steps else set()
     lines = []
-    for line in text.splitlines():
-        record = json.loads(line) if line.strip() else None
-        if isinstance(record, dict) and "train_loss" in record:
+    for i, (line, record) in enumerate(zip(text.splitlines(), records)):
+        if i in steps:
+            if record.get("val_loss") is None and record["step"] % TRAIN_LOSS_EVERY != 0 and i not in ends:
+                continue
             line = json.dumps({key: record[key] for key in KEPT_STEP_KEYS if key in record})
         lines.append(line)
     return "".join(line + "\n" for line in lines)
@@ -113,7 +150,7 @@ def plan_folder(folder: Path) -> dict[Path, Change]:
                 if problem is not None:
                     raise PosGPTError(f"{csv_path} is not {json_name} beside it ({problem}): nothing was written")
                 plan[csv_path] = None
-            if json_name == JSON_FILE and any(key in row for row in document["results"] for key in DROPPED_ROW_KEYS):
+            if json_name == JSON_FILE and slim_document(document) != document:
                 plan[json_path] = slim_document(document)
     for metrics_path in sorted(folder.rglob(METRICS_GLOB)):
         text = metrics_path.read_text()
@@ -142,17 +179,9 @@ def write_csvs(folder: Path) -> list[Path]:
     return written
 
 
-@exit_on_user_error
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    missing = [str(folder) for folder in args.folders if not folder.is_dir()]
-    if missing:
-        raise PosGPTError(f"no such folder: {', '.join(missing)}")
-    if args.csv:
-        for folder in args.folders:
-            print(f"slim_results: wrote {len(write_csvs(folder))} CSVs under {folder}", flush=True)
-        return
-    plans = {folder: plan_folder(folder) for folder in args.folders}  # every folder checked before any is written
+def slim_folders(folders: list[Path]) -> None:
+    """Slim each folder in place, printing what it saved; every folder is checked before any is written."""
+    plans = {folder: plan_folder(folder) for folder in folders}
     for folder, plan in plans.items():
         before = sum(path.stat().st_size for path in plan)
         apply_plan(plan)
@@ -163,6 +192,19 @@ def main(argv: list[str] | None = None) -> None:
             f"{before:,} -> {after:,} bytes",
             flush=True,
         )
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    missing = [str(folder) for folder in args.folders if not folder.is_dir()]
+    if missing:
+        raise PosGPTError(f"no such folder: {', '.join(missing)}")
+    if args.csv:
+        for folder in args.folders:
+            print(f"slim_results: wrote {len(write_csvs(folder))} CSVs under {folder}", flush=True)
+        return
+    slim_folders(args.folders)
 
 
 if __name__ == "__main__":

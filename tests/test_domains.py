@@ -53,7 +53,7 @@ RUN_PE = "rope"  # the scheme of the run the run-reading commands get: its pe.sc
 # --- the schema's numeric keys ------------------------------------------------------------------------------
 
 
-NumericKey = fuzz_cli.Key  # the fuzzer's walk of the schema (scripts/fuzz_cli.py): one walk for both
+NumericKey = fuzz_cli.Key  # the fuzzer's walk of the schema (tests/fuzz_cli.py): one walk for both
 
 
 def numeric_keys(config: typing.Any) -> Iterator[NumericKey]:

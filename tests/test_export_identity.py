@@ -64,3 +64,14 @@ def test_a_folder_of_exported_files_that_say_no_run_is_not_overwritten(cli, eval
     done = export(cli, evaluated, "--to", tmp_path / "exported")
     assert_one_line_error(done, f"--to {tmp_path}/exported/run holds exported files but no results saying which run")
     assert snapshot(tmp_path / "exported") == {Path("run/metrics.jsonl"): b'{"step": 0}\n'}
+
+
+def test_a_slim_export_is_what_slim_results_leaves(cli, evaluated, tmp_path):
+    """--slim: the export a study commits under results/, in one step; the same as exporting, then slimming."""
+    assert export(cli, evaluated, "--to", tmp_path / "plain").returncode == 0
+    assert cli.here("scripts/slim_results.py", str(tmp_path / "plain")).returncode == 0
+    done = export(cli, evaluated, "--to", tmp_path / "slim", "--slim")
+    assert done.returncode == 0, done.stderr
+    assert "slim_results:" in done.stdout
+    assert snapshot(tmp_path / "slim") == snapshot(tmp_path / "plain")
+    assert not (tmp_path / "slim" / "run" / "eval" / "extrapolation.csv").exists()

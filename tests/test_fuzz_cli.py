@@ -1,7 +1,7 @@
-"""Every command, fed values and files drawn from the schema, ends with a result or one line (scripts/fuzz_cli.py).
+"""Every command, fed values and files drawn from the schema, ends with a result or one line (tests/fuzz_cli.py).
 
-The fuzzer is a property-based test on Hypothesis: its strategies and checker live in scripts/fuzz_cli.py (``python
-scripts/fuzz_cli.py`` hunts with the long profile); here its deterministic profile (no example database,
+The fuzzer is a property-based test on Hypothesis: its strategies and checker live in tests/fuzz_cli.py (``python
+tests/fuzz_cli.py`` hunts with the long profile); here its deterministic profile (no example database,
 derandomized, a bounded number of cases) runs in this process on every test run, and each failure it found,
 shrunk to a minimal case, is pinned by a named test below.
 """

@@ -100,7 +100,6 @@ PLAIN_WORDS = {"none", "base", "scale", "p", "path"}
 # Deliberate mentions: (file, name, why).
 ALLOWED = {
     ("scripts/speed_nanogpt.py", "learned"),  # nanoGPT's own model (learned positions), not a posgpt scheme
-    ("scripts/fuzz_cli.py", "learned"),  # the fuzzer's workspace run: a configuration of a test tool, no branching
 }
 
 

@@ -1,8 +1,10 @@
 """scripts/slim_results.py keeps what scripts/compare.py reads and removes only what a command rebuilds; and
-results/ holds no code, no per-run CSV, no per-position losses and no figure that no page shows."""
+results/ holds no code, no per-run CSV, no per-position losses, no figure that no page shows, and at most 15 MB."""
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -64,13 +66,43 @@ def test_slimming_keeps_what_compare_reads_and_removes_what_a_command_rebuilds(s
     expected = extrapolation()
     for row in expected["results"]:
         del row["per_position_loss"]
-    assert document == expected  # per_position_bins, which --per-position draws, kept
+    del expected["results"][0]["per_position_bins"]  # --per-position draws only the longest length: 8
+    assert document == expected
     assert not (study / "rope-s1" / "eval" / "extrapolation.csv").exists()
     assert not (study / "passkey-rope-s1" / "eval" / "tasks.csv").exists()
     assert (study / "passkey-rope-s1" / "eval" / "tasks.json").read_text() == json.dumps(task_document())
     metrics = [json.loads(line) for line in (study / "rope-s1" / "metrics.jsonl").read_text().splitlines()]
     assert metrics == [START, {"step": 10, "train_loss": 3.5}, {"step": 20, "train_loss": 3.5, "val_loss": 3.0}]
     assert "2 files slimmed, 2 removed" in capsys.readouterr().out
+
+
+def test_bins_are_kept_where_per_position_can_draw_them():
+    """At each selection's longest scored length (protocol, data, measure), and on every sliding row."""
+    rows = [
+        {"length": 8, "protocol": "nonoverlapping", "data": "d", "ppl": 2.0},
+        {"length": 16, "protocol": "nonoverlapping", "data": "d", "ppl": 3.0},
+        {"length": 32, "protocol": "nonoverlapping", "data": "d", "ppl": None, "loss": None},  # n/a: not scored
+        {"length": 16, "protocol": "nonoverlapping", "data": "d", "ppl": 3.0, "variation": "yarn:2"},
+        {"length": 8, "protocol": "nonoverlapping", "data": "other", "ppl": 2.0},
+        {"length": 16, "protocol": "nonoverlapping", "data": "d", "ppl": 3.0, "measure": "key_tokens"},
+        {"length": 8, "protocol": "sliding", "data": "d", "ppl": 2.0},
+        {"length": 16, "protocol": "sliding", "data": "d", "ppl": 2.0},
+        {"length": 16, "protocol": "streaming", "data": "d", "ppl": None, "loss": 800.0},  # inf: scored, diverged
+        {"length": 8, "protocol": "streaming", "data": "d", "ppl": 2.0},
+    ]
+    assert slim_results.bins_drawn(rows) == [False, True, False, True, True, True, True, True, True, False]
+
+
+def test_metrics_keep_validation_steps_the_ends_and_every_hundredth_training_step():
+    steps = [{"step": step, "train_loss": 1.0, "lr": 0.1} for step in range(10, 260, 10)]
+    steps[9]["val_loss"] = 2.0  # step 100
+    steps[14]["val_loss"] = 2.0  # step 150
+    text = "".join(json.dumps(record) + "\n" for record in [START, *steps, {"step": 250, "init_from": "p"}])
+    kept = [json.loads(line) for line in slim_results.slim_metrics(text).splitlines()]
+    assert [record["step"] for record in kept] == [0, 10, 100, 150, 200, 250, 250]
+    assert kept[0] == START and kept[-1] == {"step": 250, "init_from": "p"}  # other records whole
+    assert kept[3] == {"step": 150, "train_loss": 1.0, "val_loss": 2.0}
+    assert slim_results.slim_metrics(slim_results.slim_metrics(text)) == slim_results.slim_metrics(text)
 
 
 def test_slimming_again_changes_nothing(study, capsys):
@@ -119,6 +151,34 @@ def test_a_csv_holding_more_than_its_json_is_refused_before_anything_is_written(
         slim_results.main([str(study)])
     assert exit_info.value.code == 2 and problem in capsys.readouterr().err
     assert {path: path.read_bytes() for path in study.rglob("*") if path.is_file()} == files
+
+
+def test_results_are_as_slimming_leaves_them():
+    """Nothing under results/ that python scripts/slim_results.py results/*/ would change or remove."""
+    assert {str(path.relative_to(RESULTS)): change for path, change in slim_results.plan_folder(RESULTS).items()} == {}
+
+
+# The issue's bound on what a clone carries for the results: 15 MB, in SI units (15 * 10**6 bytes, not MiB)
+RESULTS_BYTES = 15 * 10**6
+
+
+def results_files() -> list[Path]:
+    """The files under results/ that git tracks; every file there where this is no git checkout (a superset)."""
+    if shutil.which("git") is not None:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", "results"], cwd=RESULTS.parent, capture_output=True)
+        if listed.returncode == 0:
+            return [RESULTS.parent / name for name in listed.stdout.decode().split("\0") if name]
+    return sorted(path for path in RESULTS.rglob("*") if path.is_file())
+
+
+def test_results_hold_at_most_15_mb():
+    """The sum of the tracked files' sizes (their contents, not the blocks they take on disk); slim_results.py
+    and export_results.py --slim keep a study's results to what compare.py reads."""
+    files = [path for path in results_files() if path.is_file()]  # a tracked file deleted in the work tree: gone
+    assert files
+    total = sum(path.stat().st_size for path in files)
+    largest = sorted(files, key=lambda path: path.stat().st_size)[-3:]
+    assert total <= RESULTS_BYTES, f"results/ holds {total:,} bytes (at most {RESULTS_BYTES:,}); largest: {largest}"
 
 
 def test_results_hold_no_code_no_run_csv_and_no_per_position_losses():

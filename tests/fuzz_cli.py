@@ -1,9 +1,12 @@
 """Fuzz every command line with values and files drawn from the schema: each answer must be a result or one line.
 
-    python scripts/fuzz_cli.py                             # the long profile: 2,000 cases (some 35 minutes)
-    python scripts/fuzz_cli.py --examples 300 --seed 3     # another seed, another count
-    python scripts/fuzz_cli.py --profile ci                # what the suite runs (tests/test_fuzz_cli.py)
-    python scripts/fuzz_cli.py --subprocess                # each case as a real `python <command> ...` (slower)
+    python tests/fuzz_cli.py                             # the long profile: 2,000 cases (some 35 minutes)
+    python tests/fuzz_cli.py --examples 300 --seed 3     # another seed, another count
+    python tests/fuzz_cli.py --profile ci                # what the suite runs (tests/test_fuzz_cli.py)
+    python tests/fuzz_cli.py --subprocess                # each case as a real `python <command> ...` (slower)
+
+Developer tooling, not a command: it lives beside the test that runs its short profile (tests/test_fuzz_cli.py),
+which imports it as ``fuzz_cli``.
 
 A property-based test on Hypothesis. Commands: train.py, eval.py, sample.py, scripts/inspect_attention.py,
 scripts/compare.py and scripts/export_results.py. The values come from the schema itself (experiment/config.py
@@ -29,7 +32,13 @@ printed as the falsifying example: it reproduces by hand, and becomes a named te
 
 from __future__ import annotations
 
-import _repo
+import sys
+from pathlib import Path
+
+# Run by hand (python tests/fuzz_cli.py) only tests/ is on sys.path: the repository root and scripts/ (compare.py,
+# and _repo.py, which the commands it runs import) go there, as tests/conftest.py puts them under pytest.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import argparse
 import contextlib
@@ -43,7 +52,6 @@ import random
 import runpy
 import shutil
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import types
@@ -51,7 +59,6 @@ import typing
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from compare import DEFAULT_MARKDOWN, default_outputs
 from hypothesis import HealthCheck, given, settings
@@ -64,7 +71,8 @@ from experiment.config import schema
 from experiment.settings import eval_settings, may_change
 from model.pe import SCHEMES
 
-REPO = _repo.ROOT
+REPO = Path(__file__).resolve().parents[1]
+
 TRAIN = "train.py"
 EVAL = "eval.py"
 SAMPLE = "sample.py"
