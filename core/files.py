@@ -2,6 +2,9 @@
 
 - :func:`read_user_text` reads a text file the user named (a prompt file, a corpus): a file that is missing, a
   directory, unreadable or not UTF-8 (with the byte where it fails) is a PosGPTError naming the setting.
+- :func:`read_json` and :func:`read_jsonl` read a results file a command wrote (a run's results document, its
+  metrics log): a file cut short (a truncated document, a last line torn by a kill) or otherwise not JSON is a
+  PosGPTError naming it, never read as if whole. Only a run resuming its own log drops a torn last line.
 - :func:`check_outputs` refuses, before anything is written, an output that would overwrite a file the command
   reads, or another run's own files (its checkpoints, results and logs: core/rundir.py's RUN_ENTRIES).
 - :func:`atomic_write` writes a file whole or not at all; a full disk or a missing permission is a MachineFault
@@ -17,18 +20,57 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from core.errors import FAULT_ERRNOS, MachineFault, PosGPTError
+from core.errors import FAULT_ERRNOS, MachineFault, PosGPTError, first_line
 from core.rundir import RUN_ENTRIES, is_run_dir
 
 TMP_PREFIX = ".tmp-"
 # What a path the user typed got wrong, wherever the command first touches it.
 BAD_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def read_json(path: str | Path) -> Any | None:
+    """The JSON document at ``path``, or None where there is none; one that is cut short, unreadable or not JSON is a
+    PosGPTError that names it."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+        return json.loads(text)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as error:  # ValueError: not JSON (a truncated document), or not UTF-8
+        raise PosGPTError(f"{path} is damaged or not JSON ({first_line(error)})") from None
+
+
+def read_jsonl(path: str | Path, drop_torn_tail: bool = False) -> list[Any] | None:
+    """The records of the JSON-lines file at ``path`` (blank lines skipped), or None where there is none. A line
+    that is not JSON is a PosGPTError naming the file and the line; with ``drop_torn_tail`` a last line without its
+    newline that is not JSON, as a kill mid-write leaves it, is dropped instead (a run resuming its own log)."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        raise PosGPTError(f"{path} is unreadable ({first_line(error)})") from None
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as error:
+            torn = number == len(lines)  # the last line, with no newline after it
+            if torn and drop_torn_tail:
+                break
+            what = "its last line is cut short, as a kill mid-write leaves it" if torn else f"line {number} is not JSON"
+            raise PosGPTError(f"{path} is damaged: {what} ({first_line(error)})") from None
+    return records
 
 
 def read_user_text(path: str | Path, setting: str) -> str:

@@ -39,11 +39,21 @@ PEAK_BF16_FLOPS = {
 
 
 def select_device(name: str) -> torch.device:
+    """``train.device`` as a torch device that exists on this machine: auto (a GPU where there is one), cpu, cuda or
+    cuda:N; anything else (a typo, another kind of accelerator, a GPU this machine lacks) is one line."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):  # torch's own message lists every device type it knows
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise PosGPTError(f"train.device={name!r}: posgpt runs on auto, cpu, cuda or cuda:N (N a GPU's index)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise PosGPTError(f"train.device={name} but CUDA is not available; use train.device=auto or cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise PosGPTError(f"train.device={name}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")
     return device
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import PosGPTError, first_line
-from core.files import atomic_write
+from core.files import atomic_write, read_jsonl
 from core.rundir import METRICS_FILE
 
 
@@ -57,8 +57,9 @@ class MetricsFile:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
-    return _records(path) if path.exists() else []
+    """The run's metrics records, for a report: a damaged file (a torn last line included) is a PosGPTError naming
+    it, never read as if whole (a resuming run drops a torn line itself: MetricsFile)."""
+    return read_jsonl(Path(run_dir) / METRICS_FILE) or []
 
 
 def init_wandb(cfg: DictConfig, run_dir: str | Path, run_id: str | None, job_type: str = "train"):

@@ -23,7 +23,6 @@ memory is n_layer * H * T^2 floats for one window (8 MB for the tiny model at 8x
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from core.errors import PosGPTError
+from core.files import read_json
 from core.host_memory import available_bytes
 from core.runtime import autocast
 from evaluation.plots import add_titles, new_figure, save, scheme_colour
@@ -281,7 +281,9 @@ def read_attention(run_dirs: list[Path]) -> list[tuple[str, dict[str, Any]]]:
         path = Path(run_dir) / EVAL_DIR / ATTENTION_FILE
         if not path.is_file():
             raise PosGPTError(f"{path} does not exist: run python scripts/inspect_attention.py run_dir={run_dir}")
-        document = json.loads(path.read_text())
+        document = read_json(path)  # a damaged file (cut short, not JSON) is refused, naming it
+        if not isinstance(document, dict) or not isinstance(document.get("pe"), str) or "lengths" not in document:
+            raise PosGPTError(f"{path} is malformed: expected a JSON object with 'pe' and 'lengths'")
         documents.append((f"{document['pe']} ({Path(run_dir).resolve().name})", document))
     return documents
 

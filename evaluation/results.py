@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import PosGPTError
-from core.files import atomic_write
+from core.files import atomic_write, read_json
 from evaluation.extrapolation import effective_stride, perplexity
 from evaluation.stats import Estimate
 from model.pe import SCHEMES, PositionalEncoding
@@ -244,12 +244,9 @@ def load_results(eval_dir: str | Path) -> dict[str, Any] | None:
     """The document in ``eval_dir``, or None when there is none; a corrupt or malformed one is a PosGPTError
     that names the file."""
     path = Path(eval_dir) / JSON_FILE
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
+    document = read_json(path)  # a damaged file (cut short, not JSON) is refused, naming it
+    if document is None:
         return None
-    except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
-        raise PosGPTError(f"{path} is unreadable or not JSON ({type(error).__name__}: {error})") from None
     problem = _schema_problem(document)
     if problem:
         raise PosGPTError(f"{path} is malformed: {problem}")

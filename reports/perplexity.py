@@ -28,7 +28,7 @@ from evaluation.results import (
 )
 from evaluation.stats import Estimate, mean_ci
 from reports.runs import Entry, Run, evaluated_with, group_labels
-from reports.tables import differences, paired_report, table
+from reports.tables import differences, paired_report, table, token_class_ids
 
 
 def choose_data(runs: list[Run], data: str | None) -> str:
@@ -126,14 +126,8 @@ def runtime_note(entries: list[Entry]) -> str | None:
 def token_classes(entries: list[Entry]) -> list[list[Entry]]:
     """The entries in classes that scored the same tokens (Entry.same_tokens), in order of first appearance:
     differences and paired ratios are only computed within a class."""
-    classes: list[list[Entry]] = []
-    for entry in entries:
-        home = next((c for c in classes if c[0].same_tokens(entry)), None)
-        if home is None:
-            classes.append([entry])
-        else:
-            home.append(entry)
-    return classes
+    ids = token_class_ids(entries)
+    return [[entry for entry, own in zip(entries, ids) if own == i] for i in range(max(ids, default=-1) + 1)]
 
 
 def ppl_values(entry: Entry, length: int) -> dict[int, float]:
@@ -223,8 +217,8 @@ def scored_tokens_note(entries: list[Entry], classes: list[list[Entry]]) -> str:
     if len(classes) > 1:
         return (
             "**rows marked [...] scored other tokens** (another corpus, split or target range): each is its own "
-            "row, never averaged with the others, and differences are claimed only between rows that scored the "
-            "same tokens"
+            "row, never averaged with the others; the lowest is marked, and differences are claimed, only among "
+            "rows that scored the same tokens"
         )
     if len(ranges) == 1:
         start, stop, tokens = next(iter(ranges))

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.errors import PosGPTError
+from core.files import read_json
 from evaluation.results import condition_label, load_results
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.task_accuracy import GRIDS
@@ -36,24 +37,31 @@ from model.temperature import temperature_settings
 NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key not in ("train.max_steps", "train.dtype"))
 
 
-def run_config(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
-    """The resolved config a run was trained with, from its checkpoint: the one source of truth (Hydra's
-    .hydra/config.yaml can be rewritten by a later command aimed at the run). A directory without checkpoints
-    (results copied elsewhere, as in results/) is read from the config its extrapolation.json records, which is
-    the checkpoint's (evaluation/run.py). compare reads configs only here.
+def run_config(run_dir: Path, document: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """The resolved config of the checkpoint whose results ``document`` holds, and the step of the run's last
+    checkpoint (None without checkpoints). The document records the config of the checkpoint that scored it
+    (evaluation/run.py): a run resumed since with other settings has a last checkpoint that did not score these
+    rows, so its config would label them with settings they were not scored with. Only a document written before
+    posgpt recorded the config there (before 2026-11-23) is read through the checkpoint, which must then be the
+    one that scored it. compare reads configs only here.
 
     The config is typed by today's schema, so that a setting added since a run was trained (absent from its
     config) reads as its default and does not set that run apart from newer ones."""
-    if last_checkpoint_path(run_dir).is_file():
-        saved = load_checkpoint(run_dir)["config"]
-    elif document.get("config") is None:
+    checkpoint = load_checkpoint(run_dir) if last_checkpoint_path(run_dir).is_file() else None
+    latest = None if checkpoint is None else checkpoint["step"]
+    if document.get("config") is not None:
+        return typed_config(document["config"]), latest
+    if checkpoint is None:
         raise PosGPTError(
             f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json (written before "
             "posgpt recorded the trained config there) does not say how the run was trained"
         )
-    else:
-        saved = document["config"]
-    return typed_config(saved)
+    if latest != document["step"]:
+        raise PosGPTError(
+            f"{run_dir}: its results scored the checkpoint of step {document['step']} and record no config; its last "
+            f"checkpoint is of step {latest}: evaluate it again (python eval.py run_dir={run_dir})"
+        )
+    return typed_config(checkpoint["config"]), latest
 
 
 _TYPED: dict[str, dict[str, Any]] = {}
@@ -86,6 +94,7 @@ class Run:
     document: dict[str, Any] | None
     config: dict[str, Any]
     tasks: dict[str, Any] | None = None
+    latest_step: int | None = None  # the step of its last checkpoint (None: none kept, as in results/)
 
     @property
     def pe(self) -> str:
@@ -95,6 +104,11 @@ class Run:
     def step(self) -> int:
         """The training step of the checkpoint its results scored."""
         return (self.document or self.tasks)["step"]
+
+    @property
+    def superseded(self) -> bool:
+        """Whether its results scored an earlier checkpoint than its last (trained on since, not evaluated again)."""
+        return self.latest_step is not None and self.step != self.latest_step
 
 
 @dataclass
@@ -137,12 +151,9 @@ TASK_MEASURES = {
 def load_task_results(run_dir: Path) -> dict[str, Any] | None:
     """A run's eval/tasks.json, or None where it has none; a corrupt or malformed one is a PosGPTError naming it."""
     path = Path(run_dir) / EVAL_DIR / TASKS_FILE
-    try:
-        document = json.loads(path.read_text())
-    except (FileNotFoundError, NotADirectoryError):  # no such file, or run_dir is not a directory
+    document = read_json(path)  # a damaged file (cut short, not JSON) is refused, naming it
+    if document is None:  # no such file, or run_dir is not a directory
         return None
-    except (OSError, ValueError) as error:
-        raise PosGPTError(f"{path} is unreadable or not JSON ({type(error).__name__}: {error})") from None
     needed = {"task", "pe", "train_seq_len", "results"}
     if not isinstance(document, dict) or not needed <= document.keys() or not isinstance(document["results"], list):
         raise PosGPTError(f"{path} is malformed: expected a JSON object with {', '.join(sorted(needed))}")
@@ -170,7 +181,8 @@ def load_runs(run_dirs: list[Path]) -> list[Run]:
                 f"{run_dir}: its perplexity scored the checkpoint of step {document['step']}, its tasks.json that "
                 f"of step {tasks['step']}: evaluate it again (python eval.py run_dir={run_dir} ...)"
             )
-        runs.append(Run(run_dir, document, run_config(run_dir, document or tasks), tasks))
+        config, latest = run_config(run_dir, document or tasks)
+        runs.append(Run(run_dir, document, config, tasks, latest))
     return runs
 
 
@@ -234,7 +246,18 @@ def group_labels(groups: list[list[Run]]) -> list[str]:
     named_by_dir = [i for i, detail in enumerate(details) if detail is None]
     for i, name in zip(named_by_dir, unique_dir_names([groups[i][0].dir for i in named_by_dir])):
         details[i] = [name]
-    return [" ".join([display_name(group[0].pe)] + detail) for group, detail in zip(groups, details)]
+    return [
+        " ".join([display_name(group[0].pe)] + detail + superseded(group)) for group, detail in zip(groups, details)
+    ]
+
+
+def superseded(group: list[Run]) -> list[str]:
+    """A label's note where the group's results scored an earlier checkpoint than its runs' last: those rows are
+    not the runs as they are now."""
+    latest = sorted({run.latest_step for run in group if run.superseded})
+    if not latest:
+        return []
+    return [f"[step {group[0].step}, not the last: {', '.join(map(str, latest))}]"]
 
 
 def common_value(values: list[str | None]) -> str | None:

@@ -135,21 +135,49 @@ def estimate_table(
     header: list[str],
     digits: int = 2,
     reading: Reading = PERPLEXITY,
+    classes: list[int] | None = None,
 ) -> str:
     """A markdown table: a row per (label, number of seeds, cells), the best (lowest: Reading) mean of each column
-    in bold. A cell is an Estimate, None (n/a: not evaluable there) or a string shown as is ("-": not evaluated)."""
-    best = [
-        reading.best((cells[i].mean for _, _, cells in rows if isinstance(cells[i], Estimate)), default=None)
-        for i in range(len(header))
-    ]
+    in bold. A cell is an Estimate, None (n/a: not evaluable there) or a string shown as is ("-": not evaluated).
+    ``classes``: per row, which rows scored the same tokens (token_class_ids); a best is marked only among rows of
+    one class, and where the table holds several, only in a class of two rows or more: a row alone on its tokens
+    is the best of nothing."""
+    classes = classes or [0] * len(rows)
+    several = len(set(classes)) > 1
+    marked: list[set[int]] = []  # per column, the rows in bold
+    for i in range(len(header)):
+        by_class: dict[int, list[tuple[float, int]]] = {}
+        for r, (_, _, cells) in enumerate(rows):
+            if isinstance(cells[i], Estimate):
+                by_class.setdefault(classes[r], []).append((cells[i].mean, r))
+        bests = [
+            {r for mean, r in members if mean == reading.best(m for m, _ in members)}
+            for members in by_class.values()
+            if len(members) > 1 or not several
+        ]
+        marked.append(set().union(*bests))
     body = []
-    for label, seeds, cells in rows:
+    for r, (label, seeds, cells) in enumerate(rows):
         texts = []
         for i, cell in enumerate(cells):
             text = cell if isinstance(cell, str) else format_estimate(cell, seeds, digits)
-            texts.append(f"**{text}**" if isinstance(cell, Estimate) and cell.mean == best[i] else text)
+            texts.append(f"**{text}**" if r in marked[i] else text)
         body.append([label, str(seeds)] + texts)
     return render_table(["setting", "seeds"] + header, body, markdown=True)
+
+
+def token_class_ids(entries: list[Entry]) -> list[int]:
+    """Per entry, the index of its class of entries that scored the same tokens (Entry.same_tokens), the classes
+    numbered in order of first appearance."""
+    firsts: list[Entry] = []
+    ids = []
+    for entry in entries:
+        home = next((i for i, first in enumerate(firsts) if first.same_tokens(entry)), None)
+        if home is None:
+            firsts.append(entry)
+            home = len(firsts) - 1
+        ids.append(home)
+    return ids
 
 
 def table(
@@ -160,7 +188,8 @@ def table(
     digits: int = 2,
     reading: Reading = PERPLEXITY,
 ) -> str:
-    """A row per entry: its number of seeds and, per column, the estimate ("-" where no seed was evaluated)."""
+    """A row per entry: its number of seeds and, per column, the estimate ("-" where no seed was evaluated); the
+    best of each column marked among the entries that scored the same tokens."""
     rows = [
         (
             entry.label,
@@ -172,7 +201,7 @@ def table(
         )
         for entry in entries
     ]
-    return estimate_table(rows, header, digits, reading)
+    return estimate_table(rows, header, digits, reading, token_class_ids(entries))
 
 
 def column_key(column: Any, entry: Entry) -> int:

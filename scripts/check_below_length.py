@@ -23,7 +23,7 @@ from pathlib import Path
 from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import check_outputs
+from core.files import check_outputs, read_json
 from data.tasks import NO_TASK
 from evaluation.results import render_table
 from evaluation.run import EVAL_DIR
@@ -67,7 +67,7 @@ def score(run_dir: Path, lengths: list[int]) -> dict[int, float]:
     done = subprocess.run([*command, "eval.task_depths=[]", "eval.variations=null"], cwd=REPO, capture_output=True)
     if done.returncode != 0:
         raise PosGPTError(f"eval.py failed on {run_dir}: {done.stderr.decode().strip().splitlines()[-1]}")
-    rows = json.loads((run_dir / EVAL_DIR / JSON_FILE).read_text())["results"]
+    rows = read_json(run_dir / EVAL_DIR / JSON_FILE)["results"]  # eval.py just wrote it
     found = {row["length"]: row["accuracy"] for row in rows if row.get("depth") is None and not variation(row)}
     return {length: found[length] for length in lengths}
 

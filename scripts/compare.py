@@ -233,6 +233,7 @@ def main(argv: list[str]) -> None:
     check_requests(args, entries)
     check_baseline(args.baseline, entries, tasks)
     report, curves = comparison_markdown(args, runs, entries, data, tasks)
+    attention = read_attention(args.run_dirs) if args.entropy is not None else None  # refused before any write
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(report)
     print(report)
@@ -243,9 +244,9 @@ def main(argv: list[str]) -> None:
         write_perplexity_plots(args, entries, data, written)
     if curves:
         write_validation_plot(args, curves, written)
-    if args.entropy is not None:
+    if attention is not None:
         args.entropy.parent.mkdir(parents=True, exist_ok=True)
-        plot_entropy_comparison(read_attention(args.run_dirs), args.entropy)
+        plot_entropy_comparison(attention, args.entropy)
         written.append(args.entropy)
     print(f"compare: wrote {', '.join(map(str, written))}")
 

@@ -37,13 +37,14 @@ from slim_results import slim_folders
 from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import check_outputs
+from core.files import check_outputs, read_jsonl
 from core.tracking import METRICS_FILE
 from evaluation.results import CSV_FILE, JSON_FILE, write_csv, write_results
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.task_accuracy import CSV_FILE as TASKS_CSV
 from evaluation.task_accuracy import JSON_FILE as TASKS_JSON
 from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config
+from reports.runs import load_task_results
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 
@@ -136,6 +137,13 @@ def check_destination(run_dir: Path, document: dict | None, destination: Path) -
         )
 
 
+def check_copied(run_dir: Path) -> None:
+    """Refuse, before anything is written, a run whose results copied as they are (tasks.json, metrics.jsonl) are
+    damaged: a file cut short by a kill would be exported as if whole."""
+    load_task_results(run_dir)
+    read_jsonl(run_dir / METRICS_FILE)
+
+
 def export_run(run_dir: Path, document: dict | None, destination: Path) -> None:
     if document is not None:
         write_results(document, destination / EVAL_DIR)
@@ -154,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     if repeated:
         raise PosGPTError(f"several runs are named {', '.join(repeated)}: export them into separate folders")
     documents = [results_with_config(run_dir) for run_dir in args.run_dirs]  # all or nothing: refuse before writing
+    for run_dir in args.run_dirs:
+        check_copied(run_dir)
     # Never onto what is exported, nor into a training run (--to a folder of runs).
     outputs = {f"--to ({name}/{file})": args.to / name / file for name in names for file in EXPORTED}
     check_outputs(outputs, inputs=args.run_dirs)

@@ -37,7 +37,7 @@ from typing import Any
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import atomic_write
+from core.files import atomic_write, read_json, read_jsonl
 from evaluation.results import CSV_FILE, JSON_FILE, row_ppl, write_results
 from evaluation.results import csv_rows as extrapolation_rows
 from evaluation.results import write_csv as write_extrapolation_csv
@@ -143,7 +143,9 @@ def plan_folder(folder: Path) -> dict[Path, Change]:
     plan: dict[Path, Change] = {}
     for json_name, csv_name, rows_of, _ in CSV_PAIRS:
         for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{json_name}")):
-            document = json.loads(json_path.read_text())
+            document = read_json(json_path)  # a damaged file (cut short, not JSON) is refused, naming it
+            if not isinstance(document, dict) or not isinstance(document.get("results"), list):
+                raise PosGPTError(f"{json_path} is malformed: no 'results' list; nothing was written")
             csv_path = json_path.with_name(csv_name)
             if csv_path.is_file():
                 problem = csv_problem(csv_path, rows_of(document), document)
@@ -153,6 +155,7 @@ def plan_folder(folder: Path) -> dict[Path, Change]:
             if json_name == JSON_FILE and slim_document(document) != document:
                 plan[json_path] = slim_document(document)
     for metrics_path in sorted(folder.rglob(METRICS_GLOB)):
+        read_jsonl(metrics_path)  # a torn or damaged line is refused, naming the file, before anything is written
         text = metrics_path.read_text()
         slim = slim_metrics(text)
         if slim != text:

@@ -324,7 +324,7 @@ def test_compare_names_a_corrupt_or_malformed_results_file(cli, study, tmp_path)
         done = cli.here("scripts/compare.py", str(study_dir / "rope-s1"), str(run_dir))
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.strip().count("\n") == 0
-        assert f"{run_dir}/eval/extrapolation.json is unreadable or not JSON" in done.stderr
+        assert f"{run_dir}/eval/extrapolation.json is damaged or not JSON" in done.stderr
 
 
 @pytest.mark.slow

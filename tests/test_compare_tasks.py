@@ -323,7 +323,7 @@ def test_copy_probes_of_other_spans_are_other_tables(tmp_path):
 @pytest.mark.parametrize(
     "text, problem",
     [
-        ("{not json", "is unreadable or not JSON"),
+        ("{not json", "is damaged or not JSON"),
         ('{"results": []}', "is malformed: expected a JSON object with pe, results, task, train_seq_len"),
         ("rows", "is malformed: result 0 lacks a task, an integer length or numeric values"),
     ],

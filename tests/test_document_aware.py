@@ -254,7 +254,8 @@ def test_train_py_with_documents_apart(cli, tmp_path):
         done = cli.here("train.py", *argv, f"hydra.run.dir={run_dir}", f"data.document_aware={aware}")
         assert done.returncode == 0, done.stderr
         assert sorted(train_losses(run_dir)) == [1, 2, 3]
-        config = run_config(run_dir, {})
+        config, latest = run_config(run_dir, {"step": 3})
+        assert latest == 3
         assert config["data"]["document_aware"] is (aware == "true")
         runs[aware] = Run(run_dir, {"pe": "learned", "step": 3}, config)
     # the same windows (the same seed), seen apart: another first loss

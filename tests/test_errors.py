@@ -67,6 +67,18 @@ def test_config_typos_never_train(cli, existing_run, override, message):
     assert_one_line_error(cli.train_here(existing_run, override), message)
 
 
+@pytest.mark.parametrize("device", ["foo", "cuda:x", "mps", "xla", "cuda:99"])
+def test_a_device_this_machine_lacks_is_one_line_in_every_command(cli, existing_run, tmp_path, device):
+    """A typo, another kind of accelerator, a GPU index past the machine's: refused before anything is written, in
+    train.py (a new run directory is not made) and in eval.py and sample.py on a finished run (left as it was)."""
+    fresh = tmp_path / "fresh"
+    assert_one_line_error(cli.train_here(fresh, f"train.device={device}"), "train.device=", device)
+    assert not fresh.exists()
+    for command in ("eval.py", "sample.py"):
+        done = cli.here(command, f"run_dir={existing_run}", f"train.device={device}")
+        assert_one_line_error(done, "train.device=", device)
+
+
 def test_eval_of_a_checkpoint_file_says_to_pass_the_run_directory(cli, existing_run):
     done = cli.eval_here(existing_run / "checkpoints" / "last.pt")
     assert_one_line_error(done, "is a file", f"run_dir={existing_run}")

@@ -231,6 +231,28 @@ def test_compare_claims_differences_only_between_rows_that_scored_the_same_token
     assert "lowest rope" not in report
 
 
+def test_the_lowest_is_marked_only_among_rows_that_scored_the_same_tokens():
+    """rope scored other tokens (on fewer, easier ones, say) than alibi and t5: its lower perplexity is the best of
+    nothing, so it is not bold; alibi, the lowest of the two that scored the same tokens, is."""
+    runs = [fake_run("rope", s, 5.0 + s, targets=(64, 96)) for s in (1, 2)]
+    runs += [fake_run("alibi", s, 20.0 + s) for s in (1, 2)] + [fake_run("t5", s, 30.0 + s) for s in (1, 2)]
+    report = markdown_report(entries(runs), "nonoverlapping", None, "d", ratios=False)
+    assert table_row(report, "rope [targets [64, 96)]")[1] == "6.50 ± 6.35"
+    alibi, t5 = table_row(report, "alibi [targets [64, 128)]"), table_row(report, "t5 [targets [64, 128)]")
+    assert alibi[1] == "**21.50 ± 6.35**" and t5[1] == "31.50 ± 6.35"
+    assert "the lowest is marked, and differences are claimed, only among rows that scored the same tokens" in report
+    alone = markdown_report(entries(runs[:2]), "nonoverlapping", None, "d", ratios=False)
+    assert table_row(alone, "rope")[1] == "**6.50 ± 6.35**"  # one class: its best is marked as ever
+
+
+def test_rows_of_an_earlier_checkpoint_than_the_runs_last_are_named_so():
+    """A run trained on after it was evaluated: its rows scored step 10, its last checkpoint is of step 20, whose
+    config (resumed with other settings) did not score them; the label says so, and the config is the rows'."""
+    runs = [fake_run("rope", s, 10.0 + s) for s in (1, 2)] + [fake_run("alibi", s, 11.0 + s) for s in (1, 2)]
+    runs[0].latest_step, runs[3].latest_step = 10, 20
+    assert [entry.label for entry in entries(runs)] == ["rope", "alibi [step 10, not the last: 20]"]
+
+
 # Old studies (rows without digest, backend or dtype) reproducing their tables: tests/test_results.py.
 
 

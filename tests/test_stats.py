@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from evaluation.stats import Estimate, clearly_different, mean_ci, t_critical, t_two_sided_probability
+from evaluation.stats import Estimate, clearly_different, mean_ci, t_critical
 
 # t_{0.975, df} from standard tables (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2), and the normal 1.95996.
 T_975 = {
@@ -41,13 +41,12 @@ def test_t_critical_at_other_levels_and_towards_the_normal():
     assert t_critical(5000) > t_critical(100000) > 1.959963
 
 
-def test_the_two_sided_probability_is_the_distribution():
-    """df=2 has the closed form P(|T| < t) = t / sqrt(2 + t^2); every df tends to 1 and is increasing."""
-    for t in (0.1, 1.0, 3.0, 30.0):
-        assert t_two_sided_probability(t, 2) == pytest.approx(t / math.sqrt(2 + t * t), rel=1e-12)
-    for df in (1, 2, 3, 7, 8):
-        values = [t_two_sided_probability(t, df) for t in (0.0, 0.5, 1.0, 2.0, 5.0, 1e6)]
-        assert values[0] == 0 and values == sorted(values) and values[-1] == pytest.approx(1.0, abs=1e-5)
+def test_t_critical_has_the_closed_forms_of_one_and_two_degrees_of_freedom():
+    """df=1 (Cauchy): P(|T| < t) = (2/pi) atan(t); df=2: P(|T| < t) = t / sqrt(2 + t^2). Inverted at 95%."""
+    assert t_critical(1) == pytest.approx(math.tan(0.95 * math.pi / 2), rel=1e-12)
+    assert t_critical(2) == pytest.approx(math.sqrt(2 * 0.95**2 / (1 - 0.95**2)), rel=1e-12)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_critical(0)
 
 
 def test_mean_ci_on_known_data():
