@@ -29,15 +29,18 @@ from __future__ import annotations
 import _repo
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write, read_json, read_jsonl
+from core.rundir import is_run_dir, lock_run
 from evaluation.results import CSV_FILE, JSON_FILE, row_ppl, write_results
 from evaluation.results import csv_rows as extrapolation_rows
 from evaluation.results import write_csv as write_extrapolation_csv
@@ -178,12 +181,34 @@ def write_csvs(folder: Path) -> list[Path]:
     written = []
     for json_name, csv_name, _, write in CSV_PAIRS:
         for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{json_name}")):
-            written.append(write(json.loads(json_path.read_text()), json_path.with_name(csv_name)))
+            written.append(write(read_json(json_path), json_path.with_name(csv_name)))
     return written
+
+
+def run_dirs_in(folders: list[Path]) -> list[Path]:
+    """The training runs' directories among ``folders`` and below them (not exports, which have no run markers)."""
+    found = {path for folder in folders for path in (folder, *folder.rglob("*")) if path.is_dir() and is_run_dir(path)}
+    return sorted(found)
+
+
+@contextlib.contextmanager
+def runs_locked(folders: list[Path]) -> Iterator[None]:
+    """Every training run's directory among ``folders`` locked while the block rewrites files in place: a run still
+    training (or being evaluated) is refused, naming the command that holds it, since its files would change under
+    the rewrite."""
+    with contextlib.ExitStack() as stack:
+        for run_dir in run_dirs_in(folders):
+            stack.enter_context(lock_run(run_dir))
+        yield
 
 
 def slim_folders(folders: list[Path]) -> None:
     """Slim each folder in place, printing what it saved; every folder is checked before any is written."""
+    with runs_locked(folders):
+        _slim(folders)
+
+
+def _slim(folders: list[Path]) -> None:
     plans = {folder: plan_folder(folder) for folder in folders}
     for folder, plan in plans.items():
         before = sum(path.stat().st_size for path in plan)
@@ -204,8 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         raise PosGPTError(f"no such folder: {', '.join(missing)}")
     if args.csv:
-        for folder in args.folders:
-            print(f"slim_results: wrote {len(write_csvs(folder))} CSVs under {folder}", flush=True)
+        with runs_locked(args.folders):
+            for folder in args.folders:
+                print(f"slim_results: wrote {len(write_csvs(folder))} CSVs under {folder}", flush=True)
         return
     slim_folders(args.folders)
 

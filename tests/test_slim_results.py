@@ -11,6 +11,7 @@ import pytest
 import slim_results
 from test_docs_links import PAGES, links
 
+from core.rundir import lock_run
 from evaluation.results import write_csv, write_results
 from evaluation.task_accuracy import write_csv as write_task_csv
 
@@ -151,6 +152,21 @@ def test_a_csv_holding_more_than_its_json_is_refused_before_anything_is_written(
         slim_results.main([str(study)])
     assert exit_info.value.code == 2 and problem in capsys.readouterr().err
     assert {path: path.read_bytes() for path in study.rglob("*") if path.is_file()} == files
+
+
+@pytest.mark.parametrize("args", [[], ["--csv"]], ids=["slim", "csv"])
+def test_a_run_still_training_is_refused_and_left_as_it_is(study, capsys, args):
+    """A training run's directory (its checkpoints/ marks it) whose lock another command holds: slimming it in
+    place would rewrite files that command is writing. Refused, naming the holder; nothing written."""
+    run = study / "rope-s1"
+    (run / "checkpoints").mkdir()
+    files = {path: path.read_bytes() for path in study.rglob("*") if path.is_file()}
+    with lock_run(run):  # as train.py holds it while it trains
+        with pytest.raises(SystemExit) as exit_info:
+            slim_results.main([*args, str(study)])
+    assert exit_info.value.code == 2 and f"{run} is in use by" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in study.rglob("*") if path.is_file()} == files
+    slim_results.main([*args, str(study)])  # once it has ended: slimmed
 
 
 def test_results_are_as_slimming_leaves_them():
