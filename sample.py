@@ -24,22 +24,35 @@ import torch
 from omegaconf import DictConfig
 
 from core.cli import exit_on_user_error
+from core.domain import is_set
 from core.errors import PosGPTError
 from core.files import read_user_text
 from core.runtime import autocast
 from data import EOT_TOKEN, gpt2_encoding
 from experiment.build import load_trained_run, parse_run_dir, require_text_run
+from experiment.config import SampleConfig
+from experiment.settings import overridden_keys
 from model.sampling import check_length, generate
 
 USAGE = 'usage: python sample.py run_dir=<training run directory> [sample.prompt="..."] [sample.* and other overrides]'
 SEPARATOR = "-" * 30
 
 
-def validate_sample_config(cfg: DictConfig) -> None:
-    """The checks across sample.* keys (each key's domain is checked with the whole config)."""
+def validate_sample_config(cfg: DictConfig, keys: list[str]) -> None:
+    """The checks across sample.* keys (each key's domain is checked with the whole config); a setting the
+    sampling would not read is refused among ``keys``, those the command line sets (the trained config's are the
+    run's, never held against it)."""
     s = cfg.sample
     if s.prompt and s.prompt_file:
         raise PosGPTError("set sample.prompt or sample.prompt_file, not both")
+    if s.temperature == 0:  # greedy: the most likely token, drawn from nothing
+        defaults = SampleConfig()
+        for name in ("top_k", "seed"):
+            if s[name] != getattr(defaults, name) and is_set(f"sample.{name}", keys):
+                raise PosGPTError(
+                    f"sample.{name}={s[name]} is read only when sampling; sample.temperature=0 decodes greedily "
+                    f"and ignores it: drop it or set sample.temperature above 0"
+                )
 
 
 def prompt_tokens(cfg: DictConfig) -> list[int]:
@@ -72,10 +85,11 @@ class TextStream:
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-    run = load_trained_run(*parse_run_dir(argv, USAGE), "sample.py")
+    run_dir, overrides = parse_run_dir(argv, USAGE)
+    run = load_trained_run(run_dir, overrides, "sample.py")
     cfg, model, device, dtype = run.cfg, run.model, run.device, run.dtype
     require_text_run(run, "sampling text from it")
-    validate_sample_config(cfg)
+    validate_sample_config(cfg, overridden_keys(overrides))
     ids = prompt_tokens(cfg)
     s = cfg.sample
     check_length(model, len(ids) + s.max_new_tokens)

@@ -11,7 +11,10 @@ composed config) and raises PosGPTError naming the first value outside its field
 ``train.beta1=1.5 is out of its domain [0, 1)``. A field declared ``used_with=(selector, values)`` is read only
 when its sibling field ``selector`` is one of ``values`` (or, for a list, holds one): :func:`check_used` refuses it
 set to anything but its default otherwise, since the run would silently ignore it (:func:`read_with` declares
-that alone, for a field of any type). Other checks that relate several keys stay code beside the schema.
+that alone, for a field of any type). A field declared ``runs=(kind, ...)`` is read only by runs of those kinds
+(``"text"``: a language-model run; ``"task"``: a run of a synthetic task): :func:`check_run_kind` refuses it set
+to anything but its default in a run of another kind. Other checks that relate several keys stay code beside the
+schema.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from core.errors import PosGPTError
 
 _KEY = "domain"  # the metadata key of a dataclass field that holds its Interval
 _OWNER = "used_with"  # the metadata key of a field's (selector, values): the settings that read it
+_RUNS = "runs"  # the metadata key of a field's kinds of run that read it
+RUN_KINDS = {"text": "a language-model run", "task": "a task run"}
 
 
 def _bound(value: float) -> str:
@@ -69,12 +74,16 @@ def domain(
     le: float | None = None,
     lt: float | None = None,
     used_with: tuple[str, tuple[Any, ...]] | None = None,
+    runs: tuple[str, ...] | None = None,
 ) -> Any:
     """A dataclass field (``dataclasses.field``) whose values must lie in the interval the bounds describe, and,
-    with ``used_with=(selector, values)``, that only those values of its sibling ``selector`` read."""
+    with ``used_with=(selector, values)``, that only those values of its sibling ``selector`` read; with ``runs``,
+    that only runs of those kinds read (RUN_KINDS)."""
     metadata: dict[str, Any] = {_KEY: Interval(ge=ge, gt=gt, le=le, lt=lt)}
     if used_with is not None:
         metadata[_OWNER] = used_with
+    if runs is not None:
+        metadata[_RUNS] = _kinds(runs)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -82,11 +91,45 @@ def read_with(
     default: Any = dataclasses.MISSING,
     *,
     default_factory: Any = dataclasses.MISSING,
-    used_with: tuple[str, tuple[Any, ...]],
+    used_with: tuple[str, tuple[Any, ...]] | None = None,
+    runs: tuple[str, ...] | None = None,
 ) -> Any:
-    """A dataclass field of any type (no numeric domain) that only the given values of its sibling read, as
-    :func:`domain`'s ``used_with``."""
-    return dataclasses.field(default=default, default_factory=default_factory, metadata={_OWNER: used_with})
+    """A dataclass field of any type (no numeric domain) that only the given values of its sibling read, or only
+    runs of the given kinds, as :func:`domain`'s ``used_with`` and ``runs``."""
+    metadata: dict[str, Any] = {} if used_with is None else {_OWNER: used_with}
+    if runs is not None:
+        metadata[_RUNS] = _kinds(runs)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def _kinds(runs: tuple[str, ...]) -> tuple[str, ...]:
+    unknown = set(runs) - set(RUN_KINDS)
+    if unknown:
+        raise ValueError(f"unknown kinds of run {sorted(unknown)}; the kinds are {list(RUN_KINDS)}")
+    return tuple(runs)
+
+
+def read_by_runs(field: dataclasses.Field) -> tuple[str, ...] | None:
+    """The kinds of run that read a field (None: every kind)."""
+    return field.metadata.get(_RUNS)
+
+
+def check_run_kind(config: Any, kind: str, what: str, prefix: str = "", keys: Collection[str] | None = None) -> None:
+    """PosGPTError naming the first field of a config dataclass instance (nested ones included) set to something
+    but its default that runs of ``kind`` never read (``runs``): the run would equal one without it. ``what``: the
+    run in words (``task=passkey``); ``keys``: check only these dotted keys and those under them (None: all)."""
+    for field in dataclasses.fields(config):
+        value, key = getattr(config, field.name), prefix + field.name
+        if dataclasses.is_dataclass(value):
+            check_run_kind(value, kind, what, key + ".", keys)
+            continue
+        kinds = read_by_runs(field)
+        if kinds is None or kind in kinds or value == _default(field) or not is_set(key, keys):
+            continue
+        readers = " or ".join(RUN_KINDS[reader] for reader in kinds)
+        shown = f"[{','.join(map(str, value))}]" if isinstance(value, list) else value  # as typed
+        shown = str(shown).lower() if isinstance(shown, bool) else shown
+        raise PosGPTError(f"{key}={shown} is read only by {readers}; this is {RUN_KINDS[kind]} ({what}): drop it")
 
 
 def domain_of(field: dataclasses.Field) -> Interval | None:

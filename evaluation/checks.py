@@ -29,8 +29,8 @@ def check_eval_settings(cfg: DictConfig) -> None:
             f"eval.streaming_sinks={e.streaming_sinks} leaves no window of recent tokens at length {min(lengths)} (the "
             "streaming cache holds the sinks and length - sinks recent tokens): lower it below every length"
         )
-    too_long = [length for length in lengths if length > e.max_tokens]
-    if too_long:
+    too_long = [length for length in lengths if length > e.max_tokens] if cfg.task.name == NO_TASK else []
+    if too_long:  # perplexity's targets (a task run generates its examples: no max_tokens)
         raise PosGPTError(
             f"evaluation lengths {too_long} exceed eval.max_tokens={e.max_tokens}, the targets every length is "
             "scored on: no window of them fits; raise eval.max_tokens or drop those lengths"

@@ -20,7 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from core.domain import check_domains, check_used, domain, is_set
+from core.domain import check_domains, check_run_kind, check_used, domain, is_set, read_with
 from core.errors import PosGPTError
 from core.runtime import MAX_SEED
 from data.config import DataConfig
@@ -70,6 +70,7 @@ class TrainConfig:
 
 PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
 KEY_TOKENS = ("key_tokens", (True,))  # the settings eval.key_tokens=true reads (core.domain's used_with)
+TEXT, TASK = ("text",), ("task",)  # the kinds of run that read a setting (core.domain's runs)
 
 
 @dataclass
@@ -77,26 +78,30 @@ class EvalConfig:
     lengths: list[int] | None = domain(None, ge=1)  # absolute lengths; None: length_multipliers x train.seq_len
     # x train.seq_len, rounded to whole tokens; below 1 checks that a run holds its 1x result at shorter lengths
     length_multipliers: list[float] = domain(default_factory=lambda: [1, 2, 4, 8], gt=0)
-    protocols: list[str] = field(default_factory=lambda: ["nonoverlapping", "sliding"])  # or streaming
-    stride: int | None = domain(None, ge=1)  # sliding-window stride; None: half the window
+    # perplexity's protocols (evaluation/extrapolation.py): or streaming
+    protocols: list[str] = read_with(default_factory=lambda: ["nonoverlapping", "sliding"], runs=TEXT)
+    stride: int | None = domain(None, ge=1, runs=TEXT)  # sliding-window stride; None: half the window
     # streaming protocol only: the first k tokens kept; the window is length - k
-    streaming_sinks: int = domain(4, ge=0, used_with=("protocols", ("streaming",)))
-    max_tokens: int = domain(32768, ge=1)  # scored tokens per (length, protocol): the same token range for all
+    streaming_sinks: int = domain(4, ge=0, used_with=("protocols", ("streaming",)), runs=TEXT)
+    # scored tokens per (length, protocol): the same token range for all
+    max_tokens: int = domain(32768, ge=1, runs=TEXT)
     batch_tokens: int = domain(16384, ge=1)  # tokens per forward pass (windows are batched up to this)
     # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
     # parse_variation, model/pe/); None: the run as configured.
     variations: list[str] | None = None
-    per_position_plot_lengths: list[int] | None = domain(None, ge=1)  # drawn in per_position.png; None: the longest
+    # drawn in per_position.png; None: the longest
+    per_position_plot_lengths: list[int] | None = domain(None, ge=1, runs=TEXT)
     # Task runs (task=...; evaluation/task_accuracy.py): each cell gets enough examples for a 95% interval of at most
     # ± task_half_width; the effective length is the longest length up to which accuracy >= task_threshold.
-    task_half_width: float = domain(0.05, gt=0, le=0.5)
-    task_threshold: float = domain(0.9, gt=0, le=1)
-    task_depths: list[float] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1)  # passkey
+    task_half_width: float = domain(0.05, gt=0, le=0.5, runs=TASK)
+    task_threshold: float = domain(0.9, gt=0, le=1, runs=TASK)
+    # a grid of key depths, for a task whose keys have one (passkey: data/tasks/, Task.cells)
+    task_depths: list[float] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1, runs=TASK)
     # A task run trained with train.random_positions=N: score each example at a sorted random subset of [0, N), as
     # Ruoss et al. 2023 test, instead of at 0..L-1; its rows are labelled randpos:N
-    random_positions: bool = False
+    random_positions: bool = read_with(False, runs=TASK)
     # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
-    tasks: list[str] = field(default_factory=list)
+    tasks: list[str] = read_with(default_factory=list, runs=TEXT)
     copy_span: int = domain(16, ge=2, used_with=("tasks", PROBES))  # tokens in the copy probe's repeated span
     # Which tokens the span is drawn from: 0, any but <|endoftext|> (Olsson et al.'s random tokens); N > 0, only
     # tokens that occur at least N times in the training split (tokens whose embeddings the run has learned)
@@ -104,7 +109,7 @@ class EvalConfig:
     # Key-token perplexity (LongPPL, Fang et al. 2025; evaluation/key_tokens.py): rows of perplexity over the targets
     # whose log-probability the evaluator finds more than key_lsd_threshold nats higher with the long context than
     # with a short one of key_short_length tokens, and above key_lcl_threshold with it
-    key_tokens: bool = False
+    key_tokens: bool = read_with(False, runs=TEXT)
     key_short_length: int | None = domain(None, ge=1, used_with=KEY_TOKENS)  # S; None: train.seq_len
     key_short_stride: int | None = domain(None, ge=1, used_with=KEY_TOKENS)  # contexts S-stride+1..S; None: S/4
     key_lsd_threshold: float = domain(2.0, ge=0, used_with=KEY_TOKENS)  # alpha: nats the long context must add
@@ -309,8 +314,11 @@ def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | N
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
     _validate_eval(cfg)
     _validate_scheme(cfg, config, keys)
-    _validate_task(cfg, reads_data)
+    _validate_task(cfg, reads_data, keys)
     _validate_documents(cfg, keys)
+    # the evaluation's settings read by the other kind of run only (a task run has no perplexity protocols)
+    kind, what = ("text", f"data={cfg.data.name}") if cfg.task.name == NO_TASK else ("task", f"task={cfg.task.name}")
+    check_run_kind(config.eval, kind, what, "eval.", keys)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
 
@@ -350,9 +358,10 @@ def _validate_scheme(cfg: DictConfig, config: Config, keys: Collection[str] | No
     scheme.check_variations(pe, list(cfg.eval.variations or []))
 
 
-def _validate_task(cfg: DictConfig, reads_data: bool) -> None:
+def _validate_task(cfg: DictConfig, reads_data: bool, keys: Collection[str] | None = None) -> None:
     """The task's own settings (build_task checks them), that its format fits train.seq_len; eval.tasks (probes of
-    a language-model run). The eval.task_* settings' ranges are their declared domains."""
+    a language-model run); eval.task_depths only for a task whose keys have a depth. The eval.task_* settings'
+    ranges are their declared domains."""
     task = build_task(OmegaConf.to_object(cfg.task))
     if reads_data:
         _check_vocabulary(cfg, task)
@@ -360,6 +369,12 @@ def _validate_task(cfg: DictConfig, reads_data: bool) -> None:
         raise PosGPTError(f"eval.tasks probes a language-model run; this run was trained on task={task.name}")
     if task is None:
         return
+    depths = list(cfg.eval.task_depths)
+    given = depths != EvalConfig().task_depths and is_set("eval.task_depths", keys)
+    if depths and given and "depth" not in task.cells:  # [] asks for no grid, which any task can give
+        raise PosGPTError(
+            f"eval.task_depths={depths} is a grid of key depths; task={task.name} has no depth to vary: drop it"
+        )
     if cfg.train.seq_len + 1 < task.min_length():
         raise PosGPTError(
             f"task={task.name} needs train.seq_len >= {task.min_length() - 1} with its settings "

@@ -205,17 +205,25 @@ def test_a_seed_gives_the_same_text_through_the_cli_and_greedy_ignores_it(runs, 
     assert samples[0].split("\n", 1)[1] != samples[1].split("\n", 1)[1]  # two draws differ
     assert sample_main(capsys, *args, "sample.seed=3")[1] == first[1]
     assert sample_main(capsys, *args, "sample.seed=4")[1] != first[1]
-    greedy = [sample_main(capsys, *args, "sample.temperature=0", f"sample.seed={seed}")[1] for seed in (3, 4)]
-    assert greedy[0] == greedy[1]
+    greedy = [sample_main(capsys, *args, "sample.temperature=0") for _ in range(2)]
+    assert greedy[0][0] == 0 and greedy[0][1] == greedy[1][1]
+
+
+@pytest.mark.parametrize("setting", ["sample.seed=4", "sample.top_k=5"])
+def test_greedy_decoding_refuses_the_sampling_settings_it_would_ignore(runs, capsys, setting):
+    """sample.temperature=0 takes the most likely token: a seed or a top_k given with it would change nothing."""
+    args = [f"run_dir={runs[1]['rope']}", "sample.max_new_tokens=4", "sample.temperature=0", setting]
+    code, out, err = sample_main(capsys, *args)
+    assert code == 2 and f"{setting} is read only when sampling" in err and "sample 1" not in out, err
 
 
 @pytest.mark.parametrize("temperature", ["1e-40", "5e-324"])  # float32 overflows; the smallest positive double
 def test_a_temperature_too_small_to_divide_by_is_greedy_decoding(runs, capsys, temperature):
     """Any temperature in the domain computes a distribution: one whose other tokens all underflow is greedy."""
-    args = [f"run_dir={runs[1]['rope']}", "sample.prompt='x = 1'", "sample.max_new_tokens=12", "sample.seed=3"]
+    args = [f"run_dir={runs[1]['rope']}", "sample.prompt='x = 1'", "sample.max_new_tokens=12"]
     greedy = sample_main(capsys, *args, "sample.temperature=0")
     assert greedy[0] == 0, greedy[2]
-    code, out, err = sample_main(capsys, *args, f"sample.temperature={temperature}")
+    code, out, err = sample_main(capsys, *args, "sample.seed=3", f"sample.temperature={temperature}")
     assert (code, out) == greedy[:2], err
 
 

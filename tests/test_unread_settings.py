@@ -84,3 +84,46 @@ def test_an_evaluation_without_the_trained_scaling_is_not_refused_for_its_settin
 def test_an_evaluation_refuses_an_unread_setting_it_sets(cli, yarn_run):
     done = cli.eval_here(yarn_run, *EVAL, "pe.scaling.beta_slow=2")
     assert_one_line_error(done, "pe.scaling.beta_slow=2.0", "pe.scaling.type=none ignores it")
+
+
+# Settings of one kind of run given to the other (core.domain's runs): a task run has no perplexity protocols, a
+# language-model run no task grid. Each is read by a run of the other kind only, so it would change nothing here.
+OTHER_KIND = [
+    (["task=passkey", "eval.protocols=[sliding]"], "eval.protocols=[sliding] is read only by a language-model run"),
+    (["task=passkey", "eval.stride=8"], "eval.stride=8 is read only by a language-model run"),
+    (["task=passkey", "eval.max_tokens=100"], "eval.max_tokens=100 is read only by a language-model run"),
+    (["task=passkey", "eval.per_position_plot_lengths=[16]"], "eval.per_position_plot_lengths=[16] is read only"),
+    (["task=mqar", "eval.task_depths=[0.5]"], "task=mqar has no depth to vary"),
+    (["eval.task_half_width=0.1"], "eval.task_half_width=0.1 is read only by a task run"),
+    (["eval.task_threshold=0.5"], "eval.task_threshold=0.5 is read only by a task run"),
+    (["eval.task_depths=[0.5]"], "eval.task_depths=[0.5] is read only by a task run"),
+    (["eval.random_positions=true"], "eval.random_positions=true is read only by a task run"),
+]
+
+
+@pytest.mark.parametrize(("extra", "fragment"), OTHER_KIND)
+def test_a_setting_only_the_other_kind_of_run_reads_is_refused_before_training(cli, tmp_path, extra, fragment):
+    run_dir = tmp_path / "run"
+    refused_before_writing(cli.train_here(run_dir, *extra), run_dir, fragment)
+
+
+@pytest.fixture(scope="module")
+def passkey_run(cli, tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("passkey") / "run", cli.corpus, "task=passkey", "train.seq_len=32")
+
+
+def test_an_evaluation_of_a_task_run_refuses_perplexity_settings_and_keeps_the_run_as_it_was(cli, passkey_run):
+    files = {path: path.read_bytes() for path in passkey_run.rglob("*") if path.is_file()}
+    done = cli.eval_here(passkey_run, "eval.protocols=[nonoverlapping]")
+    assert_one_line_error(done, "eval.protocols=[nonoverlapping] is read only by a language-model run", "task=passkey")
+    assert {path: path.read_bytes() for path in passkey_run.rglob("*") if path.is_file()} == files
+
+
+def test_the_settings_each_kind_of_run_reads_are_accepted(cli):
+    """The same keys, each given to a run of the kind that reads it, and an empty depth grid to any task."""
+    for extra in (
+        ["eval.protocols=[sliding]", "eval.stride=8", "eval.max_tokens=100", "eval.lengths=[16]"],
+        ["task=passkey", "eval.task_half_width=0.1", "eval.task_depths=[0.5]", "eval.task_threshold=0.5"],
+        ["task=mqar", "train.seq_len=64", "eval.task_depths=[]"],
+    ):
+        validate(compose_config([*cli.overrides(Path("unused"), *extra)]))
