@@ -1,18 +1,25 @@
 """The trained run an evaluation scores, in one object: built once (by eval.py, or by training when it ends) and
 handed to every evaluator (perplexity by protocol, task accuracy, the copy probe), so that none of them rebuilds
 the lengths, reaches into another's module, or takes a dozen loose arguments.
+
+It also says what scored a row (:meth:`EvalContext.provenance`), which every results file's writer stamps on each
+new row: the evaluator and the settings of it that the row depends on, the identity of the weights (a digest of the
+model's state as it was scored, :func:`weights_digest`), the training step, the scheme, the run's training seed, and
+how many tokens or examples were scored. Rows written before these were recorded lack them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from core.rundir import EVAL_DIR
 from experiment.config import eval_lengths
@@ -60,12 +67,49 @@ class EvalContext:
     def progress(self) -> bool:
         return bool(self.cfg.logging.progress)
 
+    @functools.cached_property
+    def weights(self) -> str | None:
+        """The digest of the scored weights (None without a model)."""
+        return None if self.model is None else weights_digest(self.model)
+
+    def provenance(self, row: dict[str, Any], evaluator: str, settings: tuple[str, ...]) -> dict[str, Any]:
+        """``row`` with what scored it: ``evaluator`` and its ``settings`` (eval.* keys it reads), the weights'
+        digest, the step, the scheme, the training seed, and the number scored (its tokens, else its examples)."""
+        scored, unit = (row.get("tokens"), "tokens") if "tokens" in row else (row.get("n"), "examples")
+        return {
+            **row,
+            "evaluator": evaluator,
+            "evaluator_settings": {name: _plain(self.cfg.eval[name]) for name in settings},
+            "weights": self.weights,
+            "step": self.step,
+            "scheme": self.cfg.pe.name,
+            "train_seed": self.cfg.train.seed,
+            "scored": scored,
+            "scored_unit": unit,
+        }
+
     def variations(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Each of the scheme's evaluation-time variations asked for (eval.variations, else the run as configured),
         applied to the model while the caller scores it: yields its label and the fields a row records of it."""
         for label, settings in self.model.pe.eval_variations(list(self.cfg.eval.variations or [])):
             with self.model.pe.evaluated_with(settings):
                 yield label, variation_fields(label, settings, self.cfg)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 of the model's state (every parameter and buffer: name, dtype, shape and bytes, in name order), the
+    first 16 hex digits: two rows with the same digest were scored by the same weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    """An eval.* value as JSON holds it (a ListConfig as a list)."""
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def as_plain(value: Any) -> Any:

@@ -49,6 +49,8 @@ from evaluation.context import EvalContext
 from evaluation.task_accuracy import examples_for, wilson_interval, write_task_results
 
 NAME = "copy_probe"
+# The eval.* settings a probe row depends on (its span, the tokens drawn, its number of examples, its batches).
+PROBE_EVAL_SETTINGS = ("copy_span", "copy_min_count", "task_half_width", "batch_tokens")
 COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
 _COUNTED_CANDIDATES: dict[tuple[str, int, int], torch.Tensor] = {}  # probe_candidates' (data.*, N, vocab) -> ids
 
@@ -194,4 +196,4 @@ def run_copy_probe(ctx: EvalContext, tokens: TokenArray, candidates: torch.Tenso
             fields = {"task": NAME, "length": length, **setting, **provenance}
             rows += probe_length(ctx, tokens, candidates, fields, distances)
     extra = {"accuracy": "exact match of the repeat's tokens after its first (teacher forcing); 95% Wilson intervals"}
-    return write_task_results(ctx, NAME, rows, {**extra, **probe})
+    return write_task_results(ctx, NAME, rows, {**extra, **probe}, evaluator=NAME, settings=PROBE_EVAL_SETTINGS)

@@ -35,6 +35,7 @@ from evaluation.plots import Series, bin_centre, bins_note, plot_per_position, p
 from evaluation.results import (
     CSV_COLUMNS,
     CSV_FILE,
+    KEY_SETTINGS,
     csv_rows,
     format_table,
     labelled_rows,
@@ -50,6 +51,13 @@ from evaluation.task_accuracy import run_task_eval
 from model.attention import resolve_layer_backends
 
 PPL_PLOT = "ppl_vs_length.png"
+# The eval.* settings a perplexity row depends on besides its own fields (length, protocol, stride), recorded in it;
+# a key-token row's are its selection's too (evaluation/key_tokens.py).
+PERPLEXITY_SETTINGS = ("max_tokens", "batch_tokens", "streaming_sinks")
+KEY_TOKEN_SETTINGS = (
+    *PERPLEXITY_SETTINGS,
+    *(name for name in KEY_SETTINGS if name != "key_evaluator_step"),  # the step: the evaluator's checkpoint's
+)
 PER_POSITION_PLOT = "per_position.png"
 
 
@@ -70,7 +78,7 @@ def evaluate_run(ctx: EvalContext, val_tokens: TokenArray | None) -> dict[str, A
 def run_extrapolation_eval(ctx: EvalContext, val_tokens: TokenArray) -> dict[str, Any]:
     """Score perplexity by length and protocol, merge into ``<run_dir>/eval/extrapolation.json``, write the CSV
     and plots, log to W&B."""
-    rows = score_perplexity(ctx, val_tokens)
+    rows = [ctx.provenance(row, *_evaluator(row)) for row in score_perplexity(ctx, val_tokens)]
     if all(row_ppl(row) is None for row in rows):
         shortest = min(rows, key=lambda row: row["length"])
         print(
@@ -93,6 +101,11 @@ def run_extrapolation_eval(ctx: EvalContext, val_tokens: TokenArray) -> dict[str
     if ctx.wandb_run is not None:
         _log_to_wandb(ctx.wandb_run, document, plots)
     return document
+
+
+def _evaluator(row: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """The evaluator that scored a perplexity document's row, and the eval.* settings it depends on."""
+    return ("key_tokens", KEY_TOKEN_SETTINGS) if row.get("measure") else ("perplexity", PERPLEXITY_SETTINGS)
 
 
 def score_perplexity(ctx: EvalContext, val_tokens: TokenArray) -> list[dict[str, Any]]:

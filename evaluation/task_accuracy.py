@@ -280,11 +280,22 @@ def run_task_eval(ctx: EvalContext) -> dict[str, Any]:
     return write_task_results(ctx, task.name, rows, extra)
 
 
+# The eval.* settings a task row depends on (its number of examples, their positions, its batches), recorded in it.
+TASK_SETTINGS = ("task_half_width", "random_positions", "batch_tokens")
+
+
 def write_task_results(
-    ctx: EvalContext, name: str, rows: list[dict[str, Any]], extra: dict[str, Any]
+    ctx: EvalContext,
+    name: str,
+    rows: list[dict[str, Any]],
+    extra: dict[str, Any],
+    evaluator: str = "task_accuracy",
+    settings: tuple[str, ...] = TASK_SETTINGS,
 ) -> dict[str, Any]:
-    """Merge rows into ``<run_dir>/eval/tasks.json``, write the CSV and plots, print the table, log to W&B."""
+    """Merge rows into ``<run_dir>/eval/tasks.json``, write the CSV and plots, print the table, log to W&B; each new
+    row stamped with what scored it (EvalContext.provenance: ``evaluator`` and its ``settings``)."""
     cfg = ctx.cfg
+    rows = [ctx.provenance(row, evaluator, settings) for row in rows]
     document = {
         "task": name,
         "pe": cfg.pe.name,

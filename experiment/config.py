@@ -69,6 +69,7 @@ class TrainConfig:
 
 
 PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
+PROBE_READS = ("task_half_width", "task_threshold")  # eval.* keys that a task run and the probes read
 KEY_TOKENS = ("key_tokens", (True,))  # the settings eval.key_tokens=true reads (core.domain's used_with)
 TEXT, TASK = ("text",), ("task",)  # the kinds of run that read a setting (core.domain's runs)
 
@@ -93,8 +94,9 @@ class EvalConfig:
     per_position_plot_lengths: list[int] | None = domain(None, ge=1, runs=TEXT)
     # Task runs (task=...; evaluation/task_accuracy.py): each cell gets enough examples for a 95% interval of at most
     # ± task_half_width; the effective length is the longest length up to which accuracy >= task_threshold.
-    task_half_width: float = domain(0.05, gt=0, le=0.5, runs=TASK)
-    task_threshold: float = domain(0.9, gt=0, le=1, runs=TASK)
+    # (both read by the copy probe too: PROBE_READS)
+    task_half_width: float = domain(0.05, gt=0, le=0.5)
+    task_threshold: float = domain(0.9, gt=0, le=1)
     # a grid of key depths, for a task whose keys have one (passkey: data/tasks/, Task.cells)
     task_depths: list[float] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1, runs=TASK)
     # A task run trained with train.random_positions=N: score each example at a sorted random subset of [0, N), as
@@ -368,6 +370,7 @@ def _validate_task(cfg: DictConfig, reads_data: bool, keys: Collection[str] | No
     if cfg.eval.tasks and task is not None:
         raise PosGPTError(f"eval.tasks probes a language-model run; this run was trained on task={task.name}")
     if task is None:
+        _check_probe_settings(cfg, keys)
         return
     depths = list(cfg.eval.task_depths)
     given = depths != EvalConfig().task_depths and is_set("eval.task_depths", keys)
@@ -380,6 +383,17 @@ def _validate_task(cfg: DictConfig, reads_data: bool, keys: Collection[str] | No
             f"task={task.name} needs train.seq_len >= {task.min_length() - 1} with its settings "
             f"(got {cfg.train.seq_len})"
         )
+
+
+def _check_probe_settings(cfg: DictConfig, keys: Collection[str] | None) -> None:
+    """A language-model run reads the examples' settings of a task run only for its probes (eval.tasks)."""
+    defaults = EvalConfig()
+    for name in PROBE_READS if not cfg.eval.tasks else ():
+        if cfg.eval[name] != getattr(defaults, name) and is_set(f"eval.{name}", keys):
+            raise PosGPTError(
+                f"eval.{name}={cfg.eval[name]} is read only by a task run or the probes of eval.tasks; this "
+                f"language-model run (data={cfg.data.name}) has no eval.tasks: drop it"
+            )
 
 
 def _validate_documents(cfg: DictConfig, keys: Collection[str] | None) -> None:

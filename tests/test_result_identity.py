@@ -89,6 +89,23 @@ def test_rows_record_what_they_scored_and_what_computed_them(corpus, tmp_path):
     assert corpus["val"].digest != corpus["train"].digest
 
 
+def test_rows_record_the_weights_step_scheme_seed_evaluator_and_count_that_scored_them(corpus, tmp_path):
+    """Every row carries its provenance: the digest of the weights that scored it (another model: another digest,
+    the same weights again: the same), the step, the scheme, the training seed, the evaluator and the settings of
+    it that the row depends on, and how many tokens it scored."""
+    document = evaluate(corpus["val"], tmp_path / "a")
+    digests = {row["weights"] for row in document["results"]}
+    assert len(digests) == 1 and len(next(iter(digests))) == 16
+    for row in document["results"]:
+        assert (row["step"], row["scheme"], row["train_seed"], row["evaluator"]) == (5, "rope", 1337, "perplexity")
+        assert row["evaluator_settings"] == {"max_tokens": 64, "batch_tokens": 16384, "streaming_sinks": 4}
+        assert row["scored"] == row["tokens"] > 0 and row["scored_unit"] == "tokens"
+    again = evaluate(corpus["val"], tmp_path / "b")
+    assert {row["weights"] for row in again["results"]} == digests  # the same weights: the same identity
+    changed = evaluate(corpus["val"], tmp_path / "c", prepare=lambda model: model.token_embedding.weight.data.mul_(2))
+    assert {row["weights"] for row in changed["results"]}.isdisjoint(digests)
+
+
 def test_another_corpus_or_split_under_the_same_name_never_replaces_rows(corpus, other_corpus, tmp_path, capsys):
     """The bug: a second file under the same data.name replaced the run's validation rows."""
     first = evaluate(corpus["val"], tmp_path)["results"]

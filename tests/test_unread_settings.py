@@ -94,8 +94,8 @@ OTHER_KIND = [
     (["task=passkey", "eval.max_tokens=100"], "eval.max_tokens=100 is read only by a language-model run"),
     (["task=passkey", "eval.per_position_plot_lengths=[16]"], "eval.per_position_plot_lengths=[16] is read only"),
     (["task=mqar", "eval.task_depths=[0.5]"], "task=mqar has no depth to vary"),
-    (["eval.task_half_width=0.1"], "eval.task_half_width=0.1 is read only by a task run"),
-    (["eval.task_threshold=0.5"], "eval.task_threshold=0.5 is read only by a task run"),
+    (["eval.task_half_width=0.1"], "eval.task_half_width=0.1 is read only by a task run or the probes"),
+    (["eval.task_threshold=0.5"], "eval.task_threshold=0.5 is read only by a task run or the probes"),
     (["eval.task_depths=[0.5]"], "eval.task_depths=[0.5] is read only by a task run"),
     (["eval.random_positions=true"], "eval.random_positions=true is read only by a task run"),
 ]
@@ -125,5 +125,6 @@ def test_the_settings_each_kind_of_run_reads_are_accepted(cli):
         ["eval.protocols=[sliding]", "eval.stride=8", "eval.max_tokens=100", "eval.lengths=[16]"],
         ["task=passkey", "eval.task_half_width=0.1", "eval.task_depths=[0.5]", "eval.task_threshold=0.5"],
         ["task=mqar", "train.seq_len=64", "eval.task_depths=[]"],
+        ["eval.tasks=[copy_probe]", "eval.task_half_width=0.3", "eval.task_threshold=0.5"],  # the probe's
     ):
         validate(compose_config([*cli.overrides(Path("unused"), *extra)]))
