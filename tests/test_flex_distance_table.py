@@ -21,9 +21,12 @@ from experiment.compose import compose_config
 from experiment.config import validate
 from model.attention import attend, default_state
 from model.pe import SCHEMES
+from model.pe import capabilities as cap
 
-RELATIVE = sorted(name for name, cls in SCHEMES.items() if cls.bias_is_relative)
-TABLE = [name for name in RELATIVE if not SCHEMES[name].score_mod_compiles]  # FlexAttention reads their table
+RELATIVE = sorted(name for name, cls in SCHEMES.items() if issubclass(cls, cap.DistanceBias))
+TABLE = [
+    name for name in RELATIVE if issubclass(SCHEMES[name], cap.UncompiledScoreBias)
+]  # FlexAttention reads their table
 AWKWARD = [1, 127, 129, 300]  # FlexAttention's blocks hold 128 queries and 128 keys
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -134,7 +137,7 @@ def test_the_table_is_built_once_per_forward_pass_and_layer(name, monkeypatch):
     state = default_state(pe, 50, 50, torch.device("cpu"))
     for layer in (0, 1, 0, 1):
         attention._score_mod(pe, state, layer, None)
-    layers = [0, 1] if pe.bias_depends_on_layer else [0]
+    layers = [0, 1] if isinstance(pe, cap.LayerwiseBias) else [0]
     assert calls == [((50,), (1,), layer) for layer in layers]
 
 

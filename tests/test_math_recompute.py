@@ -14,10 +14,11 @@ from test_backends import assert_all_close, output_and_grads
 import model.attention as attention
 from model.attention import attend, default_state
 from model.pe import SCHEMES, ModelDims, build_positional_encoding
+from model.pe import capabilities as cap
 
 B, H, D = 2, 2, 8
 WRITTEN_OUT = sorted(  # the schemes whose attention is always the written-out path
-    name for name, cls in SCHEMES.items() if cls.has_content_bias or cls.has_attention_weights
+    name for name, cls in SCHEMES.items() if issubclass(cls, (cap.ContentBias, cap.AttentionWeights))
 )
 
 
