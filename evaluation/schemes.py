@@ -6,38 +6,15 @@ its name (evaluation/plots.py) and its own name in tables, so adding a scheme ne
 
 from __future__ import annotations
 
-# scheme -> its colour in every plot. Tints of a colour for schemes made from another: p-RoPE and the per-layer
-# patterns that are mostly RoPE take RoPE's blues; the hybrid, a light tint of NoPE's purple.
-COLOURS: dict[str, str] = {
-    "rope": "#1f77b4",
-    "alibi": "#ff7f0e",
-    "sinusoidal": "#2ca02c",
-    "learned": "#d62728",
-    "none": "#9467bd",
-    "t5": "#8c564b",
-    "kerple": "#e377c2",
-    "fire": "#7f7f7f",
-    "xpos": "#bcbd22",
-    "cope": "#17becf",
-    "p_rope": "#aec7e8",
-    "hybrid": "#c5b0d5",
-    "rnope": "#6baed6",
-    "llama4_inope": "#08519c",
-    "fox": "#98df8a",
-    "stickbreaking": "#ff9896",
-    "path": "#dbdb8d",
-    "pope": "#ffbb78",
-}
+import json
+from pathlib import Path
 
-# scheme -> its name in comparison tables, where it is not the scheme's own ("none" alone would read as "no
-# variation").
-DISPLAY_NAMES: dict[str, str] = {
-    "none": "none (NoPE)",
-    "fox": "FoX",
-    "stickbreaking": "stick-breaking",
-    "path": "PaTH",
-    "pope": "PoPE",
-}
+# A table, not code: the names of schemes appear only in model/pe/ and in data (tests/test_house_rules.py). Tints of a
+# colour for schemes made from another: p-RoPE and the patterns that are mostly RoPE take RoPE's blues, the hybrid a
+# light tint of NoPE's purple; "none" is "none (NoPE)" in tables, as "none" alone would read as "no variation".
+_TABLE = json.loads((Path(__file__).with_name("schemes.json")).read_text())
+COLOURS: dict[str, str] = _TABLE["colours"]  # scheme -> its colour in every plot
+DISPLAY_NAMES: dict[str, str] = _TABLE["display_names"]  # scheme -> its name in tables, where not its own
 
 
 def display_name(name: str) -> str:

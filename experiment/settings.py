@@ -9,6 +9,8 @@ touch the settings below; anything else is refused with one line that names the 
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -127,9 +129,9 @@ def overridden_keys(overrides: list[str]) -> list[str]:
 # or a task's own: its legacy_values). (Every other key added since defaults to the earlier behaviour.)
 LEGACY_VALUES = {"model.embedding": "gpt2"}
 # The same for a scheme's settings, under pe.: scheme -> {setting: the value its older checkpoints were trained with}.
-LEGACY_PE_VALUES: dict[str, dict[str, Any]] = {
-    "sinusoidal": {"match_tokens": False},  # checkpoints written before pe.match_tokens existed trained without it
-}
+# A table, not code (scheme names appear only in model/pe/ and in data: tests/test_house_rules.py): the sinusoid's
+# checkpoints written before pe.match_tokens existed trained without it.
+LEGACY_PE_VALUES: dict[str, dict[str, Any]] = json.loads(Path(__file__).with_name("legacy_pe_values.json").read_text())
 # Settings renamed since checkpoints were first written: old dotted key -> today's.
 LEGACY_NAMES = {"eval.scalings": "eval.variations"}
 

@@ -136,8 +136,8 @@ class AttentionPath:
     (``explicit``), a KV cache or captured probabilities (both run the written-out or the blockwise path), and whether
     FlexAttention or the scheme's kernel has failed in this process (``flex_failure``, ``fused_failure``)."""
 
-    kernel: str  # a full causal pass with positions 0..T-1: sdpa | flex | math | the scheme's fused_backend
-    explicit_kernel: str  # the same with positions given per token (no distance table stands in for the bias)
+    runs: str  # a full causal pass with positions 0..T-1: sdpa | flex | math | the scheme's fused_backend
+    explicit_runs: str  # the same with positions given per token (no distance table stands in for the bias)
     score_bias: bool = False  # the scheme's score_bias is added (mask blocks, score_mod)
     distance_table: bool = False  # with positions 0..T-1 the bias is read from its table per distance
     table_per_layer: bool = False  # ... made once per layer, not once per forward pass
@@ -153,16 +153,16 @@ class AttentionPath:
     def backend(self, explicit: bool = False) -> str:
         """The backend a full pass runs, as the runs' records name it: sdpa for flex once FlexAttention has failed in
         this process, the written-out path for the scheme's kernel once it has."""
-        kernel = self.explicit_kernel if explicit else self.kernel
-        if kernel == "flex" and flex_failure is not None:
+        runs = self.explicit_runs if explicit else self.runs
+        if runs == "flex" and flex_failure is not None:
             return "sdpa"
-        return "math" if kernel == self.fused and fused_failure is not None else kernel
+        return "math" if runs == self.fused and fused_failure is not None else runs
 
     def describe(self) -> str:
         """One line for the model summary: the kernel, and what it reads besides q, k and v."""
-        parts = [self.kernel]
-        if self.explicit_kernel != self.kernel:
-            parts[0] += f" ({self.explicit_kernel} with per-token positions)"
+        parts = [self.runs]
+        if self.explicit_runs != self.runs:
+            parts[0] += f" ({self.explicit_runs} with per-token positions)"
         extras = {
             "windowed scores": self.window is not None,
             "distance table" + (" per layer" if self.table_per_layer else ""): self.distance_table,
@@ -200,17 +200,17 @@ def resolve_path(pe: PositionalEncoding, backend: str, device: torch.device | st
         # the bias needs the scores themselves, two scores per pair, weights that are not a softmax, or logits that are
         # not q . k: no PyTorch kernel; the scheme's own, where one is installed, for what it can take
         own = isinstance(pe, FusedKernel) and backend != "math" and not sink and pe.fused_attention(device) is not None
-        kernel = pe.fused_backend if own else "math"
-        return AttentionPath(kernel, "math", fused=pe.fused_backend if own else None, **traits)
+        runs = pe.fused_backend if own else "math"
+        return AttentionPath(runs, "math", fused=pe.fused_backend if own else None, **traits)
     if backend == "auto":
         backend = "flex" if (biased or traits["cumulative_bias"]) and cuda else "sdpa"
-    explicit_kernel = backend
+    explicit_runs = backend
     if backend == "flex" and cuda and isinstance(pe, UncompiledScoreBias):
         # its score_mod cannot be compiled (CPU runs FlexAttention eagerly: it can there); a distance table, read
         # with positions 0..T-1, compiles
-        explicit_kernel = "sdpa"
+        explicit_runs = "sdpa"
         backend = "flex" if traits["distance_table"] else "sdpa"
-    return AttentionPath(backend, explicit_kernel, **traits)
+    return AttentionPath(backend, explicit_runs, **traits)
 
 
 def resolve_backend(

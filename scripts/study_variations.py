@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import _repo  # noqa: F401  (the repository's packages on sys.path)
 
+import json
 import sys
+from pathlib import Path
 
-# No-fine-tuning extensions to the study's longest length, 16x. The remaps' windows are in tokens, chosen for the
+# A table, not code (scheme names appear only in model/pe/ and in data: tests/test_house_rules.py). RoPE and p-RoPE:
+# no-fine-tuning extensions to the study's longest length, 16x; the remaps' windows are in tokens, chosen for the
 # study's L = 64: ReRoPE's 32 < L, and Self-Extend's group 32 maps 16L's farthest distance (W + (16L - W)/G = 63)
-# inside L.
-ROPE = ("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32", "string:32:4")
-# RoPE's rescalings for the RoPE layers of a per-layer pattern (not its remaps: each doubles a study's task
+# inside L. Per-layer patterns: RoPE's rescalings for their RoPE layers (not its remaps: each doubles a study's task
 # evaluation, and RoPE's own runs measure them).
-PATTERN = ("yarn:16", "ntk:16")
-
-STUDY_VARIATIONS: dict[str, tuple[str, ...]] = {
-    "rope": ROPE,
-    "p_rope": ROPE,
-    "hybrid": PATTERN,
-    "rnope": PATTERN,
-    "llama4_inope": PATTERN,
-}
+STUDY_VARIATIONS: dict[str, list[str]] = json.loads(Path(__file__).with_name("study_variations.json").read_text())
 
 
 def main(names: list[str]) -> int:
