@@ -1,5 +1,14 @@
 """Causal self-attention kernels, one entry point for every positional scheme.
 
+Which path a layer takes is chosen once, when the model is built: :func:`resolve_path` reads the interfaces its
+scheme inherits (model/pe/capabilities.py), the backend asked for, the device's kind and whether the model has
+sink logits, and returns an :class:`AttentionPath` (the kernel, whether a distance table stands in for the bias and
+per layer or not, whether FlexAttention's score_mod reads it, the cumulative bias, content bias, own weights or
+transported scores, a window of merged rotations, the scheme's fused kernel). The forward pass follows it and asks
+the scheme nothing; it decides only what the pass itself brings (positions given per token, a KV cache, captured
+probabilities) and what the process has learnt (FlexAttention or a fused kernel given up after a failure). The model
+resolves the paths again when an evaluation-time variation changes a scheme's settings, and prints them.
+
     attend(q, k, v, pe, backend, state, layer) = softmax(q k^T / sqrt(d) + bias + causal mask) v
 
 Backends (``model.attn_backend``):
@@ -9,10 +18,10 @@ Backends (``model.attn_backend``):
   With a bias (ALiBi, ...) it is given the bias as a float mask, materialised one block of queries at a
   time so memory stays at O(block x T) per head instead of O(T^2): this is the CPU path for bias schemes.
   Keys after a block's last query are left out, so the blocks skip most of the masked half as the causal
-  kernel does. A bias that depends only on the distance (``bias_is_relative``) is computed once per distance
+  kernel does. A bias that depends only on the distance (a ``DistanceBias``) is computed once per distance
   and each block is cut from that table (``_relative_block``).
 - ``flex``: FlexAttention with the scheme's bias as a ``score_mod`` and a causal block mask; nothing is
-  materialised (CUDA, compiled). A bias that depends only on the distance (``bias_is_relative``), with positions
+  materialised (CUDA, compiled). A bias that depends only on the distance (a ``DistanceBias``), with positions
   0..T-1, is evaluated by the scheme's own code once per forward pass (per layer if it depends on the layer) into
   a table of (H, T) values, one per head and distance, the table the sdpa path cuts its blocks from
   (``_distance_bias``); the score_mod reads ``table[h, q_idx - kv_idx]``. That is one read of one tensor whatever
@@ -32,7 +41,7 @@ Backends (``model.attn_backend``):
   of every layer's (B, H, T, T). On CPU, CoPE's attention at 1,024 tokens (B = H = 4, head size 64) peaked at 478
   MiB instead of 1,277 (docs/speed.md); on a GPU, CoPE at GPT-2 small is still to be measured (``--part 2``).
 - ``auto``: flex for bias schemes on CUDA, sdpa otherwise. A scheme whose score_mod inductor cannot compile
-  (``score_mod_compiles`` false, for a bias not read from a distance table) runs sdpa on CUDA, even when flex is
+  (an ``UncompiledScoreBias``, for a bias not read from a distance table) runs sdpa on CUDA, even when flex is
   asked for: with positions 0..T-1 every bias that depends only on the distance reads its table and takes flex.
 
 If FlexAttention fails when it is first used (its compilation, say, on an unsupported GPU), the process
@@ -40,28 +49,27 @@ warns once and runs sdpa from then on; :func:`resolve_backend` then reports ``sd
 holds why.
 
 With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path. A scheme
-with a content bias (CoPE), or whose scores are merged from two rotations by distance (``score_window``:
+with a content bias (CoPE), or whose scores are merged from two rotations by distance (``Rotation.score_window``:
 RoPE's remaps, model/windowed_attention.py), always runs ``math``, whatever the backend. The causal mask is
 by index; the scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
 
-A scheme whose weights replace softmax (``pe.has_attention_weights``) always runs ``math`` too: each block of queries
+A scheme whose weights replace softmax (``AttentionWeights``) always runs ``math`` too: each block of queries
 gets its scaled, causally masked scores (-inf where hidden, as a content bias sees them), the scheme turns them into
 weights, float32, and the output is those weights times v. Blocks of queries bound the memory as for softmax, and a KV
 cache changes nothing but the block's first query index. With no softmax there is no denominator for a sink: refused.
 
-A scheme whose logits carry each key to its query through per-token transitions (``pe.has_transitions``) always runs
+A scheme whose logits carry each key to its query through per-token transitions (``TransportedScores``) always runs
 ``math`` too: the layer hands over those logits as a function of a block of queries (``logits(start, stop)``, (B, H,
 stop - start, Tk), unscaled), which each block calls in place of q . k, so that no more rows than a block's exist at
 once (and, training, are recomputed with it); the scale, biases, mask and softmax follow as for any scheme.
 
-Either kind of scheme may bring a kernel of its own for the whole of its attention (model/pe/base.py, hook 8: an
-installed package's Triton kernel on CUDA). The layer runs it in place of ``attend`` for a full causal pass
-(:func:`fused_attention`), on any backend but ``math``; a KV cache, captured probabilities, positions per token
-(packed documents) or a sink run ``math``. :func:`resolve_backend` then reports the scheme's ``fused_backend`` (the
-runs' records name the kernel), and a kernel that fails at its first use is given up as FlexAttention is
-(``fused_failure``).
+Either kind of scheme may bring a kernel of its own for the whole of its attention (``FusedKernel``, model/pe/base.py,
+hook 8: an installed package's Triton kernel on CUDA). The layer runs it in place of ``attend`` for a full causal pass
+(:func:`fused_attention`), on any backend but ``math``; a KV cache, captured probabilities, positions per token (packed
+documents) or a sink run ``math``. :func:`resolve_backend` then reports the scheme's ``fused_backend`` (the runs'
+records name the kernel), and a kernel that fails at its first use is given up as FlexAttention is (``fused_failure``).
 
-A cumulative bias (``pe.has_cumulative_bias``: FoX) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
+A cumulative bias (``CumulativeBias``) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
 by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: sdpa
 folds it into q and k (float32, no cache: the fused causal kernel) or adds it to each materialised mask block,
 flex reads it in the ``score_mod`` (score + c[b, h, q] - c[b, h, k]), math adds it to the written-out scores.

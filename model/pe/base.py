@@ -1,32 +1,34 @@
-"""The one interface every positional scheme implements.
+"""The base class of every positional scheme, and what position can do in a transformer.
 
-Position can enter a transformer in seven places. A scheme overrides the hooks it uses and inherits no-ops
-for the rest:
+Position can enter a transformer in seven places. Each is a small interface (model/pe/capabilities.py) whose hooks
+a scheme writes; the scheme inherits the interfaces it implements, and the base class alone is no position at all
+(NoPE). Attention reads the interfaces once, when the model is built, into each layer's path (model/attention.py):
 
-1. ``embed(positions)``      -> a vector per position, added to the token embeddings (sinusoidal, learned)
-2. ``rotate(q, k, positions, seq_len, prepared)`` -> q and k transformed in every attention layer (RoPE, xPos)
-3. ``score_bias(q_pos, k_pos, head, layer)`` -> a term added to attention scores (ALiBi, T5, KERPLE, FIRE)
-4. ``content_bias(q, scores, layer)`` -> a term computed from the scores themselves (CoPE); such a scheme
+1. ``PositionEmbedding.embed(positions)`` -> a vector per position, added to the token embeddings
+2. ``Rotation.rotate(q, k, positions, seq_len, prepared)`` -> q and k transformed in every attention layer
+3. ``ScoreBias.score_bias(q_pos, k_pos, head, layer)`` -> a term added to attention scores
+4. ``ContentBias.content_bias(q, scores, layer)`` -> a term computed from the scores themselves (CoPE); such a scheme
    always runs the written-out attention path
-5. ``cumulative_bias(x, layer)`` -> a term per token and head, g_t, computed from the layer's input x (so from
-   the data, per batch row and layer); the score of query i over key j gets the sum of g over the tokens after
-   j up to i, c_i - c_j with c = cumsum(g) (FoX's log forget gates; ALiBi would be g = -slope)
-6. ``attention_weights(scores, layer)`` -> the weights that multiply the values in place of softmax over the scores,
-   computed from the scaled, causally masked scores of a block of queries (stick-breaking: order enters through
-   the weights themselves); such a scheme always runs the written-out attention path, in blocks of queries, so its
-   weights must treat each query's row on its own
-7. ``transitions(x, layer)`` and ``transported_scores(q, k, transitions, carry)`` -> the logit of query i over key j
-   taken through a linear map made of one transition per token between them, q_i . T_i T_{i-1} ... T_{j+1} k_j, each
-   T_t computed from the layer's input x (so from the data, per batch row and layer; PaTH's Householder-like
-   reflections); such a scheme always runs the written-out path, which takes these logits in place of q_i . k_j,
-   one block of queries at a time
+5. ``CumulativeBias.cumulative_bias(x, layer)`` -> a term per token and head, g_t, computed from the layer's input x (so
+   from the data, per batch row and layer); the score of query i over key j gets the sum of g over the tokens after j up
+   to i, c_i - c_j with c = cumsum(g) (FoX's log forget gates; ALiBi would be g = -slope)
+6. ``AttentionWeights.attention_weights(scores, layer)`` -> the weights that multiply the values in place of softmax
+   over the scores, computed from the scaled, causally masked scores of a block of queries (stick-breaking: order enters
+   through the weights themselves); such a scheme always runs the written-out attention path, in blocks of queries, so
+   its weights must treat each query's row on its own
+7. ``TransportedScores.transitions(x, layer)`` and ``transported_scores(q, k, transitions, carry)`` -> the logit of
+   query i over key j taken through a linear map made of one transition per token between them, q_i . T_i T_{i-1} ...
+   T_{j+1} k_j, each T_t computed from the layer's input x (so from the data, per batch row and layer; PaTH's
+   Householder-like reflections); such a scheme always runs the written-out path, which takes these logits in place of
+   q_i . k_j, one block of queries at a time
 
-One more hook is not a place for position but a faster way to the same numbers: ``fused_attention(device)`` -> a
-kernel that computes a scheme's whole attention (hooks 6 and 7 above, which have no PyTorch kernel) in one pass, where
-an installed package provides it (its reference's Triton kernel on a GPU), or None. Attention runs it for full causal
-passes on ``device`` (training, scoring) and names it in the runs' records (``fused_backend``; ``fused_kernel`` says
-which package's function it is, imported when the scheme is built); anything it cannot
-take (a KV cache, captured probabilities, packed documents, a sink) runs the written-out path (model/attention.py).
+One more interface, hook 8, is not a place for position but a faster way to the same numbers:
+``FusedKernel.fused_attention(device)`` -> a kernel that computes a scheme's whole attention (hooks 6 and 7 above, which
+have no PyTorch kernel) in one pass, where an installed package provides it (its reference's Triton kernel on a GPU), or
+None. Attention runs it for full causal passes on ``device`` (training, scoring) and names it in the runs' records
+(``fused_backend``; ``fused_kernel`` says which package's function it is, imported when the scheme is built); anything
+it cannot take (a KV cache, captured probabilities, packed documents, a sink) runs the written-out path
+(model/attention.py).
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
@@ -35,14 +37,14 @@ scheme never knows which.
 
 Per forward pass. What does not depend on the layer (RoPE's cos/sin) is computed once by ``prepare`` and
 handed to every layer in a :class:`PositionState`. A bias that depends only on the distance
-(``bias_is_relative``: ALiBi, T5, KERPLE) is evaluated once per distance and forward pass (per layer if
-``bias_depends_on_layer``: KERPLE), by ``bias_block``; each block of queries is cut from that table, and
+(a ``DistanceBias``) is evaluated once per distance and forward pass (per layer for a ``LayerwiseBias``), by
+``bias_block``; each block of queries is cut from that table, and
 FlexAttention's score_mod reads it (model/attention.py). Schemes
 with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and index them by ``layer``.
 
 Per layer. The model asks the scheme which scheme runs each layer (``layer_schemes``): itself in every layer,
 unless it is composed of others per layer (hybrid.py: RoPE in some layers, NoPE in others). Each layer then
-sees only its own scheme, with its own prepared values and bias tables, and picks its attention path alone.
+sees only its own scheme, with its own prepared values and bias tables, and its own attention path.
 
 A cumulative bias is data: the attention layer computes c = cumsum(g) over the sequence and hands it to
 ``attend``, which adds c_i - c_j to the mask blocks (CPU), in the FlexAttention ``score_mod`` (GPU), or to the
@@ -54,10 +56,10 @@ and ``attend`` gets the logits of the new queries over all keys (model/gpt.py). 
 through the transitions of every token after it (what ``carry`` returns), so that a new token only carries the cached
 keys through its own transitions.
 
-Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps,
-Self-Extend, ReRoPE and STRING): ``score_window()`` then returns the window W, ``rotate`` returns q and k with the two
-rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where
-0 <= q_pos - k_pos < W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
+Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps, Self-Extend,
+ReRoPE and STRING): ``Rotation.score_window()`` then returns the window W, ``rotate`` returns q and k with the two
+rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where 0 <= q_pos - k_pos
+< W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
 
 Wider q and k. ``rotate`` may return q and k of another head size than v's (a scheme that maps each coordinate to
 a complex number returns 2d real ones): attention scales their scores by 1 / sqrt(size of q) (scores merged by
