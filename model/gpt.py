@@ -116,8 +116,8 @@ def validate_model_config(cfg: ModelConfig) -> None:
 @dataclass
 class KVCache:
     """Keys and values of every layer for the tokens generated so far. Keys are stored rotated, except for
-    schemes whose rotation depends on the length (``pe.rotation_depends_on_length()``): those are rotated anew
-    at every step."""
+    schemes whose rotation depends on the length (``Rotation.rotation_depends_on_length``, read into the layer's
+    path): those are rotated anew at every step."""
 
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
