@@ -127,12 +127,14 @@ class RotaryPositionalEncoding(Rotation, PositionalEncoding):
         check_scaling_fits(scaling, self.rotated)
         check_one_extension(scaling, self.cfg.remap)
         self.cfg = dataclasses.replace(self.cfg, scaling=scaling)
+        self.settings_changed()  # a length-dependent scaling keeps a KV cache's keys unrotated
 
     def set_remap(self, remap: RoPERemapConfig) -> None:
         """Remap the distances beyond a window (or stop: type none) from now on."""
         check_remap(remap, train_len=self.dims.train_seq_len)
         check_one_extension(self.cfg.scaling, remap)
         self.cfg = dataclasses.replace(self.cfg, remap=resolved(remap))
+        self.settings_changed()  # a remap takes the windowed path
 
     @classmethod
     def check_variations(cls, cfg: RoPEConfig, specs: Sequence[str]) -> None:
