@@ -62,7 +62,7 @@ gpt2=(model=gpt2 train.seq_len=1024 train.batch_size=16 --warmup 5 --steps 10 --
 # 2026-11-27 (part 2 takes the rest).
 PART1_BIAS=t5,kerple
 registry() {  # registry EXPRESSION: the registered schemes whose class satisfies it (c), comma-separated
-  python -c "from model.pe import SCHEMES; print(','.join(sorted(n for n, c in SCHEMES.items() if $1)))"
+  python -c "from model.pe import SCHEMES; from model.pe.capabilities import *; print(','.join(sorted(n for n, c in SCHEMES.items() if $1)))"
 }
 limit_for() {  # limit_for LIMIT: LIMIT, or less where --budget leaves less; 0 when under 30 s would be left
   local limit=$1 left
@@ -142,9 +142,9 @@ part2() {
   # again with less shared memory per kernel (its kernels asked for 245,760 bytes of an H200's 232,448 on
   # 2026-11-27, forward included): 2 pipeline stages instead of 3 in both passes, then the forward's tiles halved.
   local rest retry
-  rest=$(registry "(c.has_score_bias or c.has_cumulative_bias) and n not in '$PART1_BIAS'.split(',')")
+  rest=$(registry "(issubclass(c, ScoreBias) or issubclass(c, CumulativeBias)) and n not in '$PART1_BIAS'.split(',')")
   bench 320 bench_compiled_bias scripts/speed.py "${gpt2[@]}" pe="rope,$rest" train.compile=true --eval-length 16384
-  retry=$(python - "$F" "$(registry "c.bias_is_relative")" <<'PY'
+  retry=$(python - "$F" "$(registry "issubclass(c, DistanceBias)")" <<'PY'
 import json, sys
 latest = {}  # scheme -> its latest record, over every run in the file
 for run in json.load(open(sys.argv[1]))["runs"]:
@@ -167,9 +167,9 @@ part3() {
   # attn_backend=fla where it ran) compiled beside RoPE, training and scoring 16K tokens (each kernel autotunes at
   # its first call: stick-breaking outlasted a 99 s step on 2026-11-27); CoPE compiled (its written-out attention in
   # blocks of queries recomputed in the backward pass; its eager run is part 5's, beside RoPE's).
-  bench 300 bench_fused_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$(registry "c.fused_backend")" \
+  bench 300 bench_fused_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$(registry "issubclass(c, FusedKernel)")" \
     train.compile=true --eval-length 16384
-  bench 150 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_content_bias")" train.compile=true
+  bench 150 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "issubclass(c, ContentBias)")" train.compile=true
 }
 
 part4() {
@@ -193,14 +193,14 @@ part5() {
   # own), then the rest; the memory model's prediction beside the measured peak (RoPE, CoPE); the bias schemes
   # through SDPA with a blockwise mask instead of FlexAttention, scoring 16K too.
   local pe own written
-  written=$(registry "c.has_content_bias or c.has_attention_weights or c.has_transitions")
-  own=$(registry "n != 'rope' and not (c.has_content_bias or c.has_attention_weights or c.has_transitions)")
+  written=$(registry "issubclass(c, ContentBias) or issubclass(c, AttentionWeights) or issubclass(c, TransportedScores)")
+  own=$(registry "n != 'rope' and not (issubclass(c, ContentBias) or issubclass(c, AttentionWeights) or issubclass(c, TransportedScores))")
   bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="rope,$written,$own" train.compile=false
-  for pe in rope "$(registry "c.has_content_bias")"; do
+  for pe in rope "$(registry "issubclass(c, ContentBias)")"; do
     bench 60 "estimate_$pe" scripts/estimate.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe="$pe" --measure \
       --record "$F"
   done
-  bench 150 bench_sdpa scripts/speed.py "${gpt2[@]}" pe="$(registry "c.has_score_bias")" model.attn_backend=sdpa \
+  bench 150 bench_sdpa scripts/speed.py "${gpt2[@]}" pe="$(registry "issubclass(c, ScoreBias)")" model.attn_backend=sdpa \
     --eval-length 16384
 }
 

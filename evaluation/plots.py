@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import PosGPTError
-from model.pe import record
+from evaluation.schemes import COLOURS
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,11 +36,11 @@ LINE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (10, 3)), 
 
 
 def scheme_colour(scheme: str) -> str:
-    """The colour of ``scheme`` in every plot: the one its record declares (model/pe/), and for any other name a hue
+    """The colour of ``scheme`` in every plot: the one evaluation/schemes.py declares, and for any other name a hue
     taken from a hash of the name (md5, not hash(), which changes between Python processes), so a scheme
     added later keeps its colour and changes nobody else's."""
-    if record(scheme).colour:
-        return record(scheme).colour
+    if scheme in COLOURS:
+        return COLOURS[scheme]
     hue = int(hashlib.md5(scheme.encode()).hexdigest()[:8], 16) / 2**32
     red, green, blue = colorsys.hsv_to_rgb(hue, 0.75, 0.7)
     return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"

@@ -30,6 +30,14 @@ from model import attention
 from model.gpt import padded_vocab_size
 from model.loss import FUSED_CHUNK, NO_GRAD_CHUNK, use_fused
 from model.pe import PositionalEncoding
+from model.pe.capabilities import (
+    AttentionWeights,
+    ContentBias,
+    FusedKernel,
+    Rotation,
+    ScoreBias,
+    TransportedScores,
+)
 
 MiB = 2**20
 # Tensors of B x H x T^2 the math path of a position-counting scheme keeps per layer for backward: scores,
@@ -75,7 +83,7 @@ def _meta_model(cfg: DictConfig) -> torch.nn.Module:
 
 
 def _rotates(pe: PositionalEncoding) -> bool:
-    return type(pe).rotate is not PositionalEncoding.rotate
+    return isinstance(pe, Rotation)
 
 
 def count_parameters(cfg: DictConfig) -> int:
@@ -104,7 +112,7 @@ def transported_bytes(scheme: PositionalEncoding, rows: int, heads: int, T: int,
     """What a layer with transported logits (model/pe/base.py, hook 7) keeps beyond the written-out path's own: with
     its queries in one block (``whole``), that block's logits and the products behind them; otherwise what every
     block computes its rows from, O(T) per head."""
-    if not scheme.has_transitions:
+    if not isinstance(scheme, TransportedScores):
         return 0
     if whole:
         return TRANSPORTED_KEPT_COPIES * rows * heads * T * T * 4
@@ -132,9 +140,9 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
 
     def layer_bytes(scheme: PositionalEncoding) -> float:
         math_kept = 0 if recomputed else MATH_SCORE_COPIES * scores * 4
-        kept = {"math": math_kept, "sdpa": scores / 2 * act if scheme.has_score_bias else 0}
+        kept = {"math": math_kept, "sdpa": scores / 2 * act if isinstance(scheme, ScoreBias) else 0}
         # the scheme's own kernel (model/pe/base.py, hook 8) keeps no T x T and no transported logits, as flash sdpa
-        fused = backend(scheme) == scheme.fused_backend
+        fused = isinstance(scheme, FusedKernel) and backend(scheme) == scheme.fused_backend
         transported = 0 if fused else transported_bytes(scheme, rows, m.n_head, T, m.n_embd // m.n_head, not recomputed)
         return tokens * (19 if _rotates(scheme) else 17) * m.n_embd * act + kept.get(backend(scheme), 0) + transported
 
@@ -170,13 +178,14 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
 
     def layer_parts(scheme: PositionalEncoding) -> tuple[float, float]:
         """(attention layer's activations, attention's own) of a layer that runs ``scheme``."""
-        if backend == scheme.fused_backend:
+        if isinstance(scheme, FusedKernel) and backend == scheme.fused_backend:
             attention_bytes = 0  # the scheme's own kernel (model/pe/base.py, hook 8): no T x T, as flash sdpa
-        elif backend == "math" or scheme.has_content_bias or scheme.has_attention_weights or scheme.has_transitions:
+        elif backend == "math" or isinstance(scheme, (ContentBias, AttentionWeights, TransportedScores)):
             attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
-            if scheme.has_transitions:  # a block's rows of logits stand for its q . k; what every block needs
+            # a block's rows of logits stand for its q . k; what every block needs
+            if isinstance(scheme, TransportedScores):
                 attention_bytes += transported_bytes(scheme, rows, m.n_head, length, m.n_embd // m.n_head, whole=False)
-        elif backend == "sdpa" and scheme.has_score_bias:
+        elif backend == "sdpa" and isinstance(scheme, ScoreBias):
             # A block's mask, per row (CPU), cut from a per-head block: at most the budget, and 1/rows more.
             attention_bytes = min(scores, budget) * act * (1 + 1 / rows)
         else:

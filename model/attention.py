@@ -1,5 +1,14 @@
 """Causal self-attention kernels, one entry point for every positional scheme.
 
+Which path a layer takes is chosen once, when the model is built: :func:`resolve_path` reads the interfaces its
+scheme inherits (model/pe/capabilities.py), the backend asked for, the device's kind and whether the model has
+sink logits, and returns an :class:`AttentionPath` (the kernel, whether a distance table stands in for the bias and
+per layer or not, whether FlexAttention's score_mod reads it, the cumulative bias, content bias, own weights or
+transported scores, a window of merged rotations, the scheme's fused kernel). The forward pass follows it and asks
+the scheme nothing; it decides only what the pass itself brings (positions given per token, a KV cache, captured
+probabilities) and what the process has learnt (FlexAttention or a fused kernel given up after a failure). The model
+resolves the paths again when an evaluation-time variation changes a scheme's settings, and prints them.
+
     attend(q, k, v, pe, backend, state, layer) = softmax(q k^T / sqrt(d) + bias + causal mask) v
 
 Backends (``model.attn_backend``):
@@ -9,10 +18,10 @@ Backends (``model.attn_backend``):
   With a bias (ALiBi, ...) it is given the bias as a float mask, materialised one block of queries at a
   time so memory stays at O(block x T) per head instead of O(T^2): this is the CPU path for bias schemes.
   Keys after a block's last query are left out, so the blocks skip most of the masked half as the causal
-  kernel does. A bias that depends only on the distance (``bias_is_relative``) is computed once per distance
+  kernel does. A bias that depends only on the distance (a ``DistanceBias``) is computed once per distance
   and each block is cut from that table (``_relative_block``).
 - ``flex``: FlexAttention with the scheme's bias as a ``score_mod`` and a causal block mask; nothing is
-  materialised (CUDA, compiled). A bias that depends only on the distance (``bias_is_relative``), with positions
+  materialised (CUDA, compiled). A bias that depends only on the distance (a ``DistanceBias``), with positions
   0..T-1, is evaluated by the scheme's own code once per forward pass (per layer if it depends on the layer) into
   a table of (H, T) values, one per head and distance, the table the sdpa path cuts its blocks from
   (``_distance_bias``); the score_mod reads ``table[h, q_idx - kv_idx]``. That is one read of one tensor whatever
@@ -32,7 +41,7 @@ Backends (``model.attn_backend``):
   of every layer's (B, H, T, T). On CPU, CoPE's attention at 1,024 tokens (B = H = 4, head size 64) peaked at 478
   MiB instead of 1,277 (docs/speed.md); on a GPU, CoPE at GPT-2 small is still to be measured (``--part 2``).
 - ``auto``: flex for bias schemes on CUDA, sdpa otherwise. A scheme whose score_mod inductor cannot compile
-  (``score_mod_compiles`` false, for a bias not read from a distance table) runs sdpa on CUDA, even when flex is
+  (an ``UncompiledScoreBias``, for a bias not read from a distance table) runs sdpa on CUDA, even when flex is
   asked for: with positions 0..T-1 every bias that depends only on the distance reads its table and takes flex.
 
 If FlexAttention fails when it is first used (its compilation, say, on an unsupported GPU), the process
@@ -40,28 +49,27 @@ warns once and runs sdpa from then on; :func:`resolve_backend` then reports ``sd
 holds why.
 
 With a KV cache (queries not starting at position 0) flex falls back to the blockwise sdpa path. A scheme
-with a content bias (CoPE), or whose scores are merged from two rotations by distance (``score_window``:
+with a content bias (CoPE), or whose scores are merged from two rotations by distance (``Rotation.score_window``:
 RoPE's remaps, model/windowed_attention.py), always runs ``math``, whatever the backend. The causal mask is
 by index; the scheme's bias is by position (``PositionState``), so positions may be any increasing sequence per row.
 
-A scheme whose weights replace softmax (``pe.has_attention_weights``) always runs ``math`` too: each block of queries
+A scheme whose weights replace softmax (``AttentionWeights``) always runs ``math`` too: each block of queries
 gets its scaled, causally masked scores (-inf where hidden, as a content bias sees them), the scheme turns them into
 weights, float32, and the output is those weights times v. Blocks of queries bound the memory as for softmax, and a KV
 cache changes nothing but the block's first query index. With no softmax there is no denominator for a sink: refused.
 
-A scheme whose logits carry each key to its query through per-token transitions (``pe.has_transitions``) always runs
+A scheme whose logits carry each key to its query through per-token transitions (``TransportedScores``) always runs
 ``math`` too: the layer hands over those logits as a function of a block of queries (``logits(start, stop)``, (B, H,
 stop - start, Tk), unscaled), which each block calls in place of q . k, so that no more rows than a block's exist at
 once (and, training, are recomputed with it); the scale, biases, mask and softmax follow as for any scheme.
 
-Either kind of scheme may bring a kernel of its own for the whole of its attention (model/pe/base.py, hook 8: an
-installed package's Triton kernel on CUDA). The layer runs it in place of ``attend`` for a full causal pass
-(:func:`fused_attention`), on any backend but ``math``; a KV cache, captured probabilities, positions per token
-(packed documents) or a sink run ``math``. :func:`resolve_backend` then reports the scheme's ``fused_backend`` (the
-runs' records name the kernel), and a kernel that fails at its first use is given up as FlexAttention is
-(``fused_failure``).
+Either kind of scheme may bring a kernel of its own for the whole of its attention (``FusedKernel``, model/pe/base.py,
+hook 8: an installed package's Triton kernel on CUDA). The layer runs it in place of ``attend`` for a full causal pass
+(:func:`fused_attention`), on any backend but ``math``; a KV cache, captured probabilities, positions per token (packed
+documents) or a sink run ``math``. :func:`resolve_backend` then reports the scheme's ``fused_backend`` (the runs'
+records name the kernel), and a kernel that fails at its first use is given up as FlexAttention is (``fused_failure``).
 
-A cumulative bias (``pe.has_cumulative_bias``: FoX) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
+A cumulative bias (``CumulativeBias``) comes as data, ``sums`` = c of every key, (B, H, Tk), computed
 by the layer from its input: query i over key j gets c_i - c_j. It takes the same paths as a score bias: sdpa
 folds it into q and k (float32, no cache: the fused causal kernel) or adds it to each materialised mask block,
 flex reads it in the ``score_mod`` (score + c[b, h, q] - c[b, h, k]), math adds it to the written-out scores.
@@ -91,6 +99,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -100,6 +109,18 @@ from torch.utils.checkpoint import checkpoint
 from core.errors import PosGPTError, first_line, warn
 from model.documents import document_block_mask, same_document
 from model.pe.base import PositionalEncoding, PositionState
+from model.pe.capabilities import (
+    AttentionWeights,
+    ContentBias,
+    CumulativeBias,
+    DistanceBias,
+    FusedKernel,
+    LayerwiseBias,
+    Rotation,
+    ScoreBias,
+    TransportedScores,
+    UncompiledScoreBias,
+)
 from model.sink import CpuFlashSink, sink_as_key, sink_rescale, with_sink_column
 from model.windowed_attention import windowed_attention
 
@@ -115,6 +136,91 @@ flex_failure: str | None = None
 fused_failure: str | None = None
 
 
+@dataclass(frozen=True)
+class AttentionPath:
+    """One layer's attention, resolved from its scheme's interfaces (model/pe/capabilities.py), the backend asked
+    for, the device kind and the model's sink when the model is built (:func:`resolve_path`); the forward pass follows
+    it and asks the scheme nothing. What is left to the pass itself is what only it knows: positions given per token
+    (``explicit``), a KV cache or captured probabilities (both run the written-out or the blockwise path), and whether
+    FlexAttention or the scheme's kernel has failed in this process (``flex_failure``, ``fused_failure``)."""
+
+    runs: str  # a full causal pass with positions 0..T-1: sdpa | flex | math | the scheme's fused_backend
+    explicit_runs: str  # the same with positions given per token (no distance table stands in for the bias)
+    score_bias: bool = False  # the scheme's score_bias is added (mask blocks, score_mod)
+    distance_table: bool = False  # with positions 0..T-1 the bias is read from its table per distance
+    table_per_layer: bool = False  # ... made once per layer, not once per forward pass
+    table_in_score_mod: bool = False  # FlexAttention's score_mod reads the table (the bias itself does not compile)
+    cumulative_bias: bool = False  # the layer computes c = cumsum(g) from its input
+    content_bias: bool = False  # the written-out path adds the scheme's content bias
+    own_weights: bool = False  # the written-out path takes the scheme's weights in place of softmax
+    transported: bool = False  # the layer computes the scheme's transported logits in place of q . k
+    window: int | None = None  # scores merged from two rotations by distance (model/windowed_attention.py)
+    rotate_cached_keys: bool = False  # the rotation depends on the length: a KV cache keeps keys unrotated
+    fused: str | None = None  # the scheme's kernel for a full causal pass (its fused_backend), where it runs
+
+    def backend(self, explicit: bool = False) -> str:
+        """The backend a full pass runs, as the runs' records name it: sdpa for flex once FlexAttention has failed in
+        this process, the written-out path for the scheme's kernel once it has."""
+        runs = self.explicit_runs if explicit else self.runs
+        if runs == "flex" and flex_failure is not None:
+            return "sdpa"
+        return "math" if runs == self.fused and fused_failure is not None else runs
+
+    def describe(self) -> str:
+        """One line for the model summary: the kernel, and what it reads besides q, k and v."""
+        parts = [self.runs]
+        if self.explicit_runs != self.runs:
+            parts[0] += f" ({self.explicit_runs} with per-token positions)"
+        extras = {
+            "windowed scores": self.window is not None,
+            "distance table" + (" per layer" if self.table_per_layer else ""): self.distance_table,
+            "score bias": self.score_bias and not self.distance_table,
+            "cumulative bias": self.cumulative_bias,
+            "content bias": self.content_bias,
+            "own weights": self.own_weights,
+            "transported scores": self.transported,
+        }
+        return ", ".join(parts + [name for name, used in extras.items() if used])
+
+
+def resolve_path(pe: PositionalEncoding, backend: str, device: torch.device | str, sink: bool = False) -> AttentionPath:
+    """The attention path of a layer that runs ``pe`` on a device of ``device``'s kind, asked for ``backend``, with
+    sink logits or not (model.attn_sink): the only place that reads the scheme's interfaces."""
+    if backend not in BACKENDS:
+        raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    window = pe.score_window() if isinstance(pe, Rotation) else None
+    biased = isinstance(pe, ScoreBias)
+    traits = dict(
+        score_bias=biased,
+        distance_table=isinstance(pe, DistanceBias),
+        table_per_layer=isinstance(pe, LayerwiseBias),
+        table_in_score_mod=isinstance(pe, DistanceBias) and isinstance(pe, UncompiledScoreBias),
+        cumulative_bias=isinstance(pe, CumulativeBias),
+        content_bias=isinstance(pe, ContentBias),
+        own_weights=isinstance(pe, AttentionWeights),
+        transported=isinstance(pe, TransportedScores),
+        window=window,
+        rotate_cached_keys=isinstance(pe, Rotation) and pe.rotation_depends_on_length(),
+    )
+    if traits["content_bias"] or traits["own_weights"] or traits["transported"] or window is not None:
+        # the bias needs the scores themselves, two scores per pair, weights that are not a softmax, or logits that are
+        # not q . k: no PyTorch kernel; the scheme's own, where one is installed, for what it can take
+        own = isinstance(pe, FusedKernel) and backend != "math" and not sink and pe.fused_attention(device) is not None
+        runs = pe.fused_backend if own else "math"
+        return AttentionPath(runs, "math", fused=pe.fused_backend if own else None, **traits)
+    if backend == "auto":
+        backend = "flex" if (biased or traits["cumulative_bias"]) and cuda else "sdpa"
+    explicit_runs = backend
+    if backend == "flex" and cuda and isinstance(pe, UncompiledScoreBias):
+        # its score_mod cannot be compiled (CPU runs FlexAttention eagerly: it can there); a distance table, read
+        # with positions 0..T-1, compiles
+        explicit_runs = "sdpa"
+        backend = "flex" if traits["distance_table"] else "sdpa"
+    return AttentionPath(backend, explicit_runs, **traits)
+
+
 def resolve_backend(
     backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False, sink: bool = False
 ) -> str:
@@ -122,32 +228,7 @@ def resolve_backend(
     has failed in this process, see ``flex_failure``); ``explicit``: positions are given per token (training's
     random positions, documents), not 0..T-1, so no distance table stands in for the scheme's score_bias; ``sink``:
     the model has sink logits (model.attn_sink)."""
-    if backend not in BACKENDS:
-        raise PosGPTError(f"unknown model.attn_backend={backend!r}; choose one of {list(BACKENDS)}")
-    if pe.has_content_bias or pe.has_attention_weights or pe.has_transitions or pe.score_window() is not None:
-        # the bias needs the scores themselves, two scores per pair, weights that are not a softmax, or logits that are
-        # not q . k: no PyTorch kernel; the scheme's own, where one is installed, for what it can take
-        own = backend != "math" and not explicit and not sink and fused_failure is None
-        return pe.fused_backend if own and pe.fused_attention(device) is not None else "math"
-    if backend == "auto":
-        biased = pe.has_score_bias or pe.has_cumulative_bias
-        backend = "flex" if biased and device.type == "cuda" else "sdpa"
-    if backend == "flex" and device.type == "cuda" and pe.has_score_bias and not _score_mod_compiles(pe, explicit):
-        return "sdpa"  # the scheme's score_mod cannot be compiled (CPU runs FlexAttention eagerly: it can there)
-    return "sdpa" if backend == "flex" and flex_failure is not None else backend
-
-
-def _reads_distance_table(pe: PositionalEncoding, explicit: bool) -> bool:
-    """Whether the sdpa path cuts its masks from the scheme's table per distance (``_distance_bias``) rather than
-    evaluating ``score_bias`` per score, and the flex path may read it: a bias of the distance alone, with positions
-    0..T-1."""
-    return pe.bias_is_relative and not explicit
-
-
-def _score_mod_compiles(pe: PositionalEncoding, explicit: bool) -> bool:
-    """Whether inductor compiles the scheme's score_mod: a read of the distance table always does; a score_mod that
-    runs ``score_bias`` itself does when the scheme says so (``score_mod_compiles``)."""
-    return _reads_distance_table(pe, explicit) or pe.score_mod_compiles
+    return resolve_path(pe, backend, device, sink).backend(explicit)
 
 
 def resolve_layer_backends(
@@ -161,16 +242,17 @@ def resolve_layer_backends(
 
 
 def fused_attention(
-    pe: PositionalEncoding, backend: str, state: PositionState, sink: bool
+    pe: PositionalEncoding, path: AttentionPath, state: PositionState
 ) -> Callable[..., torch.Tensor] | None:
-    """The scheme's own kernel for a layer's whole attention (model/pe/base.py, hook 8), where :func:`resolve_backend`
-    picks it and the pass is a full causal one (no KV cache: the caller's to check), wrapped so that a kernel failing at
-    its first use (a Triton compilation, say) is given up as FlexAttention is: warned once, ``fused_failure`` set, the
-    written-out path from then on; None otherwise."""
-    device = state.positions.device
-    if state.q_offset != 0 or resolve_backend(backend, pe, device, state.explicit, sink) != pe.fused_backend:
+    """The scheme's own kernel for a layer's whole attention (:class:`FusedKernel`), where the layer's ``path`` runs it
+    and the pass is a full causal one at positions 0..T-1 (no KV cache, no captured probabilities: the caller's to
+    check), wrapped so that a kernel failing at its first use (a Triton compilation, say) is given up as FlexAttention
+    is: warned once, ``fused_failure`` set, the written-out path from then on; None otherwise."""
+    if path.fused is None or state.q_offset != 0 or path.backend(state.explicit) != path.fused:
         return None
-    own = pe.fused_attention(device)
+    own = pe.fused_attention(state.positions.device)
+    if own is None:
+        return None
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor | None:
         if torch.compiler.is_compiling():  # traced into the enclosing compilation, which falls back as a whole
@@ -180,7 +262,7 @@ def fused_attention(
         except torch.OutOfMemoryError:
             raise  # the written-out path needs more memory, not less
         except Exception as error:  # whatever the kernel's compilation raises (triton, a driver)
-            _give_up_fused(error, pe.fused_backend)
+            _give_up_fused(error, path.fused)
             return None
 
     return run
@@ -219,6 +301,7 @@ def attend(
     sink: torch.Tensor | None = None,
     kernel_options: dict | None = None,
     logits: Callable[[int, int], torch.Tensor] | None = None,
+    path: AttentionPath | None = None,
 ) -> torch.Tensor:
     """q: (B, H, Tq, D), the last Tq of the keys; k, v: (B, H, Tk, D). ``state`` holds the positions (default:
     keys at 0 .. Tk-1); ``layer`` selects the scheme's per-layer parameters. With a ``capture`` list, the math
@@ -226,27 +309,29 @@ def attend(
     c of every key, (B, H, Tk) float32, or None. ``sink``: (H,) sink logits, or None. ``kernel_options``:
     FlexAttention's, for its kernels (None or empty: its defaults). ``logits``: the scheme's transported logits in
     place of q . k, as ``logits(start, stop)`` -> those of queries start..stop-1 over k, (B, H, stop - start, Tk); or
-    None."""
+    None. ``path``: the layer's, resolved when the model was built (None: resolved here from ``backend``)."""
     if state is None:
         state = default_state(pe, q.shape[-2], k.shape[-2], q.device)
+    if path is None:
+        path = resolve_path(pe, backend, q.device, sink is not None)
     if capture is not None:
-        out, probs = _math_attention(q, k, v, pe, state, layer, sums, sink, keep_probs=True, logits=logits)
+        out, probs = _math_attention(q, k, v, pe, path, state, layer, sums, sink, keep_probs=True, logits=logits)
         capture.append(probs)
         return out
-    backend = resolve_backend(backend, pe, q.device, state.explicit, sink is not None)
-    if backend in ("math", pe.fused_backend):  # the scheme's own kernel runs from the layer (fused_attention)
-        return _math_attention(q, k, v, pe, state, layer, sums, sink, logits=logits)[0]
+    backend = path.backend(state.explicit)
+    if backend in ("math", path.fused):  # the scheme's own kernel runs from the layer (fused_attention)
+        return _math_attention(q, k, v, pe, path, state, layer, sums, sink, logits=logits)[0]
     width = v.shape[-1]
     options = kernel_options or None
     if q.shape[-1] != width:
         # q and k wider than v (a scheme's rotate may widen them, model/pe/base.py): PyTorch's fused kernels take one
         # head size for q, k and v, so v gets zeros up to q's size, and the output drops them.
         v = F.pad(v, (0, q.shape[-1] - width))
-        return _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink, options)[..., :width]
-    return _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink, options)
+        return _kernel_attention(q, k, v, pe, path, backend, state, layer, sums, sink, options)[..., :width]
+    return _kernel_attention(q, k, v, pe, path, backend, state, layer, sums, sink, options)
 
 
-def _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink, kernel_options=None):
+def _kernel_attention(q, k, v, pe, path, backend, state, layer, sums, sink, kernel_options=None):
     """:func:`attend` on the flex or sdpa backend (``backend`` resolved), q, k and v of one head size."""
     full = state.q_offset == 0 and q.shape[-2] == k.shape[-2]
     if backend == "flex" and full:
@@ -257,14 +342,14 @@ def _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink, kernel_opt
             )
         if torch.compiler.is_compiling():
             # Traced into the enclosing compilation, which fails as a whole: training.step falls back to eager.
-            return _flex_attention(q, k, v, pe, state, layer, sums, sink, kernel_options)
+            return _flex_attention(q, k, v, pe, path, state, layer, sums, sink, kernel_options)
         try:
-            return _flex_attention(q, k, v, pe, state, layer, sums, sink, kernel_options)
+            return _flex_attention(q, k, v, pe, path, state, layer, sums, sink, kernel_options)
         except torch.OutOfMemoryError:
             raise  # the sdpa path needs more memory, not less
         except Exception as error:  # whatever its compilation raises (inductor, triton, a driver)
             _give_up_flex(error)
-    if not pe.has_score_bias and full and state.documents is None:  # documents need the mask
+    if not path.score_bias and full and state.documents is None:  # documents need the mask
         if sums is None and sink is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         if sums is None:  # a sink (model/sink.py)
@@ -274,7 +359,7 @@ def _kernel_attention(q, k, v, pe, backend, state, layer, sums, sink, kernel_opt
             return F.scaled_dot_product_attention(q1, k1, v1, is_causal=True, scale=q.shape[-1] ** -0.5)[:, :, 1:]
         if q.dtype == torch.float32 and sink is None:
             return _folded_causal_sdpa(q, k, v, sums)
-    return _blockwise_sdpa(q, k, v, pe, state, layer, sums, sink)
+    return _blockwise_sdpa(q, k, v, pe, path, state, layer, sums, sink)
 
 
 def _folded_causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
@@ -327,6 +412,7 @@ def _give_up_flex(error: Exception) -> None:
 
 def _bias_and_mask(
     pe: PositionalEncoding,
+    path: AttentionPath,
     state: PositionState,
     start: int,
     stop: int,
@@ -338,7 +424,7 @@ def _bias_and_mask(
     """Additive mask for queries start..stop-1 over keys 0..k_stop-1: the scheme's bias where key <= query,
     -inf elsewhere; (H, Tq, Tk), (B, H, Tq, Tk) with per-row positions or a cumulative bias, or (1, Tq, Tk)
     without a bias."""
-    mask = _score_bias_and_mask(pe, state, start, stop, k_stop, layer, dtype)
+    mask = _score_bias_and_mask(pe, path, state, start, stop, k_stop, layer, dtype)
     if state.documents is not None:  # -inf across documents too (model/documents.py): (B, H or 1, Tq, Tk)
         queries = slice(state.q_offset + start, state.q_offset + stop)
         same = same_document(state.documents, queries, slice(0, k_stop))[:, None]
@@ -351,15 +437,22 @@ def _bias_and_mask(
 
 
 def _score_bias_and_mask(
-    pe: PositionalEncoding, state: PositionState, start: int, stop: int, k_stop: int, layer: int, dtype: torch.dtype
+    pe: PositionalEncoding,
+    path: AttentionPath,
+    state: PositionState,
+    start: int,
+    stop: int,
+    k_stop: int,
+    layer: int,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
     """:func:`_bias_and_mask` without the cumulative bias."""
-    if pe.bias_is_relative and not state.explicit:
-        return _relative_block(pe, state, start, stop, k_stop, layer, dtype)
+    if path.distance_table and not state.explicit:
+        return _relative_block(pe, path, state, start, stop, k_stop, layer, dtype)
     device = state.positions.device
     query_index = torch.arange(state.q_offset + start, state.q_offset + stop, device=device)
     causal = torch.arange(k_stop, device=device)[None, :] <= query_index[:, None]
-    if pe.has_score_bias:
+    if path.score_bias:
         bias = pe.bias_block(state.positions[..., start:stop], state.key_positions[..., :k_stop], layer).to(dtype)
     else:
         bias = torch.zeros((1,) + causal.shape, dtype=dtype, device=device)
@@ -367,10 +460,17 @@ def _score_bias_and_mask(
 
 
 def _relative_block(
-    pe: PositionalEncoding, state: PositionState, start: int, stop: int, k_stop: int, layer: int, dtype: torch.dtype
+    pe: PositionalEncoding,
+    path: AttentionPath,
+    state: PositionState,
+    start: int,
+    stop: int,
+    k_stop: int,
+    layer: int,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
     """The mask of :func:`_bias_and_mask` for a scheme whose bias depends only on the distance d = query -
-    key (``bias_is_relative``), cut from its table per distance (:func:`_distance_bias`).
+    key (a ``DistanceBias``), cut from its table per distance (:func:`_distance_bias`).
 
     Reversed and padded, the table holds, per head, the bias at d = Tk-1, Tk-2, ..., 0 followed by Tk-1 entries of
     -inf (d < 0): query a's row over keys 0..k-1 is the window starting at Tk-1-a, so a block of queries is a window
@@ -378,20 +478,20 @@ def _relative_block(
     copy, (H, 2 Tk - 1), is made per block, so nothing but the table is cached (a block recomputed in the backward
     pass, ``_math_attention``, must find the same cache as its first run)."""
     n_keys = state.seq_len
-    bias = _distance_bias(pe, state, layer).flip(-1).to(dtype)  # (H, Tk): d = Tk-1 .. 0
+    bias = _distance_bias(pe, path, state, layer).flip(-1).to(dtype)  # (H, Tk): d = Tk-1 .. 0
     table = torch.cat((bias, bias.new_full((bias.shape[0], n_keys - 1), float("-inf"))), dim=-1)
     first, last = state.q_offset + start, state.q_offset + stop  # absolute indices of the block's queries
     windows = table.unfold(-1, k_stop, 1)  # (H, 2Tk-k_stop, k_stop): window s = entries s .. s+k_stop-1
     return windows[:, n_keys - last : n_keys - first].flip(-2)
 
 
-def _distance_bias(pe: PositionalEncoding, state: PositionState, layer: int) -> torch.Tensor:
-    """(H, Tk): the bias of a scheme whose bias depends only on the distance (``bias_is_relative``) at distances
+def _distance_bias(pe: PositionalEncoding, path: AttentionPath, state: PositionState, layer: int) -> torch.Tensor:
+    """(H, Tk): the bias of a scheme whose bias depends only on the distance (a ``DistanceBias``) at distances
     d = 0 .. Tk-1, evaluated by the scheme's own ``bias_block`` once per forward pass, or once per layer when it
     depends on the layer, and kept in ``state.bias_blocks``. It keeps its autograd graph: gradients of the scores
     that read it reach the scheme's parameters through it (sdpa's mask blocks are cut from it, FlexAttention's
     score_mod reads it)."""
-    key = ("distance", layer if pe.bias_depends_on_layer else None)
+    key = ("distance", layer if path.table_per_layer else None)
     table = state.bias_blocks.get(key)
     if table is None:
         distances = torch.arange(state.seq_len, device=state.positions.device)
@@ -416,20 +516,20 @@ def _query_block(q: torch.Tensor, k: torch.Tensor) -> int:
 _RECOMPUTED_BLOCK = 128
 
 
-def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=False, logits=None):
+def _math_attention(q, k, v, pe, path, state, layer, sums=None, sink=None, keep_probs=False, logits=None):
     """softmax(q k^T / sqrt(d) + bias + mask (+ content bias)) v, written out, one block of queries at a time
     (rows are independent; blocks bound the memory of long sequences, and with gradients each block is recomputed in
     the backward pass: ``_RECOMPUTED_BLOCK``); with a sink, softmax([sink, scores])
     without the sink's column; the scheme's own weights in place of softmax where it has them. Returns (output,
     probabilities or None). ``logits``: the scheme's in place of q . k (see :func:`attend`)."""
-    if pe.score_window() is not None:  # two rotations merged by distance (model/pe/base.py)
+    if path.window is not None:  # two rotations merged by distance (model/pe/base.py)
         if sink is not None:
             raise PosGPTError(
                 "model.attn_sink: the written-out attention that merges two rotations by distance has no sink "
                 "logit; evaluate this run without that variation"
             )
-        return windowed_attention(q, k, v, state, pe.score_window(), keep_probs)
-    if pe.has_attention_weights and sink is not None:
+        return windowed_attention(q, k, v, state, path.window, keep_probs)
+    if path.own_weights and sink is not None:
         raise PosGPTError(
             f"model.attn_sink: pe={pe.name} weighs the values by its own rule, not a softmax, so there is no "
             "denominator for a sink logit; train without model.attn_sink"
@@ -440,11 +540,11 @@ def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=
     recompute = grad and Tq > min(block, _RECOMPUTED_BLOCK)  # a single block is kept: recomputing it costs only time
     if recompute:
         block = min(block, _RECOMPUTED_BLOCK)
-        if _reads_distance_table(pe, state.explicit):
-            _distance_bias(pe, state, layer)  # made once, outside the recomputed blocks, which then all read it
+        if path.distance_table and not state.explicit:
+            _distance_bias(pe, path, state, layer)  # made once, outside the recomputed blocks, which then all read it
     outputs, probabilities = [], []
     for start in range(0, Tq, block):
-        args = (q, k, v, pe, state, layer, start, min(Tq, start + block), sums, sink, logits)
+        args = (q, k, v, pe, path, state, layer, start, min(Tq, start + block), sums, sink, logits)
         out, probs = checkpoint(_math_block, *args, use_reentrant=False) if recompute else _math_block(*args)
         outputs.append(out)
         if keep_probs:
@@ -452,17 +552,17 @@ def _math_attention(q, k, v, pe, state, layer, sums=None, sink=None, keep_probs=
     return torch.cat(outputs, dim=2), (torch.cat(probabilities, dim=2) if keep_probs else None)
 
 
-def _math_block(q, k, v, pe, state, layer, start, stop, sums, sink, logits=None):
+def _math_block(q, k, v, pe, path, state, layer, start, stop, sums, sink, logits=None):
     """The written-out attention of queries start..stop-1 over every key: (output, probabilities). A pure
     function of its arguments (it may read the per-forward tables of ``state``, never add to them), so that
     ``_math_attention`` can run it again in the backward pass."""
     q_block = q[:, :, start:stop]
     products = q_block @ k.transpose(-2, -1) if logits is None else logits(start, stop)
     scores = products / math.sqrt(q.shape[-1])
-    scores = scores + _bias_and_mask(pe, state, start, stop, k.shape[-2], layer, scores.dtype, sums)
-    if pe.has_content_bias:
+    scores = scores + _bias_and_mask(pe, path, state, start, stop, k.shape[-2], layer, scores.dtype, sums)
+    if path.content_bias:
         scores = scores + pe.content_bias(q_block, scores, layer)
-    if pe.has_attention_weights:
+    if path.own_weights:
         probs = pe.attention_weights(scores, layer)
     elif sink is None:
         probs = torch.softmax(scores.float(), dim=-1)
@@ -471,7 +571,7 @@ def _math_block(q, k, v, pe, state, layer, start, stop, sums, sink, logits=None)
     return probs.to(q.dtype) @ v, probs
 
 
-def _blockwise_sdpa(q, k, v, pe, state, layer, sums=None, sink=None):
+def _blockwise_sdpa(q, k, v, pe, path, state, layer, sums=None, sink=None):
     Tq, Tk = q.shape[-2], k.shape[-2]
     block = _query_block(q, k)
     outputs = []
@@ -483,7 +583,7 @@ def _blockwise_sdpa(q, k, v, pe, state, layer, sums=None, sink=None):
         stop = min(Tq, start + block)
         # Keys after the last query of the block are masked anyway: slice them off to save work.
         k_stop = min(Tk, state.q_offset + stop)
-        mask = _bias_and_mask(pe, state, start, stop, k_stop, layer, q.dtype, sums)
+        mask = _bias_and_mask(pe, path, state, start, stop, k_stop, layer, q.dtype, sums)
         if sink is not None:
             mask = torch.cat((mask.new_zeros(*mask.shape[:-1], 1), mask), dim=-1)
         if q.device.type == "cpu":
@@ -579,10 +679,12 @@ def _ordered_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _cached_causal_block_mask = functools.lru_cache(maxsize=32)(_make_causal_block_mask)
 
 
-def _score_mod(pe: PositionalEncoding, state: PositionState, layer: int, sums: torch.Tensor | None):
+def _score_mod(
+    pe: PositionalEncoding, path: AttentionPath, state: PositionState, layer: int, sums: torch.Tensor | None
+):
     """The scheme's biases as a FlexAttention score_mod (None without any): the score bias, then the cumulative
     bias c[b, h, q] - c[b, h, k] (queries are keys here: no cache)."""
-    score_mod = _score_bias_mod(pe, state, layer) if pe.has_score_bias else None
+    score_mod = _score_bias_mod(pe, path, state, layer) if path.score_bias else None
     if sums is None:
         return score_mod
 
@@ -598,15 +700,15 @@ def _score_mod(pe: PositionalEncoding, state: PositionState, layer: int, sums: t
     return with_sums
 
 
-def _score_bias_mod(pe: PositionalEncoding, state: PositionState, layer: int):
+def _score_bias_mod(pe: PositionalEncoding, path: AttentionPath, state: PositionState, layer: int):
     """The scheme's score bias as a FlexAttention score_mod. It reads the scheme's parameters, its distance table
     and the position tensors through the closure: FlexAttention lifts such captured tensors into inputs of its
     kernel, so gradients reach learnable bias parameters (and the cumulative bias's sums)."""
-    if _reads_distance_table(pe, state.explicit) and not pe.score_mod_compiles:
+    if path.table_in_score_mod and not state.explicit:
         # A gather in the kernel costs shared memory: on an H200 (torch 2.11, head size 64) ALiBi's score_mod ran,
         # compiled, at 1.11x compiled RoPE, and the same bias read from this table did not fit FlexAttention's
         # forward kernel; so the table stands in only for a score_mod that does not compile.
-        table = _distance_bias(pe, state, layer)  # (H, T): queries and keys are the same T tokens here
+        table = _distance_bias(pe, path, state, layer)  # (H, T): queries and keys are the same T tokens here
 
         def score_mod(score, b, h, q_idx, kv_idx):
             # The clamp keeps the index inside the table where the causal mask hides the score anyway (a key after
@@ -631,8 +733,8 @@ def _score_bias_mod(pe: PositionalEncoding, state: PositionState, layer: int):
     return score_mod
 
 
-def _flex_attention(q, k, v, pe, state, layer, sums=None, sink=None, kernel_options=None):
-    score_mod = _score_mod(pe, state, layer, sums)
+def _flex_attention(q, k, v, pe, path, state, layer, sums=None, sink=None, kernel_options=None):
+    score_mod = _score_mod(pe, path, state, layer, sums)
     options = {} if kernel_options is None else {"kernel_options": dict(kernel_options)}
     if state.documents is None:
         block_mask = _causal_block_mask(q.shape[-2], str(q.device))

@@ -33,7 +33,15 @@ from torch import nn
 
 from core.domain import check_domains, domain, read_with
 from core.errors import PosGPTError
-from model.attention import BACKENDS, attend, check_kernel_options, default_state, fused_attention
+from model.attention import (
+    BACKENDS,
+    AttentionPath,
+    attend,
+    check_kernel_options,
+    default_state,
+    fused_attention,
+    resolve_path,
+)
 from model.documents import within_document_index
 from model.loss import FUSED_MODES, lm_head_cross_entropy
 from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
@@ -108,8 +116,8 @@ def validate_model_config(cfg: ModelConfig) -> None:
 @dataclass
 class KVCache:
     """Keys and values of every layer for the tokens generated so far. Keys are stored rotated, except for
-    schemes whose rotation depends on the length (``pe.rotation_depends_on_length()``): those are rotated anew
-    at every step."""
+    schemes whose rotation depends on the length (``Rotation.rotation_depends_on_length``, read into the layer's
+    path): those are rotated anew at every step."""
 
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
@@ -155,13 +163,17 @@ class CausalSelfAttention(nn.Module):
         layer: int,
         capture: list[torch.Tensor] | None = None,
         pe_layer: int | None = None,
+        path: AttentionPath | None = None,
     ) -> torch.Tensor:
         """``layer``: the model's layer (its KV cache slot); ``pe_layer``: the scheme's own index of it, which
-        selects its per-layer parameters (None: ``layer``)."""
+        selects its per-layer parameters (None: ``layer``); ``path``: the layer's attention path, resolved when the
+        model was built (None: resolved here)."""
         pe_layer = layer if pe_layer is None else pe_layer
+        if path is None:
+            path = resolve_path(pe, self.backend, x.device, self.sink is not None)
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
-        if cache is not None and (cache.unrotated or pe.rotation_depends_on_length()):
+        if cache is not None and (cache.unrotated or path.rotate_cached_keys):
             # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
             # them are rotated for the current length at every step, so each new token sees every key rotated
             # as a full forward of its length would (docs/sampling.md, "Dynamic NTK with a cache"). Hugging Face reuses
@@ -174,22 +186,22 @@ class CausalSelfAttention(nn.Module):
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
         full = cache is None and capture is None  # a full causal pass: the scheme's own kernel may run it
-        own = fused_attention(pe, self.backend, state, self.sink is not None) if full else None
+        own = fused_attention(pe, path, state) if full else None
         y = None if own is None else own(self.temperature(q, 0, None), k, v, x, pe_layer)
         if y is None:  # no kernel of the scheme's own runs this pass (or it has just failed)
-            y = self._attend(x, q, k, v, pe, state, cache, layer, capture, pe_layer)
+            y = self._attend(x, q, k, v, pe, path, state, cache, layer, capture, pe_layer)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
-    def _attend(self, x, q, k, v, pe, state, cache, layer, capture, pe_layer) -> torch.Tensor:
+    def _attend(self, x, q, k, v, pe, path, state, cache, layer, capture, pe_layer) -> torch.Tensor:
         """model/attention.py's ``attend`` of the rotated q, k (the cache's keys included) and v, with the scheme's
-        data-dependent terms of this layer's input x, and the attention temperature."""
-        sums = self._cumulative_sums(x, pe, cache, layer, pe_layer) if pe.has_cumulative_bias else None
+        data-dependent terms of this layer's input x, and the attention temperature, on the layer's ``path``."""
+        sums = self._cumulative_sums(x, pe, cache, layer, pe_layer) if path.cumulative_bias else None
         # documents packed into the row: a query attends the keys of its own document so far
         attended = None if state.documents is None else within_document_index(state.documents) + 1
         q = self.temperature(q, state.q_offset, attended)
-        logits = self._transported_logits(x, q, k, pe, cache, layer, pe_layer) if pe.has_transitions else None
+        logits = self._transported_logits(x, q, k, pe, cache, layer, pe_layer) if path.transported else None
         options = self.kernel_options
-        return attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink, options, logits)
+        return attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink, options, logits, path)
 
     @staticmethod
     def _cumulative_sums(
@@ -255,8 +267,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, pe, state, cache, layer, capture=None, pe_layer=None):
-        x = x + self.attn(self.ln_1(x), pe, state, cache, layer, capture, pe_layer)
+    def forward(self, x, pe, state, cache, layer, capture=None, pe_layer=None, path=None):
+        x = x + self.attn(self.ln_1(x), pe, state, cache, layer, capture, pe_layer, path)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -279,6 +291,30 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, train_seq_len) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self._init_weights()
+        self.resolve_attention_paths()
+        for part in self.pe_parts:  # an evaluation-time variation may change a layer's path (RoPE's remaps)
+            part.on_settings_change(self.resolve_attention_paths)
+
+    def resolve_attention_paths(self) -> None:
+        """Each layer's attention path (model/attention.py), for a CPU and for a CUDA device: chosen here, once, from
+        its scheme, the backend and the sink, and again whenever a scheme's settings change; the forward pass follows
+        the one of its device's kind."""
+        sink = self.cfg.attn_sink
+        self.attention_paths = {
+            kind: [resolve_path(scheme, self.cfg.attn_backend, kind, sink) for scheme, _ in self.layer_pe]
+            for kind in ("cpu", "cuda")
+        }
+
+    def paths_on(self, device: torch.device) -> list[AttentionPath]:
+        """The layers' attention paths on ``device`` (any device but CUDA takes the CPU's)."""
+        return self.attention_paths["cuda" if device.type == "cuda" else "cpu"]
+
+    def describe_attention(self, device: torch.device) -> list[str]:
+        """One line per layer: its scheme and the attention path it takes on ``device`` (the model summary)."""
+        return [
+            f"layer {layer}: {scheme.name}: {path.describe()}"
+            for layer, ((scheme, _), path) in enumerate(zip(self.layer_pe, self.paths_on(device)))
+        ]
 
     def _init_weights(self) -> None:
         std = self.cfg.init_std
@@ -394,8 +430,9 @@ class GPT(nn.Module):
         if position_vectors is not None:
             x = x + position_vectors.view(*state.positions.shape, -1).to(x.dtype)
         x = self.dropout(x)
+        paths = self.paths_on(idx.device)
         for layer, (block, (scheme, pe_layer)) in enumerate(zip(self.blocks, self.layer_pe)):
-            x = block(x, scheme, states[self.layer_part[layer]], cache, layer, capture, pe_layer)
+            x = block(x, scheme, states[self.layer_part[layer]], cache, layer, capture, pe_layer, paths[layer])
         return self.ln_f(x)
 
     def forward(

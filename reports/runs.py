@@ -26,10 +26,10 @@ from core.errors import PosGPTError
 from core.files import read_json
 from evaluation.results import condition_label, load_results
 from evaluation.run import EVAL_DIR, load_run_results
+from evaluation.schemes import display_name
 from evaluation.task_accuracy import GRIDS
 from evaluation.task_accuracy import JSON_FILE as TASKS_FILE
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
-from model.pe import display_name
 from model.temperature import temperature_settings
 
 # Config keys that do not make two runs different settings: the seed, and what a resumed run may change

@@ -21,8 +21,8 @@
 # comparison is rewritten at the end from every finished run in <dir>.
 # Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
-# Environment: EVAL_VARIATIONS replaces the variations of every scheme that declares some (the study_variations
-# of its SchemeRecord, model/pe/base.py; RoPE: [yarn:16,ntk:16,self_extend:32:32,rerope:32,string:32:4]), e.g.
+# Environment: EVAL_VARIATIONS replaces the variations of every scheme that has some (its entry in
+# scripts/study_variations.py; RoPE: [yarn:16,ntk:16,self_extend:32:32,rerope:32,string:32:4]), e.g.
 # EVAL_VARIATIONS="[yarn:16]". A run evaluated before is evaluated only with the variations it lacks (eval/.variations-done lists those it has).
 #
 # Task study (--tasks): each (task, scheme, seed) trains with task=<task>, so with the task's own model, steps and
@@ -116,12 +116,7 @@ fi
 # "<scheme> <eval.variations list>" a line per scheme given: the variations a study evaluates the scheme's runs
 # with (the list "" when the scheme declares none). One process for all: each imports torch.
 study_variations() {
-    python -c 'import sys; from model.pe import SCHEMES, record
-unknown, known = [name for name in sys.argv[1:] if name not in SCHEMES], ",".join(sorted(SCHEMES))
-if unknown:
-    print("error: --schemes takes schemes of configs/pe/ (" + known + "), got " + ",".join(unknown), file=sys.stderr)
-    sys.exit(2)
-for name in sys.argv[1:]: v = record(name).study_variations; print(name, "[" + ",".join(v) + "]" if v else "")' "$@"
+    python scripts/study_variations.py "$@"
 }
 
 # "[a,b]" -> its entries, one a line

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from model import GPT, ModelConfig  # noqa: E402
 from model.pe import SCHEMES  # noqa: E402
-from model.pe.base import installed_kernel  # noqa: E402
+from model.pe.capabilities import installed_kernel  # noqa: E402
 
 VARIANTS = [
     ("stickbreaking", {}),
@@ -61,6 +61,7 @@ def compare(name: str, settings: dict, idx: torch.Tensor) -> dict:
         return wrapper(q, k, v, x, layer)
 
     fused.pe.fused_attention = lambda device: counted  # this instance, on the CPU
+    fused.resolve_attention_paths()  # resolved when it was built, without the kernel
     got, want = losses_and_gradients(fused, idx), losses_and_gradients(written_out, idx)
     worst = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, want, strict=True))
     return {"scheme": name, "settings": settings, "layers": calls, "tensors": len(got), "worst": worst}

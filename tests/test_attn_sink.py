@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from model import GPT, ModelConfig
 from model.attention import attend
 from model.pe import SCHEMES
+from model.pe import capabilities as cap
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # flex on CPU
 
@@ -56,7 +57,7 @@ def test_every_path_equals_the_formula(pe_name, backend):
     q, k, v = (torch.randn(2, 2, 7, 4) for _ in range(3))
     sink = torch.tensor([0.5, -1.0])
     pe = scheme(pe_name)
-    bias = pe.bias_block(torch.arange(7), torch.arange(7), 0) if pe.has_score_bias else None
+    bias = pe.bias_block(torch.arange(7), torch.arange(7), 0) if isinstance(pe, cap.ScoreBias) else None
     expected = reference(q, k, v, sink, bias)
     assert torch.allclose(attend(q, k, v, pe, backend, sink=sink), expected, atol=1e-5)
     capture: list = []

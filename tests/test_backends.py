@@ -14,14 +14,15 @@ from experiment.config import TrainConfig
 from model import GPT, ModelConfig
 from model.attention import attend, resolve_backend
 from model.pe import SCHEMES, ModelDims, PositionState, build_positional_encoding
+from model.pe import capabilities as cap
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
 ALL = sorted(SCHEMES)
-BIAS = [name for name in ALL if SCHEMES[name].has_score_bias]
-CONTENT = [name for name in ALL if SCHEMES[name].has_content_bias]
-OWN_WEIGHTS = [name for name in ALL if SCHEMES[name].has_attention_weights]  # weights in place of softmax
-TRANSPORTED = [name for name in ALL if SCHEMES[name].has_transitions]  # logits other than q . k
+BIAS = [name for name in ALL if issubclass(SCHEMES[name], cap.ScoreBias)]
+CONTENT = [name for name in ALL if issubclass(SCHEMES[name], cap.ContentBias)]
+OWN_WEIGHTS = [name for name in ALL if issubclass(SCHEMES[name], cap.AttentionWeights)]  # weights in place of softmax
+TRANSPORTED = [name for name in ALL if issubclass(SCHEMES[name], cap.TransportedScores)]  # logits other than q . k
 B, H, T, D = 2, 4, 40, 16
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -76,19 +77,20 @@ def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
             # always the written-out path, on every device, unless the scheme's own kernel is installed for it
             # (model/pe/base.py, hook 8: tests/test_fused_attention.py)
             for device in ("cpu", "cuda"):
-                own = pe.fused_backend if pe.fused_attention(torch.device(device)) is not None else "math"
+                fused = isinstance(pe, cap.FusedKernel) and pe.fused_attention(torch.device(device)) is not None
+                own = pe.fused_backend if fused else "math"
                 for backend in ("auto", "sdpa", "flex", "math"):
                     want = "math" if backend == "math" else own
                     assert resolve_backend(backend, pe, torch.device(device)) == want
             continue
         assert resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
         assert resolve_backend("flex", pe, torch.device("cpu")) == "flex"  # eager, forward only
-        biased = name in BIAS or SCHEMES[name].has_cumulative_bias
+        biased = name in BIAS or issubclass(SCHEMES[name], cap.CumulativeBias)
         # With positions 0..T-1 a bias of the distance alone is read from its table, whose score_mod compiles; with
         # positions per token (explicit) the score_mod runs score_bias, and the scheme says whether that compiles.
         for explicit in (False, True):
-            table = SCHEMES[name].bias_is_relative and not explicit
-            compiles = SCHEMES[name].score_mod_compiles or table or name not in BIAS
+            table = issubclass(SCHEMES[name], cap.DistanceBias) and not explicit
+            compiles = not issubclass(SCHEMES[name], cap.UncompiledScoreBias) or table
             want_auto = "flex" if biased and compiles else "sdpa"
             assert resolve_backend("auto", pe, torch.device("cuda"), explicit) == want_auto
             for forced in ("sdpa", "flex", "math"):
@@ -96,7 +98,9 @@ def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
                 assert resolve_backend(forced, pe, torch.device("cuda"), explicit) == want
     # seen failing on an H200: FIRE's MLP in the kernel, KERPLE's parameters indexed twice in the backward; KERPLE
     # takes flex through its distance table
-    assert not SCHEMES["fire"].score_mod_compiles and not SCHEMES["kerple"].score_mod_compiles
+    assert issubclass(SCHEMES["fire"], cap.UncompiledScoreBias) and issubclass(
+        SCHEMES["kerple"], cap.UncompiledScoreBias
+    )
     assert resolve_backend("auto", scheme("kerple"), torch.device("cuda")) == "flex"
     assert resolve_backend("auto", scheme("kerple"), torch.device("cuda"), explicit=True) == "sdpa"
     with pytest.raises(PosGPTError, match="attn_backend"):

@@ -22,11 +22,11 @@ from evaluation.context import EvalContext
 from evaluation.plots import Series, scheme_colour
 from evaluation.results import CSV_COLUMNS, format_ppl, format_table
 from evaluation.run import EVAL_DIR, evaluate_run, per_position_rows
+from evaluation.schemes import COLOURS
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from model import ModelConfig
-from model.pe import record
 from model.pe.learned import LearnedConfig
 from model.pe.rope import RoPEConfig
 
@@ -221,7 +221,7 @@ def test_the_printed_table_has_a_row_per_setting_and_a_column_per_length(val_tok
 @pytest.mark.slow  # a second interpreter
 def test_each_scheme_has_one_colour_in_every_plot(tmp_path, monkeypatch):
     shipped = sorted(path.stem for path in (Path(__file__).parents[1] / "configs" / "pe").glob("*.yaml"))
-    declared = {name: record(name).colour for name in shipped}
+    declared = {name: COLOURS[name] for name in shipped}
     assert all(declared.values()) and len({scheme_colour(name) for name in shipped}) == len(shipped)
     assert scheme_colour("rope") == declared["rope"]
     new = scheme_colour("myscheme")  # a scheme added later: a colour from its name alone, the same in any process

@@ -14,9 +14,12 @@ from data.windows import random_positions
 from model import GPT, KVCache, ModelConfig
 from model.attention import attend, resolve_backend
 from model.pe import SCHEMES
+from model.pe import capabilities as cap
 
-BIAS = sorted(name for name, cls in SCHEMES.items() if cls.has_score_bias)
-CUMULATIVE = sorted(name for name, cls in SCHEMES.items() if cls.has_cumulative_bias)  # its data: the model's
+BIAS = sorted(name for name, cls in SCHEMES.items() if issubclass(cls, cap.ScoreBias))
+CUMULATIVE = sorted(
+    name for name, cls in SCHEMES.items() if issubclass(cls, cap.CumulativeBias)
+)  # its data: the model's
 AWKWARD = [1, 127, 129, 300]  # FlexAttention's blocks hold 128 queries and 128 keys
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -21,9 +21,12 @@ from experiment.compose import compose_config
 from experiment.config import validate
 from model.attention import attend, default_state
 from model.pe import SCHEMES
+from model.pe import capabilities as cap
 
-RELATIVE = sorted(name for name, cls in SCHEMES.items() if cls.bias_is_relative)
-TABLE = [name for name in RELATIVE if not SCHEMES[name].score_mod_compiles]  # FlexAttention reads their table
+RELATIVE = sorted(name for name, cls in SCHEMES.items() if issubclass(cls, cap.DistanceBias))
+TABLE = [
+    name for name in RELATIVE if issubclass(SCHEMES[name], cap.UncompiledScoreBias)
+]  # FlexAttention reads their table
 AWKWARD = [1, 127, 129, 300]  # FlexAttention's blocks hold 128 queries and 128 keys
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -37,7 +40,9 @@ def test_a_score_mod_that_compiles_computes_its_bias_in_the_kernel(name, monkeyp
     """The table is a gather in the kernel, which costs shared memory; a scheme whose own score_mod compiles runs it."""
     pe = scheme(name)
     monkeypatch.setattr(attention, "_distance_bias", lambda *args: pytest.fail("the score_mod read the table"))
-    score_mod = attention._score_mod(pe, default_state(pe, 9, 9, torch.device("cpu")), 1, None)
+    score_mod = attention._score_mod(
+        pe, attention.resolve_path(pe, "flex", "cpu"), default_state(pe, 9, 9, torch.device("cpu")), 1, None
+    )
     i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
     torch.testing.assert_close(score_mod(torch.zeros(9, 9), 0, 1, i, j), pe.score_bias(i, j, 1, 1))
 
@@ -68,7 +73,9 @@ def test_the_table_score_mod_gives_the_direct_bias_and_its_gradients(name, dtype
     that FlexAttention gets against score_bias at every pair; and the score_mod never calls score_bias itself."""
     pe = scheme(name).to(dtype)
     q, k, v = (t.detach().to(dtype).requires_grad_() for t in qkv(tq=75, tk=75))
-    score_mod = attention._score_mod(pe, default_state(pe, 75, 75, q.device), 1, None)
+    score_mod = attention._score_mod(
+        pe, attention.resolve_path(pe, "flex", "cpu"), default_state(pe, 75, 75, q.device), 1, None
+    )
     want = grads_through(pe, q, k, v, lambda s, b, h, i, j: s + pe.score_bias(i, j, h, 1))
     monkeypatch.setattr(pe, "score_bias", lambda *args: pytest.fail("the score_mod ran score_bias"))
     got = grads_through(pe, q, k, v, score_mod)
@@ -81,7 +88,9 @@ def test_the_table_score_mod_gives_the_direct_bias_and_its_gradients(name, dtype
 def test_the_score_mod_gradients_equal_the_math_paths(name):
     """The same score_mod's gradients against the written-out path's (its softmax in float32)."""
     pe, (q, k, v) = scheme(name), qkv(tq=75, tk=75)
-    score_mod = attention._score_mod(pe, default_state(pe, 75, 75, q.device), 1, None)
+    score_mod = attention._score_mod(
+        pe, attention.resolve_path(pe, "flex", "cpu"), default_state(pe, 75, 75, q.device), 1, None
+    )
     got = grads_through(pe, q, k, v, score_mod)
     assert_all_close(got, output_and_grads("math", pe, q, k, v, layer=1), rtol=1e-4, atol=1e-5)
 
@@ -95,7 +104,9 @@ def test_gradients_through_flex_attentions_own_reference(name):
     if reference is None:
         pytest.skip("this torch has no FlexAttention math_attention")
     pe, (q, k, v) = scheme(name), qkv(tq=129, tk=129)
-    score_mod = attention._score_mod(pe, default_state(pe, 129, 129, q.device), 1, None)
+    score_mod = attention._score_mod(
+        pe, attention.resolve_path(pe, "flex", "cpu"), default_state(pe, 129, 129, q.device), 1, None
+    )
     block_mask = attention._make_causal_block_mask(129, "cpu").as_tuple()
     tensors = [q, k, v, *pe.parameters()]
     out = reference(q, k, v, score_mod, block_mask, D**-0.5, {})[0]
@@ -133,8 +144,8 @@ def test_the_table_is_built_once_per_forward_pass_and_layer(name, monkeypatch):
     monkeypatch.setattr(pe, "bias_block", counted)
     state = default_state(pe, 50, 50, torch.device("cpu"))
     for layer in (0, 1, 0, 1):
-        attention._score_mod(pe, state, layer, None)
-    layers = [0, 1] if pe.bias_depends_on_layer else [0]
+        attention._score_mod(pe, attention.resolve_path(pe, "flex", "cpu"), state, layer, None)
+    layers = [0, 1] if isinstance(pe, cap.LayerwiseBias) else [0]
     assert calls == [((50,), (1,), layer) for layer in layers]
 
 

@@ -112,7 +112,7 @@ def scheme_vocabulary() -> tuple[set[str], set[str]]:
     import model.pe
     from model.pe import PEConfig, PositionalEncoding
 
-    modules = {info.name for info in pkgutil.iter_modules(model.pe.__path__)} - {"base"}
+    modules = {info.name for info in pkgutil.iter_modules(model.pe.__path__)} - {"base", "capabilities"}
     settings = {field.name for scheme in SCHEMES.values() for field in dataclasses.fields(scheme.config_class)}
     settings -= {field.name for field in dataclasses.fields(PEConfig)} | set(dir(PositionalEncoding))
     return (set(SCHEMES) | modules | settings) - PLAIN_WORDS, set(SCHEMES) | settings

@@ -14,10 +14,11 @@ from test_backends import assert_all_close, output_and_grads
 import model.attention as attention
 from model.attention import attend, default_state
 from model.pe import SCHEMES, ModelDims, build_positional_encoding
+from model.pe import capabilities as cap
 
 B, H, D = 2, 2, 8
 WRITTEN_OUT = sorted(  # the schemes whose attention is always the written-out path
-    name for name, cls in SCHEMES.items() if cls.has_content_bias or cls.has_attention_weights
+    name for name, cls in SCHEMES.items() if issubclass(cls, (cap.ContentBias, cap.AttentionWeights))
 )
 
 
@@ -58,9 +59,10 @@ def grads(pe, q, k, v, run):
 def blocks_kept(q, k, v, pe, block):
     """The written-out path as it was before blocks were recomputed: the same blocks, everything kept."""
     T = q.shape[-2]
-    state = default_state(pe, T, T, q.device)
+    state, path = default_state(pe, T, T, q.device), attention.resolve_path(pe, "math", q.device)
     outputs = [
-        attention._math_block(q, k, v, pe, state, 1, s, min(T, s + block), None, None)[0] for s in range(0, T, block)
+        attention._math_block(q, k, v, pe, path, state, 1, s, min(T, s + block), None, None)[0]
+        for s in range(0, T, block)
     ]
     return torch.cat(outputs, dim=2)
 
@@ -154,12 +156,13 @@ def test_every_written_out_scheme_trains_the_same_in_recomputed_blocks(name, mon
 
     def one_block(q, k, v, pe, layer):
         state = default_state(pe, q.shape[-2], k.shape[-2], q.device)
-        return attention._math_block(q, k, v, pe, state, layer, 0, q.shape[-2], None, None)[0]
+        path = attention.resolve_path(pe, "math", q.device)
+        return attention._math_block(q, k, v, pe, path, state, layer, 0, q.shape[-2], None, None)[0]
 
     monkeypatch.setattr(
         attention,
         "_math_attention",
-        lambda q, k, v, pe, state, layer, *rest, **options: (one_block(q, k, v, pe, layer), None),
+        lambda q, k, v, pe, path, state, layer, *rest, **options: (one_block(q, k, v, pe, layer), None),
     )
     want = output_and_grads("math", pe, q, k, v, layer=1)
     monkeypatch.undo()

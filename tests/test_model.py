@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from core.errors import PosGPTError
 from model import GPT, KVCache, ModelConfig
 from model.pe import SCHEMES, PositionalEncoding
+from model.pe import capabilities as cap
 from model.sampling import generate
 
 SEQ_LEN = 16
@@ -214,7 +215,7 @@ def test_capture_attention_records_every_layer_without_changing_the_output(name)
     torch.testing.assert_close(captured, plain, rtol=1e-4, atol=1e-5)
     assert len(probs) == 2 and all(p.shape == (2, 4, SEQ_LEN, SEQ_LEN) and p.dtype == torch.float32 for p in probs)
     for p in probs:
-        if SCHEMES[name].has_attention_weights:  # its own weights, not a softmax: a row sums to at most 1
+        if issubclass(SCHEMES[name], cap.AttentionWeights):  # its own weights, not a softmax: a row sums to at most 1
             assert (p >= 0).all() and (p.sum(-1) <= 1 + 1e-6).all()
         else:
             torch.testing.assert_close(p.sum(-1), torch.ones(2, 4, SEQ_LEN))
@@ -245,26 +246,43 @@ def test_weight_decay_follows_the_scheme_declaration():
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if SCHEMES[n].has_score_bias])
+@pytest.mark.parametrize("name", [n for n in ALL if issubclass(SCHEMES[n], cap.ScoreBias)])
 def test_bias_is_built_once_per_forward_unless_it_depends_on_the_layer(name, monkeypatch):
     model = tiny(name, "sdpa")
     calls = []
     original = type(model.pe).bias_block
     monkeypatch.setattr(type(model.pe), "bias_block", lambda self, *a: calls.append(1) or original(self, *a))
     model(torch.zeros(1, 8, dtype=torch.long))
-    assert len(calls) == (2 if SCHEMES[name].bias_depends_on_layer else 1)
+    assert len(calls) == (2 if issubclass(SCHEMES[name], cap.LayerwiseBias) else 1)
 
 
-def test_every_record_names_a_scheme_and_every_scheme_has_a_colour():
-    """Presentation, study variations and checkpoint migration live in each module's SchemeRecord, not in the
-    scheme's class (which holds the mathematics and kernel hints)."""
-    from model.pe import RECORDS, record
+def test_presentation_study_variations_and_migration_live_outside_the_schemes():
+    """Colours and table names belong to plots and tables (evaluation/schemes.py), study variations to the study
+    (scripts/study_variations.py), checkpoint migration to the loader (experiment/settings.py): every name they list
+    is a scheme, and a scheme's class holds its mathematics alone."""
+    from study_variations import STUDY_VARIATIONS
 
-    assert set(RECORDS) == set(SCHEMES)
-    assert all(record(name).colour for name in SCHEMES)
-    assert record("myscheme").colour == "" and record("none").display_name == "none (NoPE)"
+    from evaluation.schemes import COLOURS, DISPLAY_NAMES, display_name
+    from experiment.settings import LEGACY_PE_VALUES
+
+    assert set(COLOURS) == set(SCHEMES)
+    assert set(DISPLAY_NAMES) | set(STUDY_VARIATIONS) | set(LEGACY_PE_VALUES) <= set(SCHEMES)
+    assert display_name("myscheme") == "myscheme" and display_name("none") == "none (NoPE)"
     for attribute in ("colour", "display_name", "study_variations", "legacy_values"):
         assert not hasattr(PositionalEncoding, attribute), attribute
+
+
+def test_every_flag_is_an_interface():
+    """A scheme says what it does by the interfaces it inherits (model/pe/capabilities.py); no flag is declared."""
+    flags = ("has_score_bias", "bias_is_relative", "bias_depends_on_layer", "score_mod_compiles", "has_content_bias")
+    flags += ("has_cumulative_bias", "has_attention_weights", "has_transitions")
+    for name, scheme in SCHEMES.items():
+        assert not any(hasattr(scheme, flag) for flag in flags), name
+    with pytest.raises(TypeError, match="ScoreBias"):
+
+        class Unread(PositionalEncoding):  # a hook written without its interface would never run
+            def score_bias(self, q_pos, k_pos, head, layer):
+                return q_pos - k_pos
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))
@@ -272,11 +290,11 @@ def test_every_study_variation_is_one_its_scheme_accepts(name):
     """scripts/study.sh evaluates every run with its scheme's study_variations: each passes the scheme's own check
     at the default config and gives a change of its settings (a study would otherwise fail after training)."""
     from omegaconf import OmegaConf
+    from study_variations import STUDY_VARIATIONS
 
     from experiment.compose import compose_config
-    from model.pe import record
 
-    variations = list(record(name).study_variations)
+    variations = list(STUDY_VARIATIONS.get(name, ()))
     cfg = OmegaConf.to_object(compose_config([f"pe={name}"])).pe
     SCHEMES[name].check_variations(cfg, variations)
     assert all(SCHEMES[name].parse_variation(spec, cfg) for spec in variations)

@@ -115,14 +115,14 @@ def test_both_sdpa_paths_equal_math_forward_and_backward(path, monkeypatch):
     q, k, v = (torch.randn(B, H, length, 4, generator=generator).requires_grad_() for _ in range(3))
     sums = F.logsigmoid(torch.randn(B, H, length, generator=generator)).cumsum(-1).requires_grad_()
     pe = tiny().pe
-    state = default_state(pe, length, length, q.device)
+    state, route = default_state(pe, length, length, q.device), attention.resolve_path(pe, "sdpa", q.device)
     if path == "folded":
         got = attention._folded_causal_sdpa(q, k, v, sums)
     else:
         if path == "blockwise-one-block":
             monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", 1 << 24)
-        got = attention._blockwise_sdpa(q, k, v, pe, state, 0, sums)
-    want = attention._math_attention(q, k, v, pe, state, 0, sums)[0]
+        got = attention._blockwise_sdpa(q, k, v, pe, route, state, 0, sums)
+    want = attention._math_attention(q, k, v, pe, route, state, 0, sums)[0]
     gradients = [torch.autograd.grad(out.square().sum(), (q, k, v, sums)) for out in (got, want)]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     for g, w in zip(*gradients):

@@ -4,6 +4,7 @@ import torch
 from reference_numbers import REFERENCE_NUMBERS
 
 from model.pe import SCHEMES, ModelDims
+from model.pe import capabilities as cap
 from model.pe.t5 import T5Config, t5_bucket
 
 DIMS = ModelDims(n_embd=32, n_head=4, head_dim=8, train_seq_len=16, init_std=0.02, n_layer=2)
@@ -28,5 +29,5 @@ def test_bias_is_the_table_entry_shared_by_layers():
     expected = pe.table[t5_bucket(q_pos - k_pos, 32, 128)].permute(2, 0, 1)
     torch.testing.assert_close(bias, expected)
     torch.testing.assert_close(pe.score_bias(q_pos, k_pos, heads, 1), bias)
-    assert not SCHEMES["t5"].bias_depends_on_layer
+    assert not issubclass(SCHEMES["t5"], cap.LayerwiseBias)
     assert [p is pe.table for p in pe.no_weight_decay()] == [True]

@@ -80,7 +80,7 @@ def test_cached_decoding_equals_a_full_forward_token_by_token(name, scaling):
     cache = KVCache()
     cached = [model(idx[:, :5], cache=cache)[:, -1]]
     cached += [model(idx[:, t : t + 1], cache=cache)[:, -1] for t in range(5, idx.shape[1])]
-    dynamic = model.pe.rotation_depends_on_length()
+    dynamic = model.paths_on(idx.device)[0].rotate_cached_keys  # the rotation depends on the length
     reference = causal_dynamic_forward(model, idx) if dynamic else None
     for t, logits in enumerate(cached, start=4):  # the logits after token t
         expected = reference[:, t] if dynamic else model(idx[:, : t + 1])[:, -1]

@@ -53,6 +53,8 @@ class MetricsWindow:
                 f"world={dist.world_size} run_dir={run_dir}",
                 flush=True,
             )
+            for line in model.describe_attention(device):  # each layer's attention path (model/attention.py)
+                print(f"train: {line}", flush=True)
         self.progress = tqdm(
             total=t.max_steps,
             initial=start_step,

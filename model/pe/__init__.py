@@ -1,6 +1,6 @@
 """Registry of positional schemes: every module in this package that defines a PositionalEncoding subclass
-with a ``name`` is discovered here, and so is its SchemeRecord (how plots and tables show it, the variations a
-study evaluates it with, its checkpoints' legacy values), so adding a scheme never touches this file.
+that sets its own ``name`` is discovered here, so adding a scheme never touches this file. (A subclass that keeps
+its parent's name is a form of the parent that the parent builds itself, as PaTH-FoX is of PaTH.)
 
 Each scheme's config dataclass (``config_class``) is registered with Hydra's ConfigStore as ``schema/pe/<name>``
 by experiment/config.py (model/ itself runs without Hydra); the YAML file ``configs/pe/<name>.yaml`` lists it
@@ -13,25 +13,17 @@ import importlib
 import pkgutil
 
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, PositionState, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding, PositionState
 
 SCHEMES: dict[str, type[PositionalEncoding]] = {}
-RECORDS: dict[str, SchemeRecord] = {}
 
 
 def _discover() -> None:
     for module_info in pkgutil.iter_modules(__path__):
         module = importlib.import_module(f"{__name__}.{module_info.name}")
         for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, PositionalEncoding) and obj.name:
+            if isinstance(obj, type) and issubclass(obj, PositionalEncoding) and vars(obj).get("name"):
                 SCHEMES[obj.name] = obj
-            elif isinstance(obj, SchemeRecord):
-                RECORDS[obj.scheme] = obj
-
-
-def record(name: str) -> SchemeRecord:
-    """Scheme ``name``'s record (the defaults where its module declares none, or for a name no scheme has)."""
-    return RECORDS.get(name) or SchemeRecord(name)
 
 
 def build_positional_encoding(cfg: PEConfig, dims: ModelDims) -> PositionalEncoding:
@@ -40,22 +32,13 @@ def build_positional_encoding(cfg: PEConfig, dims: ModelDims) -> PositionalEncod
     return SCHEMES[cfg.name](cfg, dims)
 
 
-def display_name(name: str) -> str:
-    """How comparison tables name scheme ``name`` (its record's display_name, else the name itself)."""
-    return record(name).display_name or name
-
-
 _discover()
 
 __all__ = [
-    "RECORDS",
     "SCHEMES",
-    "SchemeRecord",
     "ModelDims",
     "PEConfig",
     "PositionalEncoding",
     "PositionState",
     "build_positional_encoding",
-    "display_name",
-    "record",
 ]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import DistanceBias
 
 
 @dataclass
@@ -36,11 +37,9 @@ def alibi_slopes(n_head: int) -> list[float]:
     return power_of_two_slopes(closest) + power_of_two_slopes(2 * closest)[0::2][: n_head - closest]
 
 
-class ALiBiPositionalEncoding(PositionalEncoding):
+class ALiBiPositionalEncoding(DistanceBias, PositionalEncoding):
     name = "alibi"
     config_class = ALiBiConfig
-    has_score_bias = True
-    bias_is_relative = True
 
     def __init__(self, cfg: ALiBiConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -48,6 +47,3 @@ class ALiBiPositionalEncoding(PositionalEncoding):
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:
         return -self.slopes[head] * (q_pos - k_pos)
-
-
-RECORD = SchemeRecord("alibi", colour="#ff7f0e")

@@ -1,32 +1,34 @@
-"""The one interface every positional scheme implements.
+"""The base class of every positional scheme, and what position can do in a transformer.
 
-Position can enter a transformer in seven places. A scheme overrides the hooks it uses and inherits no-ops
-for the rest:
+Position can enter a transformer in seven places. Each is a small interface (model/pe/capabilities.py) whose hooks
+a scheme writes; the scheme inherits the interfaces it implements, and the base class alone is no position at all
+(NoPE). Attention reads the interfaces once, when the model is built, into each layer's path (model/attention.py):
 
-1. ``embed(positions)``      -> a vector per position, added to the token embeddings (sinusoidal, learned)
-2. ``rotate(q, k, positions, seq_len, prepared)`` -> q and k transformed in every attention layer (RoPE, xPos)
-3. ``score_bias(q_pos, k_pos, head, layer)`` -> a term added to attention scores (ALiBi, T5, KERPLE, FIRE)
-4. ``content_bias(q, scores, layer)`` -> a term computed from the scores themselves (CoPE); such a scheme
+1. ``PositionEmbedding.embed(positions)`` -> a vector per position, added to the token embeddings
+2. ``Rotation.rotate(q, k, positions, seq_len, prepared)`` -> q and k transformed in every attention layer
+3. ``ScoreBias.score_bias(q_pos, k_pos, head, layer)`` -> a term added to attention scores
+4. ``ContentBias.content_bias(q, scores, layer)`` -> a term computed from the scores themselves (CoPE); such a scheme
    always runs the written-out attention path
-5. ``cumulative_bias(x, layer)`` -> a term per token and head, g_t, computed from the layer's input x (so from
-   the data, per batch row and layer); the score of query i over key j gets the sum of g over the tokens after
-   j up to i, c_i - c_j with c = cumsum(g) (FoX's log forget gates; ALiBi would be g = -slope)
-6. ``attention_weights(scores, layer)`` -> the weights that multiply the values in place of softmax over the scores,
-   computed from the scaled, causally masked scores of a block of queries (stick-breaking: order enters through
-   the weights themselves); such a scheme always runs the written-out attention path, in blocks of queries, so its
-   weights must treat each query's row on its own
-7. ``transitions(x, layer)`` and ``transported_scores(q, k, transitions, carry)`` -> the logit of query i over key j
-   taken through a linear map made of one transition per token between them, q_i . T_i T_{i-1} ... T_{j+1} k_j, each
-   T_t computed from the layer's input x (so from the data, per batch row and layer; PaTH's Householder-like
-   reflections); such a scheme always runs the written-out path, which takes these logits in place of q_i . k_j,
-   one block of queries at a time
+5. ``CumulativeBias.cumulative_bias(x, layer)`` -> a term per token and head, g_t, computed from the layer's input x (so
+   from the data, per batch row and layer); the score of query i over key j gets the sum of g over the tokens after j up
+   to i, c_i - c_j with c = cumsum(g) (FoX's log forget gates; ALiBi would be g = -slope)
+6. ``AttentionWeights.attention_weights(scores, layer)`` -> the weights that multiply the values in place of softmax
+   over the scores, computed from the scaled, causally masked scores of a block of queries (stick-breaking: order enters
+   through the weights themselves); such a scheme always runs the written-out attention path, in blocks of queries, so
+   its weights must treat each query's row on its own
+7. ``TransportedScores.transitions(x, layer)`` and ``transported_scores(q, k, transitions, carry)`` -> the logit of
+   query i over key j taken through a linear map made of one transition per token between them, q_i . T_i T_{i-1} ...
+   T_{j+1} k_j, each T_t computed from the layer's input x (so from the data, per batch row and layer; PaTH's
+   Householder-like reflections); such a scheme always runs the written-out path, which takes these logits in place of
+   q_i . k_j, one block of queries at a time
 
-One more hook is not a place for position but a faster way to the same numbers: ``fused_attention(device)`` -> a
-kernel that computes a scheme's whole attention (hooks 6 and 7 above, which have no PyTorch kernel) in one pass, where
-an installed package provides it (its reference's Triton kernel on a GPU), or None. Attention runs it for full causal
-passes on ``device`` (training, scoring) and names it in the runs' records (``fused_backend``; ``fused_kernel`` says
-which package's function it is, imported when the scheme is built); anything it cannot
-take (a KV cache, captured probabilities, packed documents, a sink) runs the written-out path (model/attention.py).
+One more interface, hook 8, is not a place for position but a faster way to the same numbers:
+``FusedKernel.fused_attention(device)`` -> a kernel that computes a scheme's whole attention (hooks 6 and 7 above, which
+have no PyTorch kernel) in one pass, where an installed package provides it (its reference's Triton kernel on a GPU), or
+None. Attention runs it for full causal passes on ``device`` (training, scoring) and names it in the runs' records
+(``fused_backend``; ``fused_kernel`` says which package's function it is, imported when the scheme is built); anything
+it cannot take (a KV cache, captured probabilities, packed documents, a sink) runs the written-out path
+(model/attention.py).
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
@@ -35,14 +37,14 @@ scheme never knows which.
 
 Per forward pass. What does not depend on the layer (RoPE's cos/sin) is computed once by ``prepare`` and
 handed to every layer in a :class:`PositionState`. A bias that depends only on the distance
-(``bias_is_relative``: ALiBi, T5, KERPLE) is evaluated once per distance and forward pass (per layer if
-``bias_depends_on_layer``: KERPLE), by ``bias_block``; each block of queries is cut from that table, and
+(a ``DistanceBias``) is evaluated once per distance and forward pass (per layer for a ``LayerwiseBias``), by
+``bias_block``; each block of queries is cut from that table, and
 FlexAttention's score_mod reads it (model/attention.py). Schemes
 with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and index them by ``layer``.
 
 Per layer. The model asks the scheme which scheme runs each layer (``layer_schemes``): itself in every layer,
 unless it is composed of others per layer (hybrid.py: RoPE in some layers, NoPE in others). Each layer then
-sees only its own scheme, with its own prepared values and bias tables, and picks its attention path alone.
+sees only its own scheme, with its own prepared values and bias tables, and its own attention path.
 
 A cumulative bias is data: the attention layer computes c = cumsum(g) over the sequence and hands it to
 ``attend``, which adds c_i - c_j to the mask blocks (CPU), in the FlexAttention ``score_mod`` (GPU), or to the
@@ -54,10 +56,10 @@ and ``attend`` gets the logits of the new queries over all keys (model/gpt.py). 
 through the transitions of every token after it (what ``carry`` returns), so that a new token only carries the cached
 keys through its own transitions.
 
-Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps,
-Self-Extend, ReRoPE and STRING): ``score_window()`` then returns the window W, ``rotate`` returns q and k with the two
-rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where
-0 <= q_pos - k_pos < W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
+Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps, Self-Extend,
+ReRoPE and STRING): ``Rotation.score_window()`` then returns the window W, ``rotate`` returns q and k with the two
+rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where 0 <= q_pos - k_pos
+< W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
 
 Wider q and k. ``rotate`` may return q and k of another head size than v's (a scheme that maps each coordinate to
 a complex number returns 2d real ones): attention scales their scores by 1 / sqrt(size of q) (scores merged by
@@ -83,8 +85,6 @@ scheme is one module plus one ``configs/pe/<name>.yaml``.
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -93,21 +93,8 @@ import torch
 from torch import nn
 
 from core.domain import check_domains
-from core.errors import PosGPTError, first_line, warn
-
-
-@functools.cache
-def installed_kernel(module: str, name: str) -> Callable[..., Any] | None:
-    """``name`` of the module ``module`` of an installed package (a scheme's reference kernel, hook 8), imported at its
-    first use; None where the package or what it needs is not installed (a Triton kernel without Triton), or where it
-    fails to import (said once). The written-out path then runs, and the runs' records name it."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError:
-        return None
-    except Exception as error:  # whatever the package raises at import (a driver, a compiler)
-        warn(f"{module} cannot be imported ({first_line(error)}); the written-out path runs")
-        return None
+from core.errors import PosGPTError
+from model.pe.capabilities import HOOKS, PositionEmbedding, Rotation, ScoreBias
 
 
 @dataclass
@@ -167,65 +154,11 @@ class PositionState:
         return self.key_positions.shape[-1]
 
 
-@dataclass(frozen=True)
-class SchemeRecord:
-    """What the rest of posgpt says about a scheme besides its mathematics, declared beside its class in the
-    scheme's own module (a module-level ``SchemeRecord("rope", colour=...)``, found by the registry; a scheme
-    without one gets the defaults):
-
-    - ``colour``: its colour in every plot ("": a hue from a hash of its name, evaluation/plots.py);
-      ``display_name``: its name in comparison tables ("": its name);
-    - ``study_variations``: the eval.variations entries (see parse_variation) scripts/study.sh evaluates every run
-      of the scheme with, besides the run as trained (empty: the run as trained only);
-    - ``legacy_values``: settings the scheme gained after checkpoints of it were first written, whose default
-      today is not what those checkpoints were trained with: a checkpoint without the key gets this value
-      (experiment/settings.py).
-    """
-
-    scheme: str
-    colour: str = ""
-    display_name: str = ""
-    study_variations: tuple[str, ...] = ()
-    legacy_values: dict[str, Any] = field(default_factory=dict)
-
-
 class PositionalEncoding(nn.Module):
     """Base class: no position at all. Subclasses override the hooks they use."""
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[PEConfig]] = PEConfig
-    # True when score_bias is overridden: attention must then use a path that can add a bias.
-    has_score_bias: ClassVar[bool] = False
-    # False when score_bias is the same in every layer: attention then builds it once per forward pass.
-    bias_depends_on_layer: ClassVar[bool] = False
-    # True when score_bias depends on the positions only through q_pos - k_pos (ALiBi, T5, KERPLE; not FIRE,
-    # whose normaliser reads q_pos): with positions 0..T-1 attention then evaluates it once per distance, into a
-    # table of (H, T) values per forward pass that sdpa cuts its mask blocks from and, where score_bias does not
-    # compile (below), FlexAttention's score_mod reads (``table[h, q - k]``), not once per score.
-    bias_is_relative: ClassVar[bool] = False
-    # False when inductor cannot compile score_bias itself into a FlexAttention score_mod with its gradients (FIRE's
-    # MLP, KERPLE's per-layer parameters indexed twice; seen on an H200): where the score_mod would run it (a bias
-    # that is not relative, or positions given per token) the bias goes through sdpa as a mask on GPU, block by block.
-    # A relative bias is then read from its distance table, which compiles (a table read costs the kernel shared
-    # memory, so one that compiles computes its bias in the kernel instead). FlexAttention's backward is compiled
-    # at the first backward pass, where no fallback can catch it.
-    score_mod_compiles: ClassVar[bool] = True
-    # True when content_bias is overridden: attention always runs the written-out path.
-    has_content_bias: ClassVar[bool] = False
-    # True when cumulative_bias is overridden: each layer computes its terms from its input (model/gpt.py).
-    has_cumulative_bias: ClassVar[bool] = False
-    # True when attention_weights is overridden: its weights replace softmax, so attention always runs the
-    # written-out path (and has no softmax denominator for a sink logit).
-    has_attention_weights: ClassVar[bool] = False
-    # True when transitions and transported_scores are overridden: each layer computes the logits from its input
-    # (model/gpt.py), and attention always runs the written-out path.
-    has_transitions: ClassVar[bool] = False
-    # Tokens per chunk of those logits' products, which each block of queries computes its rows from (memory model).
-    transition_chunk: ClassVar[int] = 0
-    # The attention backend that fused_attention's kernel is recorded as (None: the scheme has no such kernel), and
-    # (module, name) of that kernel in its package: imported when the scheme is built, where CUDA is (``_kernel``).
-    fused_backend: ClassVar[str | None] = None
-    fused_kernel: ClassVar[tuple[str, str] | None] = None
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
     # trained weights compute (RoPE: ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
@@ -235,15 +168,25 @@ class PositionalEncoding(nn.Module):
         check_domains(cfg, "pe.")  # the config's validation did this at start-up; model/ also runs without it
         self.cfg = cfg
         self.dims = dims
-        # not imported in the forward pass that torch.compile traces; only where CUDA is (a Triton kernel needs it)
-        cuda = self.fused_kernel is not None and torch.cuda.is_available()
-        self._kernel = installed_kernel(*self.fused_kernel) if cuda else None
+        # called after the scheme's settings change (an evaluation-time variation): the model resolves its layers'
+        # attention paths again (model/gpt.py)
+        self._settings_listeners: list[Callable[[], None]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A scheme that writes a hook of an interface (model/pe/capabilities.py) inherits that interface: attention
+        chooses its paths by the interfaces, so a hook written without one would never run."""
+        super().__init_subclass__(**kwargs)
+        for klass in cls.__mro__:
+            if klass is PositionalEncoding or not issubclass(klass, PositionalEncoding):
+                continue
+            for hook in HOOKS.keys() & vars(klass).keys():
+                if not issubclass(cls, HOOKS[hook]):
+                    raise TypeError(f"{cls.__name__} writes {hook} without inheriting {HOOKS[hook].__name__}")
 
     @classmethod
     def uses_positions(cls) -> bool:
-        """Whether the scheme overrides a hook that takes token positions (NoPE and CoPE do not)."""
-        hooks = ("embed", "rotate", "score_bias")
-        return any(getattr(cls, hook) is not getattr(PositionalEncoding, hook) for hook in hooks)
+        """Whether the scheme has an interface that reads token positions (NoPE, CoPE and FoX have none)."""
+        return issubclass(cls, (PositionEmbedding, Rotation, ScoreBias))
 
     def max_positions(self) -> int | None:
         """The longest sequence this scheme can encode, or None when it is defined for any length."""
@@ -336,11 +279,22 @@ class PositionalEncoding(nn.Module):
         previous = {name: getattr(self.cfg, name) for name in settings}
         for name, value in settings.items():
             self.apply_eval_setting(name, value)
+        self.settings_changed()
         try:
             yield
         finally:
             for name, value in previous.items():
                 self.apply_eval_setting(name, value)
+            self.settings_changed()
+
+    def on_settings_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever the scheme's settings change on the built scheme (the model that holds it)."""
+        self._settings_listeners.append(listener)
+
+    def settings_changed(self) -> None:
+        """Tell the listeners that a setting changed (what attention path a layer takes may have changed with it)."""
+        for listener in self._settings_listeners:
+            listener()
 
     def apply_eval_setting(self, name: str, value: Any) -> None:
         """Change one field of ``eval_time_settings`` on the built scheme."""
@@ -363,73 +317,14 @@ class PositionalEncoding(nn.Module):
         return None
 
     def embed(self, positions: torch.Tensor) -> torch.Tensor | None:
-        """(T,) integer positions -> (T, n_embd) vectors added to the token embeddings, or None."""
+        """No vectors added to the token embeddings (:class:`PositionEmbedding` adds some)."""
         return None
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, seq_len: int, prepared: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transform the new q and k, both (B, H, T, D), at integer positions (T,) or (B, T); they may come back
-        wider than D (the module docstring, "Wider q and k").
-
-        ``seq_len`` is the number of keys attended to (cached ones included), for schemes that adapt to it;
-        ``prepared`` is what ``prepare`` returned for this forward pass (computed here when None).
-        """
+        """q and k as they are (:class:`Rotation` transforms them)."""
         return q, k
-
-    def score_window(self) -> int | None:
-        """W when ``rotate`` returns a near and a far rotation (see "Scores merged by distance" above); None: one."""
-        return None
-
-    def rotation_depends_on_length(self) -> bool:
-        """True when ``rotate`` depends on ``seq_len`` (dynamic NTK): a KV cache then keeps keys unrotated."""
-        return False
-
-    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:
-        """A term added to the (pre-softmax, already scaled) attention score; elementwise, broadcastable."""
-        raise NotImplementedError(f"positional scheme {self.name!r} has no score bias")
-
-    def bias_block(self, q_pos: torch.Tensor, k_pos: torch.Tensor, layer: int) -> torch.Tensor:
-        """(Tq,) or (B, Tq) query and (Tk,) or (B, Tk) key positions -> (H, Tq, Tk) or (B, H, Tq, Tk) biases."""
-        heads = torch.arange(self.dims.n_head, device=q_pos.device)[:, None, None]
-        return self.score_bias(q_pos[..., None, :, None], k_pos[..., None, None, :], heads, layer)
-
-    def content_bias(self, q: torch.Tensor, scores: torch.Tensor, layer: int) -> torch.Tensor:
-        """q (B, H, Tq, D) and the scaled, causally masked scores (B, H, Tq, Tk) -> a term added to them."""
-        raise NotImplementedError(f"positional scheme {self.name!r} has no content bias")
-
-    def attention_weights(self, scores: torch.Tensor, layer: int) -> torch.Tensor:
-        """The scaled scores (B, H, Tq, Tk) of a block of queries over the keys, with the scheme's biases and -inf where
-        the causal mask hides a key -> the weights, same shape, that multiply the values in place of softmax(scores)
-        (module docstring, hook 6); float32 or wider, whatever the scores' dtype."""
-        raise NotImplementedError(f"positional scheme {self.name!r} has no attention weights of its own")
-
-    def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """The input of ``layer``'s attention, (B, T, C) -> the terms g, (B, H, T), whose cumulative sums c give
-        the bias c_i - c_j of query i over key j (module docstring, hook 5)."""
-        raise NotImplementedError(f"positional scheme {self.name!r} has no cumulative bias")
-
-    def transitions(self, x: torch.Tensor, layer: int) -> Any:
-        """The input of ``layer``'s attention, (B, T, C) -> the transitions T_t of its tokens, in whatever form
-        ``transported_scores`` reads (module docstring, hook 7)."""
-        raise NotImplementedError(f"positional scheme {self.name!r} has no transitions")
-
-    def transported_scores(
-        self, q: torch.Tensor, k: torch.Tensor, transitions: Any, carry: bool
-    ) -> tuple[Callable[[int, int], torch.Tensor], torch.Tensor | None]:
-        """The new queries q (B, H, Tq, D) and every key k (B, H, Tk, D), cached ones first (already carried through
-        the transitions of every cached token after them), with the ``transitions`` of the Tq new tokens -> a function
-        ``rows(start, stop)`` of the logits q_i . T_i ... T_{j+1} k_j of queries start..stop-1, (B, H, stop - start,
-        Tk), unscaled and unmasked, float32 or wider (the written-out path calls it per block of queries); and with
-        ``carry``, every key carried through the transitions of every token after it, (B, H, Tk, D), which the KV
-        cache keeps (None without)."""
-        raise NotImplementedError(f"positional scheme {self.name!r} has no transported scores")
-
-    def fused_attention(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
-        """A kernel ``kernel(q, k, v, x, layer)`` -> the attention output (B, H, T, Dv) of a full causal pass of q, k,
-        v (B, H, T, D) (q scaled by the model's attention temperature), with x (B, T, C) the layer's input, computing
-        what the written-out path computes; None where no installed kernel applies on ``device`` (module docstring)."""
-        return None
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import ContentBias
 
 
 @dataclass
@@ -36,10 +37,9 @@ class CoPEConfig(PEConfig):
     npos: int = domain(64, ge=2)  # integer positions with a vector; counts beyond npos - 1 are clamped
 
 
-class CoPEPositionalEncoding(PositionalEncoding):
+class CoPEPositionalEncoding(ContentBias, PositionalEncoding):
     name = "cope"
     config_class = CoPEConfig
-    has_content_bias = True
 
     def __init__(self, cfg: CoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -59,6 +59,3 @@ class CoPEPositionalEncoding(PositionalEncoding):
         at_floor = logits.gather(-1, floor.long())
         at_ceil = logits.gather(-1, positions.ceil().long())
         return (at_ceil * weight + at_floor * (1 - weight)).to(scores.dtype)
-
-
-RECORD = SchemeRecord("cope", colour="#17becf")

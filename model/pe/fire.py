@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import LayerwiseBias, UncompiledScoreBias
 
 
 @dataclass
@@ -42,17 +43,14 @@ class FireLayer(nn.Module):
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
 
 
-class FirePositionalEncoding(PositionalEncoding):
+class FirePositionalEncoding(LayerwiseBias, UncompiledScoreBias, PositionalEncoding):
     name = "fire"
     config_class = FireConfig
-    has_score_bias = True
-    bias_depends_on_layer = True
-    # Inductor could not compile the MLP into FlexAttention's kernel on an H200 (torch 2.11): "Buffers cannot be
-    # created while lowering a pointwise subgraph". CUDA runs the bias through sdpa instead. Not bias_is_relative:
-    # the bias depends on the distance alone only while every query position is below the threshold L, which is
-    # learned, so telling would read a parameter at every forward pass (a device sync, a graph break); and at
+    # UncompiledScoreBias: inductor could not compile the MLP into FlexAttention's kernel on an H200 (torch 2.11):
+    # "Buffers cannot be created while lowering a pointwise subgraph". CUDA runs the bias through sdpa instead. Not a
+    # DistanceBias: the bias depends on the distance alone only while every query position is below the threshold L,
+    # which is learned, so telling would read a parameter at every forward pass (a device sync, a graph break); and at
     # GPT-2's 1,024 tokens half the queries start past L = 512.
-    score_mod_compiles = False
 
     def __init__(self, cfg: FireConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -79,6 +77,3 @@ class FirePositionalEncoding(PositionalEncoding):
         fire = self.layers[layer]
         x = self.normalized_distance(q_pos[..., :, None], k_pos[..., None, :], layer)[..., None]
         return fire.fc2(torch.relu(fire.fc1(x))).movedim(-1, -3)
-
-
-RECORD = SchemeRecord("fire", colour="#7f7f7f")

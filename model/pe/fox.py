@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import CumulativeBias
 
 
 @dataclass
@@ -50,10 +51,9 @@ class FoXConfig(PEConfig):
     name: str = "fox"
 
 
-class ForgetGatePositionalEncoding(PositionalEncoding):
+class ForgetGatePositionalEncoding(CumulativeBias, PositionalEncoding):
     name = "fox"
     config_class = FoXConfig
-    has_cumulative_bias = True
 
     def __init__(self, cfg: FoXConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -68,6 +68,3 @@ class ForgetGatePositionalEncoding(PositionalEncoding):
         """log f_t, (B, H, T) float32, from the layer's input x (B, T, C)."""
         logits = F.linear(x, self.gate_weight[layer], self.gate_bias[layer])
         return F.logsigmoid(logits.float()).transpose(1, 2)
-
-
-RECORD = SchemeRecord("fox", colour="#98df8a", display_name="FoX")

@@ -55,7 +55,8 @@ from torch import nn
 
 from core.errors import PosGPTError, warn
 from model.pe import SCHEMES, build_positional_encoding
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import PositionEmbedding
 
 
 @dataclass
@@ -73,7 +74,7 @@ class PatternConfig(PEConfig):
 def acts_in_layers(scheme: type[PositionalEncoding]) -> bool:
     """Whether ``scheme`` can run in some layers and not in others: it adds nothing to the input and is not itself
     a pattern."""
-    return scheme.embed is PositionalEncoding.embed and not issubclass(scheme, HybridPositionalEncoding)
+    return not issubclass(scheme, (PositionEmbedding, HybridPositionalEncoding))
 
 
 def layer_scheme_names() -> list[str]:
@@ -92,7 +93,7 @@ def check_pattern(cfg: PatternConfig) -> None:
             continue
         if entry not in SCHEMES:
             raise PosGPTError(f"pe.pattern: unknown scheme {entry!r}; a pattern holds schemes among {allowed}")
-        if not acts_in_layers(SCHEMES[entry]) and SCHEMES[entry].embed is not PositionalEncoding.embed:
+        if issubclass(SCHEMES[entry], PositionEmbedding):
             raise PosGPTError(
                 f"pe.pattern: {entry} adds position vectors to the token embeddings, once at the input, not in a "
                 f"layer, so it cannot be one layer's scheme; a pattern holds schemes among {allowed}"
@@ -183,8 +184,6 @@ class HybridPositionalEncoding(PositionalEncoding):
     name = "hybrid"
     config_class = _PerScheme(pattern_config)
     eval_time_settings = _PerScheme(_eval_time_settings)
-    # RoPE's rescalings, for the RoPE layers of the default pattern (not its remaps: each doubles a study's task
-    # evaluation, and RoPE's own runs measure them)
     # The preset: its default pattern, and the settings of its schemes that differ from their own defaults.
     default_pattern: ClassVar[tuple[str, ...]] = ("rope", "none")
     default_settings: ClassVar[dict[str, dict[str, Any]]] = {}
@@ -339,9 +338,3 @@ class Llama4NoPEPositionalEncoding(HybridPositionalEncoding):
     name = "llama4_inope"
     default_pattern = ("rope", "rope", "rope", "none")
     default_settings = {"rope": {"base": 500000.0}}
-
-
-# a light tint of NoPE's purple for the hybrid; RoPE's blues for the presets (RoPE in three layers of four)
-HYBRID_RECORD = SchemeRecord("hybrid", colour="#c5b0d5", study_variations=("yarn:16", "ntk:16"))
-RNOPE_RECORD = SchemeRecord("rnope", colour="#6baed6", study_variations=("yarn:16", "ntk:16"))
-LLAMA4_INOPE_RECORD = SchemeRecord("llama4_inope", colour="#08519c", study_variations=("yarn:16", "ntk:16"))

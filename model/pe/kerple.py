@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import DistanceBias, LayerwiseBias, UncompiledScoreBias
 
 EPS = 1e-2  # the reference code's lower clamp
 
@@ -37,18 +38,14 @@ def clamp_straight_through(x: torch.Tensor, low: float, high: float | None = Non
     return x + (x.clamp(min=low, max=high) - x).detach()
 
 
-class KerplePositionalEncoding(PositionalEncoding):
+class KerplePositionalEncoding(DistanceBias, LayerwiseBias, UncompiledScoreBias, PositionalEncoding):
     name = "kerple"
     config_class = KerpleConfig
-    has_score_bias = True
-    bias_is_relative = True
-    bias_depends_on_layer = True
-    # score_bias inside FlexAttention's score_mod failed its backward on an H200 (torch 2.11): "Using multiple
-    # indexing operations on the same tensor that requires gradients in a score_mod function is not currently
-    # supported" (the layer's row, then the head's entry). With positions 0..T-1 the score_mod reads the bias from
-    # its table per distance instead (one index into one tensor, model/attention.py) and CUDA runs FlexAttention;
+    # UncompiledScoreBias: score_bias inside FlexAttention's score_mod failed its backward on an H200 (torch 2.11):
+    # "Using multiple indexing operations on the same tensor that requires gradients in a score_mod function is not
+    # currently supported" (the layer's row, then the head's entry). With positions 0..T-1 the score_mod reads the bias
+    # from its table per distance instead (one index into one tensor, model/attention.py) and CUDA runs FlexAttention;
     # with positions given per token the bias goes through sdpa there, which matches the math path.
-    score_mod_compiles = False
 
     def __init__(self, cfg: KerpleConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -70,6 +67,3 @@ class KerplePositionalEncoding(PositionalEncoding):
             return -r1 * torch.log1p(a * n)
         p = clamp_straight_through(self.bias_p[layer], EPS, 2.0)[head]
         return -a * n.pow(p)
-
-
-RECORD = SchemeRecord("kerple", colour="#e377c2")

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import PositionEmbedding
 
 
 @dataclass
@@ -28,7 +29,7 @@ class LearnedConfig(PEConfig):
     max_positions: int | None = domain(None, ge=1)  # None: the training sequence length
 
 
-class LearnedPositionalEncoding(PositionalEncoding):
+class LearnedPositionalEncoding(PositionEmbedding, PositionalEncoding):
     name = "learned"
     config_class = LearnedConfig
 
@@ -44,6 +45,3 @@ class LearnedPositionalEncoding(PositionalEncoding):
     def embed(self, positions: torch.Tensor) -> torch.Tensor:
         # The model checks lengths against max_positions() before calling (on the host, without a sync).
         return self.table(positions)
-
-
-RECORD = SchemeRecord("learned", colour="#d62728")

@@ -5,12 +5,8 @@ Language Models without Positional Encodings Still Learn Positional Information"
 so this is a meaningful baseline rather than a broken model.
 """
 
-from model.pe.base import PositionalEncoding, SchemeRecord
+from model.pe.base import PositionalEncoding
 
 
 class NoPositionalEncoding(PositionalEncoding):
     name = "none"
-
-
-# "none (NoPE)" in tables: "none" alone would read as "no variation"
-RECORD = SchemeRecord("none", colour="#9467bd", display_name="none (NoPE)")

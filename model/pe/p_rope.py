@@ -36,7 +36,7 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, SchemeRecord
+from model.pe.base import ModelDims
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
 
 
@@ -92,9 +92,3 @@ class PartialRotaryPositionalEncoding(RotaryPositionalEncoding):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, p={self.cfg.p}, kept_pairs={self.kept} of {self.rotated // 2}"
-
-
-# a light tint of RoPE's blue; RoPE's evaluation-time variations
-RECORD = SchemeRecord(
-    "p_rope", colour="#aec7e8", study_variations=("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32", "string:32:4")
-)

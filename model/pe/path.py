@@ -61,13 +61,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import CumulativeBias, FusedKernel, TransportedScores
 
 # Tokens per chunk of the WY form: the reference's block size on a GPU; products within a chunk are (64 x 64) matrices.
 CHUNK = 64
@@ -80,13 +82,19 @@ class PaTHConfig(PEConfig):
     forget_gate: bool = False  # true: PaTH-FoX, FoX's forget gate on the logits (divided by sqrt(d))
 
 
-class PaTHPositionalEncoding(PositionalEncoding):
+class PaTHPositionalEncoding(TransportedScores, FusedKernel, PositionalEncoding):
     name = "path"
     config_class = PaTHConfig
-    has_transitions = True
     transition_chunk = CHUNK
     fused_backend = "fla"
     fused_kernel = ("fla.ops.path_attn", "parallel_path_attn")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PaTHPositionalEncoding:
+        """PaTH-FoX (``pe.forget_gate``) is PaTH with FoX's cumulative bias: built as the subclass that adds it."""
+        cfg = args[0] if args else kwargs.get("cfg")
+        if cfg is not None and cfg.forget_gate and not issubclass(cls, CumulativeBias):
+            cls = GatedPaTHPositionalEncoding
+        return super().__new__(cls)
 
     def __init__(self, cfg: PaTHConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -96,7 +104,6 @@ class PaTHPositionalEncoding(PositionalEncoding):
         self.beta_weight = nn.Parameter(torch.randn(L, H, C) * std)
         self.beta_bias = nn.Parameter(torch.zeros(L, H))
         # The gate's parameters exist only when it is on (a checkpoint without the gate has none).
-        self.has_cumulative_bias = cfg.forget_gate
         if cfg.forget_gate:
             self.gate_weight = nn.Parameter(torch.randn(L, H, C) * std)
             self.gate_bias = nn.Parameter(torch.zeros(L, H))
@@ -111,10 +118,6 @@ class PaTHPositionalEncoding(PositionalEncoding):
         w = F.normalize(w.view(B, T, self.dims.n_head, -1).transpose(1, 2), dim=-1)
         beta = 2 * torch.sigmoid(F.linear(x, self.beta_weight[layer], self.beta_bias[layer]))
         return w, beta.transpose(1, 2)
-
-    def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """log f_t / sqrt(d), (B, H, T) float32, from the layer's input x (B, T, C): PaTH-FoX's gate."""
-        return self._log_forget(x, layer).transpose(1, 2) / math.sqrt(self.dims.head_dim)
 
     def _log_forget(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         """log f_t, (B, T, H) float32."""
@@ -169,6 +172,15 @@ class PaTHPositionalEncoding(PositionalEncoding):
 
         carried = _carried_keys(cached, k_end, w, y)[..., : k.shape[-2], :].to(k.dtype) if carry else None
         return rows, carried
+
+
+class GatedPaTHPositionalEncoding(CumulativeBias, PaTHPositionalEncoding):
+    """PaTH-FoX: PaTH's transported logits plus FoX's forget gate, c_i - c_j with g_t = log f_t / sqrt(d) (the
+    module docstring). The registry knows PaTH alone (pe=path); ``pe.forget_gate=true`` builds this class."""
+
+    def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """log f_t / sqrt(d), (B, H, T) float32, from the layer's input x (B, T, C): PaTH-FoX's gate."""
+        return self._log_forget(x, layer).transpose(1, 2) / math.sqrt(self.dims.head_dim)
 
 
 def _chunked(t: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -249,6 +261,3 @@ def _carried_keys(cached: torch.Tensor, k_end: torch.Tensor, w: torch.Tensor, y:
     for c in range(k_end.shape[2]):
         keys = torch.cat((keys - (keys @ y[:, :, c].transpose(-2, -1)) @ w[:, :, c], k_end[:, :, c]), dim=-2)
     return keys
-
-
-RECORD = SchemeRecord("path", colour="#dbdb8d", display_name="PaTH")

@@ -44,7 +44,8 @@ from torch import nn
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import Rotation
 
 PHASE_BIASES = ("zero", "uniform", "none")
 
@@ -68,7 +69,7 @@ def polar(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.cat((magnitude * cos.to(x.dtype), magnitude * sin.to(x.dtype)), dim=-1)
 
 
-class PolarPositionalEncoding(PositionalEncoding):
+class PolarPositionalEncoding(Rotation, PositionalEncoding):
     name = "pope"
     config_class = PoPEConfig
 
@@ -112,6 +113,3 @@ class PolarPositionalEncoding(PositionalEncoding):
         """q and k (B, H, T, d) -> their polar forms (B, H, T, 2d) at their positions."""
         q_cos, q_sin, k_cos, k_sin = prepared if prepared is not None else self.prepare(positions, seq_len, {})
         return polar(q, q_cos, q_sin), polar(k, k_cos, k_sin)
-
-
-RECORD = SchemeRecord("pope", colour="#ffbb78", display_name="PoPE")

@@ -32,7 +32,8 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import Rotation
 from model.pe.rope_remap import (
     RoPERemapConfig,
     check_remap,
@@ -103,14 +104,11 @@ def rotated_dims(head_dim: int, fraction: float) -> int:
     return rotated
 
 
-class RotaryPositionalEncoding(PositionalEncoding):
+class RotaryPositionalEncoding(Rotation, PositionalEncoding):
     name = "rope"
     config_class = RoPEConfig
     # context extension (rope_scaling.py, rope_remap.py) is applied at evaluation time
     eval_time_settings = ("scaling", "remap")
-    # No-fine-tuning extensions to the study's longest length, 16x. The remaps' windows are in tokens, chosen for
-    # the study's L = 64: ReRoPE's 32 < L, and Self-Extend's group 32 maps 16L's farthest distance (W + (16L - W)/G
-    # = 63) inside L.
 
     def __init__(self, cfg: RoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -129,12 +127,14 @@ class RotaryPositionalEncoding(PositionalEncoding):
         check_scaling_fits(scaling, self.rotated)
         check_one_extension(scaling, self.cfg.remap)
         self.cfg = dataclasses.replace(self.cfg, scaling=scaling)
+        self.settings_changed()  # a length-dependent scaling keeps a KV cache's keys unrotated
 
     def set_remap(self, remap: RoPERemapConfig) -> None:
         """Remap the distances beyond a window (or stop: type none) from now on."""
         check_remap(remap, train_len=self.dims.train_seq_len)
         check_one_extension(self.cfg.scaling, remap)
         self.cfg = dataclasses.replace(self.cfg, remap=resolved(remap))
+        self.settings_changed()  # a remap takes the windowed path
 
     @classmethod
     def check_variations(cls, cfg: RoPEConfig, specs: Sequence[str]) -> None:
@@ -253,9 +253,3 @@ def check_one_extension(scaling: RoPEScalingConfig, remap: RoPERemapConfig) -> N
             f"pe.scaling.type={scaling.type} and pe.remap.type={remap.type} both extend RoPE's context: "
             "choose one (compare them with eval.variations)"
         )
-
-
-# the study evaluates every RoPE run with YaRN and NTK at factor 16, Self-Extend and ReRoPE
-RECORD = SchemeRecord(
-    "rope", colour="#1f77b4", study_variations=("yarn:16", "ntk:16", "self_extend:32:32", "rerope:32", "string:32:4")
-)

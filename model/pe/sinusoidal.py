@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from core.domain import domain
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import PositionEmbedding
 
 
 @dataclass
@@ -44,7 +45,7 @@ class SinusoidalConfig(PEConfig):
     # 1.0: the paper's vectors; null: match the token signal's init RMS (see above)
     scale: float | None = domain(1.0, gt=0)
     # true: under GPT-2's unscaled token convention, match the token signal's RMS whatever ``scale`` says.
-    # (Checkpoints written before this key existed get false, what they did: its record's legacy_values, below.)
+    # (Checkpoints written before this key existed get false, what they did: experiment/settings.py.)
     match_tokens: bool = True
 
 
@@ -63,7 +64,7 @@ def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> 
     return table
 
 
-class SinusoidalPositionalEncoding(PositionalEncoding):
+class SinusoidalPositionalEncoding(PositionEmbedding, PositionalEncoding):
     name = "sinusoidal"
     config_class = SinusoidalConfig
 
@@ -91,7 +92,3 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
         # Computed in float64 on the fly (T x d values: cheap next to attention): accurate at any position,
         # and nothing to store in checkpoints.
         return (sinusoid_table(positions, self.dims.n_embd, self.cfg.base) * self.scale).float()
-
-
-# checkpoints written before pe.match_tokens existed trained without it
-RECORD = SchemeRecord("sinusoidal", colour="#2ca02c", legacy_values={"match_tokens": False})

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from model.pe.base import PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import PEConfig, PositionalEncoding
+from model.pe.capabilities import AttentionWeights, FusedKernel
 
 
 @dataclass
@@ -60,10 +61,9 @@ class StickBreakingConfig(PEConfig):
     attend_current: bool = False
 
 
-class StickBreakingPositionalEncoding(PositionalEncoding):
+class StickBreakingPositionalEncoding(AttentionWeights, FusedKernel, PositionalEncoding):
     name = "stickbreaking"
     config_class = StickBreakingConfig
-    has_attention_weights = True
     fused_backend = "fla"
     fused_kernel = ("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
 
@@ -99,6 +99,3 @@ class StickBreakingPositionalEncoding(PositionalEncoding):
         # (25% faster than fresh tensors at 1,024 keys, measured: each T x T allocation faults in new pages).
         log_rest = F.logsigmoid(-z)
         return log_rest.flip(-1).cumsum_(-1).flip(-1).add_(z).exp_()
-
-
-RECORD = SchemeRecord("stickbreaking", colour="#ff9896", display_name="stick-breaking")

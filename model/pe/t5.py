@@ -28,7 +28,8 @@ from torch import nn
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import DistanceBias
 
 
 @dataclass
@@ -48,11 +49,9 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
     return torch.where(n < exact, n, far)
 
 
-class T5PositionalEncoding(PositionalEncoding):
+class T5PositionalEncoding(DistanceBias, PositionalEncoding):
     name = "t5"
     config_class = T5Config
-    has_score_bias = True
-    bias_is_relative = True
 
     def __init__(self, cfg: T5Config, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -68,6 +67,3 @@ class T5PositionalEncoding(PositionalEncoding):
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, head: torch.Tensor, layer: int) -> torch.Tensor:
         return self.table[t5_bucket(q_pos - k_pos, self.cfg.num_buckets, self.cfg.max_distance), head]
-
-
-RECORD = SchemeRecord("t5", colour="#8c564b")

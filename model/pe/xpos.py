@@ -25,7 +25,8 @@ import torch
 
 from core.domain import domain
 from core.errors import PosGPTError
-from model.pe.base import ModelDims, PEConfig, PositionalEncoding, SchemeRecord
+from model.pe.base import ModelDims, PEConfig, PositionalEncoding
+from model.pe.capabilities import Rotation
 from model.pe.rope import rotate_pairs, rotation_angles
 from model.pe.rope_scaling import rope_inv_freq
 
@@ -42,7 +43,7 @@ def xpos_zeta(head_dim: int) -> torch.Tensor:
     return (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim + 0.4) / 1.4
 
 
-class XPosPositionalEncoding(PositionalEncoding):
+class XPosPositionalEncoding(Rotation, PositionalEncoding):
     name = "xpos"
     config_class = XPosConfig
 
@@ -75,6 +76,3 @@ class XPosPositionalEncoding(PositionalEncoding):
         q_cos, q_sin, k_cos, k_sin = (t.to(q.dtype) for t in (prepared or self.prepare(positions, seq_len, {})))
         d = q.shape[-1]
         return rotate_pairs(q, q_cos, q_sin, d), rotate_pairs(k, k_cos, k_sin, d)
-
-
-RECORD = SchemeRecord("xpos", colour="#bcbd22")
