@@ -103,6 +103,8 @@ TINY = [
     "logging.wandb.mode=disabled",
     "logging.progress=false",
 ]
+# A task run's: TINY less its data and what only a language-model run reads (a task run refuses it)
+TASK_TINY = [arg for arg in TINY[2:] if not arg.startswith("eval.max_tokens=")]
 # Keys whose size is the amount of work, with the largest value a case may take inside their domain (a huge legal
 # value would run for ever, so they get no huge values); every other key's largest sensible value is LARGEST.
 WORK_KEYS = {
@@ -403,7 +405,7 @@ class Workspace:
         for command, argv in (
             (TRAIN, [*self.train_base(self.run), "train.max_steps=2", "train.eval_after=true"]),
             (INSPECT, [f"run_dir={self.run}", "inspect.length_multipliers=[1]", "inspect.windows=1"]),
-            (TRAIN, [*TINY[2:], "task=passkey", f"hydra.run.dir={self.task_run}", "train.max_steps=2"]),
+            (TRAIN, [*TASK_TINY, "task=passkey", f"hydra.run.dir={self.task_run}", "train.max_steps=2"]),
         ):
             outcome = run(command, argv, self.scratch)
             if outcome.code != OK:
