@@ -69,11 +69,10 @@ def _check_random_positions(cfg: DictConfig, lengths: list[int]) -> None:
     if not cfg.eval.random_positions:
         return
     n = cfg.train.random_positions
-    if cfg.task.name == NO_TASK or not n:
-        trained = f"task={cfg.task.name}, train.random_positions={n}"
+    if not n:  # a language-model run never gets here: the setting is a task run's (validate's run kinds)
         raise PosGPTError(
             f"eval.random_positions scores a task run at positions drawn from the [0, N) it trained on "
-            f"(train.random_positions=N); this run has {trained}: drop eval.random_positions"
+            f"(train.random_positions=N); this run has train.random_positions={n}: drop eval.random_positions"
         )
     longer = [length for length in lengths if length > n]
     if longer:

@@ -167,4 +167,4 @@ def test_eval_at_random_positions_adds_its_rows_and_refuses_what_it_cannot_score
         result = cli.eval_here(run, "eval.random_positions=true", override)
         assert (result.returncode, message is None or message in result.stderr) == (2 if message else 0, True)
     plain = cli.eval_here(reference, "eval.random_positions=true")
-    assert plain.returncode == 2 and "this run has task=none" in plain.stderr
+    assert plain.returncode == 2 and "eval.random_positions=true is read only by a task run" in plain.stderr
