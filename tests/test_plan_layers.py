@@ -7,7 +7,12 @@ of the config, ``t: DictConfig``) counts too: a stage takes typed settings, whic
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+from cli_runs import TINY, assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("training", "core")  # below experiment/ (tests/test_imports.py's LAYERS)
@@ -105,3 +110,45 @@ def test_the_counter_finds_each_way_of_taking_the_whole_config(tmp_path):
         "training/bad.py:g(cfg)",
     ]
     assert experiment_imports(module, root=tmp_path) == ["training/bad.py imports experiment.config"]
+
+
+BAD_SEED = "train.seed=99999999999999999999"  # past MAX_SEED: refused by its domain
+SMALL = [override for override in TINY if not override.startswith("pe=")]  # the jobs choose their schemes
+
+
+@pytest.mark.slow
+def test_check_plans_every_job_and_writes_nothing(cli, tmp_path):
+    """train.py --check: the plan of each job, and not a file written (no Hydra run directory either)."""
+    data = f"data.files=[{cli.corpus}]"
+    command = [sys.executable, str(REPO / "train.py"), "--check", "-m", *SMALL, data, "pe=rope,alibi"]
+    accepted = subprocess.run([*command, "train.seed=1,2"], cwd=tmp_path, env=cli.env, capture_output=True, text=True)
+    assert accepted.returncode == 0 and accepted.stdout == accepted.stderr == "", accepted.stderr
+    refused = subprocess.run(
+        [*command, f"train.seed=1,{BAD_SEED.split('=')[1]}"], cwd=tmp_path, env=cli.env, capture_output=True, text=True
+    )
+    assert_one_line_error(refused, f"job 1 of the sweep (pe=rope {BAD_SEED})", "is out of its domain")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_study_refuses_a_bad_value_in_its_last_job_before_the_first_trains(cli, tmp_path):
+    study_dir = tmp_path / "study"
+    done = subprocess.run(
+        [
+            "bash",
+            "scripts/study.sh",
+            "--schemes",
+            "rope,alibi",
+            "--seed-list",
+            f"1,{BAD_SEED.split('=')[1]}",
+            str(study_dir),
+            *SMALL,
+            f"data.files=[{cli.corpus}]",
+        ],
+        cwd=REPO,
+        env=cli.env,
+        capture_output=True,
+        text=True,
+    )
+    assert_one_line_error(done, f"job 1 of the sweep ({BAD_SEED})", "is out of its domain")
+    assert list(study_dir.iterdir()) == []  # rope-s1 was never trained
