@@ -43,6 +43,7 @@ from evaluation.context import EvalContext
 from evaluation.results import CSV_FILE, JSON_FILE
 from evaluation.run import PER_POSITION_PLOT, PPL_PLOT, evaluate_run
 from experiment.build import load_trained_run, parse_run_dir
+from experiment.plan import tracker_settings
 
 USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
 
@@ -70,7 +71,7 @@ def evaluate(run_dir: Path, overrides: list[str]) -> None:
         if cfg.task.name == NO_TASK
         else None
     )
-    wandb_run = init_wandb(cfg, run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
+    wandb_run = init_wandb(tracker_settings(cfg), run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
     print(
         f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
         flush=True,

@@ -7,11 +7,16 @@
     python train.py hydra.run.dir=outputs/run1 train.resume=true      # continue a stopped run
     torchrun --standalone --nproc_per_node=2 train.py # DDP (train.distributed=fsdp for FSDP2)
     python train.py -m hydra/launcher=slurm pe=rope,alibi hydra.launcher.partition=gpu   # one SLURM job each
+    python train.py --check -m pe=rope,alibi train.seed=1,2,3   # plan every job, train none, write nothing
 
 Everything lands in the Hydra run directory (hydra.run.dir=...): see docs/configuration.md. SIGTERM or Ctrl-C save a
 checkpoint and exit with 128 + the signal's number. Any mistake in the command (a misspelt key, a wrong type,
 an unknown option) is one line, ``error: ...``, exit code 2, and leaves the run directory as it was (a new one
 made for it is removed again). One command at a time writes a run directory (core/rundir.py).
+
+The command plans the run (experiment/plan.py: every check runs there), then trains as planned (training/loop.py);
+a sweep plans every job before the first one trains. ``--check`` (first) stops after the plans: exit 0 when every
+job would start, else the refusal's one line.
 """
 
 import sys
@@ -26,8 +31,8 @@ from core.errors import PosGPTError
 from core.rundir import removed_if_unused
 from experiment.compose import check_group_choices, compose_config, hydra_errors_as_user_errors, sweep_jobs
 from experiment.config import register_configs
-from experiment.settings import check_command_settings
-from training.loop import check_before_training, train
+from experiment.plan import plan_each, plan_training
+from training.loop import train
 
 register_configs()
 
@@ -40,30 +45,39 @@ def main(cfg: DictConfig) -> None:
     # Hydra's errors in the job itself (an interpolation that does not resolve) are ours to print: escaping the
     # job, Hydra would print its own line before ours.
     with removed_if_unused(run_dir), hydra_errors_as_user_errors():  # Hydra made run_dir before train.py's checks
-        stopped_by = train(cfg, run_dir, list(hydra_cfg.overrides.task))
+        plan = plan_training(cfg, list(hydra_cfg.overrides.task))
+        stopped_by = train(plan.training, run_dir)
     if stopped_by is not None:
         # The exit status of a process killed by that signal: `train.py && eval.py` and sweeps stop here too.
         sys.exit(128 + stopped_by)
 
 
 def check_sweep(argv: list[str]) -> None:
-    """A multirun checks every job's config before the first one trains: one invalid value stops the whole sweep
-    before any work, naming its job (each job checks itself again when it starts)."""
-    jobs = sweep_jobs(argv)
-    for number, job in enumerate(jobs):
-        try:
-            check_before_training(compose_config(job))
-            check_command_settings(job, "train.py")
-        except PosGPTError as error:
-            swept = [override for override in job if any(override not in other for other in jobs)]
-            raise type(error)(f"job {number} of the sweep ({' '.join(swept)}): {error}") from None
+    """A multirun plans every job before the first one trains: one invalid value stops the whole sweep before any
+    work, naming its job (each job plans itself again when it starts)."""
+    plan_each(sweep_jobs(argv), compose_config)
+
+
+def check_only(argv: list[str]) -> None:
+    """``--check``: plan the run, or every job of a sweep, as training would, and write nothing."""
+    jobs = sweep_jobs([*argv, "-m"])  # a single run is a sweep of one job
+    if not jobs:
+        raise PosGPTError("train.py --check plans runs composed from configs/config.yaml: drop --config-name")
+    if len(jobs) == 1:
+        plan_training(compose_config(jobs[0]), jobs[0])
+    else:
+        plan_each(jobs, compose_config)
 
 
 @exit_on_user_error
 def cli() -> None:
+    checking = sys.argv[1:2] == ["--check"]
+    argv = sys.argv[2:] if checking else sys.argv[1:]
     with hydra_errors_as_user_errors():
-        check_group_choices(sys.argv[1:])
-        check_sweep(sys.argv[1:])
+        check_group_choices(argv)
+        if checking:
+            return check_only(argv)
+        check_sweep(argv)
         main()
 
 

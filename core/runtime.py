@@ -110,6 +110,13 @@ def set_up_runtime(settings: RuntimeSettings, local_rank: int | None = None) -> 
     return device, select_dtype(settings.dtype, device)
 
 
+def compile_enabled(setting: str, device_type: str) -> bool:
+    """train.compile: ``true``/``false`` (as typed, or the ``True``/``False`` Hydra makes of them), or ``auto``
+    (on for CUDA only)."""
+    setting = str(setting).lower()
+    return setting == "true" or (setting == "auto" and device_type == "cuda")
+
+
 def peak_flops(device: torch.device) -> float | None:
     """Peak dense bf16 FLOP/s of this GPU, or None (CPU, unknown GPU): MFU is then reported as null."""
     if device.type != "cuda":

@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from omegaconf import DictConfig, OmegaConf
 
 from core.errors import PosGPTError, first_line
 from core.files import atomic_write, read_jsonl
@@ -62,35 +61,47 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(Path(run_dir) / METRICS_FILE) or []
 
 
-def init_wandb(cfg: DictConfig, run_dir: str | Path, run_id: str | None, job_type: str = "train"):
+@dataclass(frozen=True)
+class TrackerSettings:
+    """What the W&B run is started with: ``logging.wandb.*``, the tags (with the run's ``pe=<scheme>``) and the
+    run's resolved config, which the W&B run records (experiment/plan.py builds it)."""
+
+    mode: str
+    project: str | None = None
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None
+    tags: tuple[str, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def init_wandb(settings: TrackerSettings, run_dir: str | Path, run_id: str | None, job_type: str = "train"):
     """Start (or resume, when run_id is given) the W&B run; returns None when W&B is disabled."""
-    wb = cfg.logging.wandb
-    if wb.mode == "disabled":
+    if settings.mode == "disabled":
         return None
     import wandb
 
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
-        return _start_wandb(wandb, cfg, run_dir, run_id, job_type)
+        return _start_wandb(wandb, settings, run_dir, run_id, job_type)
     except (wandb.errors.UsageError, wandb.errors.AuthenticationError, wandb.errors.CommError) as error:
         # Online with no login, a bad key or no network: before, W&B's traceback, and the run never started.
         raise PosGPTError(
-            f"logging.wandb.mode={wb.mode}: W&B could not start ({first_line(error)}); log in (`wandb login`, or "
-            "WANDB_API_KEY), or log offline (logging.wandb.mode=offline, the default) and `wandb sync` later"
+            f"logging.wandb.mode={settings.mode}: W&B could not start ({first_line(error)}); log in (`wandb login`, "
+            "or WANDB_API_KEY), or log offline (logging.wandb.mode=offline, the default) and `wandb sync` later"
         ) from None
 
 
-def _start_wandb(wandb, cfg: DictConfig, run_dir: str | Path, run_id: str | None, job_type: str):
-    wb = cfg.logging.wandb
+def _start_wandb(wandb, settings: TrackerSettings, run_dir: str | Path, run_id: str | None, job_type: str):
     return wandb.init(
-        mode=wb.mode,
-        project=wb.project,
-        entity=wb.entity,
-        group=wb.group,
-        name=wb.name,
-        tags=sorted({*wb.tags, f"pe={cfg.pe.name}"}),
+        mode=settings.mode,
+        project=settings.project,
+        entity=settings.entity,
+        group=settings.group,
+        name=settings.name,
+        tags=list(settings.tags),
         job_type=job_type,
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=settings.config,
         dir=str(run_dir),
         id=run_id,
         resume="allow" if run_id else None,

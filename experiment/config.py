@@ -231,13 +231,6 @@ def unknown_keys(cfg: DictConfig, reference: DictConfig, prefix: str = "") -> li
     return unknown
 
 
-def compile_enabled(setting: str, device_type: str) -> bool:
-    """train.compile: ``true``/``false`` (as typed, or the ``True``/``False`` Hydra makes of them), or ``auto``
-    (on for CUDA only)."""
-    setting = str(setting).lower()
-    return setting == "true" or (setting == "auto" and device_type == "cuda")
-
-
 def eval_lengths(cfg: DictConfig) -> list[int]:
     """The evaluation lengths: eval.lengths if given, else the multipliers times the training length, rounded to
     the nearest whole token (0.75 x 64 = 48)."""

@@ -33,6 +33,7 @@ from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import validate
 from experiment.estimate import count_parameters, flops_per_token, scoring_memory, training_memory
+from experiment.plan import optimizer_settings
 from model.attention import resolve_backend
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
@@ -54,8 +55,10 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
                 model.eval()(x, x, reduction="none")
             what = {"work": "scoring", "length": eval_length, "rows": rows}
         else:
-            optimizer = build_optimizer(model, t, device)
-            step = TrainStep(model, optimizer, build_scheduler(optimizer, t), t.grad_accum_steps, 0.0, device, dtype)
+            settings = optimizer_settings(cfg)
+            optimizer = build_optimizer(model, settings, device)
+            scheduler = build_scheduler(optimizer, settings)
+            step = TrainStep(model, optimizer, scheduler, t.grad_accum_steps, 0.0, device, dtype)
             x = torch.randint(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), device=device)
             for _ in range(2):
                 step(x, x)

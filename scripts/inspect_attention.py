@@ -43,6 +43,7 @@ from core.tracking import init_wandb
 from data import eval_tokens
 from evaluation.attention_stats import ATTENTION_FILE, attention_statistics, plot_distance, plot_entropy
 from experiment.build import load_trained_run, parse_run_dir, require_text_run
+from experiment.plan import tracker_settings
 
 USAGE = "usage: python scripts/inspect_attention.py run_dir=<training run directory> [inspect.* and other overrides]"
 
@@ -101,7 +102,7 @@ def inspect_run(run_dir: Path, overrides: list[str]) -> None:
     plot_distance(document, paths["distance"])
     plot_entropy(document, paths["entropy"])
     print(f"inspect: wrote {', '.join(str(p) for p in paths.values())}", flush=True)
-    wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"), job_type="inspect")
+    wandb_run = init_wandb(tracker_settings(cfg), run_dir, checkpoint.get("wandb_run_id"), job_type="inspect")
     if wandb_run is not None:
         import wandb
 

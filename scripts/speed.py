@@ -50,11 +50,12 @@ from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import PosGPTError, first_line
 from core.files import atomic_write, check_outputs, read_user_text
 from core.host_memory import reused_freed_memory
-from core.runtime import autocast, peak_flops, select_device, set_up_runtime
+from core.runtime import autocast, compile_enabled, peak_flops, select_device, set_up_runtime
 from evaluation.memory import PeakMemory
 from experiment.build import build_model, model_flops_per_token
 from experiment.compose import compose_config
-from experiment.config import compile_enabled, validate
+from experiment.config import validate
+from experiment.plan import optimizer_settings
 from model.attention import resolve_layer_backends
 from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
@@ -235,11 +236,11 @@ def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
 
     with PeakMemory(device) as train_memory:
         raw_model = build_model(cfg).to(device)
-        optimizer = build_optimizer(raw_model, t, device)
+        optimizer = build_optimizer(raw_model, optimizer_settings(cfg), device)
         train_step = TrainStep(
             torch.compile(raw_model, mode=torch_compile_mode(args.compile_mode)) if compiled else raw_model,
             optimizer,
-            build_scheduler(optimizer, t),
+            build_scheduler(optimizer, optimizer_settings(cfg)),
             t.grad_accum_steps,
             t.grad_clip,
             device,

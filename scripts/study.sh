@@ -12,9 +12,11 @@
 #   scripts/study.sh /tmp/smoke train.max_steps=20 eval.max_tokens=2048    # a quick smoke test
 #   scripts/study.sh --tasks passkey,mqar runs/tasks  # the task study: every scheme x seed trained on each task
 #
-# Schemes: every configs/pe/*.yaml (found at run time, so a new scheme is included without editing this). A
-# scheme that train.py refuses with the study's settings (a per-layer pattern longer than model.n_layer) is
-# skipped with one line, and the study goes on.
+# Schemes: every configs/pe/*.yaml (found at run time, so a new scheme is included without editing this). Every
+# job is planned before the first one trains (train.py --check): a scheme that train.py refuses with the study's
+# settings (a per-layer pattern longer than model.n_layer) is skipped with one line, and the study goes on; a
+# refusal of a later seed of a scheme whose first is accepted (a bad value in that job), or of every scheme, stops
+# the study there (one line, exit 2), before anything trains.
 # Resumable: each (scheme, seed) trains into <dir>/<scheme>-s<seed>/; a run with a checkpoint is resumed
 # (train.resume=true: a finished and evaluated run has nothing to do, an interrupted one trains on or runs the
 # evaluation it missed), and a run's evaluation with its scheme's variations is skipped once done. The
@@ -148,11 +150,45 @@ if ! mkdir_error=$(mkdir -p "$study_dir" 2>&1); then
     echo "error: cannot make the study directory $study_dir: ${mkdir_error##*: }" >&2
     exit "$code"
 fi
-for task in "${task_list[@]}"; do
-    # A task run scores its own grid (configs/task/: 0.5x and 0.75x too); the language-model study 1x .. 16x.
+# A task run scores its own grid (configs/task/: 0.5x and 0.75x too); the language-model study 1x .. 16x.
+set_task_args() {
     task_args=("eval.length_multipliers=[1,2,4,8,16]" "train.batch_size=8")
-    [[ "$task" != none ]] && task_args=("task=$task")
+    [[ "$1" != none ]] && task_args=("task=$1")
+    return 0
+}
+# Every job's plan, before the first one trains. The first seed of a scheme refused: the scheme is refused with
+# these settings (skipped). A later seed refused (train.py names its job, 1 or more): a bad value, refused here.
+declare -A refused
+accepted=0
+for task in "${task_list[@]}"; do
+    set_task_args "$task"
     for scheme in "${scheme_list[@]}"; do
+        status=0
+        refusal=$(python train.py --check -m "${task_args[@]}" "pe=$scheme" "train.seed=$seed_list" \
+            "logging.wandb.group=$(basename "$study_dir")" "$@" 2>&1 >/dev/null) || status=$?
+        if [[ $status -eq 2 && "$refusal" =~ ^"error: job "[1-9][0-9]*" of the sweep" ]]; then
+            echo "$refusal" >&2
+            exit 2
+        elif [[ $status -eq 2 ]]; then
+            echo "study: pe=$scheme is refused with these settings; its runs are skipped (${refusal#error: })" >&2
+            refused[$task/$scheme]=1
+        elif [[ $status -ne 0 ]]; then
+            echo "$refusal" >&2
+            exit "$status"
+        else
+            accepted=$((accepted + 1))
+        fi
+    done
+done
+if [[ $accepted -eq 0 ]]; then
+    echo "error: every scheme is refused with these settings (the lines above say why); nothing was trained" >&2
+    exit 2
+fi
+
+for task in "${task_list[@]}"; do
+    set_task_args "$task"
+    for scheme in "${scheme_list[@]}"; do
+        [[ -n "${refused[$task/$scheme]:-}" ]] && continue
         variations=${variations_of[$scheme]}
         for seed in "${seeds[@]}"; do
             run=$(run_dir "$task" "$scheme" "$seed")

@@ -11,11 +11,12 @@ import model.loss as loss_module
 from core.errors import PosGPTError
 from data.windows import random_positions
 from experiment.config import TrainConfig
+from experiment.plan import section_settings
 from model import GPT, ModelConfig
 from model.attention import attend, resolve_backend
 from model.pe import SCHEMES, ModelDims, PositionState, build_positional_encoding
 from model.pe import capabilities as cap
-from training.optim import build_optimizer, build_scheduler
+from training.optim import OptimizerSettings, build_optimizer, build_scheduler
 from training.step import TrainStep
 
 ALL = sorted(SCHEMES)
@@ -267,6 +268,7 @@ def test_fast_path_first_steps_match_the_reference(name, monkeypatch):
     """auto attention + fused chunked cross-entropy vs math attention + F.cross_entropy: same grads, same losses."""
     monkeypatch.setattr(loss_module, "FUSED_CHUNK", 7 * 320)  # 7-row chunks of the padded vocabulary
     train_cfg = OmegaConf.structured(TrainConfig(lr=1e-3, warmup_steps=1, max_steps=10))
+    settings = section_settings(OptimizerSettings, train_cfg)
     generator = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, VOCAB, (4, SEQ_LEN + 1), generator=generator) for _ in range(3)]
     results = []
@@ -276,11 +278,11 @@ def test_fast_path_first_steps_match_the_reference(name, monkeypatch):
         model(first[:, :-1], first[:, 1:]).backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
-        optimizer = build_optimizer(model, train_cfg, torch.device("cpu"))
+        optimizer = build_optimizer(model, settings, torch.device("cpu"))
         step = TrainStep(
             model,
             optimizer,
-            build_scheduler(optimizer, train_cfg),
+            build_scheduler(optimizer, settings),
             1,
             train_cfg.grad_clip,
             torch.device("cpu"),

@@ -24,10 +24,11 @@ from omegaconf import OmegaConf
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from experiment.config import TrainConfig
+from experiment.plan import section_settings
 from model import GPT, ModelConfig
 from model.pe import SCHEMES
 from model.pe import capabilities as cap
-from training.optim import build_optimizer, build_scheduler
+from training.optim import OptimizerSettings, build_optimizer, build_scheduler
 from training.step import TrainStep
 
 ALL = sorted(SCHEMES)
@@ -49,8 +50,11 @@ def batches(n: int = 3, length: int = SEQ_LEN) -> list[tuple[torch.Tensor, torch
 
 def train_step(model: torch.nn.Module, params: torch.nn.Module, eager: torch.nn.Module | None = None) -> TrainStep:
     cfg = OmegaConf.structured(TrainConfig(lr=1e-2, warmup_steps=1, max_steps=10))
-    optimizer = build_optimizer(params, cfg, CPU)
-    return TrainStep(model, optimizer, build_scheduler(optimizer, cfg), 1, cfg.grad_clip, CPU, torch.float32, eager)
+    settings = section_settings(OptimizerSettings, cfg)
+    optimizer = build_optimizer(params, settings, CPU)
+    return TrainStep(
+        model, optimizer, build_scheduler(optimizer, settings), 1, cfg.grad_clip, CPU, torch.float32, eager
+    )
 
 
 def three_steps(name: str, backend: str | None) -> tuple[dict, torch.Tensor, dict]:

@@ -26,6 +26,7 @@ from evaluation.schemes import COLOURS
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
+from experiment.plan import tracker_settings
 from model import ModelConfig
 from model.pe.learned import LearnedConfig
 from model.pe.rope import RoPEConfig
@@ -286,4 +287,4 @@ def test_wandb_online_without_a_login_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     cfg = compose_config(["logging.wandb.mode=online"])
     with pytest.raises(PosGPTError, match=r"^logging.wandb.mode=online: W&B could not start \(UsageError: "):
-        init_wandb(cfg, tmp_path, None)
+        init_wandb(tracker_settings(cfg), tmp_path, None)

@@ -18,14 +18,16 @@ import torch
 from core.host_memory import reused_freed_memory
 from experiment.build import build_model
 from experiment.compose import compose_config
+from experiment.plan import optimizer_settings
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
 cfg = compose_config(["train.batch_size=2", "train.seq_len=16"])
 torch.manual_seed(0)
 model = build_model(cfg)
-optimizer = build_optimizer(model, cfg.train, torch.device("cpu"))
-step = TrainStep(model, optimizer, build_scheduler(optimizer, cfg.train), 1, 1.0, torch.device("cpu"), torch.float32)
+settings = optimizer_settings(cfg)
+optimizer = build_optimizer(model, settings, torch.device("cpu"))
+step = TrainStep(model, optimizer, build_scheduler(optimizer, settings), 1, 1.0, torch.device("cpu"), torch.float32)
 x = torch.randint(0, 50257, (2, 16))
 
 def faults(n=3):

@@ -281,7 +281,7 @@ def test_checkpoint_configs_with_eval_scalings_read_as_eval_variations():
 def test_load_parent_returns_the_childs_config_and_leaves_the_given_one(tmp_path):
     from tiny_checkpoint import make_run
 
-    from training.init_from import load_parent
+    from experiment.plan import load_parent
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("def f():\n    return 1\n" * 50)

@@ -236,10 +236,12 @@ def test_weight_decay_follows_the_scheme_declaration():
     from omegaconf import OmegaConf
 
     from experiment.config import TrainConfig
-    from training.optim import build_optimizer
+    from experiment.plan import section_settings
+    from training.optim import OptimizerSettings, build_optimizer
 
     model = tiny("t5")
-    optimizer = build_optimizer(model, OmegaConf.structured(TrainConfig()), torch.device("cpu"))
+    settings = section_settings(OptimizerSettings, OmegaConf.structured(TrainConfig()))
+    optimizer = build_optimizer(model, settings, torch.device("cpu"))
     decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     assert id(model.pe.table) not in decayed
     assert id(model.token_embedding.weight) in decayed

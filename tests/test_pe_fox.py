@@ -16,12 +16,13 @@ from test_compile import assert_same_training
 import model.attention as attention
 from core.errors import PosGPTError
 from experiment.config import TrainConfig
+from experiment.plan import section_settings
 from model import GPT, KVCache, ModelConfig
 from model.attention import default_state
 from model.pe import SCHEMES
 from model.pe.fox import FoXConfig
 from model.sampling import generate
-from training.optim import build_optimizer
+from training.optim import OptimizerSettings, build_optimizer
 
 B, H, C = 2, 2, 8  # head dimension C / H = 4
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -190,7 +191,8 @@ def test_the_gate_is_initialised_as_the_reference_and_only_its_weight_is_decayed
     pe = model.pe
     assert pe.gate_weight.shape == (3, 4, 64) and pe.gate_bias.shape == (3, 4)
     assert pe.gate_weight.std().item() == pytest.approx(0.02, rel=0.1) and not pe.gate_bias.any()
-    optimizer = build_optimizer(model, OmegaConf.structured(TrainConfig()), torch.device("cpu"))
+    settings = section_settings(OptimizerSettings, OmegaConf.structured(TrainConfig()))
+    optimizer = build_optimizer(model, settings, torch.device("cpu"))
     decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     assert id(pe.gate_weight) in decayed and id(pe.gate_bias) not in decayed
 

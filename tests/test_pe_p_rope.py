@@ -18,13 +18,13 @@ from tiny_checkpoint import make_run
 from core.errors import PosGPTError
 from experiment.build import build_model
 from experiment.compose import compose_config
+from experiment.plan import load_parent
 from model import GPT, ModelConfig
 from model.pe import ModelDims
 from model.pe.base import PEConfig
 from model.pe.p_rope import PartialRotaryPositionalEncoding, PRoPEConfig, kept_pairs
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
 from model.pe.rope_scaling import ROPE_SCALINGS, RoPEScalingConfig
-from training.init_from import load_parent
 
 
 def dims(head_dim=16, train_len=64):

@@ -21,11 +21,11 @@ from data.windows import random_positions
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, validate
+from experiment.plan import load_parent
 from model import GPT, ModelConfig
 from model.pe import ModelDims
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
 from model.pe.rope_scaling import RoPEScalingConfig, parse_scaling, rope_inv_freq, scaling_label
-from training.init_from import load_parent
 
 BASE = 10000.0
 SHORT = [1.0, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0]  # head_dim 16: one factor per pair

@@ -30,11 +30,11 @@ from evaluation.context import as_plain
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import validate
+from experiment.plan import load_parent
 from model.attention import resolve_backend
 from model.pe.rope import RotaryPositionalEncoding
 from model.pe.rope_remap import RoPERemapConfig
 from model.pe.rope_scaling import RoPEScalingConfig
-from training.init_from import load_parent
 
 
 def self_extend_reference(q, k, v, G: int, W: int):

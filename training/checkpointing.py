@@ -1,37 +1,53 @@
 """Checkpoint and resume: which checkpoint a run continues from, restoring it, and saving only good weights.
 
 A fresh run refuses a directory that already holds a checkpoint; ``train.resume=true`` refuses a checkpoint
-trained with other settings than the ones experiment/settings.py declares changeable on resume. Only once
-those checks pass does the run write anything into its directory (:meth:`Checkpointer.record_run`), so a
+trained with other settings than the ones experiment/settings.py declares changeable on resume (the comparison
+is the planner's, handed in with :class:`CheckpointSettings`: it reads the checkpoint's config by today's schema).
+Only once those checks pass does the run write anything into its directory (:meth:`Checkpointer.record_run`), so a
 refused command leaves the run as it was.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint, save_checkpoint
 from core.errors import MachineFault, PosGPTError
 from core.files import atomic_write
 from core.rundir import RUN_RECORD_DIR
 from data import check_corpus, corpus_identity
-from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config
+from data.config import DataConfig
 from training import distributed
-from training.optim import lr_multiplier
+from training.optim import OptimizerSettings, lr_multiplier
 
 # What a resume restores besides the weights (Checkpointer.restore); a checkpoint without them cannot continue.
 RESUME_STATE = ("optimizer", "scheduler", "rng", "sampler_state")
 
 
-def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """What the checkpoints of a run hold and how a resume is checked (experiment/plan.py builds it)."""
+
+    resume: bool  # train.resume
+    keep: int  # train.keep_checkpoints
+    config: dict[str, Any] = field(repr=False)  # the run's resolved config, saved in every checkpoint
+    config_yaml: str = field(repr=False)  # the same as .hydra/config.yaml holds it
+    overrides: tuple[str, ...] = ()  # the command line's
+    # A checkpoint's config -> the settings it was trained with that a resume may not change, each as
+    # "key=saved (now value)": the planner's comparison, by today's schema (experiment/settings.py).
+    resume_changes: Callable[[dict], list[str]] = field(default=lambda saved: [], repr=False)
+
+
+def resume_checkpoint(settings: CheckpointSettings, run_dir: Path) -> dict | None:
     """The checkpoint to continue from (train.resume=true), or None for a fresh run in an unused directory."""
     path = last_checkpoint_path(run_dir)
-    if not cfg.train.resume:
+    if not settings.resume:
         if path.exists():
             raise PosGPTError(
                 f"{run_dir} already holds a checkpoint; pass train.resume=true to continue it, "
@@ -50,18 +66,12 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
             f"cannot resume {run_dir}: {path} holds no {lacking} state, only what evaluation needs; start a new run "
             f"from its weights with train.init_from={run_dir} in another hydra.run.dir"
         )
-    # Typed by today's schema: a setting added since the checkpoint was written reads as its default (or as
-    # its legacy value, experiment/settings.py), not as a change.
-    saved = OmegaConf.to_container(trained_config(checkpoint["config"]), resolve=True)
-    now = OmegaConf.to_container(cfg, resolve=True)
-    changed = changed_settings(saved, now, RESUME_SETTINGS)
+    changed = settings.resume_changes(checkpoint["config"])
     if changed:
-        saved, now = flatten_config(saved), flatten_config(now)
-        shown = ", ".join(f"{key}={saved.get(key)} (now {now.get(key)})" for key in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         raise PosGPTError(
-            f"cannot resume {run_dir}: it was trained with {shown}{more}. Resume with the run's own settings, "
-            "or start a new run in another hydra.run.dir"
+            f"cannot resume {run_dir}: it was trained with {', '.join(changed[:3])}{more}. Resume with the run's own "
+            "settings, or start a new run in another hydra.run.dir"
         )
     return checkpoint
 
@@ -71,14 +81,16 @@ class Checkpointer:
 
     def __init__(
         self,
-        cfg: DictConfig,
+        settings: CheckpointSettings,
+        optimizer: OptimizerSettings,
         run_dir: Path,
-        overrides: list[str],
         checkpoint: dict | None,
         dist: distributed.DistInfo,
         device: torch.device,
     ) -> None:
-        self.cfg, self.run_dir, self.overrides, self.dist, self.device = cfg, run_dir, overrides, dist, device
+        self.settings, self.optimizer_settings, self.run_dir = settings, optimizer, run_dir
+        self.dist, self.device = dist, device
+        self.overrides = settings.overrides
         self.last_saved: int | None = checkpoint["step"] if checkpoint else None
         self.wandb_run_id: str | None = None  # set once the W&B run has started (training.metrics)
         self.corpus: dict | None = None  # data.corpus_identity of the training tokens, set once they are loaded
@@ -90,15 +102,15 @@ class Checkpointer:
             return
         record = self.run_dir / RUN_RECORD_DIR
         record.mkdir(parents=True, exist_ok=True)
-        atomic_write(record / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+        atomic_write(record / "config.yaml", self.settings.config_yaml)
         atomic_write(record / "overrides.yaml", yaml.safe_dump(list(self.overrides)))
 
-    def track_corpus(self, splits: dict, checkpoint: dict | None, data_cfg: DictConfig) -> None:
+    def track_corpus(self, splits: dict, checkpoint: dict | None, data: DataConfig) -> None:
         """Record the training tokens' identity in every checkpoint from now on; a resumed run must find the
         tokens its checkpoint was trained on (data.check_corpus names the corpus otherwise)."""
         self.corpus = corpus_identity(splits)
         if checkpoint is not None:
-            check_corpus(checkpoint.get("corpus"), splits, data_cfg)
+            check_corpus(checkpoint.get("corpus"), splits, data)
 
     def kept(self) -> str:
         """What is left to resume from, for error messages."""
@@ -113,17 +125,18 @@ class Checkpointer:
         step = checkpoint["step"]
         # The learning rate of the next step follows this run's schedule: train.max_steps may have changed.
         for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
-            group["lr"] = base_lr * lr_multiplier(step, self.cfg.train)
+            group["lr"] = base_lr * lr_multiplier(step, self.optimizer_settings)
         torch.set_rng_state(checkpoint["rng"]["torch"])
         if self.device.type == "cuda" and checkpoint["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], self.device)
         if self.dist.is_main:
             print(f"train: resuming {self.run_dir} from step {step}", flush=True)
             planned = checkpoint["config"]["train"]["max_steps"]
-            if planned != self.cfg.train.max_steps:
+            now = self.optimizer_settings.max_steps
+            if planned != now:
                 print(
-                    f"train: train.max_steps is now {self.cfg.train.max_steps} (was {planned}): the learning-rate "
-                    "schedule follows the new value from here on",
+                    f"train: train.max_steps is now {now} (was {planned}): the learning-rate schedule follows the new "
+                    "value from here on",
                     flush=True,
                 )
         return step
@@ -140,7 +153,7 @@ class Checkpointer:
         if not _weights_finite(model, self.dist, self.device):
             raise PosGPTError(
                 f"the weights became non-finite by step {step} and were not saved; {self.kept()}. "
-                f"Lower train.lr (now {self.cfg.train.lr})"
+                f"Lower train.lr (now {self.optimizer_settings.lr})"
             )
         model_state, optim_state = distributed.full_state_dicts(model, optimizer)
         if self.dist.is_main:
@@ -149,7 +162,7 @@ class Checkpointer:
                 "optimizer": optim_state,
                 "scheduler": scheduler.state_dict(),
                 "step": step,
-                "config": OmegaConf.to_container(self.cfg, resolve=True),
+                "config": self.settings.config,
                 "overrides": list(self.overrides),
                 "rng": {
                     "torch": torch.get_rng_state(),
@@ -160,7 +173,7 @@ class Checkpointer:
                 "corpus": self.corpus,
             }
             try:
-                save_checkpoint(state, self.run_dir, keep=self.cfg.train.keep_checkpoints)
+                save_checkpoint(state, self.run_dir, keep=self.settings.keep)
             except MachineFault as fault:
                 raise MachineFault(f"{fault}; {self.kept()}") from None
         self.last_saved = step

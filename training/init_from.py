@@ -11,9 +11,10 @@ as a frequency scaling (``pe.scaling``).
 What may differ from the parent: the training itself (``train.*``, ``data``, ``eval``, ``logging``), the
 model settings that do not change what the weights compute (``CHANGEABLE_MODEL_KEYS``) and the scheme's
 declared evaluation-time settings (``PositionalEncoding.eval_time_settings``, e.g. a rotary scheme's ``scaling``).
-Everything else of ``model.*`` and ``pe.*`` must match, or the run is refused with the key named. So is a
-parameter whose shape changes with ``train.seq_len``: a learned position table has no rows for positions it
-never trained, so it cannot be extended by fine-tuning.
+Everything else of ``model.*`` and ``pe.*`` must match, or the run is refused with the key named: the planner
+checks that when it reads the parent (experiment/plan.py, ``load_parent``), before anything is written. So is a
+parameter whose shape changes with ``train.seq_len`` (:meth:`Parent.load_into`): a learned position table has no
+rows for positions it never trained, so it cannot be extended by fine-tuning.
 
 What the scheme takes from its parent is the scheme's to say (``PositionalEncoding.inherit``). Frequency scalings
 take the length L its frequencies were learned at (model/pe/rope_scaling.py): a model trained at 64 and
@@ -27,21 +28,14 @@ The run records its parent: ``train.init_from`` (made absolute) in its config an
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from core.checkpoint_io import WeightsMismatch, checkpoint_file, load_checkpoint, load_weights
+from core.checkpoint_io import WeightsMismatch, checkpoint_file, load_weights
 from core.errors import PosGPTError
-from experiment.settings import RUNTIME_SETTINGS, changed_settings, flatten_config, trained_config
-from model.pe import SCHEMES
 
-# Model settings a child may change: how fast the same function is computed, or only training (dropout).
-CHANGEABLE_MODEL_KEYS = ("model.dropout", *(key for key in RUNTIME_SETTINGS if key.startswith("model.")))
 SCHEME_PREFIX = "pe."  # the scheme's parameters in a model's state dict (GPT.pe)
 
 
@@ -82,49 +76,3 @@ class Parent:
                 ) from None
             raise PosGPTError(f"train.init_from: {mismatch}") from None
         self.state = {}  # not kept for the rest of the run
-
-
-def load_parent(cfg: DictConfig) -> tuple[DictConfig, Parent | None]:
-    """The parent run of ``train.init_from`` (None when unset), checked against ``cfg``, and the config the new run
-    trains with: ``cfg`` with ``train.init_from`` made absolute and what its scheme takes from the parent
-    (``PositionalEncoding.inherit``). ``cfg`` itself is left as it is.
-    """
-    if cfg.train.init_from is None:
-        return cfg, None
-    path = Path(cfg.train.init_from).expanduser().resolve()
-    try:
-        checkpoint = load_checkpoint(path)
-    except PosGPTError as error:
-        raise PosGPTError(f"train.init_from: {error}") from None
-    parent_cfg = checkpoint["config"]
-    replaces = cfg.train.init_from_pe == "replace"
-    check_same_architecture(OmegaConf.to_container(cfg, resolve=True), parent_cfg, str(path), replaces)
-    scheme, parent_scheme = SCHEMES[cfg.pe.name], parent_cfg["pe"]["name"]
-    parent = Parent(
-        str(path), checkpoint["step"], parent_cfg["train"]["seq_len"], checkpoint["model"], parent_scheme, replaces
-    )
-    pe = OmegaConf.to_object(cfg.pe)
-    if parent_scheme == cfg.pe.name:  # what a scheme takes from a parent of its own kind
-        pe = scheme.inherit(pe, OmegaConf.to_object(trained_config(parent_cfg).pe), parent.seq_len)
-    return OmegaConf.merge(cfg, {"train": {"init_from": str(path)}, "pe": dataclasses.asdict(pe)}), parent
-
-
-def check_same_architecture(now: dict, parent: dict, where: str, replaces_scheme: bool = False) -> None:
-    """PosGPTError naming the first ``model.*`` or ``pe.*`` key that differs, except those a child may change (with
-    ``replaces_scheme``, every ``pe.*``: the child's scheme starts afresh)."""
-    if now["pe"]["name"] != parent["pe"]["name"] and not replaces_scheme:
-        raise PosGPTError(
-            f"train.init_from: {where} was trained with pe={parent['pe']['name']}, this run has "
-            f"pe={now['pe']['name']}; a run starts from weights of its own scheme, unless train.init_from_pe=replace "
-            "(the parent's position parameters dropped, the new scheme's trained from their initialisation)"
-        )
-    changeable = (*CHANGEABLE_MODEL_KEYS, *(f"pe.{name}" for name in SCHEMES[now["pe"]["name"]].eval_time_settings))
-    architecture = ("model",) if replaces_scheme else ("model", "pe")
-    changed = changed_settings({k: parent[k] for k in architecture}, {k: now[k] for k in architecture}, changeable)
-    if changed:
-        key = changed[0]
-        theirs, ours = flatten_config(parent).get(key), flatten_config(now).get(key)
-        raise PosGPTError(
-            f"train.init_from: {key}={theirs} in {where} but {ours} here; the parent's architecture must be "
-            f"kept (only train.*, data, eval, logging, {', '.join(sorted(changeable))} may differ)"
-        )

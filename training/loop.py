@@ -1,4 +1,8 @@
-"""The training loop: config -> model -> data -> steps -> metrics, checkpoints, W&B -> extrapolation eval.
+"""The training loop: plan -> model -> data -> steps -> metrics, checkpoints, W&B -> extrapolation eval.
+
+The loop takes its part of the plan (:class:`TrainingPlan`, which experiment/plan.py builds from the config and
+checks), never the config: each stage it runs takes its own settings (the optimizer's, the checkpointer's, the
+metrics', the tracker's) and the evaluation at the end of training is handed in, ready to run.
 
 What makes a run safe to stop, kill and continue:
 - a checkpoint every train.checkpoint_every steps, at the end, and when SIGTERM, SIGINT or SIGUSR2 arrives
@@ -16,39 +20,116 @@ What makes a run safe to stop, kill and continue:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import io
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_weights
 from core.cli import kept_console, tee_console
 from core.errors import PosGPTError
 from core.host_memory import available_bytes, reused_freed_memory
-from core.rundir import CONSOLE_LOG, EVAL_DIR, lock_run
-from core.runtime import autocast, set_up_runtime
-from core.tracking import init_wandb
-from data import check_split_length, draw_batch, load_splits, separate_documents, validate_data_config
-from data.tasks import NO_TASK, build_task, held_out_seed
-from evaluation.checks import check_eval_settings
-from evaluation.extrapolation import scored_range
-from experiment.build import build_model
-from experiment.config import compile_enabled, eval_lengths, set_task_vocabulary, validate
-from experiment.settings import check_command_settings
-from model import GPT
+from core.rundir import CONSOLE_LOG, lock_run
+from core.runtime import autocast, compile_enabled, set_up_runtime
+from core.tracking import TrackerSettings, init_wandb
+from data import TokenArray, check_split_length, draw_batch, load_splits, separate_documents
+from data.config import DataConfig
+from data.tasks import NO_TASK, TaskConfig, build_task, held_out_seed
+from model import GPT, ModelConfig
 from model.documents import within_document_index
+from model.pe import PEConfig
 from training import distributed
 from training.batch_stream import BatchStream, rank_rows
-from training.checkpointing import Checkpointer, resume_checkpoint
-from training.init_from import Parent, load_parent
-from training.metrics import MetricsWindow, finite
-from training.optim import build_optimizer, build_scheduler
+from training.checkpointing import Checkpointer, CheckpointSettings, resume_checkpoint
+from training.init_from import Parent
+from training.metrics import MetricsSettings, MetricsWindow, finite
+from training.optim import OptimizerSettings, build_optimizer, build_scheduler
 from training.step import TrainStep
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The model a run trains: model/'s constructor's arguments, and its size (counted by the planner on the meta
+    device)."""
+
+    model: ModelConfig
+    pe: PEConfig
+    train_seq_len: int
+    num_params: int
+
+    def build(self) -> GPT:
+        # Copies: a model may keep its configs, and the plan's stay as planned.
+        return GPT(copy.deepcopy(self.model), copy.deepcopy(self.pe), train_seq_len=self.train_seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """What the loop itself reads: ``train.*`` of the same names (device, dtype, num_threads and seed are the
+    runtime's: core.runtime.RuntimeSettings), and the data's ``document_aware``."""
+
+    device: str
+    dtype: str
+    num_threads: int
+    seed: int
+    batch_size: int
+    seq_len: int
+    grad_accum_steps: int
+    grad_clip: float
+    max_steps: int
+    log_every: int
+    val_every: int
+    val_batches: int
+    checkpoint_every: int
+    skip_nonfinite: bool
+    random_positions: int | None
+    compile: str
+    distributed: str
+    document_aware: bool
+    progress: bool  # logging.progress
+
+
+class EndEvaluation(Protocol):
+    """The evaluation at the end of training (train.eval_after), as the planner hands it to the loop."""
+
+    def check_split(self, val_tokens: TokenArray) -> None:
+        """PosGPTError when it would score nothing of ``val_tokens``: checked before the run directory is written."""
+
+    def done(self, run_dir: Path, step: int) -> bool:
+        """Whether ``run_dir`` holds this evaluation of ``step``."""
+
+    def run(
+        self,
+        model: torch.nn.Module,
+        run_dir: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        val_tokens: TokenArray | None,
+        step: int,
+        trained: dict,
+        wandb_run: Any,
+    ) -> None:
+        """Evaluate ``model``, trained ``step`` steps with the config ``trained``, into ``run_dir``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+    """The training's part of the plan: the settings of each stage the loop runs."""
+
+    loop: LoopSettings
+    model: ModelSpec
+    optimizer: OptimizerSettings
+    checkpoint: CheckpointSettings
+    metrics: MetricsSettings
+    tracker: TrackerSettings
+    data: DataConfig
+    task: TaskConfig  # its name is data.tasks.NO_TASK for a language-model run
+    parent: Parent | None = None  # train.init_from's run, read and checked by the planner
+    evaluation: EndEvaluation | None = None  # None: train.eval_after=false
 
 
 class StopRequested:
@@ -86,7 +167,8 @@ class StopRequested:
 def estimate_val_loss(
     model: torch.nn.Module,
     tokens,
-    cfg: DictConfig,
+    settings: LoopSettings,
+    task: bool,
     device: torch.device,
     dtype: torch.dtype,
     dist: distributed.DistInfo,
@@ -95,41 +177,26 @@ def estimate_val_loss(
     generator, for a task a stream held out from training's (seeded apart from train.seed). Windows of the stream as
     they are, documents crossing, with or without data.document_aware, as the evaluation scores them."""
     model.eval()
-    generator = torch.Generator().manual_seed(0 if cfg.task.name == NO_TASK else held_out_seed(cfg.train.seed, "val"))
-    rows = rank_rows(cfg.train.batch_size, dist)
+    generator = torch.Generator().manual_seed(held_out_seed(settings.seed, "val") if task else 0)
+    rows = rank_rows(settings.batch_size, dist)
     total = torch.zeros((), device=device)
-    for _ in range(cfg.train.val_batches):
-        x, y = draw_batch(tokens, cfg.train.batch_size, cfg.train.seq_len, generator)
+    for _ in range(settings.val_batches):
+        x, y = draw_batch(tokens, settings.batch_size, settings.seq_len, generator)
         with autocast(device, dtype):
             total += model(x[rows].to(device), y[rows].to(device)).float()
     model.train()
-    return float(distributed.all_reduce_mean(total / cfg.train.val_batches, dist))
+    return float(distributed.all_reduce_mean(total / settings.val_batches, dist))
 
 
-def check_before_training(cfg: DictConfig) -> None:
-    """Everything a training run's config can be refused for before its first step or write (sets the task's
-    vocabulary): train runs it at its start, train.py for every job of a sweep before the first one trains."""
-    set_task_vocabulary(cfg)
-    validate(cfg)
-    validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
-    if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
-        check_eval_settings(cfg)
-        if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
-            from evaluation.copy_probe import probe_candidates
-
-            probe_candidates(cfg, cfg.model.vocab_size)
-
-
-def train(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> int | None:
-    """Train as cfg says; returns the signal that stopped the run early (after a checkpoint), else None.
-    ``overrides``: the command line's, of which none may be a setting only another command reads."""
-    check_before_training(cfg)
-    check_command_settings(overrides, "train.py")
-    dist = distributed.init_distributed(cfg.train.device)
+def train(plan: TrainingPlan, run_dir: Path) -> int | None:
+    """Train as planned; returns the signal that stopped the run early (after a checkpoint), else None. Every
+    check of the config has run (experiment/plan.py); what is left needs the processes, the run directory's lock,
+    its checkpoint or the data."""
+    dist = distributed.init_distributed(plan.loop.device)
     try:
         run_dir = Path(distributed.broadcast_object(str(run_dir), dist))  # ${now:...} may differ across ranks
         with _run_dir_locked(run_dir, dist):
-            return _train(cfg, run_dir, overrides, dist)
+            return _train(plan, run_dir, dist)
     finally:
         distributed.shutdown(dist)
 
@@ -151,27 +218,23 @@ def _run_dir_locked(run_dir: Path, dist: distributed.DistInfo) -> Iterator[None]
         yield
 
 
-def _load_data(cfg: DictConfig, dist: distributed.DistInfo) -> dict:
+def _load_data(plan: TrainingPlan, dist: distributed.DistInfo) -> dict:
     """Tokenize once per node (local rank 0 goes first, the others then read its cache); only rank 0 prints.
     A task run has nothing to load: its task generates both streams (validation's from another seed)."""
-    task = build_task(OmegaConf.to_object(cfg.task))
+    task = build_task(plan.task)
     if task is not None:
         return {"train": task, "val": task}
+    progress = plan.loop.progress
     with contextlib.nullcontext() if dist.is_main else contextlib.redirect_stdout(io.StringIO()):
         if dist.local_rank == 0:
-            splits = load_splits(cfg.data, cfg.logging.progress)
+            splits = load_splits(plan.data, progress)
         distributed.barrier(dist)
         if dist.local_rank != 0:
-            splits = load_splits(cfg.data, cfg.logging.progress)
+            splits = load_splits(plan.data, progress)
     for tokens in splits.values():  # refused here, before the run directory is written, not at the first batch
-        check_split_length(tokens, cfg.train.seq_len)
-    lengths, val = eval_lengths(cfg), splits["val"]
-    if cfg.train.eval_after and scored_range(len(val), lengths, cfg.eval.max_tokens) is None:
-        raise PosGPTError(
-            f"the evaluation after training would score nothing: the {val.name} split has {len(val):,} tokens and "
-            f"each evaluation length needs twice its own (the shortest, {min(lengths)}, needs {2 * min(lengths)}); "
-            "lower eval.lengths (or eval.length_multipliers), add data, or set train.eval_after=false"
-        )
+        check_split_length(tokens, plan.loop.seq_len)
+    if plan.evaluation is not None:
+        plan.evaluation.check_split(splits["val"])
     return splits
 
 
@@ -189,36 +252,36 @@ def _check_memory_for_training(model: GPT, device: torch.device) -> None:
         )
 
 
-def _check_batch(t: DictConfig, dist: distributed.DistInfo) -> None:
-    if t.batch_size % (dist.world_size * t.grad_accum_steps):
+def _check_batch(settings: LoopSettings, dist: distributed.DistInfo) -> None:
+    if settings.batch_size % (dist.world_size * settings.grad_accum_steps):
         raise PosGPTError(
-            f"train.batch_size={t.batch_size} (the global batch) must be divisible by the number of processes "
-            f"({dist.world_size}) x train.grad_accum_steps ({t.grad_accum_steps})"
+            f"train.batch_size={settings.batch_size} (the global batch) must be divisible by the number of processes "
+            f"({dist.world_size}) x train.grad_accum_steps ({settings.grad_accum_steps})"
         )
 
 
-def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distributed.DistInfo) -> int | None:
-    _check_batch(cfg.train, dist)
-    device, dtype = set_up_runtime(cfg.train, local_rank=dist.local_rank if dist.enabled else None)
-    cfg, raw_model, checkpoint, parent = _initial_model(cfg, run_dir, device)
-    finished = checkpoint is not None and checkpoint["step"] >= cfg.train.max_steps
+def _train(plan: TrainingPlan, run_dir: Path, dist: distributed.DistInfo) -> int | None:
+    _check_batch(plan.loop, dist)
+    device, dtype = set_up_runtime(plan.loop, local_rank=dist.local_rank if dist.enabled else None)
+    raw_model, checkpoint = _initial_model(plan, run_dir, device)
+    finished = checkpoint is not None and checkpoint["step"] >= plan.loop.max_steps
     if not finished:  # a finished run only evaluates: no gradients or optimizer states
         _check_memory_for_training(raw_model, device)
-    if finished and _nothing_to_do(cfg, run_dir, checkpoint, dist):
+    if finished and _nothing_to_do(plan, run_dir, checkpoint, dist):
         return None  # and nothing was written
     with kept_console() as earlier:  # the data's lines, for the run's log once the data has passed its checks
-        splits = None if finished else _load_data(cfg, dist)
+        splits = None if finished else _load_data(plan, dist)
     # Every check has passed: only now does this command write into the run directory.
-    checkpointer = Checkpointer(cfg, run_dir, overrides, checkpoint, dist, device)
+    checkpointer = Checkpointer(plan.checkpoint, plan.optimizer, run_dir, checkpoint, dist, device)
     checkpointer.record_run()
     if dist.is_main:
         tee_console(run_dir / CONSOLE_LOG, earlier.getvalue())
     if finished:
-        return _finish_trained(cfg, run_dir, checkpoint, raw_model, dist, device, dtype)
+        return _finish_trained(plan, run_dir, checkpoint, raw_model, dist, device, dtype)
 
-    if cfg.task.name == NO_TASK:
-        checkpointer.track_corpus(splits, checkpoint, cfg.data)
-    loop = _set_up_loop(cfg, run_dir, raw_model, checkpoint, parent, checkpointer, splits, dist, device, dtype)
+    if plan.task.name == NO_TASK:
+        checkpointer.track_corpus(splits, checkpoint, plan.data)
+    loop = _set_up_loop(plan, run_dir, raw_model, checkpoint, checkpointer, splits, dist, device, dtype)
     with reused_freed_memory():  # each step's large tensors reuse the last step's memory (core/host_memory.py)
         step, stopped_by = _run_loop(loop)
 
@@ -228,8 +291,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
             "Continue with train.resume=true",
             flush=True,
         )
-    elif stopped_by is None and cfg.train.eval_after:
-        _evaluate(cfg, raw_model, loop.optimizer, splits["val"], run_dir, device, dtype, dist, loop.window.wandb_run)
+    elif stopped_by is None and plan.evaluation is not None:
+        _evaluate(plan, raw_model, loop.optimizer, splits["val"], run_dir, device, dtype, dist, loop.window.wandb_run)
     loop.window.finish()
     return stopped_by
 
@@ -238,7 +301,8 @@ def _train(cfg: DictConfig, run_dir: Path, overrides: list[str], dist: distribut
 class _Loop:
     """What the training steps use, built once every check has passed and the data is loaded."""
 
-    cfg: DictConfig
+    settings: LoopSettings
+    task: bool  # a task run: its validation stream is held out by seed
     dist: distributed.DistInfo
     device: torch.device
     dtype: torch.dtype
@@ -255,11 +319,10 @@ class _Loop:
 
 
 def _set_up_loop(
-    cfg: DictConfig,
+    plan: TrainingPlan,
     run_dir: Path,
     raw_model: GPT,
     checkpoint: dict | None,
-    parent: Parent | None,
     checkpointer: Checkpointer,
     splits: dict,
     dist: distributed.DistInfo,
@@ -267,20 +330,21 @@ def _set_up_loop(
     dtype: torch.dtype,
 ) -> _Loop:
     """The optimizer, schedule, batches and metrics, restored from the checkpoint when resuming."""
-    t = cfg.train
+    t = plan.loop
     eager = distributed.wrap_model(raw_model, dist, t.distributed, device)
-    optimizer = build_optimizer(raw_model, t, device)
-    scheduler = build_scheduler(optimizer, t)
+    optimizer = build_optimizer(raw_model, plan.optimizer, device)
+    scheduler = build_scheduler(optimizer, plan.optimizer)
     start_step = checkpointer.restore(checkpoint, raw_model, optimizer, scheduler) if checkpoint else 0
-    batches = _batch_stream(cfg, splits["train"], checkpoint, dist, device)
-    step_fn = _train_step(cfg, eager, optimizer, scheduler, device, dtype)
-    window = MetricsWindow(cfg, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
+    batches = _batch_stream(t, splits["train"], checkpoint, dist, device)
+    step_fn = _train_step(t, eager, optimizer, scheduler, device, dtype)
+    window = MetricsWindow(plan.metrics, plan.tracker, run_dir, start_step, checkpoint, raw_model, dist, device, dtype)
     checkpointer.wandb_run_id = window.wandb_run_id
-    if parent is not None:
-        window.write(parent.record())  # the run records its parent
+    if plan.parent is not None and checkpoint is None:
+        window.write(plan.parent.record())  # the run records its parent
     window.record_runtime(start_step)
     return _Loop(
-        cfg=cfg,
+        settings=t,
+        task=plan.task.name != NO_TASK,
         dist=dist,
         device=device,
         dtype=dtype,
@@ -298,24 +362,23 @@ def _set_up_loop(
 
 
 def _batch_stream(
-    cfg: DictConfig, train_tokens, checkpoint: dict | None, dist: distributed.DistInfo, device: torch.device
+    settings: LoopSettings, train_tokens, checkpoint: dict | None, dist: distributed.DistInfo, device: torch.device
 ) -> BatchStream:
     """The training batches, continuing the checkpoint's sampler when resuming."""
-    t = cfg.train
     return BatchStream(
         train_tokens,
-        t.batch_size,
-        t.seq_len,
-        t.seed,
+        settings.batch_size,
+        settings.seq_len,
+        settings.seed,
         dist,
         device,
         state=checkpoint["sampler_state"] if checkpoint else None,
-        random_positions=t.random_positions,
+        random_positions=settings.random_positions,
     )
 
 
 def _train_step(
-    cfg: DictConfig,
+    settings: LoopSettings,
     eager: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -323,25 +386,31 @@ def _train_step(
     dtype: torch.dtype,
 ) -> TrainStep:
     """One optimizer step of the model, compiled as train.compile says."""
-    t = cfg.train
-    compiling = compile_enabled(t.compile, device.type)
+    compiling = compile_enabled(settings.compile, device.type)
     # A compilation that fails at the first step falls back to the eager model (training/step.py).
     model = torch.compile(eager) if compiling else eager
     return TrainStep(
-        model, optimizer, scheduler, t.grad_accum_steps, t.grad_clip, device, dtype, eager if compiling else None
+        model,
+        optimizer,
+        scheduler,
+        settings.grad_accum_steps,
+        settings.grad_clip,
+        device,
+        dtype,
+        eager if compiling else None,
     )
 
 
 def _run_loop(loop: _Loop) -> tuple[int, int | None]:
     """Train up to train.max_steps or until a signal stops the run; returns the last step and that signal."""
-    t, dist, device = loop.cfg.train, loop.dist, loop.device
+    t, dist, device = loop.settings, loop.dist, loop.device
     loop.eager.train()
     step, stopped_by = loop.start_step, None
     with StopRequested() as stop:
         while step < t.max_steps and stopped_by is None:
             x, y, positions = loop.batches.next()  # positions: None unless train.random_positions
             documents = None
-            if loop.cfg.data.document_aware:  # each window's documents kept apart (data/windows.py)
+            if t.document_aware:  # each window's documents kept apart (data/windows.py)
                 documents, y = separate_documents(x, y)
                 positions = within_document_index(documents)  # given, not computed inside a compiled model
             loss, grad_norm, skipped = loop.step_fn(
@@ -377,7 +446,7 @@ def _check_first_loss(loss: torch.Tensor, loop: _Loop) -> None:
 def _end_step(loop: _Loop, step: int, grad_norm: torch.Tensor, stopping: bool) -> None:
     """After a step: its metrics (at logging and validation intervals), the check that the loss is finite, and
     the checkpoint (at its interval, at the last step, and when the run is stopping)."""
-    t = loop.cfg.train
+    t = loop.settings
     last = step == t.max_steps
     record = (
         loop.window.close_window(step, loop.scheduler.get_last_lr()[0], grad_norm)
@@ -385,39 +454,35 @@ def _end_step(loop: _Loop, step: int, grad_norm: torch.Tensor, stopping: bool) -
         else {}
     )
     if step % t.val_every == 0 or last:
-        val_loss = estimate_val_loss(loop.step_fn.model, loop.val_tokens, loop.cfg, loop.device, loop.dtype, loop.dist)
+        model, tokens = loop.step_fn.model, loop.val_tokens
+        val_loss = estimate_val_loss(model, tokens, t, loop.task, loop.device, loop.dtype, loop.dist)
         record = {"step": step, **record, "val_loss": val_loss}
     loop.window.write(record)
     if not finite(record) and not t.skip_nonfinite:  # alike on every rank: the loss is averaged over them
         raise PosGPTError(
             f"the training loss became non-finite by step {step}; {loop.checkpointer.kept()}. "
-            f"Lower train.lr (now {t.lr}), or pass train.skip_nonfinite=true to skip such steps"
+            f"Lower train.lr (now {loop.checkpointer.optimizer_settings.lr}), or pass train.skip_nonfinite=true to "
+            "skip such steps"
         )
     if step % t.checkpoint_every == 0 or last or stopping:
         loop.checkpointer.save(step, loop.raw_model, loop.optimizer, loop.scheduler, loop.batches.sampler_state)
 
 
-def _initial_model(
-    cfg: DictConfig, run_dir: Path, device: torch.device
-) -> tuple[DictConfig, GPT, dict | None, Parent | None]:
-    """The run's config (with what it inherits from a train.init_from parent), the model and where its weights
-    come from: the checkpoint to resume (train.resume), else the parent run's weights (train.init_from,
-    returned to be recorded), else its initialisation. A config error shows up here, before anything else."""
-    cfg, parent = load_parent(cfg)
-    model = build_model(cfg).to(device)
-    if cfg.train.random_positions:
-        model.pe.check_random_positions(cfg.train.random_positions)
-    checkpoint = resume_checkpoint(cfg, run_dir)
+def _initial_model(plan: TrainingPlan, run_dir: Path, device: torch.device) -> tuple[GPT, dict | None]:
+    """The model and where its weights come from: the checkpoint to resume (train.resume), else the parent run's
+    weights (train.init_from), else its initialisation."""
+    model = plan.model.build().to(device)
+    checkpoint = resume_checkpoint(plan.checkpoint, run_dir)
     if checkpoint is not None:  # checked whole here, before anything is written (Checkpointer.restore loads it again)
         load_weights(model, checkpoint["model"], last_checkpoint_path(run_dir))
-        return cfg, model, checkpoint, None
-    if parent is not None:
-        parent.load_into(model, cfg.train.seq_len)
-    return cfg, model, None, parent
+        return model, checkpoint
+    if plan.parent is not None:
+        plan.parent.load_into(model, plan.loop.seq_len)
+    return model, None
 
 
 def _finish_trained(
-    cfg: DictConfig,
+    plan: TrainingPlan,
     run_dir: Path,
     checkpoint: dict,
     model: torch.nn.Module,
@@ -427,43 +492,30 @@ def _finish_trained(
 ) -> None:
     """Resuming a run that has trained all its steps, and whose end-of-training evaluation never finished (it was
     stopped, or it was stopped at the last step): run that evaluation."""
-    from evaluation.context import EvalContext
-    from evaluation.run import evaluate_run  # matplotlib (1 s): only when it is needed
-
     step = checkpoint["step"]
     if dist.is_main:
         print(
             f"train: {run_dir} has trained {step} steps, but its end-of-training evaluation did not finish: running it",
             flush=True,
         )
-    val_tokens = _load_data(cfg, dist)["val"]  # the model holds the checkpoint's weights (_initial_model)
+    val_tokens = _load_data(plan, dist)["val"]  # the model holds the checkpoint's weights (_initial_model)
     if dist.is_main:
-        wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id"))
-        evaluate_run(
-            EvalContext.of(cfg, model, run_dir, device, dtype, checkpoint["config"], step, wandb_run), val_tokens
-        )
+        wandb_run = init_wandb(plan.tracker, run_dir, checkpoint.get("wandb_run_id"))
+        plan.evaluation.run(model, run_dir, device, dtype, val_tokens, step, checkpoint["config"], wandb_run)
         if wandb_run is not None:
             wandb_run.finish()
     return None
 
 
-def _nothing_to_do(cfg: DictConfig, run_dir: Path, checkpoint: dict, dist: distributed.DistInfo) -> bool:
+def _nothing_to_do(plan: TrainingPlan, run_dir: Path, checkpoint: dict, dist: distributed.DistInfo) -> bool:
     """Whether a run that has trained all its steps has also been evaluated (or is not to be): then the command
     says so and changes nothing, not even the run's record of its latest start or its console log."""
-    from evaluation.results import read_results
-    from evaluation.task_accuracy import read_task_results
-
-    step, t = checkpoint["step"], cfg.train
-    eval_dir = run_dir / EVAL_DIR
-    if cfg.task.name != NO_TASK:
-        reports = [read_task_results(eval_dir)]
-    else:  # perplexity, then the zero-shot probes (eval.tasks): a run stopped between them is not done
-        reports = [read_results(eval_dir)] + ([read_task_results(eval_dir)] if cfg.eval.tasks else [])
-    if t.eval_after and any((report or {}).get("step") != step for report in reports):
+    step = checkpoint["step"]
+    if plan.evaluation is not None and not plan.evaluation.done(run_dir, step):
         return False
     if dist.is_main:
         print(
-            f"train: {run_dir} has already trained {step} steps (train.max_steps={t.max_steps}); nothing to "
+            f"train: {run_dir} has already trained {step} steps (train.max_steps={plan.loop.max_steps}); nothing to "
             "do. Raise train.max_steps to train longer",
             flush=True,
         )
@@ -471,7 +523,7 @@ def _nothing_to_do(cfg: DictConfig, run_dir: Path, checkpoint: dict, dist: distr
 
 
 def _evaluate(
-    cfg: DictConfig,
+    plan: TrainingPlan,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     val_tokens,
@@ -483,18 +535,15 @@ def _evaluate(
 ) -> None:
     """The extrapolation eval, on rank 0 alone: with FSDP it gets an unsharded copy of the model (the same
     memory eval.py needs)."""
-    from evaluation.context import EvalContext
-    from evaluation.run import evaluate_run  # imports matplotlib (1 s): only when it is needed
-
-    if dist.enabled and cfg.train.distributed == "fsdp":
+    if dist.enabled and plan.loop.distributed == "fsdp":
         state, _ = distributed.full_state_dicts(model, optimizer)
         if dist.is_main:
-            model = build_model(cfg).to(device)
+            model = plan.model.build().to(device)
             model.load_state_dict(state)
     if dist.is_main:
         # the config the checkpoints of this run hold (Checkpointer saves the same)
-        trained = OmegaConf.to_container(cfg, resolve=True)
-        evaluate_run(EvalContext.of(cfg, model, run_dir, device, dtype, trained, wandb_run=wandb_run), val_tokens)
+        trained, step = plan.checkpoint.config, plan.loop.max_steps
+        plan.evaluation.run(model, run_dir, device, dtype, val_tokens, step, trained, wandb_run)
 
 
 def _agreed_stop(

@@ -1,22 +1,36 @@
 """Metrics and logging: the W&B run, metrics.jsonl, the progress bar and the window of steps since the last log
-line (rank 0 writes), with the MFU of one FLOP count (experiment.build.model_flops_per_token)."""
+line (rank 0 writes), with the MFU of one FLOP count (experiment.build.model_flops_per_token, which the planner
+counts on the model built on the meta device)."""
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from core.runtime import peak_flops
-from core.tracking import MetricsFile, init_wandb
-from experiment.build import model_flops_per_token
+from core.tracking import MetricsFile, TrackerSettings, init_wandb
 from model import GPT
 from model.attention import resolve_layer_backends
 from training import distributed
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """What the metrics of a run read: its tokens and FLOPs a step, its length and how it is shown."""
+
+    pe_name: str  # pe.name, in the console's lines
+    tokens_per_step: int  # train.batch_size x train.seq_len
+    flops_per_token: float  # experiment.build.model_flops_per_token
+    max_steps: int
+    # Positions given per token (train.random_positions, data.document_aware): they keep a bias of the distance
+    # off its table, which the attention backend that runs depends on.
+    explicit_positions: bool
+    progress: bool  # logging.progress
 
 
 class MetricsWindow:
@@ -25,7 +39,8 @@ class MetricsWindow:
 
     def __init__(
         self,
-        cfg: DictConfig,
+        settings: MetricsSettings,
+        tracker: TrackerSettings,
         run_dir: Path,
         start_step: int,
         checkpoint: dict | None,
@@ -34,21 +49,20 @@ class MetricsWindow:
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
-        t, m = cfg.train, cfg.model
+        m, explicit = model.cfg, settings.explicit_positions
         self.dist, self.device = dist, device
-        self.tokens_per_step, self.peak = t.batch_size * t.seq_len, peak_flops(device)
-        self.flops_per_token = model_flops_per_token(model, t.seq_len)
+        self.tokens_per_step, self.peak = settings.tokens_per_step, peak_flops(device)
+        self.flops_per_token = settings.flops_per_token
         self.wandb_run, self.metrics = None, None
         # What computes this run (a resumed run may change either): recorded by record_runtime.
-        # Positions per token (random positions, documents) keep a bias of the distance off its table: explicit.
-        explicit = t.random_positions is not None or cfg.data.document_aware
         self._backends = lambda: resolve_layer_backends(m.attn_backend, model.pe, device, explicit, m.attn_sink)
         self.runtime = {"attn_backend": self._backends(), "dtype": str(dtype).removeprefix("torch.")}
         if dist.is_main:
-            self.wandb_run = init_wandb(cfg, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)
+            self.wandb_run = init_wandb(tracker, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)
             self.metrics = MetricsFile(run_dir, resume_step=start_step if checkpoint else None)
             print(
-                f"train: pe={cfg.pe.name}{layer_schemes(model)} params={model.num_params() / 1e6:.2f}M device={device} "
+                f"train: pe={settings.pe_name}{layer_schemes(model)} params={model.num_params() / 1e6:.2f}M "
+                f"device={device} "
                 f"dtype={self.runtime['dtype']} attn_backend={self.runtime['attn_backend']} "
                 f"world={dist.world_size} run_dir={run_dir}",
                 flush=True,
@@ -56,11 +70,11 @@ class MetricsWindow:
             for line in model.describe_attention(device):  # each layer's attention path (model/attention.py)
                 print(f"train: {line}", flush=True)
         self.progress = tqdm(
-            total=t.max_steps,
+            total=settings.max_steps,
             initial=start_step,
-            desc=f"train pe={cfg.pe.name}",
+            desc=f"train pe={settings.pe_name}",
             unit="step",
-            disable=not (dist.is_main and cfg.logging.progress),
+            disable=not (dist.is_main and settings.progress),
             dynamic_ncols=True,
         )
         self._reset()

@@ -1,0 +1,263 @@
+"""The plan of a training run: the composed config, checked, turned into the settings of each stage.
+
+    config (Hydra) --plan_training--> TrainPlan --train.py--> training.loop.train(plan.training, run_dir)
+
+Every check of a config runs here, before anything is written or trained: the schema's domains, the data's and
+the evaluation's settings, the model built on the meta device (its parameter count, a scheme's refusals), and a
+``train.init_from`` parent read and held against this run. The stages take their part: the loop, the optimizer,
+the checkpointer, the metrics and the tracker each define the settings they read (training/, core/tracking.py),
+and none of them reads the config or imports this package. A sweep, or scripts/study.sh, plans every job first
+(``train.py --check``): a bad value in its last job is refused before the first one trains.
+
+A new setting is declared in the schema (experiment/config.py) and read by the stage that needs it: a field in
+that stage's settings, filled here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from core.checkpoint_io import load_checkpoint
+from core.errors import PosGPTError
+from core.rundir import EVAL_DIR
+from core.tracking import TrackerSettings
+from data import validate_data_config
+from data.tasks import NO_TASK
+from evaluation.checks import check_eval_settings
+from evaluation.extrapolation import scored_range
+from experiment.build import build_model, model_flops_per_token
+from experiment.config import eval_lengths, set_task_vocabulary, validate
+from experiment.settings import (
+    RESUME_SETTINGS,
+    RUNTIME_SETTINGS,
+    changed_settings,
+    check_command_settings,
+    flatten_config,
+    trained_config,
+)
+from model.pe import SCHEMES
+from training.checkpointing import CheckpointSettings
+from training.init_from import Parent
+from training.loop import LoopSettings, ModelSpec, TrainingPlan
+from training.metrics import MetricsSettings
+from training.optim import OptimizerSettings
+
+# Model settings a train.init_from child may change: how fast the same function is computed, or only training
+# (dropout).
+CHANGEABLE_MODEL_KEYS = ("model.dropout", *(key for key in RUNTIME_SETTINGS if key.startswith("model.")))
+
+Settings = TypeVar("Settings")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+    """A training run as planned: the config it trains with (what it inherits from a parent included; the
+    checkpoints record it) and the training's part, which the loop takes."""
+
+    config: DictConfig
+    training: TrainingPlan
+
+
+def section_settings(kind: type[Settings], section: DictConfig, **others: Any) -> Settings:
+    """A stage's settings dataclass, each field read from the config section's key of the same name (but those
+    given in ``others``)."""
+    return kind(**{f.name: section[f.name] for f in dataclasses.fields(kind) if f.name not in others}, **others)
+
+
+def optimizer_settings(cfg: DictConfig) -> OptimizerSettings:
+    return section_settings(OptimizerSettings, cfg.train)
+
+
+def tracker_settings(cfg: DictConfig) -> TrackerSettings:
+    """The W&B run of any command (train.py, eval.py, the scripts), tagged with the run's scheme."""
+    wb = cfg.logging.wandb
+    return TrackerSettings(
+        mode=wb.mode,
+        project=wb.project,
+        entity=wb.entity,
+        group=wb.group,
+        name=wb.name,
+        tags=tuple(sorted({*wb.tags, f"pe={cfg.pe.name}"})),
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+
+
+def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainPlan:
+    """The plan of training ``cfg`` (composed from ``overrides``, of which none may be a setting only another
+    command reads); PosGPTError for anything that would refuse it, before anything is written. Sets the task's
+    vocabulary in ``cfg``."""
+    check_training_config(cfg)
+    check_command_settings(overrides, "train.py")
+    cfg, parent = load_parent(cfg)
+    with torch.device("meta"):  # shapes only: a model of any size is planned in no memory and no time
+        model = build_model(cfg)
+    t = cfg.train
+    if t.random_positions:
+        model.pe.check_random_positions(t.random_positions)
+    metrics = MetricsSettings(
+        pe_name=cfg.pe.name,
+        tokens_per_step=t.batch_size * t.seq_len,
+        flops_per_token=model_flops_per_token(model, t.seq_len),
+        max_steps=t.max_steps,
+        explicit_positions=t.random_positions is not None or cfg.data.document_aware,
+        progress=cfg.logging.progress,
+    )
+    training = TrainingPlan(
+        loop=section_settings(LoopSettings, t, document_aware=cfg.data.document_aware, progress=cfg.logging.progress),
+        model=ModelSpec(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), t.seq_len, model.num_params()),
+        optimizer=optimizer_settings(cfg),
+        checkpoint=_checkpoint_settings(cfg, overrides),
+        metrics=metrics,
+        tracker=tracker_settings(cfg),
+        data=OmegaConf.to_object(cfg.data),
+        task=OmegaConf.to_object(cfg.task),
+        parent=parent,
+        evaluation=EndOfTrainingEvaluation(cfg) if t.eval_after else None,
+    )
+    return TrainPlan(cfg, training)
+
+
+def check_training_config(cfg: DictConfig) -> None:
+    """Everything a training run's config alone can be refused for (sets the task's vocabulary)."""
+    set_task_vocabulary(cfg)
+    validate(cfg)
+    validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
+    if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
+        check_eval_settings(cfg)
+        if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
+            from evaluation.copy_probe import probe_candidates
+
+            probe_candidates(cfg, cfg.model.vocab_size)
+
+
+def _checkpoint_settings(cfg: DictConfig, overrides: list[str]) -> CheckpointSettings:
+    config = OmegaConf.to_container(cfg, resolve=True)
+    return CheckpointSettings(
+        resume=cfg.train.resume,
+        keep=cfg.train.keep_checkpoints,
+        config=config,
+        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+        overrides=tuple(overrides),
+        resume_changes=functools.partial(resume_changes, config),
+    )
+
+
+def resume_changes(now: dict, saved_config: dict) -> list[str]:
+    """The settings a checkpoint's config (``saved_config``) was trained with that a resume with the config ``now``
+    would change, though experiment/settings.py does not let it: ``key=saved (now value)`` each."""
+    # Typed by today's schema: a setting added since the checkpoint was written reads as its default (or as
+    # its legacy value, experiment/settings.py), not as a change.
+    saved = OmegaConf.to_container(trained_config(saved_config), resolve=True)
+    changed = changed_settings(saved, now, RESUME_SETTINGS)
+    saved, now = flatten_config(saved), flatten_config(now)
+    return [f"{key}={saved.get(key)} (now {now.get(key)})" for key in changed]
+
+
+def load_parent(cfg: DictConfig) -> tuple[DictConfig, Parent | None]:
+    """The parent run of ``train.init_from`` (None when unset), checked against ``cfg``, and the config the new run
+    trains with: ``cfg`` with ``train.init_from`` made absolute and what its scheme takes from the parent
+    (``PositionalEncoding.inherit``). ``cfg`` itself is left as it is (training/init_from.py).
+    """
+    if cfg.train.init_from is None:
+        return cfg, None
+    path = Path(cfg.train.init_from).expanduser().resolve()
+    try:
+        checkpoint = load_checkpoint(path)
+    except PosGPTError as error:
+        raise PosGPTError(f"train.init_from: {error}") from None
+    parent_cfg = checkpoint["config"]
+    replaces = cfg.train.init_from_pe == "replace"
+    check_same_architecture(OmegaConf.to_container(cfg, resolve=True), parent_cfg, str(path), replaces)
+    scheme, parent_scheme = SCHEMES[cfg.pe.name], parent_cfg["pe"]["name"]
+    parent = Parent(
+        str(path), checkpoint["step"], parent_cfg["train"]["seq_len"], checkpoint["model"], parent_scheme, replaces
+    )
+    pe = OmegaConf.to_object(cfg.pe)
+    if parent_scheme == cfg.pe.name:  # what a scheme takes from a parent of its own kind
+        pe = scheme.inherit(pe, OmegaConf.to_object(trained_config(parent_cfg).pe), parent.seq_len)
+    return OmegaConf.merge(cfg, {"train": {"init_from": str(path)}, "pe": dataclasses.asdict(pe)}), parent
+
+
+def check_same_architecture(now: dict, parent: dict, where: str, replaces_scheme: bool = False) -> None:
+    """PosGPTError naming the first ``model.*`` or ``pe.*`` key that differs, except those a child may change (with
+    ``replaces_scheme``, every ``pe.*``: the child's scheme starts afresh)."""
+    if now["pe"]["name"] != parent["pe"]["name"] and not replaces_scheme:
+        raise PosGPTError(
+            f"train.init_from: {where} was trained with pe={parent['pe']['name']}, this run has "
+            f"pe={now['pe']['name']}; a run starts from weights of its own scheme, unless train.init_from_pe=replace "
+            "(the parent's position parameters dropped, the new scheme's trained from their initialisation)"
+        )
+    changeable = (*CHANGEABLE_MODEL_KEYS, *(f"pe.{name}" for name in SCHEMES[now["pe"]["name"]].eval_time_settings))
+    architecture = ("model",) if replaces_scheme else ("model", "pe")
+    changed = changed_settings({k: parent[k] for k in architecture}, {k: now[k] for k in architecture}, changeable)
+    if changed:
+        key = changed[0]
+        theirs, ours = flatten_config(parent).get(key), flatten_config(now).get(key)
+        raise PosGPTError(
+            f"train.init_from: {key}={theirs} in {where} but {ours} here; the parent's architecture must be "
+            f"kept (only train.*, data, eval, logging, {', '.join(sorted(changeable))} may differ)"
+        )
+
+
+class EndOfTrainingEvaluation:
+    """The evaluation at the end of training (train.eval_after), handed to the loop (training.loop.EndEvaluation).
+    It takes the run's config as eval.py's evaluation does (evaluation.context.EvalContext)."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self._cfg = cfg
+
+    def check_split(self, val_tokens) -> None:
+        lengths, e = eval_lengths(self._cfg), self._cfg.eval
+        if scored_range(len(val_tokens), lengths, e.max_tokens) is None:
+            raise PosGPTError(
+                f"the evaluation after training would score nothing: the {val_tokens.name} split has "
+                f"{len(val_tokens):,} tokens and each evaluation length needs twice its own (the shortest, "
+                f"{min(lengths)}, needs {2 * min(lengths)}); lower eval.lengths (or eval.length_multipliers), add "
+                "data, or set train.eval_after=false"
+            )
+
+    def done(self, run_dir: Path, step: int) -> bool:
+        from evaluation.results import read_results
+        from evaluation.task_accuracy import read_task_results
+
+        eval_dir = run_dir / EVAL_DIR
+        if self._cfg.task.name != NO_TASK:
+            reports = [read_task_results(eval_dir)]
+        else:  # perplexity, then the zero-shot probes (eval.tasks): a run stopped between them is not done
+            reports = [read_results(eval_dir)] + ([read_task_results(eval_dir)] if self._cfg.eval.tasks else [])
+        return all((report or {}).get("step") == step for report in reports)
+
+    def run(
+        self,
+        model: torch.nn.Module,
+        run_dir: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        val_tokens,
+        step: int,
+        trained: dict,
+        wandb_run: Any,
+    ) -> None:
+        from evaluation.context import EvalContext
+        from evaluation.run import evaluate_run  # imports matplotlib (1 s): only when it is needed
+
+        evaluate_run(EvalContext.of(self._cfg, model, run_dir, device, dtype, trained, step, wandb_run), val_tokens)
+
+
+def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> None:
+    """Plan every job (each composed from its overrides by ``compose``) before the first one trains: one invalid
+    value stops them all, naming its job by the overrides that set it apart from the others. The plans are not
+    kept: each job plans itself again when it starts."""
+    for number, job in enumerate(jobs):
+        try:
+            plan_training(compose(job), job)
+        except PosGPTError as error:
+            swept = [override for override in job if any(override not in other for other in jobs)]
+            raise type(error)(f"job {number} of the sweep ({' '.join(swept)}): {error}") from None
