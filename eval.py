@@ -42,7 +42,7 @@ from evaluation.checks import check_eval_settings
 from evaluation.context import EvalContext
 from evaluation.results import CSV_FILE, JSON_FILE
 from evaluation.run import PER_POSITION_PLOT, PPL_PLOT, evaluate_run
-from experiment.build import load_trained_run, parse_run_dir
+from experiment.build import load_trained_run, open_trained_model, parse_run_dir
 from experiment.plan import tracker_settings
 
 USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
@@ -77,7 +77,15 @@ def evaluate(run_dir: Path, overrides: list[str]) -> None:
         flush=True,
     )
     context = EvalContext.of(
-        cfg, run.model, run.dir, run.device, run.dtype, checkpoint["config"], checkpoint["step"], wandb_run
+        cfg,
+        run.model,
+        run.dir,
+        run.device,
+        run.dtype,
+        checkpoint["config"],
+        checkpoint["step"],
+        wandb_run,
+        open_run=open_trained_model,
     )
     evaluate_run(context, val_tokens)
     if wandb_run is not None:

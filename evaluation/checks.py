@@ -11,14 +11,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import PosGPTError
 from data.tasks import NO_TASK, build_task
+from evaluation.context import evaluated_lengths
 from evaluation.key_tokens import LONG_PROTOCOLS, check_evaluator_dir, key_jobs, short_length, short_stride
-from experiment.config import eval_lengths
 
 
 def check_eval_settings(cfg: DictConfig) -> None:
     """PosGPTError, naming the setting, when an eval.* setting asks for what the evaluation cannot produce."""
     e = cfg.eval
-    lengths = eval_lengths(cfg)
+    lengths = evaluated_lengths(e.lengths, e.length_multipliers, cfg.train.seq_len)
     if e.stride is not None and "sliding" not in e.protocols:
         raise PosGPTError(
             f"eval.stride={e.stride} is the sliding protocol's stride, but eval.protocols={list(e.protocols)} "

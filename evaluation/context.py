@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.rundir import EVAL_DIR
-from experiment.config import eval_lengths
 from model.temperature import temperature_settings
+
+# A run directory -> the model its checkpoint holds (built from the config it records, its weights loaded), that
+# config, and the checkpoint's step: what the planner hands an evaluator that reads another run (experiment/build.py).
+OpenRun = Callable[[str], tuple[torch.nn.Module, DictConfig, int]]
 
 
 @dataclass
@@ -42,6 +45,7 @@ class EvalContext:
     step: int
     lengths: list[int]
     wandb_run: Any = None
+    open_run: OpenRun | None = None
 
     @classmethod
     def of(
@@ -54,10 +58,13 @@ class EvalContext:
         trained_config: dict[str, Any],
         step: int | None = None,
         wandb_run: Any = None,
+        open_run: OpenRun | None = None,
     ) -> EvalContext:
-        """The context of a run; ``step`` None: training just ended, at ``train.max_steps``."""
+        """The context of a run; ``step`` None: training just ended, at ``train.max_steps``; ``open_run``: how an
+        evaluator opens another run (eval.key_evaluator), given by the command that plans the evaluation."""
         step = cfg.train.max_steps if step is None else step
-        return cls(cfg, model, Path(run_dir), device, dtype, trained_config, step, eval_lengths(cfg), wandb_run)
+        lengths = evaluated_lengths(cfg.eval.lengths, cfg.eval.length_multipliers, cfg.train.seq_len)
+        return cls(cfg, model, Path(run_dir), device, dtype, trained_config, step, lengths, wandb_run, open_run)
 
     @property
     def eval_dir(self) -> Path:
@@ -94,6 +101,12 @@ class EvalContext:
         for label, settings in self.model.pe.eval_variations(list(self.cfg.eval.variations or [])):
             with self.model.pe.evaluated_with(settings):
                 yield label, variation_fields(label, settings, self.cfg)
+
+
+def evaluated_lengths(lengths: Sequence[int] | None, multipliers: Sequence[float], train_len: int) -> list[int]:
+    """The evaluation lengths: ``lengths`` (eval.lengths) if given, else the ``multipliers`` times the training
+    length, rounded to the nearest whole token (0.75 x 64 = 48)."""
+    return list(lengths) if lengths else [round(m * train_len) for m in multipliers]
 
 
 def weights_digest(model: torch.nn.Module) -> str:

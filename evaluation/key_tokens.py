@@ -39,15 +39,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from core.checkpoint_io import LAST, checkpoint_file, last_checkpoint_path, load_checkpoint, load_weights
+from core.checkpoint_io import LAST, last_checkpoint_path
 from core.errors import PosGPTError
 from core.rundir import CHECKPOINT_DIR
 from data.tasks import NO_TASK
 from evaluation.context import EvalContext
 from evaluation.extrapolation import effective_stride, scored_range, summarize, target_losses, window_plan
 from evaluation.results import KEY_TOKENS
-from experiment.build import build_model
-from experiment.settings import trained_config
 
 if TYPE_CHECKING:  # importing the data package pulls in `datasets` (~1 s): annotations only
     from data import TokenArray
@@ -106,16 +104,13 @@ def load_evaluator(ctx: EvalContext) -> Evaluator:
     if given is None:
         return Evaluator(ctx.model, SELF, None)
     check_evaluator_dir(given)
-    checkpoint = load_checkpoint(given)
-    cfg = trained_config(checkpoint["config"])
+    model, cfg, step = ctx.open_run(given)
     if cfg.task.name != NO_TASK:
         raise PosGPTError(
             f"eval.key_evaluator={given} was trained on task={cfg.task.name}, whose tokens are the task's own: the "
             "evaluator must be a language-model run (GPT-2 tokens)"
         )
-    model = build_model(cfg)
-    load_weights(model, checkpoint["model"], checkpoint_file(given))
-    return Evaluator(model.to(ctx.device).eval(), str(Path(given).resolve()), int(checkpoint["step"]))
+    return Evaluator(model.to(ctx.device).eval(), str(Path(given).resolve()), step)
 
 
 def check_evaluator_dir(given: str) -> None:

@@ -16,7 +16,7 @@ from core.errors import PosGPTError
 from core.runtime import flops_per_token, set_up_runtime
 from data.tasks import NO_TASK
 from experiment.config import validate
-from experiment.settings import check_command_settings, config_for_evaluation, overridden_keys
+from experiment.settings import check_command_settings, config_for_evaluation, overridden_keys, trained_config
 from model import GPT
 
 
@@ -85,3 +85,13 @@ def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> Train
     load_weights(model, checkpoint["model"], checkpoint_file(run_dir))
     model.to(device).eval()
     return TrainedRun(run_dir, checkpoint, cfg, model, device, dtype)
+
+
+def open_trained_model(run_dir: str | Path) -> tuple[GPT, DictConfig, int]:
+    """The model another run's checkpoint holds (an evaluator's, eval.key_evaluator), built from the config it
+    records, typed by today's schema, its weights loaded; with that config and the checkpoint's step."""
+    checkpoint = load_checkpoint(run_dir)
+    cfg = trained_config(checkpoint["config"])
+    model = build_model(cfg)
+    load_weights(model, checkpoint["model"], checkpoint_file(run_dir))
+    return model, cfg, int(checkpoint["step"])

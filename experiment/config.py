@@ -26,6 +26,7 @@ from core.runtime import MAX_SEED
 from data.config import DataConfig
 from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config_class
 from data.tokenizer import GPT2_N_VOCAB
+from evaluation.context import evaluated_lengths
 from model.gpt import ModelConfig, model_dims, validate_model_config
 from model.pe import SCHEMES
 from model.temperature import check_temperature
@@ -232,11 +233,8 @@ def unknown_keys(cfg: DictConfig, reference: DictConfig, prefix: str = "") -> li
 
 
 def eval_lengths(cfg: DictConfig) -> list[int]:
-    """The evaluation lengths: eval.lengths if given, else the multipliers times the training length, rounded to
-    the nearest whole token (0.75 x 64 = 48)."""
-    if cfg.eval.lengths:
-        return list(cfg.eval.lengths)
-    return [round(m * cfg.train.seq_len) for m in cfg.eval.length_multipliers]
+    """The evaluation lengths of a composed config (evaluation/context.py's evaluated_lengths)."""
+    return evaluated_lengths(cfg.eval.lengths, cfg.eval.length_multipliers, cfg.train.seq_len)
 
 
 def check_list_elements(config: Any, prefix: str = "") -> None:

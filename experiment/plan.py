@@ -32,7 +32,7 @@ from data import validate_data_config
 from data.tasks import NO_TASK
 from evaluation.checks import check_eval_settings
 from evaluation.extrapolation import scored_range
-from experiment.build import build_model, model_flops_per_token
+from experiment.build import build_model, model_flops_per_token, open_trained_model
 from experiment.config import eval_lengths, set_task_vocabulary, validate
 from experiment.settings import (
     RESUME_SETTINGS,
@@ -248,7 +248,8 @@ class EndOfTrainingEvaluation:
         from evaluation.context import EvalContext
         from evaluation.run import evaluate_run  # imports matplotlib (1 s): only when it is needed
 
-        evaluate_run(EvalContext.of(self._cfg, model, run_dir, device, dtype, trained, step, wandb_run), val_tokens)
+        context = EvalContext.of(self._cfg, model, run_dir, device, dtype, trained, step, wandb_run, open_trained_model)
+        evaluate_run(context, val_tokens)
 
 
 def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = {"core": 0, "data": 1, "model": 1, "training": 2, "experiment": 3, "evaluation": 4, "reports": 5}
-MODULE_LAYERS = {"experiment/plan.py": 5}  # a module above its package's layer (the docstring says why)
+LAYERS = {"core": 0, "data": 1, "model": 1, "training": 2, "evaluation": 2, "experiment": 3, "reports": 4}
+MODULE_LAYERS: dict[str, int] = {}  # a module above its package's layer (the docstring says why)
 TOP = 6  # the commands: every top-level *.py (train.py, eval.py, sample.py) and scripts/*.py
 
 

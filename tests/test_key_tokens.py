@@ -21,7 +21,7 @@ from evaluation.context import EvalContext
 from evaluation.extrapolation import effective_stride, target_losses, window_plan
 from evaluation.key_tokens import find_key_tokens, select_key_tokens
 from evaluation.results import KEY_TOKENS
-from experiment.build import load_trained_run
+from experiment.build import load_trained_run, open_trained_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig, validate
 from model import ModelConfig
@@ -166,7 +166,7 @@ def test_another_run_as_evaluator_selects_what_that_run_selects_for_itself(cli, 
 
     def selection_of(run_dir, *extra):
         run = load_trained_run(run_dir, [*keys, *extra], "eval.py")
-        ctx = EvalContext.of(run.cfg, run.model, run_dir, CPU, torch.float32, {}, 0)
+        ctx = EvalContext.of(run.cfg, run.model, run_dir, CPU, torch.float32, {}, 0, open_run=open_trained_model)
         return ctx, find_key_tokens(ctx, tokens)
 
     ctx, by_other = selection_of(scored, f"eval.key_evaluator={other}")
