@@ -118,6 +118,7 @@ from model.pe.capabilities import (
     LayerwiseBias,
     Rotation,
     ScoreBias,
+    SlidingWindow,
     TransportedScores,
     UncompiledScoreBias,
 )
@@ -157,6 +158,7 @@ class AttentionPath:
     window: int | None = None  # scores merged from two rotations by distance (model/windowed_attention.py)
     rotate_cached_keys: bool = False  # the rotation depends on the length: a KV cache keeps keys unrotated
     fused: str | None = None  # the scheme's kernel for a full causal pass (its fused_backend), where it runs
+    sliding_window: int | None = None  # each query attends its W most recent keys alone (SlidingWindow)
 
     def backend(self, explicit: bool = False) -> str:
         """The backend a full pass runs, as the runs' records name it: sdpa for flex once FlexAttention has failed in
@@ -172,6 +174,7 @@ class AttentionPath:
         if self.explicit_runs != self.runs:
             parts[0] += f" ({self.explicit_runs} with per-token positions)"
         extras = {
+            f"sliding window {self.sliding_window}": self.sliding_window is not None,
             "windowed scores": self.window is not None,
             "distance table" + (" per layer" if self.table_per_layer else ""): self.distance_table,
             "score bias": self.score_bias and not self.distance_table,
@@ -191,6 +194,12 @@ def resolve_path(pe: PositionalEncoding, backend: str, device: torch.device | st
     device = torch.device(device)
     cuda = device.type == "cuda"
     window = pe.score_window() if isinstance(pe, Rotation) else None
+    sliding = pe.sliding_window() if isinstance(pe, SlidingWindow) else None
+    if sliding is not None and window is not None:
+        raise PosGPTError(
+            f"pe={pe.name}: a sliding window of {sliding} keys and scores merged from two rotations by distance "
+            "do not go together; drop one"
+        )
     biased = isinstance(pe, ScoreBias)
     traits = dict(
         score_bias=biased,
@@ -203,15 +212,17 @@ def resolve_path(pe: PositionalEncoding, backend: str, device: torch.device | st
         transported=isinstance(pe, TransportedScores),
         window=window,
         rotate_cached_keys=isinstance(pe, Rotation) and pe.rotation_depends_on_length(),
+        sliding_window=sliding,
     )
     if traits["content_bias"] or traits["own_weights"] or traits["transported"] or window is not None:
         # the bias needs the scores themselves, two scores per pair, weights that are not a softmax, or logits that are
         # not q . k: no PyTorch kernel; the scheme's own, where one is installed, for what it can take
-        own = isinstance(pe, FusedKernel) and backend != "math" and not sink and pe.fused_attention(device) is not None
+        own = isinstance(pe, FusedKernel) and backend != "math" and not sink and sliding is None
+        own = own and pe.fused_attention(device) is not None
         runs = pe.fused_backend if own else "math"
         return AttentionPath(runs, "math", fused=pe.fused_backend if own else None, **traits)
-    if backend == "auto":
-        backend = "flex" if (biased or traits["cumulative_bias"]) and cuda else "sdpa"
+    if backend == "auto":  # FlexAttention's block mask skips the blocks outside a sliding window
+        backend = "flex" if (biased or traits["cumulative_bias"] or sliding is not None) and cuda else "sdpa"
     explicit_runs = backend
     if backend == "flex" and cuda and isinstance(pe, UncompiledScoreBias):
         # its score_mod cannot be compiled (CPU runs FlexAttention eagerly: it can there); a distance table, read
@@ -349,7 +360,7 @@ def _kernel_attention(q, k, v, pe, path, backend, state, layer, sums, sink, kern
             raise  # the sdpa path needs more memory, not less
         except Exception as error:  # whatever its compilation raises (inductor, triton, a driver)
             _give_up_flex(error)
-    if not path.score_bias and full and state.documents is None:  # documents need the mask
+    if not path.score_bias and full and state.documents is None and path.sliding_window is None:  # masks needed
         if sums is None and sink is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         if sums is None:  # a sink (model/sink.py)
@@ -429,11 +440,21 @@ def _bias_and_mask(
         queries = slice(state.q_offset + start, state.q_offset + stop)
         same = same_document(state.documents, queries, slice(0, k_stop))[:, None]
         mask = torch.where(same, mask, float("-inf"))
+    if path.sliding_window is not None:  # -inf before the window too: key j <= i - W
+        mask = mask.masked_fill(_before_window(state, start, stop, k_stop, path.sliding_window), float("-inf"))
     if sums is None:
         return mask
     # c_i - c_j in float32 (c grows along the sequence), then in the scores' dtype; -inf stays -inf.
     query_sums = sums[..., state.q_offset + start : state.q_offset + stop, None]
     return mask + (query_sums - sums[..., None, :k_stop]).to(dtype)
+
+
+def _before_window(state: PositionState, start: int, stop: int, k_stop: int, window: int) -> torch.Tensor:
+    """(Tq, Tk) bool: whether key j (0..k_stop-1) lies before the sliding window of query i (index q_offset + start
+    .. q_offset + stop - 1 among the keys), j <= i - W."""
+    device = state.positions.device
+    query_index = torch.arange(state.q_offset + start, state.q_offset + stop, device=device)
+    return torch.arange(k_stop, device=device)[None, :] <= query_index[:, None] - window
 
 
 def _score_bias_and_mask(
@@ -584,16 +605,24 @@ def _blockwise_sdpa(q, k, v, pe, path, state, layer, sums=None, sink=None):
         # Keys after the last query of the block are masked anyway: slice them off to save work.
         k_stop = min(Tk, state.q_offset + stop)
         mask = _bias_and_mask(pe, path, state, start, stop, k_stop, layer, q.dtype, sums)
+        # Keys before the first query's window are masked too: left out as well (the sink key, first, is kept).
+        k_start = 0 if path.sliding_window is None or sink is not None else _window_start(path, state, start)
+        mask = mask[..., k_start:]
         if sink is not None:
             mask = torch.cat((mask.new_zeros(*mask.shape[:-1], 1), mask), dim=-1)
         if q.device.type == "cpu":
             # PyTorch's CPU flash kernel takes a slow path for a mask broadcast over the batch (3x slower at
             # 4096 tokens, measured): give it one mask per row. The block size bounds the copy.
             mask = mask.expand(q.shape[0], q.shape[1], -1, -1).contiguous()
-        keys = slice(0, k_stop + shift)
+        keys = slice(k_start, k_stop + shift)
         queries = q[:, :, start:stop]
         outputs.append(F.scaled_dot_product_attention(queries, k[:, :, keys], v[:, :, keys], attn_mask=mask, **scale))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def _window_start(path: AttentionPath, state: PositionState, start: int) -> int:
+    """The first key that query ``start`` of a block (index q_offset + start among the keys) sees in its window."""
+    return max(0, state.q_offset + start - path.sliding_window + 1)
 
 
 # Kernels the compiled flex_attention may compile in one process (dynamo's default for a function is 8).
@@ -628,43 +657,71 @@ def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def _causal_block_mask(seq_len: int, device: str):
-    """The causal BlockMask: cached in eager mode; under torch.compile create_block_mask is traced into the
-    graph instead, as dynamo would ignore the cache anyway (with a warning)."""
+@functools.cache  # one function per window: a compiled kernel that captured it is reused
+def sliding_window_mask(window: int) -> Callable:
+    """The causal mask_mod of a sliding window of ``window`` keys: key j visible to query i where i - W < j <= i."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
+def _mask_mod(window: int | None) -> Callable:
+    return _causal if window is None else sliding_window_mask(window)
+
+
+def _causal_block_mask(seq_len: int, device: str, window: int | None = None):
+    """The causal BlockMask (within a sliding window of ``window`` keys, if not None): cached in eager mode; under
+    torch.compile create_block_mask is traced into the graph instead, as dynamo would ignore the cache anyway (with a
+    warning)."""
     if torch.compiler.is_compiling():
-        return _dense_causal_block_mask(seq_len, device)
-    return _cached_causal_block_mask(seq_len, device)
+        return _dense_causal_block_mask(seq_len, device, window)
+    return _cached_causal_block_mask(seq_len, device, window)
 
 
-def _dense_causal_block_mask(seq_len: int, device: str):
+def _dense_causal_block_mask(seq_len: int, device: str, window: int | None = None):
     """create_block_mask's causal BlockMask, which evaluates the mask at every (query, key) pair first."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(_causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
+    mask_mod = _mask_mod(window)
+    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
 
 
 FLEX_BLOCK = 128  # FlexAttention's default block size, in tokens
 
 
-def _make_causal_block_mask(seq_len: int, device: str):
+def _make_causal_block_mask(seq_len: int, device: str, window: int | None = None):
     """The causal BlockMask built from its block structure: a query block sees the key blocks before it whole and
     its diagonal block in part; a last block cut short by seq_len is partial throughout (its padded rows are
     masked), as create_block_mask makes it. create_block_mask would first evaluate the mask at every (query, key)
     pair: a dense seq_len x seq_len tensor and its reductions, 2.6 GB at 16K tokens (measured on CPU, torch 2.13),
     most of what scoring 16K tokens on FlexAttention took (3.3 GB for a bias scheme, against 0.88 for RoPE on
     SDPA). This needs (seq_len / 128)^2 entries. tests/test_flex_all_schemes.py checks it equals create_block_mask's
-    field by field."""
+    field by field.
+
+    Within a sliding window of W keys, a pair of blocks holds the distances i - j from (a - b) B - (B - 1) to
+    (a - b) B + (B - 1), for query block a and key block b of B tokens: the key block is seen whole where all of them
+    lie in [0, W), in part where some do, and skipped otherwise."""
     from torch.nn.attention.flex_attention import BlockMask
 
     if "seq_lengths" not in inspect.signature(BlockMask.from_kv_blocks).parameters:  # torch < 2.6
-        return _dense_causal_block_mask(seq_len, device)
+        return _dense_causal_block_mask(seq_len, device, window)
     n = -(-seq_len // FLEX_BLOCK)
     q_block, kv_block = torch.arange(n, device=device).view(n, 1), torch.arange(n, device=device).view(1, n)
-    full, partial = kv_block < q_block, kv_block == q_block
+    nearest = (q_block - kv_block) * FLEX_BLOCK - (FLEX_BLOCK - 1)  # the least distance i - j in the pair of blocks
+    farthest = nearest + 2 * (FLEX_BLOCK - 1)
+    limit = seq_len if window is None else window
+    full = (nearest >= 0) & (farthest < limit)
+    partial = (farthest >= 0) & (nearest < limit) & ~full
     if seq_len % FLEX_BLOCK:
-        partial[-1], full[-1] = True, False
+        partial[-1], full[-1] = partial[-1] | full[-1], False
     return BlockMask.from_kv_blocks(
-        *_ordered_blocks(partial), *_ordered_blocks(full), FLEX_BLOCK, _causal, seq_lengths=(seq_len, seq_len)
+        *_ordered_blocks(partial),
+        *_ordered_blocks(full),
+        FLEX_BLOCK,
+        _mask_mod(window),
+        seq_lengths=(seq_len, seq_len),
     )
 
 
@@ -736,12 +793,13 @@ def _score_bias_mod(pe: PositionalEncoding, path: AttentionPath, state: Position
 def _flex_attention(q, k, v, pe, path, state, layer, sums=None, sink=None, kernel_options=None):
     score_mod = _score_mod(pe, path, state, layer, sums)
     options = {} if kernel_options is None else {"kernel_options": dict(kernel_options)}
+    window = path.sliding_window
     if state.documents is None:
-        block_mask = _causal_block_mask(q.shape[-2], str(q.device))
-    else:  # one per forward pass, shared by the layers
-        block_mask = state.bias_blocks.get("documents")
+        block_mask = _causal_block_mask(q.shape[-2], str(q.device), window)
+    else:  # one per forward pass, shared by the layers of one window
+        block_mask = state.bias_blocks.get(("documents", window))
         if block_mask is None:
-            block_mask = state.bias_blocks["documents"] = document_block_mask(state.documents)
+            block_mask = state.bias_blocks[("documents", window)] = document_block_mask(state.documents, window)
     if sink is None:
         return _flex_kernel(q.device)(q, k, v, score_mod=score_mod, block_mask=block_mask, **options)
     from torch.nn.attention.flex_attention import AuxRequest

@@ -38,14 +38,19 @@ def same_document(documents: torch.Tensor, queries: slice, keys: slice) -> torch
     return documents[:, queries, None] == documents[:, None, keys]
 
 
-def document_block_mask(documents: torch.Tensor) -> BlockMask:
-    """FlexAttention's BlockMask of the block-diagonal causal mask of (B, T) document ids: key blocks wholly in
-    another document are skipped. create_block_mask evaluates the mask at every (row, query, key), B x T x T: the
+def document_block_mask(documents: torch.Tensor, window: int | None = None) -> BlockMask:
+    """FlexAttention's BlockMask of the block-diagonal causal mask of (B, T) document ids, within a sliding window of
+    ``window`` keys if not None (i - W < j <= i): key blocks wholly in another document (or outside the window) are
+    skipped. create_block_mask evaluates the mask at every (row, query, key), B x T x T: the
     price of masks that differ by row (the causal one alone is built from its block structure, model/attention.py)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (documents[b, q_idx] == documents[b, kv_idx])
 
+    def windowed_mask_mod(b, h, q_idx, kv_idx):
+        return mask_mod(b, h, q_idx, kv_idx) & (q_idx - kv_idx < window)
+
     B, T = documents.shape
-    return create_block_mask(mask_mod, B=B, H=None, Q_LEN=T, KV_LEN=T, device=str(documents.device))
+    chosen = mask_mod if window is None else windowed_mask_mod
+    return create_block_mask(chosen, B=B, H=None, Q_LEN=T, KV_LEN=T, device=str(documents.device))

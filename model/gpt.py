@@ -66,6 +66,8 @@ class ModelConfig:
     # Length-dependent attention temperature (model/temperature.py) and a learned sink logit per head (model/sink.py)
     attn_temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
     attn_sink: bool = False
+    # Gated attention (Qiu et al. 2025): each head's output times a sigmoid gate of the layer's input, per channel
+    attn_gate: bool = False
 
 
 EMBEDDINGS = ("fairseq", "gpt2")
@@ -150,6 +152,13 @@ class CausalSelfAttention(nn.Module):
         self.sink = nn.Parameter(torch.empty(cfg.n_head)) if cfg.attn_sink else None
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        # Gated attention (Qiu et al. 2025, "Gated Attention for Large Language Models", their best variant G1): each
+        # head's attention output, before the output projection, times an elementwise gate computed from the same
+        # normalised input x that q, k and v come from,
+        #     y_h <- y_h * sigmoid(x W_g,h)      W_g: n_embd x (n_head * head_dim), a bias as the q projection has one
+        # The reference (qiuzh20/gated_attention, Qwen3) widens q_proj to hold the gate beside each head's query; a
+        # separate projection is the same function. It acts on the output alone, so every attention path keeps it.
+        self.gate = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias) if cfg.attn_gate else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.backend = cfg.attn_backend
         self.kernel_options = dict(cfg.flex_kernel_options)
@@ -190,6 +199,8 @@ class CausalSelfAttention(nn.Module):
         y = None if own is None else own(self.temperature(q, 0, None), k, v, x, pe_layer)
         if y is None:  # no kernel of the scheme's own runs this pass (or it has just failed)
             y = self._attend(x, q, k, v, pe, path, state, cache, layer, capture, pe_layer)
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
         return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     def _attend(self, x, q, k, v, pe, path, state, cache, layer, capture, pe_layer) -> torch.Tensor:
@@ -310,11 +321,21 @@ class GPT(nn.Module):
         return self.attention_paths["cuda" if device.type == "cuda" else "cpu"]
 
     def describe_attention(self, device: torch.device) -> list[str]:
-        """One line per layer: its scheme and the attention path it takes on ``device`` (the model summary)."""
-        return [
+        """One line per layer: its scheme and the attention path it takes on ``device`` (the model summary); and one
+        for the attention output gate, with its parameters (counted in ``num_params`` too), where the model has it."""
+        lines = [
             f"layer {layer}: {scheme.name}: {path.describe()}"
             for layer, ((scheme, _), path) in enumerate(zip(self.layer_pe, self.paths_on(device)))
         ]
+        gates = self.gate_params()
+        if gates:
+            lines.append(f"attention output gate (sigmoid per head and channel): {gates:,} parameters")
+        return lines
+
+    def gate_params(self) -> int:
+        """The parameters of the attention output gates (``model.attn_gate``): 0 without them."""
+        gates = [block.attn.gate for block in self.blocks if block.attn.gate is not None]
+        return sum(p.numel() for gate in gates for p in gate.parameters())
 
     def _init_weights(self) -> None:
         std = self.cfg.init_std

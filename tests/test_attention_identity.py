@@ -1,7 +1,8 @@
 """Each layer's attention path is resolved once, when the model is built (model/attention.py, ``AttentionPath``),
 and schemes declare capabilities instead of flags (model/pe/capabilities.py). Neither changed a number: the logits
 and every parameter's gradient of every shipped scheme, on every path it takes on the CPU (tests/attention_paths.py),
-are bit for bit those of the commit before that change, run here on this machine from its own tree."""
+are bit for bit those of the commit before that change, run here on this machine from its own tree. (Schemes shipped
+since have no earlier numbers to equal: the comparison covers the cases the earlier tree has.)"""
 
 import os
 import shutil
@@ -43,9 +44,10 @@ def paths_of(tree: Path, out: Path) -> dict:
 def test_every_path_of_every_scheme_is_bit_identical_to_the_flagged_model(tmp_path):
     before = paths_of(before_tree(tmp_path), tmp_path / "before.pt")
     now = paths_of(ROOT, tmp_path / "now.pt")
-    assert sorted(now) == sorted(before)
+    assert set(before) <= set(now)
     assert sum("error" not in case for case in now.values()) > 300  # the cases ran, not only their refusals
-    for key, case in now.items():
+    for key in before:
+        case = now[key]
         assert sorted(case) == sorted(before[key]), key
         for name, value in case.items():
             if isinstance(value, torch.Tensor):

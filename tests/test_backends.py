@@ -24,6 +24,7 @@ BIAS = [name for name in ALL if issubclass(SCHEMES[name], cap.ScoreBias)]
 CONTENT = [name for name in ALL if issubclass(SCHEMES[name], cap.ContentBias)]
 OWN_WEIGHTS = [name for name in ALL if issubclass(SCHEMES[name], cap.AttentionWeights)]  # weights in place of softmax
 TRANSPORTED = [name for name in ALL if issubclass(SCHEMES[name], cap.TransportedScores)]  # logits other than q . k
+WINDOWED = [name for name in ALL if issubclass(SCHEMES[name], cap.SlidingWindow)]  # a mask, or a block mask
 B, H, T, D = 2, 4, 40, 16
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -86,7 +87,8 @@ def test_auto_picks_flex_for_bias_schemes_on_cuda_and_sdpa_otherwise():
             continue
         assert resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
         assert resolve_backend("flex", pe, torch.device("cpu")) == "flex"  # eager, forward only
-        biased = name in BIAS or issubclass(SCHEMES[name], cap.CumulativeBias)
+        # a sliding window takes flex too: its block mask skips the blocks outside the window
+        biased = name in BIAS + WINDOWED or issubclass(SCHEMES[name], cap.CumulativeBias)
         # With positions 0..T-1 a bias of the distance alone is read from its table, whose score_mod compiles; with
         # positions per token (explicit) the score_mod runs score_bias, and the scheme says whether that compiles.
         for explicit in (False, True):
@@ -127,7 +129,7 @@ def test_sdpa_matches_math_with_a_kv_cache(name):
     assert_all_close(output_and_grads("sdpa", pe, q, k, v), output_and_grads("math", pe, q, k, v), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS + CONTENT + OWN_WEIGHTS + TRANSPORTED])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in BIAS + CONTENT + OWN_WEIGHTS + TRANSPORTED + WINDOWED])
 def test_sdpa_without_bias_is_causal_sdpa_with_no_mask(name, monkeypatch):
     """The flash-eligible call: is_causal=True and no materialised mask."""
     calls, sdpa = [], F.scaled_dot_product_attention

@@ -96,7 +96,7 @@ def test_the_scheme_is_registered_once_and_handed_to_every_layer():
 
 # Scheme names and settings that are also ordinary words or API names elsewhere ("log scale", matplotlib's base=2,
 # reduction="none", a file's path): checked only where a string spells them as a setting (pe.base, pe=none, pe=path).
-PLAIN_WORDS = {"none", "base", "scale", "p", "path"}
+PLAIN_WORDS = {"none", "base", "scale", "p", "path", "window"}
 # Deliberate mentions: (file, name, why).
 ALLOWED = {
     ("scripts/speed_nanogpt.py", "learned"),  # nanoGPT's own model (learned positions), not a posgpt scheme

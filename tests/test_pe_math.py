@@ -220,7 +220,9 @@ def test_partial_rotary_refuses_fractions_without_whole_pairs(fraction):
 
 def test_rope_declares_scaling_and_remap_as_its_evaluation_time_settings():
     assert SCHEMES["rope"].eval_time_settings == SCHEMES["p_rope"].eval_time_settings == ("scaling", "remap")
-    others = [name for name in SCHEMES if name not in ("rope", "p_rope") and not issubclass(SCHEMES[name], Pattern)]
+    assert SCHEMES["scaled_nope"].eval_time_settings == ("score_scaling",)  # SWAN-GPT's switch (swan.py)
+    own = ("rope", "p_rope", "scaled_nope")
+    others = [name for name in SCHEMES if name not in own and not issubclass(SCHEMES[name], Pattern)]
     assert all(SCHEMES[name].eval_time_settings == () for name in others)  # patterns have their parts' (hybrid.py)
 
 

@@ -21,10 +21,11 @@ VOCAB = 300  # padded to 320 inside the model
 
 
 def variants() -> list[tuple[str, str | None]]:
-    """Every scheme in model/pe/, and every RoPE-style scaling of those that have one (factor 4)."""
+    """Every scheme in model/pe/, and every RoPE-style scaling of those that have one (factor 4; a sliding window's
+    RoPE has the setting but no distance to extend, and refuses it)."""
     out = []
     for name, scheme in sorted(SCHEMES.items()):
-        if "scaling" in scheme.config_class.__dataclass_fields__:
+        if "scaling" in scheme.eval_time_settings:
             out += [(name, kind) for kind in ROPE_SCALINGS]
         else:
             out.append((name, None))

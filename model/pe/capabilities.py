@@ -20,6 +20,7 @@ Where position enters:
 - :class:`CumulativeBias`: terms g_t from the layer's input whose cumulative sums c give c_i - c_j;
 - :class:`AttentionWeights`: the weights that multiply the values in place of softmax;
 - :class:`TransportedScores`: logits taken through one transition per token between query and key;
+- :class:`SlidingWindow`: each query attends its W most recent keys alone (a local layer);
 
 and one that is a faster way to the same numbers: :class:`FusedKernel`, an installed package's kernel for the
 scheme's whole attention. The hooks' meaning in full is in model/pe/base.py's docstring.
@@ -148,6 +149,19 @@ class TransportedScores:
         raise NotImplementedError
 
 
+class SlidingWindow:
+    """Restricts each query to its W most recent keys, itself included: query i attends key j where i - W < j <= i,
+    by index as the causal mask is (so under randomized positions, a KV cache or a streaming cache's re-indexed
+    positions, W tokens whatever their position labels). Every path applies it: a mask on the written-out path and on
+    sdpa's blocks (which then leave out the keys before the window), FlexAttention's block mask, a KV cache's queries
+    by their index among the keys."""
+
+    def sliding_window(self) -> int | None:
+        """W, the keys each query attends (None: every key before it). The model reads it when it resolves its
+        layers' paths, and again when the scheme's settings change (``PositionalEncoding.settings_changed``)."""
+        raise NotImplementedError
+
+
 @functools.cache
 def installed_kernel(module: str, name: str) -> Callable[..., Any] | None:
     """``name`` of the module ``module`` of an installed package (a scheme's :class:`FusedKernel`), imported at its
@@ -197,4 +211,5 @@ HOOKS: dict[str, type] = {
     "transitions": TransportedScores,
     "transported_scores": TransportedScores,
     "fused_attention": FusedKernel,
+    "sliding_window": SlidingWindow,
 }
