@@ -41,9 +41,19 @@ def reference(q, k, v, window, q_offset=0, sink=None, documents=None):
     return torch.softmax(torch.cat((column, scores), dim=-1), dim=-1)[..., 1:] @ v
 
 
-def qkv(tq, tk, seed=0):
+def qkv(tq, tk, seed=0, requires_grad=False):
+    """Without gradients by default: FlexAttention on a CPU refuses inputs that require them."""
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, t, D, generator=generator, requires_grad=True) for t in (tq, tk, tk)]
+    return [torch.randn(B, H, t, D, generator=generator, requires_grad=requires_grad) for t in (tq, tk, tk)]
+
+
+@pytest.fixture(autouse=True)
+def flex_runs(monkeypatch):
+    """Every flex case here must run FlexAttention itself: one that failed would turn flex into sdpa for the rest of
+    the process (model/attention.py's fallback), and its comparison would pass on sdpa's numbers."""
+    monkeypatch.setattr(attention, "flex_failure", None)
+    yield
+    assert attention.flex_failure is None, f"FlexAttention failed, sdpa ran instead: {attention.flex_failure}"
 
 
 W = 8
@@ -57,7 +67,7 @@ def test_every_path_equals_the_written_out_window_forward_and_backward(backend, 
     if blocks:  # sdpa's mask blocks and the written-out path's blocks of queries: a few queries each
         monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", 3 * B * H * length)
         monkeypatch.setattr(attention, "_RECOMPUTED_BLOCK", 3)
-    pe, (q, k, v) = windowed(W), qkv(length, length)
+    pe, (q, k, v) = windowed(W), qkv(length, length, requires_grad=True)
     out = attend(q, k, v, pe, backend)
     want = reference(q, k, v, W)
     torch.testing.assert_close(out.double(), want, **TOLERANCE)
