@@ -158,10 +158,17 @@ set_task_args() {
 }
 # Every job's plan, before the first one trains. The first seed of a scheme refused: the scheme is refused with
 # these settings (skipped). A later seed refused (train.py names its job, 1 or more): a bad value, refused here.
+# One process plans every scheme of a task at once; only where it refuses one are they planned one by one, to tell
+# which (each plan is a process that imports torch: seconds a scheme).
 declare -A refused
 accepted=0
 for task in "${task_list[@]}"; do
     set_task_args "$task"
+    if python train.py --check -m "${task_args[@]}" "pe=$(IFS=,; echo "${scheme_list[*]}")" "train.seed=$seed_list" \
+        "logging.wandb.group=$(basename "$study_dir")" "$@" > /dev/null 2>&1; then
+        accepted=$((accepted + ${#scheme_list[@]}))
+        continue
+    fi
     for scheme in "${scheme_list[@]}"; do
         status=0
         refusal=$(python train.py --check -m "${task_args[@]}" "pe=$scheme" "train.seed=$seed_list" \
