@@ -4,11 +4,10 @@ points (GPT, KVCache, the scheme registry), so the same script runs on an older 
 be compared bit for bit (tests/test_attention_identity.py).
 
 Every scheme of ``configs/pe/`` is built tiny, in float32, from a fixed seed, and run through each backend (sdpa,
-math, auto; FlexAttention forward only, CPU having no backward), with positions given per row, with packed
-documents, with a sink logit, with captured probabilities, by KV-cache decoding and under
-an evaluation-time variation; a few settings that take
-other paths (PaTH's forget gate, RoPE's remap, a pattern with a bias scheme) are added. A combination the model
-refuses records its message, so refusals are compared too.
+math, FlexAttention forward only, CPU having no backward; auto is sdpa on a CPU), with positions given per row,
+with packed documents, with a sink logit, with captured probabilities, by KV-cache decoding and under an
+evaluation-time variation; a few settings that take other paths (PaTH's forget gate, RoPE's remap, a pattern with a
+bias scheme) are added. A combination the model refuses records its message, so refusals are compared too.
 """
 
 from __future__ import annotations
@@ -89,7 +88,6 @@ CASES = [
     # (backend, case, sink, train)
     ("sdpa", "plain", False, True),
     ("math", "plain", False, True),
-    ("auto", "plain", False, True),
     ("flex", "plain", False, False),
     ("sdpa", "positions", False, True),
     ("math", "positions", False, True),
