@@ -127,9 +127,9 @@ def check_run_kind(config: Any, kind: str, what: str, prefix: str = "", keys: Co
         if kinds is None or kind in kinds or value == _default(field) or not is_set(key, keys):
             continue
         readers = " or ".join(RUN_KINDS[reader] for reader in kinds)
-        shown = f"[{','.join(map(str, value))}]" if isinstance(value, list) else value  # as typed
-        shown = str(shown).lower() if isinstance(shown, bool) else shown
-        raise PosGPTError(f"{key}={shown} is read only by {readers}; this is {RUN_KINDS[kind]} ({what}): drop it")
+        raise PosGPTError(
+            f"{key}={as_typed(value)} is read only by {readers}; this is {RUN_KINDS[kind]} ({what}): drop it"
+        )
 
 
 def domain_of(field: dataclasses.Field) -> Interval | None:
@@ -174,12 +174,17 @@ def check_used(
         name = prefix + selector
         users = [str(user).lower() if isinstance(user, bool) else str(user) for user in users]  # true, as typed
         wanted = f"{name} holds {' or '.join(users)}" if isinstance(chosen, list) else f"{name}={'|'.join(users)}"
-        shown = f"[{','.join(map(str, chosen))}]" if isinstance(chosen, list) else chosen
-        shown = str(shown).lower() if isinstance(shown, bool) else shown
+        shown = as_typed(chosen)
         value = str(value).lower() if isinstance(value, bool) else value  # true, as typed
         raise PosGPTError(
             f"{key}={value} is read only when {wanted}; {name}={shown} ignores it: drop it or change {name}"
         )
+
+
+def as_typed(value: Any) -> Any:
+    """A setting's value as a user types it in an override: a list as [a,b], a bool as true or false."""
+    shown = f"[{','.join(map(str, value))}]" if isinstance(value, list) else value
+    return str(shown).lower() if isinstance(shown, bool) else shown
 
 
 def check_domains(config: Any, prefix: str = "") -> None:

@@ -14,7 +14,6 @@ whose reach grows with depth (n_layer x (W - 1) tokens); in a pattern (hybrid.py
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +48,6 @@ class SlidingWindowRoPE(SlidingWindow, RotaryPositionalEncoding):
 
     def sliding_window(self) -> int | None:
         return self.cfg.window
-
-    @classmethod
-    def check_variations(cls, cfg: SlidingWindowRoPEConfig, specs: Sequence[str]) -> None:
-        for spec in specs:
-            cls.parse_variation(spec, cfg)
 
     @classmethod
     def parse_variation(cls, spec: str, cfg: SlidingWindowRoPEConfig) -> dict[str, Any]:
