@@ -39,11 +39,10 @@ from core.tracking import init_wandb
 from data import eval_tokens
 from data.tasks import NO_TASK
 from evaluation.checks import check_eval_settings
-from evaluation.context import EvalContext
-from evaluation.results import CSV_FILE, JSON_FILE
-from evaluation.run import PER_POSITION_PLOT, PPL_PLOT, evaluate_run
+from evaluation.perplexity_format import PER_POSITION_PLOT, PPL_PLOT
+from evaluation.run import by_file, check_evaluators, evaluate_run
 from experiment.build import load_trained_run, open_trained_model, parse_run_dir
-from experiment.plan import tracker_settings
+from experiment.plan import eval_context, plan_evaluators, tracker_settings
 
 USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
 
@@ -56,40 +55,40 @@ def main(argv: list[str]) -> None:
 
 
 def evaluate(run_dir: Path, overrides: list[str]) -> None:
+    """Plan the evaluation (the settings, the evaluators and their refusals, the outputs, the data), then start W&B
+    and run it: every refusal comes before the first file is written."""
     run = load_trained_run(run_dir, overrides, "eval.py")
     cfg, checkpoint = run.cfg, run.checkpoint
     check_eval_settings(cfg)
+    evaluators = plan_evaluators(cfg)
+    context = eval_context(
+        cfg, run.model, run.dir, run.device, run.dtype, checkpoint["config"], checkpoint["step"], None,
+        open_trained_model,
+    )  # fmt: skip
     # The corpus scored and the checkpoint are read; the results must not land on them.
+    outputs = [
+        name for group in by_file(evaluators).values() for name in (group[0].rows.json_file, group[0].rows.csv_file)
+    ]
     check_outputs(
-        {name: run.dir / EVAL_DIR / name for name in (JSON_FILE, CSV_FILE, PPL_PLOT, PER_POSITION_PLOT)},
+        {name: run.dir / EVAL_DIR / name for name in (*outputs, PPL_PLOT, PER_POSITION_PLOT)},
         inputs=[checkpoint_dir(run.dir), *(cfg.data.files if cfg.data.source == "text" else [])],
         run=run.dir,
     )
+    check_evaluators(context, evaluators)
     # data.eval_split: the val split of the training corpus, all of another one; a task run generates its own
     val_tokens = (
         eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
         if cfg.task.name == NO_TASK
         else None
     )
-    wandb_run = init_wandb(tracker_settings(cfg), run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
+    context.wandb_run = init_wandb(tracker_settings(cfg), run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
     print(
         f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
         flush=True,
     )
-    context = EvalContext.of(
-        cfg,
-        run.model,
-        run.dir,
-        run.device,
-        run.dtype,
-        checkpoint["config"],
-        checkpoint["step"],
-        wandb_run,
-        open_run=open_trained_model,
-    )
-    evaluate_run(context, val_tokens)
-    if wandb_run is not None:
-        wandb_run.finish()
+    evaluate_run(context, val_tokens, evaluators)
+    if context.wandb_run is not None:
+        context.wandb_run.finish()
 
 
 if __name__ == "__main__":

@@ -101,8 +101,9 @@ def _check_key_tokens(cfg: DictConfig, lengths: list[int]) -> None:
             f"eval.key_tokens compares each target's context in the {' or '.join(LONG_PROTOCOLS)} protocol with a "
             f"short one; eval.protocols={list(e.protocols)} has neither: add one"
         )
-    size, stride = short_length(cfg), short_stride(cfg)
-    if not key_jobs(cfg, lengths):
+    size = short_length(e.key_short_length, cfg.train.seq_len)
+    stride = short_stride(e.key_short_stride, size)
+    if not key_jobs(list(e.protocols), lengths, size):
         raise PosGPTError(
             f"eval.key_tokens=true needs an evaluation length longer than its short context of {size} tokens "
             f"(eval.key_short_length, default train.seq_len); the lengths are {lengths}: add a longer one or lower "

@@ -31,12 +31,13 @@ OpenRun = Callable[[str], tuple[torch.nn.Module, DictConfig, int]]
 
 @dataclass
 class EvalContext:
-    """``cfg``: the trained config with the evaluation's overrides (experiment/settings.py allows only those that
-    leave the trained function unchanged: eval.*, data.*, logging.*, the scheme's evaluation-time settings);
-    ``trained_config``: what the checkpoint records, written into every results document; ``step``: the
-    checkpoint's training step; ``lengths``: the evaluated lengths, resolved once."""
+    """What the planner (experiment/plan.py: eval_context) hands every evaluator of a run, and nothing of the config
+    besides: the model and where it runs; the run's directory, the config its checkpoint records (written into
+    every results document) and the checkpoint's step; the evaluated lengths, resolved once; what a row records of
+    the trained run (its scheme, training length, seed, attention temperature and backend); the scored corpus's
+    settings (data/config.py's DataConfig; None for a task run) or the task's (a task run); the scheme's
+    evaluation-time variations asked for; W&B's run; and how an evaluator opens another run."""
 
-    cfg: DictConfig
     model: torch.nn.Module
     run_dir: Path
     device: torch.device
@@ -44,53 +45,42 @@ class EvalContext:
     trained_config: dict[str, Any]
     step: int
     lengths: list[int]
+    scheme: str
+    train_len: int
+    train_seed: int
+    data: Any = None
+    task: Any = None
+    variation_names: list[str] = dataclasses.field(default_factory=list)
+    attn_temperature: Any = None
+    attn_backend: str = "auto"
+    attn_sink: bool = False
+    train_random_positions: int | None = None
+    progress: bool = False
     wandb_run: Any = None
     open_run: OpenRun | None = None
-
-    @classmethod
-    def of(
-        cls,
-        cfg: DictConfig,
-        model: torch.nn.Module,
-        run_dir: str | Path,
-        device: torch.device,
-        dtype: torch.dtype,
-        trained_config: dict[str, Any],
-        step: int | None = None,
-        wandb_run: Any = None,
-        open_run: OpenRun | None = None,
-    ) -> EvalContext:
-        """The context of a run; ``step`` None: training just ended, at ``train.max_steps``; ``open_run``: how an
-        evaluator opens another run (eval.key_evaluator), given by the command that plans the evaluation."""
-        step = cfg.train.max_steps if step is None else step
-        lengths = evaluated_lengths(cfg.eval.lengths, cfg.eval.length_multipliers, cfg.train.seq_len)
-        return cls(cfg, model, Path(run_dir), device, dtype, trained_config, step, lengths, wandb_run, open_run)
 
     @property
     def eval_dir(self) -> Path:
         return self.run_dir / EVAL_DIR
-
-    @property
-    def progress(self) -> bool:
-        return bool(self.cfg.logging.progress)
 
     @functools.cached_property
     def weights(self) -> str | None:
         """The digest of the scored weights (None without a model)."""
         return None if self.model is None else weights_digest(self.model)
 
-    def provenance(self, row: dict[str, Any], evaluator: str, settings: tuple[str, ...]) -> dict[str, Any]:
-        """``row`` with what scored it: ``evaluator`` and its ``settings`` (eval.* keys it reads), the weights'
-        digest, the step, the scheme, the training seed, and the number scored (its tokens, else its examples)."""
+    def provenance(self, row: dict[str, Any], evaluator: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """``row`` with what scored it: ``evaluator`` and its ``settings`` (the eval.* values it depends on), the
+        weights' digest, the step, the scheme, the training seed, and the number scored (its tokens, else its
+        examples)."""
         scored, unit = (row.get("tokens"), "tokens") if "tokens" in row else (row.get("n"), "examples")
         return {
             **row,
             "evaluator": evaluator,
-            "evaluator_settings": {name: _plain(self.cfg.eval[name]) for name in settings},
+            "evaluator_settings": {name: _plain(value) for name, value in settings.items()},
             "weights": self.weights,
             "step": self.step,
-            "scheme": self.cfg.pe.name,
-            "train_seed": self.cfg.train.seed,
+            "scheme": self.scheme,
+            "train_seed": self.train_seed,
             "scored": scored,
             "scored_unit": unit,
         }
@@ -98,9 +88,9 @@ class EvalContext:
     def variations(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Each of the scheme's evaluation-time variations asked for (eval.variations, else the run as configured),
         applied to the model while the caller scores it: yields its label and the fields a row records of it."""
-        for label, settings in self.model.pe.eval_variations(list(self.cfg.eval.variations or [])):
+        for label, settings in self.model.pe.eval_variations(list(self.variation_names)):
             with self.model.pe.evaluated_with(settings):
-                yield label, variation_fields(label, settings, self.cfg)
+                yield label, variation_fields(label, settings, self.attn_temperature)
 
 
 def evaluated_lengths(lengths: Sequence[int] | None, multipliers: Sequence[float], train_len: int) -> list[int]:
@@ -121,8 +111,10 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """An eval.* value as JSON holds it (a ListConfig as a list)."""
-    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    """An eval.* value as JSON holds it (a tuple or a ListConfig as a list)."""
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def as_plain(value: Any) -> Any:
@@ -130,11 +122,12 @@ def as_plain(value: Any) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
-def variation_fields(label: str, settings: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
+def variation_fields(label: str, settings: dict[str, Any], attn_temperature: Any) -> dict[str, Any]:
     """What a result row (perplexity, task, copy probe) records of what its model was evaluated with besides its
-    weights: the scheme's evaluation-time variation (its label and settings) and the attention temperature."""
+    weights: the scheme's evaluation-time variation (its label and settings) and the attention temperature
+    (``model.attn_temperature``)."""
     return {
         "variation": label,
         "variation_settings": {name: as_plain(value) for name, value in settings.items()},
-        "attn_temperature": temperature_settings(cfg.model.attn_temperature),
+        "attn_temperature": temperature_settings(attn_temperature),
     }

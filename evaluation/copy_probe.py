@@ -32,25 +32,25 @@ record the span, eval.copy_min_count and K (``copy_candidates``): probes of othe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from core.errors import PosGPTError
 from core.runtime import autocast
 from data import EOT_TOKEN, TokenArray, describe_corpus, load_split
+from data.config import DataConfig
 from data.tasks import held_out_seed
 from evaluation.context import EvalContext
-from evaluation.task_accuracy import examples_for, wilson_interval, write_task_results
+from evaluation.task_accuracy import examples_for, wilson_interval
 
 NAME = "copy_probe"
-# The eval.* settings a probe row depends on (its span, the tokens drawn, its number of examples, its batches).
-PROBE_EVAL_SETTINGS = ("copy_span", "copy_min_count", "task_half_width", "batch_tokens")
 COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
 _COUNTED_CANDIDATES: dict[tuple[str, int, int], torch.Tensor] = {}  # probe_candidates' (data.*, N, vocab) -> ids
 
@@ -116,34 +116,50 @@ def score_copies(
     return exact, right, logprob
 
 
-def probe_candidates(cfg: DictConfig, vocab: int) -> torch.Tensor:
-    """The token ids the probe's span is drawn from under eval.copy_min_count; PosGPTError, naming the setting,
-    when fewer than 2 are left. Evaluations call it before they score anything, and training before its first
-    step, so that a setting the probe refuses costs no perplexity evaluation, nor training, first. The training
-    split is counted once a process (training's check, then its end-of-training evaluation, ask for the same)."""
-    min_count = cfg.eval.copy_min_count
-    key = (json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True), min_count, vocab)
+@dataclass(frozen=True)
+class ProbeSettings:
+    """The eval.* settings the copy probe reads."""
+
+    copy_span: int
+    copy_min_count: int
+    task_half_width: float
+    task_threshold: float
+    batch_tokens: int
+
+
+def probe_candidates(data: DataConfig, min_count: int, vocab: int, progress: bool = False) -> torch.Tensor:
+    """The token ids the probe's span is drawn from under eval.copy_min_count (``min_count``, counted in the
+    training split of ``data``); PosGPTError, naming the setting, when fewer than 2 are left. Evaluations call it
+    before they score anything, and training before its first step, so that a setting the probe refuses costs no
+    perplexity evaluation, nor training, first. The training split is counted once a process (training's check,
+    then its end-of-training evaluation, ask for the same)."""
+    key = (json.dumps(dataclasses.asdict(data), sort_keys=True), min_count, vocab)
     if key not in _COUNTED_CANDIDATES:
-        train_tokens = load_split(cfg.data, "train", cfg.logging.progress) if min_count else None
-        _COUNTED_CANDIDATES[key] = span_candidates(vocab, min_count, train_tokens, cfg.logging.progress)
+        train_tokens = load_split(data, "train", progress) if min_count else None
+        _COUNTED_CANDIDATES[key] = span_candidates(vocab, min_count, train_tokens, progress)
     candidates = _COUNTED_CANDIDATES[key]
     if len(candidates) < 2:
         raise PosGPTError(
             f"eval.copy_min_count={min_count} leaves {len(candidates)} token(s) of the training split of "
-            f"{cfg.data.name} to draw the copy probe's span from: lower it"
+            f"{data.name} to draw the copy probe's span from: lower it"
         )
     return candidates
 
 
 def probe_length(
-    ctx: EvalContext, tokens: TokenArray, candidates: torch.Tensor, fields: dict[str, Any], distances: list[int]
+    ctx: EvalContext,
+    e: ProbeSettings,
+    tokens: TokenArray,
+    candidates: torch.Tensor,
+    fields: dict[str, Any],
+    distances: list[int],
 ) -> list[dict[str, Any]]:
     """The rows of one length, a distance each, each starting with ``fields`` (what every row of the length
     records: its length, variation and provenance). One draw of windows and spans serves every distance, so its
     control is scored once and the distances are compared on the same text."""
-    model, e = ctx.model, ctx.cfg.eval
+    model = ctx.model
     length, span, n = fields["length"], e.copy_span, examples_for(e.task_half_width)
-    seed = held_out_seed(ctx.cfg.train.seed, f"{NAME}:{length}")
+    seed = held_out_seed(ctx.train_seed, f"{NAME}:{length}")
     fields = {**fields, "seed": seed}
     reason = model.pe.beyond_reach(length)
     if reason is None and len(tokens) < length:
@@ -180,20 +196,18 @@ def probe_length(
     return rows
 
 
-def run_copy_probe(ctx: EvalContext, tokens: TokenArray, candidates: torch.Tensor) -> dict[str, Any]:
-    """Every (variation, length, distance) cell, written with the task results (evaluation/task_accuracy.py); the
-    span is drawn from ``candidates`` (probe_candidates)."""
-    cfg = ctx.cfg
-    span, min_count = cfg.eval.copy_span, cfg.eval.copy_min_count
+def probe_rows(
+    ctx: EvalContext, e: ProbeSettings, tokens: TokenArray, candidates: torch.Tensor
+) -> list[dict[str, Any]]:
+    """Every (variation, length, distance) cell; the span is drawn from ``candidates`` (probe_candidates)."""
     # what the rows scored; the probe's settings too, since rows of other settings stay in tasks.json beside them
-    probe = {"copy_span": span, "copy_min_count": min_count, "copy_candidates": len(candidates)}
-    provenance = {"data": cfg.data.name, "corpus": describe_corpus(cfg.data), "split": tokens.name, **probe}
+    probe = {"copy_span": e.copy_span, "copy_min_count": e.copy_min_count, "copy_candidates": len(candidates)}
+    provenance = {"data": ctx.data.name, "corpus": describe_corpus(ctx.data), "split": tokens.name, **probe}
     lengths = list(dict.fromkeys(ctx.lengths))
     rows = []
     for _, setting in ctx.variations():
         for length in lengths:
-            distances = [d - span for d in lengths if span < d <= length]
+            distances = [d - e.copy_span for d in lengths if e.copy_span < d <= length]
             fields = {"task": NAME, "length": length, **setting, **provenance}
-            rows += probe_length(ctx, tokens, candidates, fields, distances)
-    extra = {"accuracy": "exact match of the repeat's tokens after its first (teacher forcing); 95% Wilson intervals"}
-    return write_task_results(ctx, NAME, rows, {**extra, **probe}, evaluator=NAME, settings=PROBE_EVAL_SETTINGS)
+            rows += probe_length(ctx, e, tokens, candidates, fields, distances)
+    return rows

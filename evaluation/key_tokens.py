@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from core.checkpoint_io import LAST, last_checkpoint_path
 from core.errors import PosGPTError
@@ -56,20 +55,36 @@ LONG_PROTOCOLS = ("nonoverlapping", "sliding")
 SELF = "self"  # the evaluator of rows whose key tokens the scored run selected itself
 
 
-def short_length(cfg: DictConfig) -> int:
-    """S: eval.key_short_length, default the training length."""
-    return cfg.eval.key_short_length or cfg.train.seq_len
+@dataclass(frozen=True)
+class KeyTokenSettings:
+    """The eval.* settings key-token perplexity reads."""
+
+    protocols: tuple[str, ...]
+    stride: int | None
+    max_tokens: int
+    batch_tokens: int
+    key_short_length: int | None
+    key_short_stride: int | None
+    key_lsd_threshold: float
+    key_lcl_threshold: float
+    key_evaluator: str | None
 
 
-def short_stride(cfg: DictConfig) -> int:
-    """σ: eval.key_short_stride, default a quarter of S (at least 1)."""
-    return cfg.eval.key_short_stride or max(1, short_length(cfg) // 4)
+def short_length(given: int | None, train_len: int) -> int:
+    """S: eval.key_short_length (``given``), default the training length."""
+    return given or train_len
 
 
-def key_jobs(cfg: DictConfig, lengths: list[int]) -> list[tuple[int, str]]:
-    """The (length, protocol) pairs with key-token rows: lengths longer than S, protocols of LONG_PROTOCOLS."""
-    protocols = [protocol for protocol in dict.fromkeys(cfg.eval.protocols) if protocol in LONG_PROTOCOLS]
-    longer = [length for length in dict.fromkeys(lengths) if length > short_length(cfg)]
+def short_stride(given: int | None, size: int) -> int:
+    """σ: eval.key_short_stride (``given``), default a quarter of S = ``size`` (at least 1)."""
+    return given or max(1, size // 4)
+
+
+def key_jobs(protocols: list[str], lengths: list[int], size: int) -> list[tuple[int, str]]:
+    """The (length, protocol) pairs with key-token rows: lengths longer than S = ``size``, protocols of
+    LONG_PROTOCOLS."""
+    protocols = [protocol for protocol in dict.fromkeys(protocols) if protocol in LONG_PROTOCOLS]
+    longer = [length for length in dict.fromkeys(lengths) if length > size]
     return [(length, protocol) for length in longer for protocol in protocols]
 
 
@@ -88,7 +103,7 @@ def select_key_tokens(
 
 
 @dataclass
-class Evaluator:
+class SelectingModel:
     """The model that selects the key tokens: ``name`` SELF (the scored run) or the other run's directory, and the
     step of the checkpoint it was read from (None for SELF: the scored checkpoint's)."""
 
@@ -97,12 +112,11 @@ class Evaluator:
     step: int | None
 
 
-def load_evaluator(ctx: EvalContext) -> Evaluator:
-    """The scored run itself (eval.key_evaluator unset), or the run eval.key_evaluator names, built from its own
+def load_evaluator(ctx: EvalContext, given: str | None) -> SelectingModel:
+    """The scored run itself (eval.key_evaluator unset: ``given`` None), or the run it names, built from its own
     checkpoint's config and weights; PosGPTError for a directory without a checkpoint or a task run."""
-    given = ctx.cfg.eval.key_evaluator
     if given is None:
-        return Evaluator(ctx.model, SELF, None)
+        return SelectingModel(ctx.model, SELF, None)
     check_evaluator_dir(given)
     model, cfg, step = ctx.open_run(given)
     if cfg.task.name != NO_TASK:
@@ -110,7 +124,7 @@ def load_evaluator(ctx: EvalContext) -> Evaluator:
             f"eval.key_evaluator={given} was trained on task={cfg.task.name}, whose tokens are the task's own: the "
             "evaluator must be a language-model run (GPT-2 tokens)"
         )
-    return Evaluator(model.to(ctx.device).eval(), str(Path(given).resolve()), step)
+    return SelectingModel(model.to(ctx.device).eval(), str(Path(given).resolve()), step)
 
 
 def check_evaluator_dir(given: str) -> None:
@@ -145,11 +159,11 @@ class KeyTokenSelection:
     sets: dict[tuple[int, str], KeySet]
     reuse: bool
 
-    def rows(self, ctx: EvalContext, tokens: TokenArray) -> list[dict[str, Any]]:
+    def rows(self, ctx: EvalContext, tokens: TokenArray, s: KeyTokenSettings) -> list[dict[str, Any]]:
         """A key-token row per (length, protocol), scored with ``ctx.model`` as it is now (the variation applied)."""
         rows = []
         for (length, protocol), key_set in self.sets.items():
-            stride = effective_stride(length, ctx.cfg.eval.stride) if protocol == "sliding" else None
+            stride = effective_stride(length, s.stride) if protocol == "sliding" else None
             row = {"length": length, "protocol": protocol, "stride": stride, "measure": KEY_TOKENS, **self.settings}
             reason = key_set.reason or ctx.model.pe.beyond_reach(length)
             if reason:
@@ -158,8 +172,11 @@ class KeyTokenSelection:
             started, first, n_targets = time.perf_counter(), *self.span
             losses = key_set.long_loss
             if not self.reuse:
-                plan = window_plan(first, n_targets, length, protocol, ctx.cfg.eval.stride)
-                losses = _losses(ctx, ctx.model, tokens, plan, f"L={length} {protocol} key tokens")
+                plan = window_plan(first, n_targets, length, protocol, s.stride)
+                what = f"L={length} {protocol} key tokens"
+                losses = target_losses(
+                    ctx.model, tokens, plan, s.batch_tokens, ctx.device, ctx.dtype, ctx.progress, what
+                )[0]
             row.update(key_summary(losses, key_set.mask, key_set.candidates))
             seconds = key_set.seconds + time.perf_counter() - started
             rows.append({**row, "target_range": [first, first + n_targets], "seconds": round(seconds, 3)})
@@ -180,18 +197,13 @@ def key_summary(losses: np.ndarray, mask: np.ndarray, candidates: int) -> dict[s
     return {key: value for key, value in summary.items() if not key.startswith("per_position")} | counts
 
 
-def _losses(ctx: EvalContext, model: torch.nn.Module, tokens: TokenArray, plan: list, what: str) -> np.ndarray:
-    """Per-target losses of ``model`` under ``plan`` (extrapolation.target_losses), without their contexts."""
-    return target_losses(model, tokens, plan, ctx.cfg.eval.batch_tokens, ctx.device, ctx.dtype, ctx.progress, what)[0]
-
-
-def find_key_tokens(ctx: EvalContext, tokens: TokenArray) -> KeyTokenSelection:
+def find_key_tokens(ctx: EvalContext, tokens: TokenArray, e: KeyTokenSettings) -> KeyTokenSelection:
     """The evaluator's key tokens at every (length, protocol) of key_jobs: one short-context pass over the targets,
     then per pair the long-context pass and the selection. Printed: what each pair found."""
-    e = ctx.cfg.eval
-    evaluator = load_evaluator(ctx)
+    evaluator = load_evaluator(ctx, e.key_evaluator)
     evaluator.model.eval()
-    size, stride = short_length(ctx.cfg), short_stride(ctx.cfg)
+    size = short_length(e.key_short_length, ctx.train_len)
+    stride = short_stride(e.key_short_stride, size)
     settings = {
         "key_short_length": size,
         "key_short_stride": stride,
@@ -201,8 +213,8 @@ def find_key_tokens(ctx: EvalContext, tokens: TokenArray) -> KeyTokenSelection:
         "key_evaluator_step": evaluator.step,
     }
     span = scored_range(len(tokens), ctx.lengths, e.max_tokens)
-    jobs = key_jobs(ctx.cfg, ctx.lengths)
-    reuse = evaluator.name == SELF and not e.variations
+    jobs = key_jobs(list(e.protocols), ctx.lengths, size)
+    reuse = evaluator.name == SELF and not ctx.variation_names
     if not jobs:  # evaluation/checks.py refuses this before any work
         return KeyTokenSelection(settings, span, {}, reuse)
     if span is None or all(length > span[0] for length, _ in jobs):  # every row says why (no targets)
@@ -216,7 +228,7 @@ def find_key_tokens(ctx: EvalContext, tokens: TokenArray) -> KeyTokenSelection:
         evaluator.model, tokens, short_plan, e.batch_tokens, ctx.device, ctx.dtype, ctx.progress, f"short {size}"
     )
     shared = (time.perf_counter() - started) / len(jobs)  # the short pass, shared by every pair's rows
-    sets = {job: key_set(ctx, evaluator, tokens, job, span, short, shared) for job in jobs}
+    sets = {job: key_set(ctx, e, evaluator, tokens, job, span, short, shared) for job in jobs}
     print(selection_note(settings, span, sets), flush=True)
     return KeyTokenSelection(settings, span, sets, reuse)
 
@@ -230,7 +242,8 @@ def unscorable(length: int, n_tokens: int, max_tokens: int) -> KeySet:
 
 def key_set(
     ctx: EvalContext,
-    evaluator: Evaluator,
+    e: KeyTokenSettings,
+    evaluator: SelectingModel,
     tokens: TokenArray,
     job: tuple[int, str],
     span: tuple[int, int],
@@ -238,7 +251,7 @@ def key_set(
     shared_seconds: float,
 ) -> KeySet:
     """The evaluator's long-context pass at one (length, protocol) and the key tokens it selects."""
-    (length, protocol), e = job, ctx.cfg.eval
+    length, protocol = job
     if reason := evaluator.model.pe.beyond_reach(length):
         return KeySet(reason=f"the key-token evaluator cannot score length {length}: {reason}")
     if length > span[0]:  # span[0] is the longest length that fits

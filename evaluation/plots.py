@@ -197,12 +197,26 @@ def plot_accuracy_vs_length(
     series: list[Series], train_lens: set[int], path: str | Path, title: str, caption: str = ""
 ) -> Path:
     """Task accuracy (x: lengths, log scale; y: accuracy in [0, 1]), each series' 95% interval as its band."""
+    return plot_value_vs_length(series, train_lens, path, title, caption, "exact-match accuracy", (-0.02, 1.02))
+
+
+def plot_value_vs_length(
+    series: list[Series],
+    train_lens: set[int],
+    path: str | Path,
+    title: str,
+    caption: str,
+    ylabel: str,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """Any measure by length (x: lengths, log scale; y: ``ylabel``), each series' band where it has one."""
     fig = new_figure()
     ax = fig.subplots()
     _draw_by_length(ax, series, train_lens)
-    ax.set_ylim(-0.02, 1.02)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     add_titles(fig, title, caption)
-    return _label_and_save(fig, ax, "evaluation length (tokens)", "exact-match accuracy", path)
+    return _label_and_save(fig, ax, "evaluation length (tokens)", ylabel, path)
 
 
 CROWDED_LEGEND = 8  # entries above which a panel's legend goes beside it

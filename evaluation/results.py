@@ -42,23 +42,15 @@ step), all part of row_key; they have no per-position losses. Tables label them 
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.errors import PosGPTError
-from core.files import atomic_write, read_json
 from evaluation.extrapolation import effective_stride, perplexity
 from evaluation.stats import Estimate
-from model.pe import SCHEMES, PositionalEncoding
+from model.pe import SCHEMES
 from model.temperature import temperature_label
 
-JSON_FILE = "extrapolation.json"
-CSV_FILE = "extrapolation.csv"
 # What a key-token row was selected with: a row of other settings is another measurement (row_key, key_label).
 KEY_SETTINGS = (
     "key_short_length",
@@ -96,42 +88,12 @@ CSV_COLUMNS = [
 ]
 # A row of key-token perplexity (evaluation/key_tokens.py) says so in "measure"; a row without one is plain perplexity.
 KEY_TOKENS = "key_tokens"
-ROW_REQUIRED = {"length", "protocol", "stride", "ppl"}  # what every reader of a row relies on
+JSON_FILE = "extrapolation.json"
+CSV_FILE = "extrapolation.csv"
+ROW_REQUIRED = frozenset({"length", "protocol", "stride", "ppl"})  # what every reader of a row relies on
 # Before "variation" and "variation_settings", a row held each evaluation-time setting of its scheme as a field of
 # its own (null where the scheme had none): the fields every scheme declares.
 LEGACY_SETTING_FIELDS = sorted({name for scheme in SCHEMES.values() for name in scheme.eval_time_settings})
-
-
-def results_document(pe_name: str, train_seq_len: int, rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"pe": pe_name, "train_seq_len": train_seq_len, **extra, "results": rows}
-
-
-def settings_identity(row: dict[str, Any]) -> str:
-    """A row's evaluation-time settings as one string, the settings left at null dropped: a setting a scheme gained
-    later (null in every row before it) leaves the measurement what it was."""
-    settings = {
-        name: {key: value for key, value in setting.items() if value is not None}
-        if isinstance(setting, dict)
-        else setting
-        for name, setting in (row.get("variation_settings") or {}).items()
-    }
-    return json.dumps(settings, sort_keys=True)
-
-
-def row_key(row: dict[str, Any]) -> tuple:
-    """What identifies a measurement: a later one with the same key replaces it."""
-    # The streaming protocol's sinks and window, and the attention temperature: absent (None) in other rows and in
-    # rows from before they existed.
-    extra = (row.get("sinks"), row.get("window"), json.dumps(row.get("attn_temperature"), sort_keys=True))
-    extra += (row.get("measure"), *(row.get(name) for name in KEY_SETTINGS))  # None in plain perplexity rows
-    return (
-        scored_identity(row),
-        row["length"],
-        row["protocol"],
-        row["stride"],
-        settings_identity(row),
-        *extra,
-    )
 
 
 def scored_identity(row: dict[str, Any]) -> tuple:
@@ -198,7 +160,7 @@ def row_ppl(row: dict[str, Any]) -> float | None:
     return perplexity(loss) if isinstance(loss, (int, float)) else None
 
 
-def _sort_key(row: dict[str, Any]) -> tuple:
+def row_order(row: dict[str, Any]) -> tuple:
     variation = row.get("variation", "")
     return (
         str(row.get("data")),
@@ -209,120 +171,6 @@ def _sort_key(row: dict[str, Any]) -> tuple:
         row["length"],
         row["stride"] or 0,
     )
-
-
-def merge_documents(
-    old: dict[str, Any] | None, new: dict[str, Any], key: Callable = row_key, sort: Callable = _sort_key
-) -> tuple[dict[str, Any], str | None]:
-    """``new`` plus the rows of ``old`` it does not replace (``key``, row_key for perplexity rows;
-    evaluation/task_accuracy.py passes its own), when both describe the same checkpoint; and one line saying what of
-    ``old`` was replaced or dropped (None when nothing was)."""
-    if old is None or not old["results"]:
-        return new, None
-    if not all(old.get(k) == new.get(k) for k in ("pe", "train_seq_len", "step")):
-        return new, (
-            f"the {len(old['results'])} earlier rows scored another checkpoint (step {old.get('step')}; now "
-            f"{new.get('step')}) and were dropped"
-        )
-    keys = {key(row) for row in new["results"]}
-    replaced = [row for row in old["results"] if key(row) in keys]
-    rows = [row for row in old["results"] if key(row) not in keys] + new["results"]
-    merged = {**new, "results": sorted(rows, key=sort)}
-    if not replaced:
-        return merged, None
-    lengths = ", ".join(str(length) for length in sorted({row["length"] for row in replaced}))
-    if key is not row_key:
-        return merged, f"replaced {len(replaced)} earlier rows of the same measurement (lengths {lengths})"
-    where = provenance(replaced[0])
-    return merged, (
-        f"replaced {len(replaced)} earlier rows of the same measurement (data {where['data']}, {where['corpus']}, "
-        f"{where['split']}, the same targets, backend, dtype and settings; lengths {lengths})"
-    )
-
-
-def load_results(eval_dir: str | Path) -> dict[str, Any] | None:
-    """The document in ``eval_dir``, or None when there is none; a corrupt or malformed one is a PosGPTError
-    that names the file."""
-    path = Path(eval_dir) / JSON_FILE
-    document = read_json(path)  # a damaged file (cut short, not JSON) is refused, naming it
-    if document is None:
-        return None
-    problem = _schema_problem(document)
-    if problem:
-        raise PosGPTError(f"{path} is malformed: {problem}")
-    scheme = SCHEMES.get(document["pe"], PositionalEncoding)
-    return {**document, "results": [_upgraded_row(row, scheme) for row in document["results"]]}
-
-
-def _upgraded_row(row: dict[str, Any], scheme: type[PositionalEncoding]) -> dict[str, Any]:
-    """A row as written today: an older row's setting fields (LEGACY_SETTING_FIELDS) become its variation."""
-    if "variation" in row:
-        return row
-    settings = {name: row[name] for name in LEGACY_SETTING_FIELDS if row.get(name) is not None}
-    upgraded: dict[str, Any] = {}
-    for key, value in row.items():
-        if key not in LEGACY_SETTING_FIELDS:
-            upgraded[key] = value
-        elif "variation" not in upgraded:  # where the old fields were
-            upgraded.update(variation=scheme.variation_label(settings), variation_settings=settings)
-    return upgraded
-
-
-def _schema_problem(document: Any) -> str | None:
-    """What is wrong with a document's shape (the keys the tables and plots read), or None."""
-    if not isinstance(document, dict):
-        return f"expected a JSON object, found {type(document).__name__}"
-    if not isinstance(document.get("pe"), str) or not isinstance(document.get("train_seq_len"), int):
-        return "no 'pe' name or integer 'train_seq_len'"
-    if not isinstance(document.get("results"), list):
-        return "no 'results' list"
-    for i, row in enumerate(document["results"]):
-        if not isinstance(row, dict) or not ROW_REQUIRED <= row.keys():
-            return f"result {i} lacks {sorted(ROW_REQUIRED - set(row) if isinstance(row, dict) else ROW_REQUIRED)}"
-        if not isinstance(row["length"], int) or not (row["ppl"] is None or isinstance(row["ppl"], (int, float))):
-            return f"result {i} has a non-integer length or a non-numeric ppl"
-    return None
-
-
-def read_results(eval_dir: str | Path) -> dict[str, Any] | None:
-    """Like load_results, for eval's accumulation: an unreadable document is reported and then rewritten."""
-    try:
-        return load_results(eval_dir)
-    except PosGPTError as error:
-        print(f"eval: ignoring the previous results ({error}); they will be rewritten", flush=True)
-        return None
-
-
-def write_results(document: dict[str, Any], eval_dir: str | Path, name: str = JSON_FILE) -> Path:
-    """Write ``extrapolation.json`` (or ``name``) atomically: an interrupted write keeps the old file."""
-    eval_dir = Path(eval_dir)
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    path = eval_dir / name
-    # One result per line (per-position losses make rows long): a file a person can scan, and still JSON.
-    head = json.dumps({key: value for key, value in document.items() if key != "results"})[:-1]
-    rows = ",\n".join(" " + json.dumps(row) for row in document["results"])
-    return atomic_write(path, f'{head}, "results": [\n{rows}\n]}}\n')
-
-
-def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows as flat records with CSV_COLUMNS (no per-position losses; the variation by its label)."""
-    return [
-        {
-            **{column: row.get(column) for column in CSV_COLUMNS},
-            "multiple": round(row["length"] / document["train_seq_len"], 4),
-            "attn_temperature": temperature_label(row.get("attn_temperature")),
-            "ppl": row_ppl(row),
-        }
-        for row in document["results"]
-    ]
-
-
-def write_csv(document: dict[str, Any], path: str | Path) -> Path:
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=CSV_COLUMNS)
-    writer.writeheader()
-    writer.writerows(csv_rows(document))
-    return atomic_write(path, text.getvalue())
 
 
 def setting_label(row: dict[str, Any]) -> str:
@@ -380,27 +228,6 @@ def format_estimate(estimate: Estimate | None, n_expected: int = 1, digits: int 
     return value + (f" (n={estimate.n})" if estimate.n != n_expected else "")
 
 
-def length_header(lengths: list[int], train_len: int | None) -> list[str]:
-    """Column titles: each length and, when the runs share one training length, its multiple of it."""
-    return [f"{L}" + (f" ({L / train_len:g}×)" if train_len else "") for L in lengths]
-
-
-def render_table(header: list[str], body: list[list[str]], markdown: bool = False) -> str:
-    """The one results-table layout: the first column left-aligned labels, the others right-aligned values,
-    as aligned plain text (eval.py's console table) or as a markdown table (scripts/compare.py)."""
-    if markdown:
-        return "\n".join(
-            ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-            + ["| " + " | ".join(line) + " |" for line in body]
-        )
-    lines = [header] + body
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))).rstrip()
-        for line in lines
-    )
-
-
 def labelled_rows(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(label, row) per row: its setting (setting_label) and, where the rows scored more than one thing
     (group_by_scored), " [...]" naming what tells its group apart (provenance_tags): "sliding [split all]".
@@ -410,32 +237,5 @@ def labelled_rows(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
     return [
         (setting_label(row) + (f" [{tag}]" if tag else ""), row)
         for members, tag in zip(groups.values(), tags)
-        for row in sorted(members, key=_sort_key)
+        for row in sorted(members, key=row_order)
     ]
-
-
-def format_table(document: dict[str, Any]) -> str:
-    """Rows: settings (protocol, stride, variation, and what was scored where that differs: labelled_rows);
-    columns: lengths and their multiple of the training length."""
-    rows = sorted(document["results"], key=_sort_key)
-    train_len = document["train_seq_len"]
-    lengths = sorted({row["length"] for row in rows})
-    by_setting: dict[str, dict[int, dict[str, Any]]] = {}
-    for label, row in labelled_rows(rows):
-        by_setting.setdefault(label, {})[row["length"]] = row
-    header = [f"pe={document['pe']} ppl"] + length_header(lengths, train_len)
-    body = [
-        [label] + [format_ppl(row_ppl(cells[L])) if L in cells else "-" for L in lengths]
-        for label, cells in by_setting.items()
-    ]
-    text = render_table(header, body)
-    if len(group_by_scored(rows)) > 1:
-        return text + (
-            "\n(each line's cells score the same targets; [...] says what differs between lines: the data, its "
-            "content (corpus digest), split or targets, or the attention backend or dtype)"
-        )
-    spans = {tuple(row["target_range"]) for row in rows if row.get("target_range")}  # one group: one at most
-    if not spans:
-        return text + "\n(no length could be scored: extrapolation.json gives each row's reason)"
-    start, stop = next(iter(spans))
-    return text + f"\n(each cell scores the same targets: [{start}, {stop}))"

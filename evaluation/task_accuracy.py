@@ -20,7 +20,6 @@ grid); and the same in the run's W&B run.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -31,25 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
+from core.errors import PosGPTError
 from core.runtime import autocast
-from data.tasks import Task, build_task, held_out_seed
+from data.tasks import Task, held_out_seed
 from data.windows import random_positions
 from evaluation.context import EvalContext
-from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap
-from evaluation.results import (
-    condition_label,
-    length_header,
-    merge_documents,
-    render_table,
-    settings_identity,
-    write_results,
-)
-from model.temperature import temperature_label
+from evaluation.render import length_header, render_table
+from evaluation.results import condition_label
+from evaluation.store import RowFormat, load_document
 
-JSON_FILE = "tasks.json"
-CSV_FILE = "tasks.csv"
 ACCURACY_PLOT = "accuracy_vs_length.png"
 # A row's position in a task's grid besides length, where it has one: passkey's depth, the copy probe's
 # distance (evaluation/copy_probe.py); rows without one are the accuracy-vs-length curve.
@@ -184,16 +174,26 @@ def evaluate_cell(
     }
 
 
-def evaluate_task(ctx: EvalContext, task: Task) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class TaskSettings:
+    """The eval.* settings task accuracy reads."""
+
+    task_half_width: float
+    task_threshold: float
+    task_depths: tuple[float, ...]
+    random_positions: bool
+    batch_tokens: int
+
+
+def evaluate_task(ctx: EvalContext, task: Task, e: TaskSettings) -> list[dict[str, Any]]:
     """Rows for every evaluation-time variation of the scheme (as perplexity's), length and cell."""
-    e = ctx.cfg.eval
     n = examples_for(e.task_half_width)
-    n_positions = ctx.cfg.train.random_positions if e.random_positions else None  # checked at start-up
+    n_positions = ctx.train_random_positions if e.random_positions else None  # checked at start-up
     rows = []
     for label, setting in ctx.variations():
         for length in dict.fromkeys(ctx.lengths):
             for cell in cells(task, list(e.task_depths)):
-                seed = held_out_seed(ctx.cfg.train.seed, f"eval:{length}:{json.dumps(cell, sort_keys=True)}")
+                seed = held_out_seed(ctx.train_seed, f"eval:{length}:{json.dumps(cell, sort_keys=True)}")
                 row = {"task": task.name, "length": length, "depth": cell.get("depth"), **setting}
                 row.update(seed=seed, split="held-out", random_positions=n_positions)
                 if reason := ctx.model.pe.beyond_reach(length):  # as perplexity: not evaluable there
@@ -230,15 +230,12 @@ def probe_labeller(rows: list[dict[str, Any]]) -> Callable[[dict[str, Any]], str
     return lambda row: " ".join(f"{key}={probe_settings(row)[key]}" for key in varying)
 
 
-def row_key(row: dict[str, Any]) -> tuple:
-    """What identifies a task measurement: a later one with the same key replaces it. Probe rows of other text or
-    settings are other measurements (rows written before copy_min_count existed drew from every token: 0)."""
+def _identity(row: dict[str, Any]) -> tuple:
+    """What, besides evaluator, length, variation and temperature, identifies a task measurement. Probe rows of other
+    text or settings are other measurements (rows written before copy_min_count existed drew from every token: 0)."""
     return (
         row["task"],
-        row["length"],
         grid_cell(row),
-        settings_identity(row),  # a setting left at null: the measurement from before it existed
-        json.dumps(row.get("attn_temperature"), sort_keys=True),  # None in rows from before it existed
         json.dumps(probe_settings(row), sort_keys=True),
         row.get("random_positions"),  # None: at 0..L-1, as every row before eval.random_positions existed
     )
@@ -270,90 +267,6 @@ def variation(row: dict[str, Any]) -> str:
     return condition_label(row)
 
 
-def run_task_eval(ctx: EvalContext) -> dict[str, Any]:
-    """Evaluate the run's task, then :func:`write_task_results`."""
-    ctx.model.eval()
-    task = build_task(OmegaConf.to_object(ctx.cfg.task))
-    rows = evaluate_task(ctx, task)
-    accuracy = "exact match of all answer tokens, greedy under teacher forcing; 95% Wilson intervals"
-    extra = {"task_config": OmegaConf.to_container(ctx.cfg.task), "accuracy": accuracy}
-    return write_task_results(ctx, task.name, rows, extra)
-
-
-# The eval.* settings a task row depends on (its number of examples, their positions, its batches), recorded in it.
-TASK_SETTINGS = ("task_half_width", "random_positions", "batch_tokens")
-
-
-def write_task_results(
-    ctx: EvalContext,
-    name: str,
-    rows: list[dict[str, Any]],
-    extra: dict[str, Any],
-    evaluator: str = "task_accuracy",
-    settings: tuple[str, ...] = TASK_SETTINGS,
-) -> dict[str, Any]:
-    """Merge rows into ``<run_dir>/eval/tasks.json``, write the CSV and plots, print the table, log to W&B; each new
-    row stamped with what scored it (EvalContext.provenance: ``evaluator`` and its ``settings``)."""
-    cfg = ctx.cfg
-    rows = [ctx.provenance(row, evaluator, settings) for row in rows]
-    document = {
-        "task": name,
-        "pe": cfg.pe.name,
-        "train_seq_len": cfg.train.seq_len,
-        "step": ctx.step,
-        **extra,
-        "config": ctx.trained_config,
-        "results": rows,
-    }
-    document, replaced = merge_documents(read_task_results(ctx.eval_dir), document, key=row_key, sort=sort_key)
-    if replaced:
-        print(f"eval: {replaced}", flush=True)
-    document["threshold"] = cfg.eval.task_threshold
-    document["effective_length"] = effective_lengths(document["results"], cfg.eval.task_threshold)
-    path = write_results(document, ctx.eval_dir, name=JSON_FILE)
-    write_csv(document, ctx.eval_dir / CSV_FILE)
-    plots = write_plots(document, ctx.eval_dir)
-    print(format_table(document), flush=True)
-    print(f"eval: wrote {path}, {CSV_FILE} and {', '.join(p.name for p in plots.values())}", flush=True)
-    if ctx.wandb_run is not None:
-        _log_to_wandb(ctx.wandb_run, document, plots)
-    return document
-
-
-def read_task_results(eval_dir: Path) -> dict[str, Any] | None:
-    """The previous tasks.json to add to; an unreadable or malformed one is reported and then rewritten."""
-    path = eval_dir / JSON_FILE
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        document = error
-    if isinstance(document, dict) and isinstance(document.get("results"), list):
-        return document
-    print(f"eval: ignoring the previous {path} (unreadable or malformed); it will be rewritten", flush=True)
-    return None
-
-
-def csv_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        {
-            **{column: row.get(column) for column in CSV_COLUMNS},
-            "multiple": round(row["length"] / document["train_seq_len"], 4),
-            "attn_temperature": temperature_label(row.get("attn_temperature")),
-        }
-        for row in document["results"]
-    ]
-
-
-def write_csv(document: dict[str, Any], path: Path) -> Path:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(csv_rows(document))
-    return path
-
-
 def _cell_text(row: dict[str, Any]) -> str:
     return "n/a" if row["accuracy"] is None else f"{row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
 
@@ -367,26 +280,26 @@ def _row_label(row: dict[str, Any], grids: set[str]) -> str:
     return " ".join(part for part in (variation(row), place) if part) or off_grid
 
 
-def format_table(document: dict[str, Any]) -> str:
-    """Rows: variation and depth (and the probe's settings where they differ); columns: lengths; cells: accuracy
-    [95% interval], and for the copy probe a second table of copy_gain; then effective lengths."""
-    rows = sorted(document["results"], key=sort_key)
-    lengths = sorted({row["length"] for row in rows})
+def _labels(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Each row's line: its variation and grid cell, and the probe's settings where they differ."""
+    rows = sorted(rows, key=sort_key)
     grids = {cell[0] for cell in map(grid_cell, rows) if cell}
     probe_label = probe_labeller(rows)
-    table: dict[str, dict[int, dict[str, Any]]] = {}
-    for row in rows:
-        label = " ".join(part for part in (_row_label(row, grids), probe_label(row)) if part)
-        table.setdefault(label, {})[row["length"]] = row
-    columns = length_header(lengths, document["train_seq_len"])
-    header = [f"{document['task']} pe={document['pe']} accuracy"] + columns
-    body = [[label] + [_cell_text(c[L]) if L in c else "-" for L in lengths] for label, c in table.items()]
-    text = render_table(header, body)
+    return [(" ".join(part for part in (_row_label(row, grids), probe_label(row)) if part), row) for row in rows]
+
+
+def _notes(document: dict[str, Any], lines: dict[str, dict[int, dict[str, Any]]]) -> str:
+    """For the copy probe a second table, of copy_gain; then the effective lengths."""
+    rows = document["results"]
+    text = ""
     if any(row.get("copy_gain") is not None for row in rows):
-        gains = [[label] + [_gain_text(c.get(L)) for L in lengths] for label, c in table.items()]
-        text += "\n" + render_table(["copy_gain (nats the first copy adds)"] + columns, gains)
+        lengths = sorted({row["length"] for row in rows})
+        columns = length_header(lengths, document["train_seq_len"])
+        gains = [[label] + [_gain_text(c.get(L)) for L in lengths] for label, c in lines.items()]
+        text = render_table(["copy_gain (nats the first copy adds)"] + columns, gains)
     effective = ", ".join(f"{label or 'as trained'}: {L}" for label, L in document["effective_length"].items())
-    return text + (f"\n(effective length, accuracy >= {document['threshold']}: {effective})" if effective else "")
+    note = f"(effective length, accuracy >= {document['threshold']}: {effective})" if effective else ""
+    return "\n".join(part for part in (text, note) if part)
 
 
 def _gain_text(row: dict[str, Any] | None) -> str:
@@ -395,7 +308,9 @@ def _gain_text(row: dict[str, Any] | None) -> str:
     return "n/a" if row.get("copy_gain") is None else f"{row['copy_gain']:+.3f}"
 
 
-def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
+def _plots(document: dict[str, Any], eval_dir: Path, options: dict[str, Any]) -> dict[str, Path]:
+    from evaluation.plots import Series, plot_accuracy_vs_length, plot_grid_heatmap  # matplotlib: when drawing
+
     pe, train_len, rows = document["pe"], document["train_seq_len"], document["results"]
     title = f"{document['task']}, pe={pe}"
     trained = f"trained at length {train_len} (step {document['step']})"
@@ -436,13 +351,54 @@ def write_plots(document: dict[str, Any], eval_dir: Path) -> dict[str, Path]:
     return plots
 
 
-def _log_to_wandb(wandb_run, document: dict[str, Any], plots: dict[str, Path]) -> None:
-    import wandb
-
-    table = wandb.Table(columns=CSV_COLUMNS, data=[[r[c] for c in CSV_COLUMNS] for r in csv_rows(document)])
-    wandb_run.log({"tasks/table": table, **{f"tasks/{name}": wandb.Image(str(p)) for name, p in plots.items()}})
+def _summary(document: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy per variation and length (off the grid), and the effective lengths."""
+    values: dict[str, Any] = {}
     for row in document["results"]:
         if row["accuracy"] is not None and grid_cell(row) is None:
-            wandb_run.summary[f"tasks/{variation(row) or 'as trained'}/accuracy@{row['length']}"] = row["accuracy"]
+            values[f"{variation(row) or 'as trained'}/accuracy@{row['length']}"] = row["accuracy"]
     for label, length in document["effective_length"].items():
-        wandb_run.summary[f"tasks/{label or 'as trained'}/effective_length"] = length
+        values[f"{label or 'as trained'}/effective_length"] = length
+    return values
+
+
+# A row's numeric values that tables read: the accuracy, the copy probe's log-probabilities (None where not scored).
+NUMERIC_FIELDS = ("accuracy", "mean_logprob", "copy_gain", *GRIDS)
+
+
+def _checked_row(document: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """A row whose task, length, count and values have the types every reader relies on; else a PosGPTError."""
+    number = (int, float, type(None))
+    if not (
+        isinstance(row.get("task"), str)
+        and isinstance(row.get("n", 0), int)
+        and all(isinstance(row.get(key), number) for key in NUMERIC_FIELDS)
+    ):
+        raise PosGPTError(f"result at length {row['length']} lacks a task, an integer n or numeric values")
+    return row
+
+
+TASK_ROWS = RowFormat(
+    file="tasks",
+    value="accuracy",
+    columns=tuple(CSV_COLUMNS),
+    identity=_identity,
+    sort=sort_key,
+    labels=_labels,
+    cell=_cell_text,
+    title=lambda document: f"{document['task']} pe={document['pe']} accuracy",
+    notes=_notes,
+    plots=_plots,
+    summary=_summary,
+    evaluator_of=lambda row: "copy_probe" if row["task"] == "copy_probe" else "task_accuracy",
+    required=frozenset({"task", "length"}),
+    upgrade=_checked_row,
+    higher_is_better=True,
+)
+JSON_FILE, CSV_FILE = TASK_ROWS.json_file, TASK_ROWS.csv_file
+
+
+def load_task_results(eval_dir: str | Path) -> dict[str, Any] | None:
+    """The task document in ``eval_dir`` (tasks.json), or None where there is none; a damaged or malformed one is a
+    PosGPTError naming it."""
+    return load_document(eval_dir, TASK_ROWS)

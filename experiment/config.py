@@ -118,6 +118,8 @@ class EvalConfig:
     key_lsd_threshold: float = domain(2.0, ge=0, used_with=KEY_TOKENS)  # alpha: nats the long context must add
     key_lcl_threshold: float = domain(-2.0, lt=0, used_with=KEY_TOKENS)  # beta: log-probability with the long context
     key_evaluator: str | None = None  # a run directory whose model selects the key tokens; None: the run itself
+    # Evaluators to run besides those the settings above ask for (evaluation/evaluator.py; evaluation/evaluators/)
+    evaluators: list[str] | None = None
 
 
 @dataclass

@@ -131,10 +131,12 @@ def check_training_config(cfg: DictConfig) -> None:
     validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
     if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
         check_eval_settings(cfg)
+        plan_evaluators(cfg)  # eval.evaluators names evaluators of this kind of run
         if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
             from evaluation.copy_probe import probe_candidates
 
-            probe_candidates(cfg, cfg.model.vocab_size)
+            data = OmegaConf.to_object(cfg.data)
+            probe_candidates(data, cfg.eval.copy_min_count, cfg.model.vocab_size, cfg.logging.progress)
 
 
 def _checkpoint_settings(cfg: DictConfig, overrides: list[str]) -> CheckpointSettings:
@@ -224,15 +226,12 @@ class EndOfTrainingEvaluation:
             )
 
     def done(self, run_dir: Path, step: int) -> bool:
-        from evaluation.results import read_results
-        from evaluation.task_accuracy import read_task_results
+        """Whether every results file the evaluators write records this step (a run stopped between them: not)."""
+        from evaluation.run import by_file
+        from evaluation.store import load_document
 
-        eval_dir = run_dir / EVAL_DIR
-        if self._cfg.task.name != NO_TASK:
-            reports = [read_task_results(eval_dir)]
-        else:  # perplexity, then the zero-shot probes (eval.tasks): a run stopped between them is not done
-            reports = [read_results(eval_dir)] + ([read_task_results(eval_dir)] if self._cfg.eval.tasks else [])
-        return all((report or {}).get("step") == step for report in reports)
+        groups = by_file(plan_evaluators(self._cfg)).values()
+        return all((load_document(run_dir / EVAL_DIR, group[0].rows) or {}).get("step") == step for group in groups)
 
     def run(
         self,
@@ -245,11 +244,64 @@ class EndOfTrainingEvaluation:
         trained: dict,
         wandb_run: Any,
     ) -> None:
-        from evaluation.context import EvalContext
-        from evaluation.run import evaluate_run  # imports matplotlib (1 s): only when it is needed
+        from evaluation.run import check_evaluators, evaluate_run
 
-        context = EvalContext.of(self._cfg, model, run_dir, device, dtype, trained, step, wandb_run, open_trained_model)
-        evaluate_run(context, val_tokens)
+        context = eval_context(self._cfg, model, run_dir, device, dtype, trained, step, wandb_run, open_trained_model)
+        evaluators = plan_evaluators(self._cfg)
+        check_evaluators(context, evaluators)
+        evaluate_run(context, val_tokens, evaluators)
+
+
+def run_kind(cfg: DictConfig) -> str:
+    """ "text" for a language-model run, "task" for a run of a synthetic task."""
+    return "text" if cfg.task.name == NO_TASK else "task"
+
+
+def plan_evaluators(cfg: DictConfig) -> list:
+    """The evaluators of the run's evaluation, each with its typed settings (evaluation/evaluator.py)."""
+    from evaluation.evaluator import select_evaluators
+
+    return select_evaluators(cfg.eval, run_kind(cfg))
+
+
+def eval_context(
+    cfg: DictConfig,
+    model: torch.nn.Module | None,
+    run_dir: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    trained: dict[str, Any],
+    step: int | None = None,
+    wandb_run: Any = None,
+    open_run: Callable | None = None,
+):
+    """What the evaluators of a run are handed (evaluation/context.py), from its config: ``step`` None, training
+    just ended at ``train.max_steps``; ``open_run``: how an evaluator opens another run (eval.key_evaluator)."""
+    from evaluation.context import EvalContext
+
+    text = cfg.task.name == NO_TASK
+    return EvalContext(
+        model=model,
+        run_dir=Path(run_dir),
+        device=device,
+        dtype=dtype,
+        trained_config=trained,
+        step=cfg.train.max_steps if step is None else step,
+        lengths=eval_lengths(cfg),
+        scheme=cfg.pe.name,
+        train_len=cfg.train.seq_len,
+        train_seed=cfg.train.seed,
+        data=OmegaConf.to_object(cfg.data) if text else None,
+        task=None if text else OmegaConf.to_object(cfg.task),
+        variation_names=list(cfg.eval.variations or []),
+        attn_temperature=cfg.model.attn_temperature,
+        attn_backend=cfg.model.attn_backend,
+        attn_sink=cfg.model.attn_sink,
+        train_random_positions=cfg.train.random_positions,
+        progress=bool(cfg.logging.progress),
+        wandb_run=wandb_run,
+        open_run=open_run,
+    )
 
 
 def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> None:

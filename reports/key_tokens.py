@@ -13,7 +13,8 @@ from typing import Any
 
 from evaluation.extrapolation import effective_stride
 from evaluation.key_tokens import SELF
-from evaluation.results import KEY_TOKENS, key_label, length_header
+from evaluation.render import length_header
+from evaluation.results import KEY_TOKENS, key_label
 from evaluation.stats import Estimate, mean_ci
 from reports.perplexity import (
     DIFFERENCES_RULE,

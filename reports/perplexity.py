@@ -16,12 +16,12 @@ from typing import Any
 from core.errors import PosGPTError
 from evaluation.extrapolation import effective_stride
 from evaluation.plots import Series, bin_centre
+from evaluation.render import length_header
 from evaluation.results import (
     RUNTIME_FIELDS,
     SCORED_FIELDS,
     group_by_scored,
     key_label,
-    length_header,
     provenance,
     provenance_tags,
     row_ppl,

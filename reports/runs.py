@@ -23,12 +23,11 @@ from omegaconf import OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.errors import PosGPTError
-from core.files import read_json
-from evaluation.results import condition_label, load_results
+from evaluation.perplexity_format import load_results
+from evaluation.results import condition_label
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.schemes import display_name
-from evaluation.task_accuracy import GRIDS
-from evaluation.task_accuracy import JSON_FILE as TASKS_FILE
+from evaluation.task_accuracy import load_task_results as load_tasks_document
 from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
 from model.temperature import temperature_settings
 
@@ -149,25 +148,8 @@ TASK_MEASURES = {
 
 
 def load_task_results(run_dir: Path) -> dict[str, Any] | None:
-    """A run's eval/tasks.json, or None where it has none; a corrupt or malformed one is a PosGPTError naming it."""
-    path = Path(run_dir) / EVAL_DIR / TASKS_FILE
-    document = read_json(path)  # a damaged file (cut short, not JSON) is refused, naming it
-    if document is None:  # no such file, or run_dir is not a directory
-        return None
-    needed = {"task", "pe", "train_seq_len", "results"}
-    if not isinstance(document, dict) or not needed <= document.keys() or not isinstance(document["results"], list):
-        raise PosGPTError(f"{path} is malformed: expected a JSON object with {', '.join(sorted(needed))}")
-    for i, row in enumerate(document["results"]):  # what the tables read of a row
-        number = (int, float, type(None))
-        if not (
-            isinstance(row, dict)
-            and isinstance(row.get("task"), str)
-            and isinstance(row.get("length"), int)
-            and isinstance(row.get("n", 0), int)
-            and all(isinstance(row.get(key), number) for key in (*TASK_MEASURES, *GRIDS))
-        ):
-            raise PosGPTError(f"{path} is malformed: result {i} lacks a task, an integer length or numeric values")
-    return document
+    """A run's eval/tasks.json, or None where it has none; a damaged or malformed one is a PosGPTError naming it."""
+    return load_tasks_document(Path(run_dir) / EVAL_DIR)
 
 
 def load_runs(run_dirs: list[Path]) -> list[Run]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import PosGPTError
-from evaluation.results import format_estimate, render_table
+from evaluation.render import render_table
+from evaluation.results import format_estimate
 from evaluation.stats import Estimate, clearly_different, mean_ci
 from reports.runs import Entry
 

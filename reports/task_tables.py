@@ -18,7 +18,7 @@ from typing import Any
 from core.files import atomic_write
 from data.tasks import TASKS
 from evaluation.plots import HeatmapPanel, Panel, Series
-from evaluation.results import length_header
+from evaluation.render import length_header
 from evaluation.stats import Estimate, mean_ci
 from evaluation.task_accuracy import GRIDS, PROBE_SETTINGS, effective_lengths, grid_cell, probe_settings
 from evaluation.task_accuracy import variation as row_variation

@@ -25,7 +25,7 @@ from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs, read_json
 from data.tasks import NO_TASK
-from evaluation.results import render_table
+from evaluation.render import render_table
 from evaluation.run import EVAL_DIR
 from evaluation.task_accuracy import JSON_FILE, variation
 from experiment.settings import trained_config

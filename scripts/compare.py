@@ -82,6 +82,7 @@ from evaluation.plots import (
 from evaluation.results import row_ppl
 from reports.curves import ValidationCurve, validation_curves, validation_report
 from reports.key_tokens import key_token_entries, key_token_report
+from reports.metrics import metric_report
 from reports.perplexity import (
     choose_data,
     entries_of,
@@ -289,6 +290,7 @@ def comparison_markdown(
         report += "\n" + validation_report(curves)
     if tasks:
         report += ("\n" if report else "") + task_report(tasks, args.baseline)
+    report += metric_report(runs)  # plug-in evaluators' rows, where the runs have them
     return report, curves
 
 

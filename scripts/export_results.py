@@ -39,8 +39,11 @@ from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import check_outputs, read_jsonl
 from core.tracking import METRICS_FILE
-from evaluation.results import CSV_FILE, JSON_FILE, write_csv, write_results
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.render import write_csv
+from evaluation.results import CSV_FILE, JSON_FILE
 from evaluation.run import EVAL_DIR, load_run_results
+from evaluation.store import write_document
 from evaluation.task_accuracy import CSV_FILE as TASKS_CSV
 from evaluation.task_accuracy import JSON_FILE as TASKS_JSON
 from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config
@@ -146,8 +149,8 @@ def check_copied(run_dir: Path) -> None:
 
 def export_run(run_dir: Path, document: dict | None, destination: Path) -> None:
     if document is not None:
-        write_results(document, destination / EVAL_DIR)
-        write_csv(document, destination / EVAL_DIR / CSV_FILE)
+        write_document(document, destination / EVAL_DIR, PERPLEXITY_ROWS)
+        write_csv(document, destination / EVAL_DIR / CSV_FILE, PERPLEXITY_ROWS)
     for source, exported in COPIED:
         if (run_dir / source).is_file():
             (destination / exported).parent.mkdir(parents=True, exist_ok=True)

@@ -41,14 +41,12 @@ from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write, read_json, read_jsonl
 from core.rundir import is_run_dir, lock_run
-from evaluation.results import CSV_FILE, JSON_FILE, row_ppl, write_results
-from evaluation.results import csv_rows as extrapolation_rows
-from evaluation.results import write_csv as write_extrapolation_csv
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.render import csv_rows, write_csv
+from evaluation.results import JSON_FILE, row_ppl
 from evaluation.run import EVAL_DIR
-from evaluation.task_accuracy import CSV_FILE as TASKS_CSV
-from evaluation.task_accuracy import JSON_FILE as TASKS_JSON
-from evaluation.task_accuracy import csv_rows as task_rows
-from evaluation.task_accuracy import write_csv as write_task_csv
+from evaluation.store import write_document
+from evaluation.task_accuracy import TASK_ROWS
 
 DROPPED_ROW_KEYS = ("per_position_loss",)
 BINS = "per_position_bins"
@@ -57,11 +55,7 @@ KEPT_STEP_KEYS = ("step", "train_loss", "val_loss")  # a logged step's record: w
 TRAIN_LOSS_EVERY = 100
 METRICS_GLOB = "*metrics.jsonl"
 Change = str | dict[str, Any] | None  # a file's new text, a results document to write, or None: remove the file
-# (the JSON, the CSV written from it, its rows as that CSV writes them, the writer)
-CSV_PAIRS = (
-    (JSON_FILE, CSV_FILE, extrapolation_rows, write_extrapolation_csv),
-    (TASKS_JSON, TASKS_CSV, task_rows, write_task_csv),
-)
+FORMATS = (PERPLEXITY_ROWS, TASK_ROWS)  # the results files, each with the CSV written from it
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -144,14 +138,15 @@ def plan_folder(folder: Path) -> dict[Path, Change]:
     """What slimming ``folder`` writes: {path: its new text or document, or None to remove it}; refuses, naming the
     file, a CSV that holds something its JSON does not."""
     plan: dict[Path, Change] = {}
-    for json_name, csv_name, rows_of, _ in CSV_PAIRS:
+    for rows in FORMATS:
+        json_name = rows.json_file
         for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{json_name}")):
             document = read_json(json_path)  # a damaged file (cut short, not JSON) is refused, naming it
             if not isinstance(document, dict) or not isinstance(document.get("results"), list):
                 raise PosGPTError(f"{json_path} is malformed: no 'results' list; nothing was written")
-            csv_path = json_path.with_name(csv_name)
+            csv_path = json_path.with_name(rows.csv_file)
             if csv_path.is_file():
-                problem = csv_problem(csv_path, rows_of(document), document)
+                problem = csv_problem(csv_path, csv_rows(document, rows), document)
                 if problem is not None:
                     raise PosGPTError(f"{csv_path} is not {json_name} beside it ({problem}): nothing was written")
                 plan[csv_path] = None
@@ -171,7 +166,7 @@ def apply_plan(plan: dict[Path, Change]) -> None:
         if change is None:
             path.unlink()
         elif isinstance(change, dict):
-            write_results(change, path.parent, path.name)  # eval's layout (one row a line), atomically
+            write_document(change, path.parent, PERPLEXITY_ROWS)  # eval's layout (one row a line), atomically
         else:
             atomic_write(path, change)
 
@@ -179,9 +174,9 @@ def apply_plan(plan: dict[Path, Change]) -> None:
 def write_csvs(folder: Path) -> list[Path]:
     """Each run's CSVs written again from its JSON (today's columns)."""
     written = []
-    for json_name, csv_name, _, write in CSV_PAIRS:
-        for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{json_name}")):
-            written.append(write(read_json(json_path), json_path.with_name(csv_name)))
+    for rows in FORMATS:
+        for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{rows.json_file}")):
+            written.append(write_csv(read_json(json_path), json_path.with_name(rows.csv_file), rows))
     return written
 
 

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -19,10 +18,14 @@ from cli_runs import REPO, assert_one_line_error, load_script
 from omegaconf import DictConfig, OmegaConf
 from tiny_checkpoint import make_run
 
-from evaluation.context import EvalContext, variation_fields
-from evaluation.results import results_document, write_results
-from evaluation.task_accuracy import wilson_interval, write_task_results
+from evaluation.context import variation_fields
+from evaluation.evaluators.task_accuracy import with_effective_lengths
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.render import write_csv
+from evaluation.store import load_document, merge_documents, new_document, write_document
+from evaluation.task_accuracy import TASK_ROWS, wilson_interval
 from experiment.compose import compose_config
+from experiment.plan import eval_context
 from reports.runs import load_runs
 from reports.task_tables import task_entries, task_panels
 
@@ -31,7 +34,13 @@ compare = load_script("compare")
 
 def task_row(task: str, length: int, accuracy: float | None, n: int = 100, **fields) -> dict:
     """A row as evaluate_task writes it (fields: depth, variation, the copy probe's distance and measures)."""
-    row = {"task": task, "length": length, "depth": None, **variation_fields("", {}, config(1)), "seed": 0}
+    row = {
+        "task": task,
+        "length": length,
+        "depth": None,
+        **variation_fields("", {}, config(1).model.attn_temperature),
+        "seed": 0,
+    }
     row["split"] = "held-out"
     row.update(fields)
     if accuracy is None:  # as past a learned table
@@ -54,11 +63,18 @@ def config(seed: int, *overrides: str) -> DictConfig:
 
 
 def write(cfg: DictConfig, task: str, rows: list[dict], extra: dict, run_dir: Path, step: int | None = None) -> None:
-    """evaluation/task_accuracy.py's writer, as the evaluation calls it; its plots (not compare's input) left out."""
+    """tasks.json and tasks.csv as the evaluation writes them (evaluation/run.py's store_rows); its plots (not
+    compare's input) left out."""
     trained = OmegaConf.to_container(cfg, resolve=True)
-    context = EvalContext.of(cfg, None, run_dir, torch.device("cpu"), torch.float32, trained, step)  # no model: written
-    with mock.patch("evaluation.task_accuracy.write_plots", return_value={}):
-        write_task_results(context, task, rows, extra)
+    context = eval_context(cfg, None, run_dir, torch.device("cpu"), torch.float32, trained, step)  # no model: written
+    evaluator = "copy_probe" if task == "copy_probe" else "task_accuracy"
+    rows = [context.provenance(row, evaluator, {}) for row in rows]
+    header = {"pe": cfg.pe.name, "train_seq_len": cfg.train.seq_len, "step": context.step, "task": task, **extra}
+    new = new_document({**header, "config": trained}, rows)
+    document, _ = merge_documents(load_document(run_dir / "eval", TASK_ROWS), new, TASK_ROWS)
+    document = with_effective_lengths(document, cfg.eval.task_threshold)
+    write_document(document, run_dir / "eval", TASK_ROWS)
+    write_csv(document, run_dir / "eval" / TASK_ROWS.csv_file, TASK_ROWS)
 
 
 def task_run(
@@ -102,9 +118,19 @@ def language_run(
     probe: {(length, distance): (accuracy, mean_logprob[, copy_gain])} (a run evaluated again: its rows added)."""
     cfg = config(seed, f"pe={pe}", "data=text")
     run_dir, trained = root / f"{pe}-s{seed}", OmegaConf.to_container(cfg, resolve=True)
-    row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}, cfg), "data": "text"}
+    row = {
+        "length": 16,
+        "protocol": "nonoverlapping",
+        "stride": None,
+        **variation_fields("", {}, cfg.model.attn_temperature),
+        "data": "text",
+    }
     row.update(split="val", ppl=ppl, loss=1.0, tokens=64, target_range=[16, 80])
-    write_results(results_document(pe, 16, [row], step=10, data="text", config=trained), run_dir / "eval")
+    write_document(
+        new_document({"pe": pe, "train_seq_len": 16, "step": 10, "data": "text", "config": trained}, [row]),
+        run_dir / "eval",
+        PERPLEXITY_ROWS,
+    )
     text = {"data": "text", "corpus": "files x.txt", "split": "val", "copy_span": span}
     rows = [
         task_row("copy_probe", length, accuracy, distance=distance, mean_logprob=logprob, **text, **measures)
@@ -262,13 +288,20 @@ def test_rows_evaluated_with_an_attention_temperature_are_rows_of_their_own(tmp_
     # perplexity rows alike: the run scored again with logn adds rows beside the first, compared apart
     for seed, run_dir in enumerate(runs, start=1):
         cfg = config(seed, "pe=rope", "data=text", "model.attn_temperature.type=logn")
-        row = {"length": 16, "protocol": "nonoverlapping", "stride": None, **variation_fields("", {}, cfg)}
+        row = {
+            "length": 16,
+            "protocol": "nonoverlapping",
+            "stride": None,
+            **variation_fields("", {}, cfg.model.attn_temperature),
+        }
         row.update(data="text", split="val", ppl=20.0, loss=3.0, tokens=64, target_range=[16, 80])
         trained = OmegaConf.to_container(config(seed, "pe=rope", "data=text"), resolve=True)
         plain = {**row, "attn_temperature": None, "ppl": 30.0}
         step = json.loads((run_dir / "eval" / "tasks.json").read_text())["step"]  # the same checkpoint
-        document = results_document("rope", 16, [plain, row], step=step, data="text", config=trained)
-        write_results(document, run_dir / "eval")
+        document = new_document(
+            {"pe": "rope", "train_seq_len": 16, "step": step, "data": "text", "config": trained}, [plain, row]
+        )
+        write_document(document, run_dir / "eval", PERPLEXITY_ROWS)
     report = report_of(runs, tmp_path)
     assert "| rope | 2 | 30.00 ± 0.00 |" in report and "| rope logn | 2 | **20.00 ± 0.00** |" in report
 
@@ -281,7 +314,9 @@ def test_copy_probe_rows_aggregate_by_distance_beside_the_perplexity(tmp_path):
     # the perplexity section is what compare writes from the runs' perplexity alone
     only_ppl = tmp_path / "ppl"
     for run in runs:
-        write_results(json.loads((run / "eval" / "extrapolation.json").read_text()), only_ppl / run.name / "eval")
+        write_document(
+            json.loads((run / "eval" / "extrapolation.json").read_text()), only_ppl / run.name / "eval", PERPLEXITY_ROWS
+        )
     assert perplexity == report_of([only_ppl / run.name for run in runs], tmp_path / "ppl") + "\n"
     accuracy, logprob = probes.split("Mean log-probability of the answer tokens (nats) by evaluation length")
     assert "distance 4:" in accuracy and "| rope | 2 | **0.600 ± 1.271** |" in accuracy
@@ -324,8 +359,8 @@ def test_copy_probes_of_other_spans_are_other_tables(tmp_path):
     "text, problem",
     [
         ("{not json", "is damaged or not JSON"),
-        ('{"results": []}', "is malformed: expected a JSON object with pe, results, task, train_seq_len"),
-        ("rows", "is malformed: result 0 lacks a task, an integer length or numeric values"),
+        ('{"results": []}', "is malformed: no 'pe' name or integer 'train_seq_len'"),
+        ("rows", "is malformed: result at length 16 lacks a task, an integer n or numeric values"),
     ],
 )
 def test_a_damaged_tasks_file_is_named(three_seeds, tmp_path, capsys, text, problem):

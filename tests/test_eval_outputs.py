@@ -18,15 +18,16 @@ from core.errors import PosGPTError
 from core.tracking import init_wandb
 from data import DataConfig, load_splits
 from evaluation import plots
-from evaluation.context import EvalContext
+from evaluation.perplexity_format import PERPLEXITY_ROWS, per_position_rows
 from evaluation.plots import Series, scheme_colour
-from evaluation.results import CSV_COLUMNS, format_ppl, format_table
-from evaluation.run import EVAL_DIR, evaluate_run, per_position_rows
+from evaluation.render import format_table
+from evaluation.results import CSV_COLUMNS, format_ppl
+from evaluation.run import EVAL_DIR, check_evaluators, evaluate_run
 from evaluation.schemes import COLOURS
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
-from experiment.plan import tracker_settings
+from experiment.plan import eval_context, plan_evaluators, tracker_settings
 from model import ModelConfig
 from model.pe.learned import LearnedConfig
 from model.pe.rope import RoPEConfig
@@ -84,9 +85,8 @@ def config(pe=None, **eval_keys):
 def evaluate(cfg, tokens, run_dir, **kwargs):
     torch.manual_seed(0)
     trained = OmegaConf.to_container(cfg, resolve=True)
-    return evaluate_run(
-        EvalContext.of(cfg, build_model(cfg).eval(), run_dir, CPU, torch.float32, trained, **kwargs), tokens
-    )
+    context = eval_context(cfg, build_model(cfg).eval(), run_dir, CPU, torch.float32, trained, **kwargs)
+    return evaluate_run(context, tokens, plan_evaluators(cfg))
 
 
 def read_document(run_dir):
@@ -210,7 +210,7 @@ def test_the_table_and_plots_go_to_wandb(val_tokens, tmp_path):
 
 def test_the_printed_table_has_a_row_per_setting_and_a_column_per_length(val_tokens, tmp_path):
     document = evaluate(config(variations=["none", "yarn:4"], protocols=["nonoverlapping"]), val_tokens, tmp_path)
-    lines = format_table(document).splitlines()
+    lines = format_table(document, PERPLEXITY_ROWS).splitlines()
     assert lines[0].split() == ["pe=rope", "ppl", "8", "(1×)", "16", "(2×)", "32", "(4×)"]
     ppl = {(r["variation_settings"]["scaling"]["type"], r["length"]): r["ppl"] for r in document["results"]}
     assert lines[1].split() == ["nonoverlapping"] + [format_ppl(ppl["none", L]) for L in (8, 16, 32)]
@@ -270,13 +270,18 @@ def test_a_crowded_legend_goes_beside_the_panel_where_it_hides_no_line(tmp_path,
     assert few.get_bbox_to_anchor().transformed(drawn[0].transAxes.inverted()).x0 == 0  # inside, matplotlib's best
 
 
-def test_a_malformed_previous_results_file_is_reported_and_rewritten(val_tokens, tmp_path, capsys):
+def test_a_malformed_previous_results_file_is_refused_before_scoring_and_kept(val_tokens, tmp_path):
+    """Rows it holds may be what a study reports: the evaluation refuses it, naming it, before scoring anything
+    (rewriting it would lose them)."""
     (tmp_path / EVAL_DIR).mkdir()
-    (tmp_path / EVAL_DIR / "extrapolation.json").write_text('{"pe": "rope", "results": [{"length": 8}]}')
-    document = evaluate(config(protocols=["sliding"]), val_tokens, tmp_path)
-    printed = capsys.readouterr().out
-    assert "ignoring the previous results" in printed and "extrapolation.json is malformed: no" in printed
-    assert read_document(tmp_path) == document and len(document["results"]) == 3
+    damaged = '{"pe": "rope", "results": [{"length": 8}]}'
+    (tmp_path / EVAL_DIR / "extrapolation.json").write_text(damaged)
+    cfg = config(protocols=["sliding"])
+    context = eval_context(cfg, build_model(cfg).eval(), tmp_path, CPU, torch.float32, {})
+    with pytest.raises(PosGPTError, match="extrapolation.json is malformed: no 'pe' name"):
+        check_evaluators(context, plan_evaluators(cfg))
+    assert sorted(path.name for path in (tmp_path / EVAL_DIR).iterdir()) == ["extrapolation.json"]
+    assert (tmp_path / EVAL_DIR / "extrapolation.json").read_text() == damaged
 
 
 def test_wandb_online_without_a_login_is_one_line(tmp_path, monkeypatch):

@@ -254,7 +254,10 @@ def legacy_document(pe: str, setting: dict | None) -> dict:
 def test_results_written_before_variations_read_as_todays(tmp_path, pe, setting, label):
     import json
 
-    from evaluation.results import csv_rows, load_results, merge_documents, setting_label
+    from evaluation.perplexity_format import PERPLEXITY_ROWS, load_results
+    from evaluation.render import csv_rows
+    from evaluation.results import setting_label
+    from evaluation.store import merge_documents
 
     (tmp_path / "extrapolation.json").write_text(json.dumps(legacy_document(pe, setting)))
     old = load_results(tmp_path)
@@ -262,10 +265,11 @@ def test_results_written_before_variations_read_as_todays(tmp_path, pe, setting,
     assert "scaling" not in row and row["variation"] == label
     assert row["variation_settings"] == ({} if setting is None else {"scaling": setting})
     assert list(row)[:5] == ["length", "protocol", "stride", "variation", "variation_settings"]  # where it was
-    assert csv_rows(old)[0]["variation"] == label and setting_label(row) == f"nonoverlapping {label}".strip()
+    assert csv_rows(old, PERPLEXITY_ROWS)[0]["variation"] == label
+    assert setting_label(row) == f"nonoverlapping {label}".strip()
     # today's evaluation of the same measurement replaces it
     new = {**old, "results": [{**row, "ppl": 8.0}]}
-    merged, replaced = merge_documents(old, new)
+    merged, replaced = merge_documents(old, new, PERPLEXITY_ROWS)
     assert [r["ppl"] for r in merged["results"]] == [8.0] and replaced.startswith("replaced 1 earlier row")
 
 

@@ -18,12 +18,14 @@ from tiny_checkpoint import make_run
 from core.errors import PosGPTError
 from data import DataConfig
 from evaluation.context import EvalContext
+from evaluation.evaluators.key_tokens import KeyTokens
 from evaluation.extrapolation import effective_stride, target_losses, window_plan
 from evaluation.key_tokens import find_key_tokens, select_key_tokens
 from evaluation.results import KEY_TOKENS
 from experiment.build import load_trained_run, open_trained_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig, validate
+from experiment.plan import eval_context
 from model import ModelConfig
 from model.pe.rope import RoPEConfig
 from reports.key_tokens import key_token_entries, key_token_report
@@ -47,7 +49,13 @@ def context(model, train_len=8, **eval_keys):
             logging=LoggingConfig(progress=False, wandb=WandbConfig(mode="disabled")),
         )
     )
-    return EvalContext.of(cfg, model, "/nonexistent", CPU, torch.float32, {}, 0)
+    return with_settings(eval_context(cfg, model, "/nonexistent", CPU, torch.float32, {}, 0), cfg)
+
+
+def with_settings(ctx: EvalContext, cfg) -> EvalContext:
+    """``ctx`` holding the key-token evaluator's settings of ``cfg`` (as ``key_settings``), for the calls below."""
+    ctx.key_settings = KeyTokens.of(cfg.eval).settings
+    return ctx
 
 
 def spread_model():
@@ -86,8 +94,8 @@ def test_the_key_tokens_and_their_perplexity_equal_brute_force(protocol, stride)
         key_lsd_threshold=alpha,
         key_lcl_threshold=beta,
     )
-    selection = find_key_tokens(ctx, tokens)
-    rows = {row["length"]: row for row in selection.rows(ctx, tokens)}
+    selection = find_key_tokens(ctx, tokens, ctx.key_settings)
+    rows = {row["length"]: row for row in selection.rows(ctx, tokens, ctx.key_settings)}
     first, n = 32, 64  # the longest length, and N its largest multiple within max_tokens
     assert sorted(rows) == [16, 32]  # only lengths longer than the short context (train.seq_len 8)
     for length, row in rows.items():
@@ -151,7 +159,7 @@ def test_thresholds_outside_their_domain_are_refused(override, message):
 def test_no_key_token_is_a_row_without_perplexity_that_says_so():
     model, tokens = spread_model(), Tokens(400)
     ctx = context(model, lengths=[8, 32], protocols=["nonoverlapping"], key_lsd_threshold=1e6)
-    (row,) = find_key_tokens(ctx, tokens).rows(ctx, tokens)
+    (row,) = find_key_tokens(ctx, tokens, ctx.key_settings).rows(ctx, tokens, ctx.key_settings)
     assert row["tokens"] == 0 and row["ppl"] is None and row["key_share"] == 0.0
     assert row["reason"].startswith("no key tokens among the") and row["key_candidates"] > 0
 
@@ -166,8 +174,9 @@ def test_another_run_as_evaluator_selects_what_that_run_selects_for_itself(cli, 
 
     def selection_of(run_dir, *extra):
         run = load_trained_run(run_dir, [*keys, *extra], "eval.py")
-        ctx = EvalContext.of(run.cfg, run.model, run_dir, CPU, torch.float32, {}, 0, open_run=open_trained_model)
-        return ctx, find_key_tokens(ctx, tokens)
+        ctx = eval_context(run.cfg, run.model, run_dir, CPU, torch.float32, {}, 0, open_run=open_trained_model)
+        ctx = with_settings(ctx, run.cfg)
+        return ctx, find_key_tokens(ctx, tokens, ctx.key_settings)
 
     ctx, by_other = selection_of(scored, f"eval.key_evaluator={other}")
     _, own = selection_of(scored)
@@ -175,7 +184,7 @@ def test_another_run_as_evaluator_selects_what_that_run_selects_for_itself(cli, 
     job = (32, "nonoverlapping")
     assert (by_other.sets[job].mask == others_own.sets[job].mask).all()
     assert (by_other.sets[job].mask != own.sets[job].mask).any()
-    (row,) = by_other.rows(ctx, tokens)
+    (row,) = by_other.rows(ctx, tokens, ctx.key_settings)
     assert row["key_evaluator"] == str(other.resolve()) and row["key_evaluator_step"] == 0
     scored_losses, _ = target_losses(ctx.model, tokens, window_plan(32, 64, 32, "nonoverlapping"), 256, CPU, ctx.dtype)
     assert row["loss"] == pytest.approx(scored_losses[by_other.sets[job].mask].mean(), rel=1e-6)

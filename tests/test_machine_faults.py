@@ -29,7 +29,8 @@ from core.errors import IO_ERROR_EXIT_CODE, MachineFault, PosGPTError
 from core.files import TMP_PREFIX, read_user_text
 from data import load_splits
 from data.config import DataConfig
-from evaluation.results import write_results
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.store import write_document
 
 
 class FullDisk(io.FileIO):
@@ -78,11 +79,11 @@ def test_a_failed_checkpoint_save_is_one_line_and_keeps_the_previous(tmp_path, r
 
 def test_a_failed_results_write_keeps_the_previous_results(tmp_path, monkeypatch):
     document = {"pe": "rope", "train_seq_len": 16, "results": []}
-    path = write_results(document, tmp_path)
+    path = write_document(document, tmp_path, PERPLEXITY_ROWS)
     before = path.read_bytes()
     monkeypatch.setattr(core.files, "open", lambda path, mode: FullDisk(path, room=10), raising=False)
     with pytest.raises(MachineFault, match=rf"could not write {path}: No space left on device"):
-        write_results({**document, "results": [{"length": 16}] * 100}, tmp_path)
+        write_document({**document, "results": [{"length": 16}] * 100}, tmp_path, PERPLEXITY_ROWS)
     assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
 
 

@@ -17,7 +17,9 @@ from core.errors import PosGPTError
 from data import TokenArray
 from evaluation.checks import check_eval_settings
 from evaluation.extrapolation import perplexity, score_windows, window_plan
-from evaluation.results import format_estimate, format_table, row_ppl
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.render import format_table
+from evaluation.results import format_estimate, row_ppl
 from evaluation.run import EVAL_DIR
 from evaluation.stats import Estimate, clearly_different, mean_ci
 from model.pe.learned import LearnedConfig
@@ -61,7 +63,7 @@ def test_evaluating_a_diverged_model_reports_inf_and_writes_everything(corpus, t
     document = evaluate(corpus["val"], tmp_path, prepare=diverge)
     for row in document["results"]:
         assert row["ppl"] is None and row["loss"] > 710 and "too large for a float" in row["reason"]
-    assert format_table(document).splitlines()[1].split() == ["nonoverlapping", "inf", "inf"]
+    assert format_table(document, PERPLEXITY_ROWS).splitlines()[1].split() == ["nonoverlapping", "inf", "inf"]
     with open(tmp_path / EVAL_DIR / "extrapolation.csv") as f:
         assert {line["ppl"] for line in csv.DictReader(f)} == {"inf"}
     for name in ("ppl_vs_length.png", "per_position.png"):

@@ -12,12 +12,14 @@ from omegaconf import OmegaConf
 
 from core.tracking import read_metrics
 from data import DataConfig, load_splits
-from evaluation.context import EvalContext
-from evaluation.results import format_table, group_by_scored, scored_identity
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.render import format_table
+from evaluation.results import group_by_scored, scored_identity
 from evaluation.run import EVAL_DIR, evaluate_run
 from evaluation.stats import Estimate
 from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
+from experiment.plan import eval_context, plan_evaluators
 from model import ModelConfig
 from model.pe.rope import RoPEConfig
 from reports.curves import ValidationCurve, training_runtime_note, validation_report
@@ -78,7 +80,8 @@ def evaluate(tokens, run_dir, cfg=None, prepare=lambda model: None, **eval_keys)
     model = build_model(cfg).eval()
     prepare(model)
     trained = OmegaConf.to_container(cfg, resolve=True)
-    return evaluate_run(EvalContext.of(cfg, model, run_dir, torch.device("cpu"), torch.float32, trained), tokens)
+    context = eval_context(cfg, model, run_dir, torch.device("cpu"), torch.float32, trained)
+    return evaluate_run(context, tokens, plan_evaluators(cfg))
 
 
 def test_rows_record_what_they_scored_and_what_computed_them(corpus, tmp_path):
@@ -98,7 +101,7 @@ def test_rows_record_the_weights_step_scheme_seed_evaluator_and_count_that_score
     assert len(digests) == 1 and len(next(iter(digests))) == 16
     for row in document["results"]:
         assert (row["step"], row["scheme"], row["train_seed"], row["evaluator"]) == (5, "rope", 1337, "perplexity")
-        assert row["evaluator_settings"] == {"max_tokens": 64, "batch_tokens": 16384, "streaming_sinks": 4}
+        assert row["evaluator_settings"] == {"max_tokens": 64, "batch_tokens": 16384}
         assert row["scored"] == row["tokens"] > 0 and row["scored_unit"] == "tokens"
     again = evaluate(corpus["val"], tmp_path / "b")
     assert {row["weights"] for row in again["results"]} == digests  # the same weights: the same identity
@@ -117,7 +120,7 @@ def test_another_corpus_or_split_under_the_same_name_never_replaces_rows(corpus,
     assert len(document["results"]) == 3 * len(first)
     kept = [row for row in document["results"] if row["split_digest"] == corpus["val"].digest]
     assert [(row["length"], row["ppl"]) for row in kept] == [(row["length"], row["ppl"]) for row in first]
-    table = format_table(document).splitlines()
+    table = format_table(document, PERPLEXITY_ROWS).splitlines()
     labels = [line.split("  ")[0] for line in table[1:4]]
     assert len(set(labels)) == 3 and all(label.startswith("nonoverlapping [corpus ") for label in labels)
     assert any("split train" in label for label in labels) and "[...] says what differs" in table[-1]
@@ -144,7 +147,7 @@ def test_rows_without_a_recorded_identity_are_kept_beside_new_ones(corpus, tmp_p
     document = evaluate(corpus["val"], tmp_path)
     assert "replaced" not in capsys.readouterr().out and len(document["results"]) == 4
     assert "nonoverlapping [corpus unrecorded (the standard library of this Python) backend unrecorded" in format_table(
-        document
+        document, PERPLEXITY_ROWS
     )
 
 

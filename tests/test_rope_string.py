@@ -313,14 +313,16 @@ def test_a_run_configured_with_string_builds_and_evaluates_it(pe):
 def test_result_rows_from_before_local_window_existed_keep_their_identity():
     """A self_extend or rerope row written before STRING's setting existed lacks it; the same measurement made now
     holds it as null: either replaces the other, in perplexity rows and task rows alike."""
-    from evaluation import results, task_accuracy
+    from evaluation import store as results
+    from evaluation import task_accuracy
+    from evaluation.store import row_key
 
     before = {"type": "rerope", "window": 8, "group": None, "leaky_factor": None}
     now = {**before, "local_window": None, "attention_factor": None}
     rows = [{"variation_settings": {"remap": remap}} for remap in (before, now)]
     assert results.settings_identity(rows[0]) == results.settings_identity(rows[1])
     task_rows = [{**row, "task": "passkey", "length": 64} for row in rows]
-    assert task_accuracy.row_key(task_rows[0]) == task_accuracy.row_key(task_rows[1])
+    assert row_key(task_rows[0], task_accuracy.TASK_ROWS) == row_key(task_rows[1], task_accuracy.TASK_ROWS)
     # a STRING row scored before its attention factor was applied is another measurement than one scored with it
     old = {"type": "string", "window": 8, "group": None, "leaky_factor": None, "local_window": 2}
     new = {**old, "attention_factor": REFERENCE_FACTOR}

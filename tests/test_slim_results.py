@@ -12,8 +12,10 @@ import slim_results
 from test_docs_links import PAGES, links
 
 from core.rundir import lock_run
-from evaluation.results import write_csv, write_results
-from evaluation.task_accuracy import write_csv as write_task_csv
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.render import write_csv
+from evaluation.store import write_document
+from evaluation.task_accuracy import TASK_ROWS
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ROW = {"length": 4, "protocol": "nonoverlapping", "stride": None, "variation": "", "data": "d", "tokens": 8}
@@ -50,14 +52,14 @@ def task_document() -> dict:
 def study(tmp_path: Path) -> Path:
     """A study as export_results.py writes it: a language-model run and a task run."""
     lm, task = tmp_path / "study" / "rope-s1", tmp_path / "study" / "passkey-rope-s1"
-    write_results(extrapolation(), lm / "eval")
-    write_csv(extrapolation(), lm / "eval" / "extrapolation.csv")
+    write_document(extrapolation(), lm / "eval", PERPLEXITY_ROWS)
+    write_csv(extrapolation(), lm / "eval" / "extrapolation.csv", PERPLEXITY_ROWS)
     (lm / "metrics.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in [START, STEP, {**STEP, "step": 20, "val_loss": 3.0}])
     )
     (task / "eval").mkdir(parents=True)
     (task / "eval" / "tasks.json").write_text(json.dumps(task_document()))
-    write_task_csv(task_document(), task / "eval" / "tasks.csv")
+    write_csv(task_document(), task / "eval" / "tasks.csv", TASK_ROWS)
     return tmp_path / "study"
 
 
@@ -127,7 +129,7 @@ def test_an_older_csvs_column_is_accepted_where_the_json_records_it(study):
     document = json.loads(path.read_text())
     for row in document["results"]:
         row["scaling"] = {"type": "none"}
-    write_results(document, path.parent)
+    write_document(document, path.parent, PERPLEXITY_ROWS)
     csv_path = path.with_name("extrapolation.csv")
     lines = csv_path.read_text().splitlines()
     csv_path.write_text("".join(f"{line},{'scaling' if i == 0 else 'none'}\n" for i, line in enumerate(lines)))

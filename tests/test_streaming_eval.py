@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from cli_runs import assert_one_line_error
 
-from evaluation.results import row_key, setting_label
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.results import setting_label
+from evaluation.store import row_key
 from evaluation.streaming import StreamingCache, stream_count, stream_losses
 from model import GPT, ModelConfig
 from model.pe import SCHEMES
@@ -91,7 +93,7 @@ def test_rows_and_labels_tell_streaming_apart():
     streaming = {**common, "protocol": "streaming", "sinks": 4, "window": 12}
     other_k = {**streaming, "sinks": 2, "window": 14}
     plain = {**common, "protocol": "nonoverlapping"}
-    assert len({row_key(streaming), row_key(other_k), row_key(plain)}) == 3
+    assert len({row_key(row, PERPLEXITY_ROWS) for row in (streaming, other_k, plain)}) == 3
     assert setting_label(streaming) == "streaming (k=4)"
     assert setting_label({**plain, "attn_temperature": {"type": "logn"}}) == "nonoverlapping logn"
 

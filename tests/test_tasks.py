@@ -7,14 +7,16 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from core.errors import PosGPTError
 from data import EOT_TOKEN, TokenArray, draw_batch
+from data.config import DataConfig
 from data.tasks import TASKS, build_task, held_out_seed
 from data.tasks.aggregation import AggregationConfig
 from data.tasks.copy import CopyConfig
@@ -25,15 +27,15 @@ from data.tasks.passkey import PasskeyConfig
 from data.tasks.vartrack import VarTrackConfig
 from evaluation import copy_probe
 from evaluation.context import EvalContext
-from evaluation.copy_probe import probe_windows, score_copies, span_candidates, with_first_copy
+from evaluation.copy_probe import ProbeSettings, probe_windows, score_copies, span_candidates, with_first_copy
+from evaluation.render import format_table, write_plots
 from evaluation.task_accuracy import (
+    TASK_ROWS,
     count_exact_matches,
     effective_lengths,
     evaluate_cell,
     examples_for,
-    format_table,
     wilson_interval,
-    write_plots,
 )
 from experiment.compose import compose_config
 from experiment.config import set_task_vocabulary, validate
@@ -529,17 +531,15 @@ def test_probe_candidates_count_the_training_split_once_a_process(tmp_path, monk
         copy_probe, "load_split", lambda data, split, progress: loads.append(data.name) or TokenArray([path])
     )
 
-    def config(name: str, min_count: int) -> DictConfig:
-        return OmegaConf.create(
-            {"data": {"name": name}, "eval": {"copy_min_count": min_count}, "logging": {"progress": False}}
-        )
+    def candidates(name: str, min_count: int) -> list[int]:
+        return copy_probe.probe_candidates(DataConfig(name=name), min_count, 300).tolist()
 
-    assert copy_probe.probe_candidates(config("a", 2), 300).tolist() == [5, 7]
-    assert copy_probe.probe_candidates(config("a", 2), 300).tolist() == [5, 7] and loads == ["a"]
-    assert copy_probe.probe_candidates(config("b", 1), 300).tolist() == [5, 7, 9] and loads == ["a", "b"]
+    assert candidates("a", 2) == [5, 7]
+    assert candidates("a", 2) == [5, 7] and loads == ["a"]
+    assert candidates("b", 1) == [5, 7, 9] and loads == ["a", "b"]
     for _ in range(2):  # a refusal is as reliable the second time
         with pytest.raises(PosGPTError, match="eval.copy_min_count=3 leaves 0 token"):
-            copy_probe.probe_candidates(config("a", 3), 300)
+            candidates("a", 3)
 
 
 class ContextBlind(torch.nn.Module):
@@ -604,15 +604,20 @@ def test_copy_probe_scores_match_the_full_logits(tmp_path):
     assert logprob == pytest.approx(float(expected), rel=1e-5)
 
 
+def probe_context(model: torch.nn.Module, run_dir: Path) -> EvalContext:
+    """The context the copy probe scores ``model`` in: lengths 16 and 32, training seed 1."""
+    return EvalContext(model, run_dir, CPU, torch.float32, {}, 0, [16, 32], "rope", 32, 1, data=DataConfig())
+
+
 def test_the_distances_of_a_length_share_their_windows_and_control(tmp_path):
     """probe_length draws one set of windows and spans a length: each distance's row scores its first copy
     written into them, against one control."""
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_embd=16, n_layer=1, n_head=2, vocab_size=300), RoPEConfig(), train_seq_len=32).eval()
-    cfg = OmegaConf.create({"eval": {"copy_span": 6, "task_half_width": 0.3, "batch_tokens": 64}, "train": {"seed": 1}})
+    settings = ProbeSettings(copy_span=6, copy_min_count=0, task_half_width=0.3, task_threshold=0.9, batch_tokens=64)
     tokens, candidates = shard(tmp_path, 300), span_candidates(300)
-    context = EvalContext(cfg, model, tmp_path, CPU, torch.float32, trained_config={}, step=0, lengths=[16, 32])
-    rows = copy_probe.probe_length(context, tokens, candidates, {"length": 32}, [10, 26])
+    context = probe_context(model, tmp_path)
+    rows = copy_probe.probe_length(context, settings, tokens, candidates, {"length": 32}, [10, 26])
     assert [row["distance"] for row in rows] == [10, 26] and len({row["seed"] for row in rows}) == 1
     control = probe_windows(tokens, 11, 32, 6, candidates, torch.Generator().manual_seed(rows[0]["seed"]))
     *_, control_logprob = score_copies(model, control, 6, 64, CPU, torch.float32)
@@ -621,7 +626,7 @@ def test_the_distances_of_a_length_share_their_windows_and_control(tmp_path):
         assert row["n"] == 11 and row["correct"] == exact
         assert row["mean_logprob"] == pytest.approx(logprob / 55) and row["control_logprob"] == control_logprob / 55
     assert rows[0]["mean_logprob"] != rows[1]["mean_logprob"]  # the first copies differ
-    other = copy_probe.probe_length(context, tokens, candidates, {"length": 16}, [10])
+    other = copy_probe.probe_length(context, settings, tokens, candidates, {"length": 16}, [10])
     assert other[0]["seed"] != rows[0]["seed"]  # another length, another draw
 
 
@@ -658,17 +663,17 @@ def test_probes_of_two_settings_are_shown_apart(tmp_path):
     rows = [probe_row(64, 48, 0, 0.161), probe_row(64, 48, 1000, 0.034), probe_row(128, 48, 1000, -0.011)]
     document = {"task": "copy_probe", "pe": "rope", "train_seq_len": 64, "step": 500, "results": rows}
     document.update(threshold=0.9, effective_length={})
-    text = format_table(document)
+    text = format_table(document, TASK_ROWS)
     assert "distance 48 copy_min_count=0 " in text and "distance 48 copy_min_count=1000 " in text
     accuracy, gain = text.split("copy_gain (nats the first copy adds)")
     assert gain.count("+0.161") == 1 and "+0.034" in gain and "-0.011" in gain
     (tmp_path / "distance_length.png").write_bytes(b"stale")  # drawn when the run had one probe setting
-    plots = write_plots(document, tmp_path)
+    plots = write_plots(document, tmp_path, TASK_ROWS, {})
     names = sorted(path.name for path in tmp_path.glob("distance_length*.png"))
     assert names == ["distance_length_copy_min_count=0.png", "distance_length_copy_min_count=1000.png"]
     assert sorted(plots) == ["distance_length_copy_min_count=0", "distance_length_copy_min_count=1000"]
     # probes of other text: the file name holds no path separator
     other = {**document, "results": [rows[0], {**rows[1], "copy_min_count": 0, "corpus": "files /data/book one.txt"}]}
-    assert "distance_length_corpus=files_data_book_one.txt" in write_plots(other, tmp_path)
+    assert "distance_length_corpus=files_data_book_one.txt" in write_plots(other, tmp_path, TASK_ROWS, {})
     # one setting alone: no suffix, as before
-    assert "copy_min_count" not in format_table({**document, "results": rows[:1]})
+    assert "copy_min_count" not in format_table({**document, "results": rows[:1]}, TASK_ROWS)

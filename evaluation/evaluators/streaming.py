@@ -1,0 +1,42 @@
+"""Perplexity in the streaming protocol (StreamingLLM; ``eval.protocols=[..., streaming]``): a KV cache of the first
+``eval.streaming_sinks`` tokens and the most recent ones (evaluation/streaming.py), into eval/extrapolation.json."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from data import TokenArray
+from evaluation.context import EvalContext
+from evaluation.evaluator import Evaluator
+from evaluation.evaluators.perplexity import score_protocols
+from evaluation.perplexity_format import PERPLEXITY_ROWS
+
+STREAMING = "streaming"
+
+
+@dataclass(frozen=True)
+class StreamingSettings:
+    max_tokens: int
+    batch_tokens: int
+    streaming_sinks: int
+
+
+class Streaming(Evaluator):
+    name = STREAMING
+    runs = "text"
+    Settings = StreamingSettings
+    recorded = ("max_tokens", "batch_tokens", "streaming_sinks")
+    rows = PERPLEXITY_ROWS
+
+    @classmethod
+    def requested(cls, section: Mapping[str, Any]) -> bool:
+        return STREAMING in section["protocols"]
+
+    def run(self, ctx: EvalContext, tokens: TokenArray | None) -> list[dict[str, Any]]:
+        s = self.settings
+        return score_protocols(ctx, tokens, [STREAMING], None, s.max_tokens, s.batch_tokens, s.streaming_sinks)
+
+    def header(self, ctx: EvalContext) -> dict[str, Any]:
+        return {"data": ctx.data.name}
