@@ -48,8 +48,9 @@ def test_every_quoted_table_is_its_report_to_the_printed_digit(page):
     assert text.count("<!-- table:") >= 1
 
 
-# Intervals the docs print that no committed report does: computed from a report's per-seed values against
-# another baseline or over a subset of seeds, each explained where it is printed.
+# Intervals the docs print that no committed report prints as such: a report's three decimals rounded to two in
+# the prose (+0.73 ± 0.40 for +0.732 ± 0.397), or computed outside compare.py's reports (against another baseline,
+# over a subset of seeds, validation losses' differences), each explained where it is printed.
 COMPUTED_ELSEWHERE = {
     "+0.73 ± 0.40", "+0.20 ± 0.09", "+0.11 ± 0.07", "+0.84 ± 0.22", "+0.76 ± 0.28", "+0.81 ± 0.12", "−0.27 ± 0.19",
     "+0.31 ± 0.25", "+0.04 ± 0.08", "−0.01 ± 0.10", "+5.4% ± 1.1%", "−0.8% ± 2.2%", "11.6% ± 3.2%", "+8.8% ± 6.7%",
