@@ -22,6 +22,10 @@ Under each folder given, per run:
   schedule), the gradient norm and the step timings (tokens/s, MFU) are dropped.
 
 ``python scripts/export_results.py ... --slim`` exports slimmed in one step.
+
+It plans, then writes: every training run's directory among the folders is locked first (a run still being
+written is refused, naming the command that holds it), then every file of every folder is read and checked and
+every folder it rewrites checked writable, before the first file is changed; a refusal changes nothing.
 """
 
 from __future__ import annotations
@@ -33,13 +37,13 @@ import contextlib
 import csv
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import atomic_write, read_json, read_jsonl
+from core.files import atomic_write, check_folder, check_writable, read_json, read_jsonl
 from core.rundir import is_run_dir, lock_run
 from evaluation.results import CSV_FILE, JSON_FILE, row_ppl, write_results
 from evaluation.results import csv_rows as extrapolation_rows
@@ -140,6 +144,26 @@ def csv_problem(csv_path: Path, rows: list[dict[str, Any]], document: dict[str, 
     return None
 
 
+def checked_csv(json_path: Path, csv_name: str, rows_of: Callable, document: dict[str, Any]) -> Path | None:
+    """The CSV ``csv_name`` beside ``json_path``, where there is one, once it is checked to hold nothing the JSON
+    (``document``) does not; one that does is refused, naming it."""
+    csv_path = json_path.with_name(csv_name)
+    if not csv_path.is_file():
+        return None
+    problem = csv_problem(csv_path, rows_of(document), document)
+    if problem is not None:
+        raise PosGPTError(f"{csv_path} is not {json_path.name} beside it ({problem}): nothing was written")
+    return csv_path
+
+
+def check_task_csv(run_dir: Path) -> None:
+    """Refuse a run's ``eval/tasks.csv`` that slimming would refuse once copied: export_results.py --slim copies it
+    as it is, so it checks it before it writes anything."""
+    document = read_json(run_dir / EVAL_DIR / TASKS_JSON)
+    if isinstance(document, dict) and isinstance(document.get("results"), list):
+        checked_csv(run_dir / EVAL_DIR / TASKS_JSON, TASKS_CSV, task_rows, document)
+
+
 def plan_folder(folder: Path) -> dict[Path, Change]:
     """What slimming ``folder`` writes: {path: its new text or document, or None to remove it}; refuses, naming the
     file, a CSV that holds something its JSON does not."""
@@ -149,11 +173,8 @@ def plan_folder(folder: Path) -> dict[Path, Change]:
             document = read_json(json_path)  # a damaged file (cut short, not JSON) is refused, naming it
             if not isinstance(document, dict) or not isinstance(document.get("results"), list):
                 raise PosGPTError(f"{json_path} is malformed: no 'results' list; nothing was written")
-            csv_path = json_path.with_name(csv_name)
-            if csv_path.is_file():
-                problem = csv_problem(csv_path, rows_of(document), document)
-                if problem is not None:
-                    raise PosGPTError(f"{csv_path} is not {json_name} beside it ({problem}): nothing was written")
+            csv_path = checked_csv(json_path, csv_name, rows_of, document)
+            if csv_path is not None:
                 plan[csv_path] = None
             if json_name == JSON_FILE and slim_document(document) != document:
                 plan[json_path] = slim_document(document)
@@ -176,13 +197,18 @@ def apply_plan(plan: dict[Path, Change]) -> None:
             atomic_write(path, change)
 
 
-def write_csvs(folder: Path) -> list[Path]:
-    """Each run's CSVs written again from its JSON (today's columns)."""
-    written = []
+def plan_csvs(folder: Path) -> list[tuple[Callable, dict[str, Any], Path]]:
+    """The CSVs ``--csv`` writes under ``folder``: (writer, the JSON's document, the CSV's path), each JSON read and
+    checked (a damaged or malformed one refused, naming it) and each CSV's path checked writable."""
+    planned = []
     for json_name, csv_name, _, write in CSV_PAIRS:
         for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{json_name}")):
-            written.append(write(read_json(json_path), json_path.with_name(csv_name)))
-    return written
+            document = read_json(json_path)
+            if not isinstance(document, dict) or not isinstance(document.get("results"), list):
+                raise PosGPTError(f"{json_path} is malformed: no 'results' list; nothing was written")
+            planned.append((write, document, json_path.with_name(csv_name)))
+            check_writable({"--csv": json_path.with_name(csv_name)})
+    return planned
 
 
 def run_dirs_in(folders: list[Path]) -> list[Path]:
@@ -210,6 +236,8 @@ def slim_folders(folders: list[Path]) -> None:
 
 def _slim(folders: list[Path]) -> None:
     plans = {folder: plan_folder(folder) for folder in folders}
+    for path in (path for plan in plans.values() for path in plan):  # a rewrite (renamed into place), a removal
+        check_folder(f"slimming {path}: its folder", path.parent)
     for folder, plan in plans.items():
         before = sum(path.stat().st_size for path in plan)
         apply_plan(plan)
@@ -230,8 +258,11 @@ def main(argv: list[str] | None = None) -> None:
         raise PosGPTError(f"no such folder: {', '.join(missing)}")
     if args.csv:
         with runs_locked(args.folders):
-            for folder in args.folders:
-                print(f"slim_results: wrote {len(write_csvs(folder))} CSVs under {folder}", flush=True)
+            plans = {folder: plan_csvs(folder) for folder in args.folders}  # every folder checked before any write
+            for folder, planned in plans.items():
+                for write, document, path in planned:
+                    write(document, path)
+                print(f"slim_results: wrote {len(planned)} CSVs under {folder}", flush=True)
         return
     slim_folders(args.folders)
 
