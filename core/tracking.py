@@ -7,8 +7,9 @@ turns W&B off. The W&B run id is stored in checkpoints so that a resumed trainin
 
 :func:`check_wandb` checks, before a command writes anything, what would make :func:`init_wandb` fail: online
 without a login on this machine (looked up as W&B looks it up, without the network), and a ``<run_dir>/wandb``
-that cannot be a folder this process writes (a stray file of that name, a read-only run directory). init_wandb
-runs it first too, so W&B never starts where it would fail at its own first write.
+that cannot be a folder this process writes (a stray file of that name, a read-only run directory). A command
+calls it where it checks its other outputs, and calls init_wandb once nothing is left to refuse: W&B writes its
+files as it starts.
 """
 
 from __future__ import annotations
@@ -119,9 +120,7 @@ def check_wandb(settings: TrackerSettings, run_dir: str | Path) -> None:
 
 
 def init_wandb(settings: TrackerSettings, run_dir: str | Path, run_id: str | None, job_type: str = "train"):
-    """Start (or resume, when run_id is given) the W&B run; returns None when W&B is disabled. What
-    :func:`check_wandb` refuses is refused first, before W&B writes anything."""
-    check_wandb(settings, run_dir)
+    """Start (or resume, when run_id is given) the W&B run; returns None when W&B is disabled."""
     if settings.mode == "disabled":
         return None
     import wandb

@@ -15,12 +15,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from cli_runs import assert_one_line_error, evaluated_run
 from tiny_checkpoint import make_run
 
 from core.errors import IO_ERROR_EXIT_CODE, PosGPTError
-from core.rundir import LOCK_FILE, lock_run
-from core.tracking import TrackerSettings, check_wandb, init_wandb, wandb_login
+from core.rundir import LOCK_FILE, lock_run, refuse_if_live
+from core.tracking import TrackerSettings, check_wandb, wandb_login
 
 TINY_MQAR = ["task=mqar", "pe=rope", "model.n_layer=2", "train.seq_len=32"]  # mqar's 8 pairs need 32 tokens
 INSPECT = ("inspect.windows=1", "inspect.length_multipliers=[1]")
@@ -242,7 +243,7 @@ def test_wandb_is_checked_without_starting_it(tmp_path, monkeypatch):
     (tmp_path / "wandb").write_text("stray")
     check_wandb(TrackerSettings("disabled"), tmp_path)  # disabled W&B writes nothing: nothing to check
     with pytest.raises(PosGPTError, match="no W&B login"):
-        init_wandb(TrackerSettings("online"), tmp_path, None)  # refused before W&B is imported or started
+        check_wandb(TrackerSettings("online"), tmp_path)
     (tmp_path / "no-netrc").write_text("machine api.wandb.ai login user password 0123456789abcdef\n")
     assert wandb_login() == str(tmp_path / "no-netrc")
     with pytest.raises(PosGPTError, match="is a file"):  # logged in: now the folder is what is refused
@@ -267,6 +268,30 @@ def test_a_run_still_being_written_is_refused(cli, run, task_run, tmp_path, comm
     held = task_run if argv[0].endswith("check_below_length.py") else run
     with lock_run(held):
         refused(cli, tmp_path, argv, "is in use by")
+
+
+def test_a_lock_file_no_one_holds_is_free_and_stays_as_it_is(tmp_path):
+    (tmp_path / LOCK_FILE).write_text('{"pid": 1}')  # as a holder killed by kill -9 leaves it
+    refuse_if_live(tmp_path)
+    assert (tmp_path / LOCK_FILE).read_text() == '{"pid": 1}'
+    refuse_if_live(tmp_path / "nothing here")  # a run that no one has locked yet
+
+
+# A device this machine does not have is refused before anything is written.
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA has the device")
+@pytest.mark.parametrize(
+    "command",
+    [
+        lambda run, out: ("sample.py", f"run_dir={run}", "train.device=cuda"),
+        lambda run, out: ("scripts/inspect_attention.py", f"run_dir={run}", *INSPECT, "train.device=cuda"),
+        lambda run, out: ("scripts/estimate.py", "--measure", "--record", str(out), "train.device=cuda"),
+    ],
+    ids=["sample", "inspect", "estimate"],
+)
+def test_a_device_this_machine_lacks_is_refused(cli, run, tmp_path, command):
+    refused(cli, tmp_path, command(run, tmp_path / "record.json"), "CUDA is not available")
 
 
 # A stray file or folder where a run keeps one of its own entries.
