@@ -8,8 +8,8 @@
 - :func:`check_outputs` refuses, before anything is written, an output that would overwrite a file the command
   reads, or another run's own files (its checkpoints, results and logs: core/rundir.py's RUN_ENTRIES);
   :func:`check_writable` one the machine will not let the command write, and :func:`check_folder` a folder a
-  command or a library it calls (W&B's files) would make or write into, so that a command plans every write
-  before its first.
+  command or a library it calls (W&B's files, matplotlib's: :func:`check_matplotlib_folders`) would make or write
+  into, so that a command plans every write before its first.
 - :func:`atomic_write` writes a file whole or not at all; a full disk or a missing permission is a MachineFault
   naming the file, and the previous version of the file is left as it was.
 - :func:`os_fault` turns any other failure of the machine (no space left, permission denied, an I/O error) into
@@ -26,6 +26,7 @@ import io
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -201,6 +202,22 @@ def check_folder(shown: str, folder: str | Path) -> None:
     why = _why_not_writable(existing, os.W_OK | os.X_OK)
     if why is not None:
         raise MachineFault(f"{shown}: cannot write in {existing}: {why} (nothing was written)")
+
+
+def check_matplotlib_folders() -> None:
+    """Refuse (as :func:`check_folder`) the folders matplotlib would keep its settings and font cache in, before it
+    is first imported: MPLCONFIGDIR, else on Linux $XDG_CONFIG_HOME/matplotlib and $XDG_CACHE_HOME/matplotlib
+    (~/.config, ~/.cache), as matplotlib chooses them. Where it cannot write there, matplotlib makes a temporary
+    folder and prints two lines of its own, beside the command's one. Once matplotlib is imported it has chosen."""
+    if "matplotlib" in sys.modules or not (os.environ.get("MPLCONFIGDIR") or sys.platform.startswith("linux")):
+        return
+    if os.environ.get("MPLCONFIGDIR"):
+        folders = [Path(os.environ["MPLCONFIGDIR"])]
+    else:
+        bases = [os.environ.get("XDG_CONFIG_HOME") or "~/.config", os.environ.get("XDG_CACHE_HOME") or "~/.cache"]
+        folders = [Path(base).expanduser() / "matplotlib" for base in bases]
+    for folder in folders:
+        check_folder("matplotlib's folder (MPLCONFIGDIR chooses another)", folder)
 
 
 def check_writable(outputs: Mapping[str, str | Path | None]) -> None:

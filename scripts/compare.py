@@ -72,7 +72,7 @@ from pathlib import Path
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import atomic_write, check_outputs, check_writable
+from core.files import atomic_write, check_matplotlib_folders, check_outputs, check_writable
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
 from evaluation.extrapolation import PROTOCOLS
 from evaluation.plots import (
@@ -251,6 +251,7 @@ def plan_comparison(args: argparse.Namespace) -> Comparison:
     runs = load_runs(args.run_dirs)
     language_runs = [run for run in runs if run.document is not None]  # task runs have accuracy only
     tasks = task_entries(runs)
+    check_matplotlib_folders()  # before the image paths' check imports it
     check_output_paths(args, bool(language_runs), bool(tasks))
     entries, data = [], None
     if language_runs:

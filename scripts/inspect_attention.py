@@ -43,7 +43,7 @@ import torch
 
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
-from core.files import atomic_write, check_outputs, check_writable
+from core.files import atomic_write, check_matplotlib_folders, check_outputs, check_writable
 from core.rundir import CHECKPOINT_DIR, EVAL_DIR, lock_run
 from core.tracking import TrackerSettings, check_wandb, init_wandb
 from data import eval_tokens
@@ -97,6 +97,7 @@ def plan_inspection(run_dir: Path, overrides: list[str]) -> Inspection:
     outputs = {f"the {name} output": path for name, path in paths.items()}
     check_outputs(outputs, inputs=[run.dir / CHECKPOINT_DIR], run=run.dir)
     check_writable(outputs)
+    check_matplotlib_folders()
     tracker = tracker_settings(cfg)
     check_wandb(tracker, run.dir)
     checkpoint = run.checkpoint

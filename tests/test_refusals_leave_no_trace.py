@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,7 +214,8 @@ def test_an_output_folder_the_machine_will_not_let_us_write_is_exit_74(cli, run,
     refused(cli, tmp_path, argv, "cannot write in", "nothing was written", code=IO_ERROR_EXIT_CODE)
 
 
-# W&B: online without a login, and a folder that cannot hold W&B's files, are refused before W&B starts.
+# A library's folders: W&B online without a login, and a folder that cannot hold W&B's or matplotlib's files, are
+# refused before the library starts.
 
 
 def test_online_wandb_without_a_login_is_refused_before_anything(cli, run, task_run, tmp_path, monkeypatch):
@@ -236,6 +238,24 @@ def test_an_offline_wandb_folder_that_cannot_be_written_is_exit_74(cli, run, tmp
     not_writable(monkeypatch, run / "wandb")
     inspect = ("scripts/inspect_attention.py", f"run_dir={run}", *INSPECT, "logging.wandb.mode=offline")
     refused(cli, tmp_path, inspect, "W&B's folder: cannot write in", code=IO_ERROR_EXIT_CODE)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        lambda run, out: ("scripts/compare.py", str(run), "--markdown", str(out / "c.md")),
+        lambda run, out: ("scripts/inspect_attention.py", f"run_dir={run}", *INSPECT),
+    ],
+    ids=["compare", "inspect"],
+)
+def test_a_matplotlib_folder_that_cannot_be_one_is_refused_before_matplotlib_starts(
+    cli, run, tmp_path, monkeypatch, command
+):
+    """Not matplotlib's two lines about a temporary folder it made instead, beside the command's own."""
+    (tmp_path / "file").write_text("a file, not a folder")
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "file" / "matplotlib"))
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)  # as in a fresh process, where it has not chosen
+    refused(cli, tmp_path, command(run, tmp_path), "matplotlib's folder (MPLCONFIGDIR chooses another)")
 
 
 def test_wandb_is_checked_without_starting_it(tmp_path, monkeypatch):
