@@ -2,10 +2,10 @@
 
 Per class of refusal (an option the runs cannot fill, a damaged input, an output path, a library's folder and W&B's
 mode, a run still being written, a device the machine lacks, a stray file in a run directory), each command is run
-through its real command line, in this
-process (Runner.here), and must answer one ``error:`` line, exit 2 (74 where the machine will not let it write),
-and leave every file and folder under the test's directory as it found them, byte for byte. The machine's refusals
-are simulated at os.access (tests may run as root, whom permissions do not stop); W&B is never started.
+through its real command line, in this process (Runner.here), and must answer one ``error:`` line, exit 2 (74 where
+the machine will not let it write), and leave every file and folder under the test's directory as it found them,
+byte for byte. The machine's refusals are simulated at os.access (tests may run as root, whom permissions do not
+stop); W&B is never started.
 """
 
 from __future__ import annotations
