@@ -96,7 +96,7 @@ def refuse_if_live(run_dir: str | Path) -> None:
     without writing: a shared flock on its lock file, where there is one, released at once. A lock file left by a
     holder that was killed is free, and stays as it is. A lock path that is not a file is refused as lock_run
     would refuse it. For the instant the shared lock is held, a command starting on the run would be refused as
-    if another command wrote it (naming no holder): a command asks this once, before its work."""
+    if another command wrote it: a command asks this once, before its work."""
     run_dir = Path(run_dir)
     path = run_dir / LOCK_FILE
     if not path.exists():  # a holder keeps its lock file until it has let go of the lock
