@@ -13,6 +13,10 @@ vocabulary is the task's symbols, not text (eval.py measures it). The scheme's e
 (pe.scaling, pe.remap) apply. Each sample is streamed to stdout as it is generated; sample.num_samples samples are
 drawn one after the other from one generator seeded with sample.seed, so a seed always gives the same text on the
 same device.
+
+It writes no file and takes no lock. Every check (the run and its checkpoint, the overrides, the device, sample.*,
+the prompt file, the length the scheme can encode) runs before the first line is printed, so a refused command
+prints its error alone.
 """
 
 from __future__ import annotations

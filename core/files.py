@@ -6,7 +6,10 @@
   metrics log): a file cut short (a truncated document, a last line torn by a kill) or otherwise not JSON is a
   PosGPTError naming it, never read as if whole. Only a run resuming its own log drops a torn last line.
 - :func:`check_outputs` refuses, before anything is written, an output that would overwrite a file the command
-  reads, or another run's own files (its checkpoints, results and logs: core/rundir.py's RUN_ENTRIES).
+  reads, or another run's own files (its checkpoints, results and logs: core/rundir.py's RUN_ENTRIES);
+  :func:`check_writable` one the machine will not let the command write, and :func:`check_folder` a folder a
+  command or a library it calls (W&B's files, matplotlib's: :func:`check_matplotlib_folders`) would make or write
+  into, so that a command plans every write before its first.
 - :func:`atomic_write` writes a file whole or not at all; a full disk or a missing permission is a MachineFault
   naming the file, and the previous version of the file is left as it was.
 - :func:`os_fault` turns any other failure of the machine (no space left, permission denied, an I/O error) into
@@ -23,6 +26,7 @@ import io
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -169,6 +173,66 @@ def check_outputs(
                 f"{shown} lies in {owner[1]} of the training run {owner[0]}, which only that run's own commands "
                 "write: choose a path outside it (nothing was written)"
             )
+
+
+def _deepest_existing(path: Path) -> Path:
+    """``path`` itself if it exists, else its deepest existing parent (the root always exists)."""
+    return next(folder for folder in (path, *path.parents) if folder.exists())
+
+
+def _why_not_writable(path: Path, mode: int) -> str | None:
+    """Why this process may not write ``path`` (os.access with ``mode``: a read-only file system, a missing
+    permission), or None where it may. os.access asks the kernel with the process's real ids, as the write will."""
+    if os.access(path, mode):
+        return None
+    read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    return os.strerror(errno.EROFS if read_only else errno.EACCES)
+
+
+def check_folder(shown: str, folder: str | Path) -> None:
+    """Refuse, before anything is written, a folder that a write would make or fill (``shown`` names the setting
+    that chose it) where it cannot be: a file stands at its path or above it (PosGPTError, a mistake in the
+    command), or the deepest existing folder on its path is one this process may not create entries in
+    (MachineFault, as the write itself would be)."""
+    folder = Path(folder).expanduser().absolute()
+    existing = _deepest_existing(folder)
+    if not existing.is_dir():
+        where = "is a file" if existing == folder else f"lies under {existing}, which is a file"
+        raise PosGPTError(f"{shown} {folder} {where}, not a folder: move the file away (nothing was written)")
+    why = _why_not_writable(existing, os.W_OK | os.X_OK)
+    if why is not None:
+        raise MachineFault(f"{shown}: cannot write in {existing}: {why} (nothing was written)")
+
+
+def check_matplotlib_folders() -> None:
+    """Refuse (as :func:`check_folder`) the folders matplotlib would keep its settings and font cache in, before it
+    is first imported: MPLCONFIGDIR, else on Linux $XDG_CONFIG_HOME/matplotlib and $XDG_CACHE_HOME/matplotlib
+    (~/.config, ~/.cache), as matplotlib chooses them. Where it cannot write there, matplotlib makes a temporary
+    folder and prints two lines of its own, beside the command's one. Once matplotlib is imported it has chosen."""
+    if "matplotlib" in sys.modules or not (os.environ.get("MPLCONFIGDIR") or sys.platform.startswith("linux")):
+        return
+    if os.environ.get("MPLCONFIGDIR"):
+        folders = [Path(os.environ["MPLCONFIGDIR"])]
+    else:
+        bases = [os.environ.get("XDG_CONFIG_HOME") or "~/.config", os.environ.get("XDG_CACHE_HOME") or "~/.cache"]
+        folders = [Path(base).expanduser() / "matplotlib" for base in bases]
+    for folder in folders:
+        check_folder("matplotlib's folder (MPLCONFIGDIR chooses another)", folder)
+
+
+def check_writable(outputs: Mapping[str, str | Path | None]) -> None:
+    """Refuse, before anything is written, an output (named by the option that chose it) that this process could
+    not write: its folder as :func:`check_folder` checks it, and an existing file there that it may not replace.
+    With :func:`check_outputs`, which says whether the path is one to write at all, every output of a command is
+    known to be writable before the first is written."""
+    for option, given in outputs.items():
+        if given is None:
+            continue
+        path = Path(given).expanduser().absolute()
+        check_folder(f"{option} {given}: the folder", path.parent)
+        why = _why_not_writable(path, os.W_OK) if path.exists() else None
+        if why is not None:
+            raise MachineFault(f"{option} {given}: cannot write it: {why} (nothing was written)")
 
 
 def os_error_of(error: BaseException) -> OSError | None:

@@ -6,7 +6,8 @@ writes the run, the lock file. Only one command at a time may write a run (train
 scripts/inspect_attention.py): each holds :func:`lock_run` for its whole life, and a second one is refused,
 naming the holder. The lock is the operating system's (``flock``): it is released when its holder ends, even
 by kill -9, so a stopped run can always be resumed. A command that ends normally also removes the lock file,
-so a command that did nothing leaves the directory as it found it.
+so a command that did nothing leaves the directory as it found it. A command that has a run changed by another
+process (scripts/check_below_length.py runs eval.py on each) asks :func:`refuse_if_live` of every run first.
 """
 
 from __future__ import annotations
@@ -83,6 +84,34 @@ def _write_holder(fd: int, path: Path) -> None:
         raise MachineFault(f"could not write {path}: {error.strerror}") from None
 
 
+def _in_use(run_dir: Path, holder: str) -> PosGPTError:
+    return PosGPTError(
+        f"{run_dir} is in use by {holder}: one command at a time may write a run directory; wait for it "
+        "to end, or choose another directory"
+    )
+
+
+def refuse_if_live(run_dir: str | Path) -> None:
+    """Refuse (PosGPTError naming the holder) a run whose lock another command holds, without taking the lock and
+    without writing: a shared flock on its lock file, where there is one, released at once. A lock file left by a
+    holder that was killed is free, and stays as it is. A lock path that is not a file is refused as lock_run
+    would refuse it. For the instant the shared lock is held, a command starting on the run would be refused as
+    if another command wrote it: a command asks this once, before its work."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK_FILE
+    if not path.exists():  # a holder keeps its lock file until it has let go of the lock
+        return
+    if not path.is_file():
+        raise PosGPTError(f"cannot lock the run directory {run_dir}: {path} is not a file; remove it")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(run_dir, _holder(fd)) from None
+    finally:
+        os.close(fd)  # closing the file lets go of the shared lock
+
+
 @contextlib.contextmanager
 def lock_run(run_dir: str | Path) -> Iterator[None]:
     """Hold ``run_dir``'s lock while the block runs; PosGPTError naming the holder if another command holds it."""
@@ -101,10 +130,7 @@ def lock_run(run_dir: str | Path) -> Iterator[None]:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise PosGPTError(
-                f"{run_dir} is in use by {holder}: one command at a time may write a run directory; wait for it "
-                "to end, or choose another directory"
-            ) from None
+            raise _in_use(run_dir, holder) from None
         try:  # the previous holder may have removed the file between our open and our lock: lock the new one
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break

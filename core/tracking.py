@@ -4,20 +4,31 @@ W&B is offline by default (``logging.wandb.mode=offline``): the run is written u
 and uploaded later with ``wandb sync <run_dir>/wandb/offline-run-*``. ``online`` logs live, ``disabled``
 turns W&B off. The W&B run id is stored in checkpoints so that a resumed training run and a later
 ``eval.py`` write into the same W&B run.
+
+:func:`check_wandb` checks, before a command writes anything, what would make :func:`init_wandb` fail: online
+without a login on this machine (looked up as W&B looks it up, without the network), and a ``<run_dir>/wandb``
+that cannot be a folder this process writes (a stray file of that name, a read-only run directory). A command
+calls it where it checks its other outputs, and calls init_wandb once nothing is left to refuse: W&B writes its
+files as it starts.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import netrc
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from core.errors import PosGPTError, first_line
-from core.files import atomic_write, read_jsonl
-from core.rundir import METRICS_FILE
+from core.files import atomic_write, check_folder, read_jsonl
+from core.rundir import METRICS_FILE, WANDB_DIR
+
+WANDB_MODES = ("online", "offline", "disabled")
+WANDB_HOST = "https://api.wandb.ai"  # W&B's own server, where WANDB_BASE_URL names no other
 
 
 def _jsonable(value: Any) -> Any:
@@ -73,6 +84,39 @@ class TrackerSettings:
     name: str | None = None
     tags: tuple[str, ...] = ()
     config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def wandb_login() -> str | None:
+    """Where W&B would find this machine's login, or None where there is none: WANDB_API_KEY or
+    WANDB_IDENTITY_TOKEN_FILE, else an entry for the W&B host (WANDB_BASE_URL's) in the netrc file (NETRC, else
+    ~/.netrc) that ``wandb login`` writes. Read from the environment and the file alone: no network, no write."""
+    for variable in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(variable):
+            return variable
+    path = Path(os.environ.get("NETRC") or "~/.netrc").expanduser()
+    try:
+        entry = netrc.netrc(path).authenticators(urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_HOST).netloc)
+    except (OSError, netrc.NetrcParseError):  # no file, or one W&B could not read either
+        return None
+    return str(path) if entry is not None and entry[2] else None
+
+
+def check_wandb(settings: TrackerSettings, run_dir: str | Path) -> None:
+    """Refuse, before anything is written, a W&B run that :func:`init_wandb` could not start in ``run_dir``: a
+    mode that is not one of WANDB_MODES, online mode with no login on this machine (:func:`wandb_login`), and a
+    ``<run_dir>/wandb`` that cannot hold W&B's files (core.files.check_folder: a file of that name, a folder this
+    process may not write). Disabled W&B writes nothing and is not checked further."""
+    if settings.mode not in WANDB_MODES:
+        raise PosGPTError(f"logging.wandb.mode={settings.mode} is not one of {', '.join(WANDB_MODES)}")
+    if settings.mode == "disabled":
+        return
+    if settings.mode == "online" and wandb_login() is None:
+        raise PosGPTError(
+            "logging.wandb.mode=online: this machine has no W&B login (no WANDB_API_KEY, no entry in ~/.netrc); "
+            "log in (`wandb login`, or WANDB_API_KEY), or log offline (logging.wandb.mode=offline, the default) "
+            "and `wandb sync` later (nothing was written)"
+        )
+    check_folder(f"logging.wandb.mode={settings.mode}: W&B's folder", Path(run_dir) / WANDB_DIR)
 
 
 def init_wandb(settings: TrackerSettings, run_dir: str | Path, run_id: str | None, job_type: str = "train"):

@@ -11,7 +11,8 @@ attention weight on v_i's position over every query, and over the queries farthe
 
 The MQAR analyses in docs/results.md quote its output (results/task-study/attention_on_value.txt,
 results/task-4layer-hybrids/attention_on_value.txt); checkpoints are not committed, so it runs on a study's run
-directories.
+directories. Every run is loaded and checked (an MQAR run, with the layer read) before the first line is printed,
+so a refused command prints nothing but its error; it writes no file.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from omegaconf import OmegaConf
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from data.tasks import build_task, held_out_seed
-from experiment.build import load_trained_run
+from experiment.build import TrainedRun, load_trained_run
 
 EXAMPLES = 64
 MULTIPLES = (1, 16)  # of the training length: the lengths scored
@@ -51,12 +52,22 @@ def value_positions(inputs: torch.Tensor, targets: torch.Tensor, n_pairs: int) -
     return example, query, 2 * pair + 1
 
 
-def attention_on_value(run_dir: Path, every_layer: bool = False) -> list[str]:
-    """One line per scored length and layer: the head with the most attention on the queried value, its mean
-    weight there over all queries, and (where some are) over the queries farther than L from their value and nearer."""
+def load_mqar_run(run_dir: Path, every_layer: bool = False) -> TrainedRun:
+    """The run, once checked to be one this reads: an MQAR run with a layer RECALL_LAYER (unless ``every_layer``)."""
     run = load_trained_run(run_dir, [], "scripts/attention_on_value.py")
     if run.cfg.task.name != "mqar":
         raise PosGPTError(f"{run_dir} is not an MQAR run (task={run.cfg.task.name}): this reads MQAR's layout")
+    layers = run.cfg.model.n_layer
+    if not every_layer and layers <= RECALL_LAYER:
+        raise PosGPTError(f"{run_dir} has {layers} layer(s), no layer {RECALL_LAYER}: pass --every-layer")
+    return run
+
+
+def attention_on_value(run_dir: Path, every_layer: bool = False, run: TrainedRun | None = None) -> list[str]:
+    """One line per scored length and layer: the head with the most attention on the queried value, its mean
+    weight there over all queries, and (where some are) over the queries farther than L from their value and nearer.
+    ``run``: the run at ``run_dir`` loaded already (load_mqar_run), else it is loaded here."""
+    run = load_mqar_run(run_dir, every_layer) if run is None else run
     task = build_task(OmegaConf.to_object(run.cfg.task))
     far_from = run.cfg.train.seq_len  # queries farther than the training length from their value are past it
     generator = torch.Generator().manual_seed(held_out_seed(7, "attention on value"))
@@ -67,8 +78,6 @@ def attention_on_value(run_dir: Path, every_layer: bool = False) -> list[str]:
         run.model.hidden_states(inputs.to(run.device), capture=probs)
         example, query, value_at = (t.to(run.device) for t in value_positions(inputs, targets, task.cfg.n_pairs))
         far = (query - value_at) > far_from
-        if not every_layer and len(probs) <= RECALL_LAYER:
-            raise PosGPTError(f"{run_dir} has {len(probs)} layer(s), no layer {RECALL_LAYER}: pass --every-layer")
         for layer in range(len(probs)) if every_layer else [RECALL_LAYER]:
             on_value = probs[layer][example, :, query, value_at]  # (queries, heads)
             head = int(on_value.mean(0).argmax())
@@ -85,8 +94,9 @@ def attention_on_value(run_dir: Path, every_layer: bool = False) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     torch.set_grad_enabled(False)
-    for run_dir in args.run_dirs:
-        print("\n".join(attention_on_value(run_dir, args.every_layer)), flush=True)
+    runs = [load_mqar_run(run_dir, args.every_layer) for run_dir in args.run_dirs]  # each refused before any line
+    for run_dir, run in zip(args.run_dirs, runs):
+        print("\n".join(attention_on_value(run_dir, args.every_layer, run)), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ length, not the task, and its accuracy past L says nothing about extrapolation (
 
 Exit code 0 when every run holds (accuracy >= --min-ratio x its 1x accuracy at each shorter length), 1 when one
 does not; 2 for a bad argument or a run that is not a task run (refused before anything is scored).
+
+Every run is checked before the first is scored: a task run, with a checkpoint, not being written by another
+command (core.rundir.refuse_if_live: eval.py writes its eval/), and whose W&B run can start; so is --json's path.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from pathlib import Path
 from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import check_outputs, read_json
+from core.files import atomic_write, check_outputs, check_writable, read_json
+from core.rundir import refuse_if_live
+from core.tracking import check_wandb
 from data.tasks import NO_TASK
 from evaluation.render import render_table
 from evaluation.run import EVAL_DIR
 from evaluation.task_accuracy import JSON_FILE, variation
+from experiment.plan import tracker_settings
 from experiment.settings import trained_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,10 +60,14 @@ def checked_lengths(seq_len: int) -> dict[str, int]:
 
 
 def trained_setting(run_dir: Path) -> dict:
-    """What the run's checkpoint was trained with (an old checkpoint's length distribution read as it trained)."""
+    """What the run's checkpoint was trained with (an old checkpoint's length distribution read as it trained),
+    once the run is checked to be one eval.py may score now: a task run, not being written by another command
+    (its lock), whose W&B run (the trained logging.wandb settings, which eval.py uses) can start."""
     cfg = trained_config(load_checkpoint(run_dir)["config"])
     if cfg.task.name == NO_TASK:
         raise PosGPTError(f"{run_dir} is a language-model run: this check is for task runs (task=...)")
+    refuse_if_live(run_dir)
+    check_wandb(tracker_settings(cfg), run_dir)
     return {"task": cfg.task.name, "pe": cfg.pe.name, "train_lengths": cfg.task.train_lengths, "L": cfg.train.seq_len}
 
 
@@ -85,6 +95,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.json:
         check_outputs({"--json": args.json}, args.run_dirs)
+        check_writable({"--json": args.json})
     settings = {run: trained_setting(run) for run in args.run_dirs}  # every run checked before any is scored
     results = []
     for run, setting in settings.items():
@@ -101,7 +112,8 @@ def main(argv: list[str]) -> int:
     ]
     print(render_table(header, body))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(args.json, json.dumps(results, indent=1) + "\n")
     return 0 if all(r["holds"] for r in results) else 1
 
 

@@ -53,6 +53,11 @@ protocol compared, a section "## Key-token perplexity" after the perplexity tabl
 seeds with its differences and pairing as above, and the share of the targets that were key tokens
 (reports/key_tokens.py). Rows selected otherwise (thresholds, short context, evaluator) are never pooled.
 
+It plans, then writes: every run's results, every option (--per-position's bins, --entropy's attention files,
+--val-curve's logs, --baseline) and every output path (an image where it is a plot, not over an input, writable) is
+read and checked, and every table and series computed, before the first file is written; a refused comparison
+writes nothing.
+
 This file is the command; what it computes lives in reports/ (reports/__init__.py lists its modules).
 """
 
@@ -62,11 +67,12 @@ import _repo
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import check_outputs
+from core.files import atomic_write, check_matplotlib_folders, check_outputs, check_writable
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
 from evaluation.extrapolation import PROTOCOLS
 from evaluation.plots import (
@@ -218,14 +224,35 @@ def option_name(attribute: str) -> str:
     return "--" + attribute.replace("_", "-")
 
 
+@dataclass
+class Comparison:
+    """Everything a comparison writes, computed and checked before the first file is: a refusal leaves no output."""
+
+    report: str
+    entries: list[Entry]  # the perplexity settings (none for task runs alone)
+    data: str | None
+    tasks: list[TaskEntry]
+    curves: list[ValidationCurve]  # with --val-curve
+    per_position: list[Series] | None  # with --per-position, at per_position_length
+    per_position_length: int | None
+    attention: list[tuple[str, dict]] | None  # with --entropy
+
+
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    write_comparison(args, plan_comparison(args))
+
+
+def plan_comparison(args: argparse.Namespace) -> Comparison:
+    """Read and check every input, check every output path, and compute every table and series to draw: each
+    refusal comes here, before anything is written."""
     if args.stride is not None and args.protocol != "sliding":
         raise PosGPTError(f"--stride is the sliding protocol's; pass --protocol sliding or drop --stride {args.stride}")
     runs = load_runs(args.run_dirs)
     language_runs = [run for run in runs if run.document is not None]  # task runs have accuracy only
     tasks = task_entries(runs)
+    check_matplotlib_folders()  # before the image paths' check imports it
     check_output_paths(args, bool(language_runs), bool(tasks))
     entries, data = [], None
     if language_runs:
@@ -234,34 +261,43 @@ def main(argv: list[str]) -> None:
     check_requests(args, entries)
     check_baseline(args.baseline, entries, tasks)
     report, curves = comparison_markdown(args, runs, entries, data, tasks)
-    attention = read_attention(args.run_dirs) if args.entropy is not None else None  # refused before any write
+    length = longest_evaluated_length(entries) if args.per_position is not None else None
+    per_position = per_position_series(entries, length) if length is not None else None
+    attention = read_attention(args.run_dirs) if args.entropy is not None else None
+    return Comparison(report, entries, data, tasks, curves, per_position, length, attention)
+
+
+def write_comparison(args: argparse.Namespace, plan: Comparison) -> None:
+    """Write the markdown and every plot the plan holds, printing the markdown."""
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(report)
-    print(report)
+    atomic_write(args.markdown, plan.report)
+    print(plan.report)
     written = [args.markdown]
-    if tasks:
-        write_task_outputs(args, tasks, written)
-    if entries:
-        write_perplexity_plots(args, entries, data, written)
-    if curves:
-        write_validation_plot(args, curves, written)
-    if attention is not None:
+    if plan.tasks:
+        write_task_outputs(args, plan.tasks, written)
+    if plan.entries:
+        write_perplexity_plots(args, plan, written)
+    if plan.curves:
+        write_validation_plot(args, plan.curves, written)
+    if plan.attention is not None:
         args.entropy.parent.mkdir(parents=True, exist_ok=True)
-        plot_entropy_comparison(attention, args.entropy)
+        plot_entropy_comparison(plan.attention, args.entropy)
         written.append(args.entropy)
     print(f"compare: wrote {', '.join(map(str, written))}")
 
 
 def check_output_paths(args: argparse.Namespace, perplexity: bool, tasks: bool) -> None:
     """Checked before anything is written: only the outputs these runs have (a task study writes no perplexity
-    plot)."""
+    plot), each an image where it is a plot, none over an input or another run's files, and each writable."""
     outputs = ["markdown", "val_curve", "entropy"]
     outputs += ["plot", "per_position"] if perplexity else []
     outputs += ["task_plot", "task_heatmap", "task_csv"] if tasks else []
     check_image_paths(
         {option_name(name): getattr(args, name) for name in outputs if name not in ("markdown", "task_csv")}
     )
-    check_outputs({option_name(name): getattr(args, name) for name in outputs}, inputs=args.run_dirs)
+    paths = {option_name(name): getattr(args, name) for name in outputs}
+    check_outputs(paths, inputs=args.run_dirs)
+    check_writable(paths)
 
 
 def check_baseline(baseline: str | None, entries: list[Entry], tasks: list[TaskEntry]) -> None:
@@ -337,17 +373,18 @@ def write_validation_plot(args: argparse.Namespace, curves: list[ValidationCurve
     written.append(args.val_curve)
 
 
-def write_perplexity_plots(args: argparse.Namespace, entries: list[Entry], data: str, written: list[Path]) -> None:
+def write_perplexity_plots(args: argparse.Namespace, plan: Comparison, written: list[Path]) -> None:
     """The perplexity plot and, with --per-position, the loss by position; each added to ``written``."""
+    entries = plan.entries
     train_lens = {entry.train_len for entry in entries}
     seeds = sorted({len(entry.per_seed) for entry in entries})
     band = "; band: 95% CI over seeds" if seeds[-1] > 1 else ""
-    scored = f"{args.protocol} protocol, data {data}"
+    scored = f"{args.protocol} protocol, data {plan.data}"
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     plot_ppl_vs_length(ppl_series(entries), train_lens, args.plot, "Perplexity by evaluation length", f"{scored}{band}")
     written.append(args.plot)
-    if args.per_position is not None:
-        length = longest_evaluated_length(entries)
+    if plan.per_position is not None:
+        length = plan.per_position_length
         args.per_position.parent.mkdir(parents=True, exist_ok=True)
         rows = [
             seed[length]
@@ -356,7 +393,7 @@ def write_perplexity_plots(args: argparse.Namespace, entries: list[Entry], data:
             if length in seed and row_ppl(seed[length]) is not None
         ]
         plot_per_position(
-            per_position_series(entries, length),
+            plan.per_position,
             train_lens,
             args.per_position,
             f"Loss by position in windows of {length}",

@@ -12,6 +12,9 @@ default backend) and reports evaluation/memory.py's measured peak less the proce
 was built, next to the prediction, and their ratio. On CPU it first makes glibc return freed blocks to the
 system (core/host_memory.return_freed_memory), so the resident peak is that of live tensors; measure one
 thing per process: without --eval-length it measures training, with it scoring.
+
+``--record FILE`` is checked (a results file of scripts/speed.py or a new one, outside any run, writable) before
+the config is composed or anything measured.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import sys
 from pathlib import Path
 
 import torch
-from speed import device_name, save_run
+from speed import device_name, read_results_file, save_run
 
 from core.cli import ArgumentParser, count, exit_on_user_error
+from core.files import check_writable
 from core.host_memory import return_freed_memory
 from core.runtime import autocast, set_up_runtime
 from evaluation.memory import PeakMemory, resident_mb
@@ -81,6 +85,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--measure", action="store_true", help="run it here and compare (see above)")
     parser.add_argument("--record", type=Path, default=None, help="also append the report to a results file")
     args, overrides = parser.parse_known_args(argv)
+    read_results_file(args.record)  # a file that is not a results file, or one in a run: refused before any work
+    check_writable({"--record": args.record})
     cfg = compose_config(overrides)
     validate(cfg, reads_data=False)  # random token ids: any vocabulary
     report = {

@@ -19,6 +19,9 @@ task run has no extrapolation.json.
 
 ``--slim`` then slims each exported run as ``scripts/slim_results.py`` does (no CSVs, no per-position detail that
 compare.py never draws, a training loss every 100 steps): what a study commits under results/.
+
+It plans, then writes: every run's results are read and checked (a damaged file refused, naming it), and every
+exported file's path checked (not over a run, writable, not another run's export) before the first is written.
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
-from slim_results import slim_folders
+from slim_results import check_task_csv, slim_folders
 
 from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import check_outputs, read_jsonl
+from core.files import check_outputs, check_writable, read_jsonl
 from core.tracking import METRICS_FILE
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import write_csv
@@ -167,9 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     documents = [results_with_config(run_dir) for run_dir in args.run_dirs]  # all or nothing: refuse before writing
     for run_dir in args.run_dirs:
         check_copied(run_dir)
-    # Never onto what is exported, nor into a training run (--to a folder of runs).
+        if args.slim:  # what slimming refuses in what it copies as it is, refused before the export writes it
+            check_task_csv(run_dir)
+    # Never onto what is exported, nor into a training run (--to a folder of runs); each one it may write.
     outputs = {f"--to ({name}/{file})": args.to / name / file for name in names for file in EXPORTED}
     check_outputs(outputs, inputs=args.run_dirs)
+    check_writable(outputs)
     for run_dir, document, name in zip(args.run_dirs, documents, names):  # a folder of another run's results
         check_destination(run_dir, document, args.to / name)
     for run_dir, document, name in zip(args.run_dirs, documents, names):

@@ -22,6 +22,11 @@ of 1-based positions, "entropy": [layer][head][position bin] (nats), "uniform_en
 normalised to 1)}; a length the scheme cannot encode (pe=learned past its table) or the split cannot fill is
 {"length", "windows": 0, "reason"}. The plots also go to the run's W&B run. Like eval.py, it holds the run
 directory's lock while it runs (core/rundir.py).
+
+It plans, then writes: under the lock, the run is loaded and every setting checked, each output is checked to be
+one this command may write (core.files: not another run's files, a folder it can write) and so is W&B's folder
+with its login (core.tracking.check_wandb); then the statistics are computed, and only once every length is
+known W&B starts and the files are written. A refused command leaves the run directory as it was.
 """
 
 from __future__ import annotations
@@ -31,18 +36,19 @@ import _repo
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
-from core.files import atomic_write
-from core.rundir import EVAL_DIR, lock_run
-from core.tracking import init_wandb
+from core.files import atomic_write, check_matplotlib_folders, check_outputs, check_writable
+from core.rundir import CHECKPOINT_DIR, EVAL_DIR, lock_run
+from core.tracking import TrackerSettings, check_wandb, init_wandb
 from data import eval_tokens
 from evaluation.attention_stats import ATTENTION_FILE, attention_statistics, plot_distance, plot_entropy
-from experiment.build import load_trained_run, parse_run_dir, require_text_run
+from experiment.build import TrainedRun, load_trained_run, parse_run_dir, require_text_run
 from experiment.plan import tracker_settings
 
 USAGE = "usage: python scripts/inspect_attention.py run_dir=<training run directory> [inspect.* and other overrides]"
@@ -53,25 +59,59 @@ def output_suffix(variation: str) -> str:
     return "_" + re.sub(r"[^A-Za-z0-9.=]+", "-", variation).strip("-") if variation else ""
 
 
+@dataclass
+class Inspection:
+    """What an inspection reads and where it writes, all checked before anything is computed or written."""
+
+    run: TrainedRun
+    tokens: torch.Tensor
+    lengths: list[int]
+    suffix: str  # the variation's, in every output's name
+    paths: dict[str, Path]  # "json", "distance", "entropy" -> the file under <run_dir>/eval/
+    tracker: TrackerSettings
+
+
 @exit_on_user_error
 def main(argv: list[str]) -> None:
     run_dir, overrides = parse_run_dir(argv, USAGE)
     with lock_run(run_dir):
-        inspect_run(run_dir, overrides)
+        inspect_run(plan_inspection(run_dir, overrides))
 
 
-def inspect_run(run_dir: Path, overrides: list[str]) -> None:
+def plan_inspection(run_dir: Path, overrides: list[str]) -> Inspection:
+    """Load the run with ``overrides`` and check everything the inspection will need, writing nothing: the settings
+    (as eval.py checks them), its outputs (not another run's files, writable) and its W&B run."""
     run = load_trained_run(run_dir, overrides, "scripts/inspect_attention.py")
     require_text_run(run, "inspecting its attention on text")
-    cfg, checkpoint, model, device, dtype, run_dir = run.cfg, run.checkpoint, run.model, run.device, run.dtype, run.dir
+    cfg = run.cfg
     multipliers = list(cfg.inspect.length_multipliers)
     if not multipliers:
         raise PosGPTError("inspect.length_multipliers must name at least one length")
+    suffix = output_suffix(run.model.pe.current_variation())
+    eval_dir = Path(run.dir) / EVAL_DIR
+    paths = {
+        "json": eval_dir / ATTENTION_FILE.replace(".json", f"{suffix}.json"),
+        "distance": eval_dir / f"attention_distance{suffix}.png",
+        "entropy": eval_dir / f"attention_entropy{suffix}.png",
+    }
+    outputs = {f"the {name} output": path for name, path in paths.items()}
+    check_outputs(outputs, inputs=[run.dir / CHECKPOINT_DIR], run=run.dir)
+    check_writable(outputs)
+    check_matplotlib_folders()
+    tracker = tracker_settings(cfg)
+    check_wandb(tracker, run.dir)
+    checkpoint = run.checkpoint
     tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
-    variation = model.pe.current_variation()
+    lengths = sorted({m * cfg.train.seq_len for m in multipliers})
+    return Inspection(run, tokens, lengths, suffix, paths, tracker)
+
+
+def inspect_run(plan: Inspection) -> None:
+    """Compute the statistics at every length, then start W&B, write the files and log the plots."""
+    run, cfg = plan.run, plan.run.cfg
     entries = []
-    for length in sorted({m * cfg.train.seq_len for m in multipliers}):
-        entries.append(attention_statistics(model, tokens, length, cfg.inspect.windows, device, dtype))
+    for length in plan.lengths:
+        entries.append(attention_statistics(run.model, plan.tokens, length, cfg.inspect.windows, run.device, run.dtype))
         done = entries[-1]
         print(
             f"inspect: length {length}: "
@@ -83,30 +123,24 @@ def inspect_run(run_dir: Path, overrides: list[str]) -> None:
     document = {
         "pe": cfg.pe.name,
         "train_seq_len": cfg.train.seq_len,
-        "step": checkpoint["step"],
-        "variation": variation or None,
+        "step": run.checkpoint["step"],
+        "variation": run.model.pe.current_variation() or None,
         "data": cfg.data.name,
         "n_layer": cfg.model.n_layer,
         "n_head": cfg.model.n_head,
         "lengths": entries,
     }
-    eval_dir = Path(run_dir) / EVAL_DIR
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    suffix = output_suffix(variation)
-    paths = {
-        "json": eval_dir / ATTENTION_FILE.replace(".json", f"{suffix}.json"),
-        "distance": eval_dir / f"attention_distance{suffix}.png",
-        "entropy": eval_dir / f"attention_entropy{suffix}.png",
-    }
-    atomic_write(paths["json"], json.dumps(document, indent=1) + "\n")
-    plot_distance(document, paths["distance"])
-    plot_entropy(document, paths["entropy"])
-    print(f"inspect: wrote {', '.join(str(p) for p in paths.values())}", flush=True)
-    wandb_run = init_wandb(tracker_settings(cfg), run_dir, checkpoint.get("wandb_run_id"), job_type="inspect")
+    wandb_run = init_wandb(plan.tracker, run.dir, run.checkpoint.get("wandb_run_id"), job_type="inspect")
+    plan.paths["json"].parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(plan.paths["json"], json.dumps(document, indent=1) + "\n")
+    plot_distance(document, plan.paths["distance"])
+    plot_entropy(document, plan.paths["entropy"])
+    print(f"inspect: wrote {', '.join(str(p) for p in plan.paths.values())}", flush=True)
     if wandb_run is not None:
         import wandb
 
-        wandb_run.log({f"attention/{name}{suffix}": wandb.Image(str(paths[name])) for name in ("distance", "entropy")})
+        names = ("distance", "entropy")
+        wandb_run.log({f"attention/{name}{plan.suffix}": wandb.Image(str(plan.paths[name])) for name in names})
         wandb_run.finish()
 
 

@@ -11,7 +11,9 @@ copies from its context predicts the repeat. The corpus depends on the Python ve
 ``halves``: the loss on a passage's first occurrence and on its repeat (the targets after the repeat's first
 token), over 300 passages drawn as the corpus is but with another seed, each with both occurrences within 64
 tokens (the training length). One JSON line per run directory given (each scored at its checkpoints/last.pt); a
-model that copies scores the repeat far below the first occurrence.
+model that copies scores the repeat far below the first occurrence. Every run is loaded and checked (a text run with
+a checkpoint) before the first is scored; ``corpus``'s output is checked (not another run's files, writable) before
+it is written.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from core.cli import ArgumentParser, exit_on_user_error
-from core.files import check_outputs
+from core.cli import ArgumentParser, count, exit_on_user_error
+from core.files import check_outputs, check_writable
 from data.tokenizer import gpt2_encoding
 from experiment.build import TrainedRun, load_trained_run, require_text_run
 
@@ -45,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     corpus = commands.add_parser("corpus", help="write the corpus (.jsonl, one passage written twice a row)")
     corpus.add_argument("out", type=Path)
-    corpus.add_argument("--rows", type=int, default=CORPUS_ROWS, help=f"rows to write (default {CORPUS_ROWS:,})")
+    corpus.add_argument("--rows", type=count(1), default=CORPUS_ROWS, help=f"rows to write (default {CORPUS_ROWS:,})")
     halves = commands.add_parser("halves", help="score runs: first occurrence vs repeat, a JSON line each")
     halves.add_argument("run_dirs", nargs="+", type=Path, help="run directories (each scored at its last.pt)")
     return parser.parse_args(argv)
@@ -106,17 +108,25 @@ def halves(run: TrainedRun, pairs: list[tuple[list[int], list[int]]]) -> dict[st
     }
 
 
+def load_text_run(run_dir: Path) -> TrainedRun:
+    """The run at ``run_dir`` (its last checkpoint, one thread), refused unless it was trained on text."""
+    run = load_trained_run(run_dir, ["train.num_threads=1"], "scripts/repeated_passages.py")
+    require_text_run(run, "scoring text with it")
+    return run
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "corpus":
         check_outputs({"out": args.out})
+        check_writable({"out": args.out})
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         print(f"repeated_passages: wrote {write_corpus(args.out, args.rows)}", flush=True)
         return
+    runs = [load_text_run(run_dir) for run_dir in args.run_dirs]  # every run checked before the first is scored
     pairs = held_out_pairs()
-    for run_dir in args.run_dirs:
-        run = load_trained_run(run_dir, ["train.num_threads=1"], "scripts/repeated_passages.py")
-        require_text_run(run, "scoring text with it")
+    for run_dir, run in zip(args.run_dirs, runs):
         record = {
             "run": f"{run_dir.parent.name}/{run_dir.name}",
             "step": run.checkpoint["step"],

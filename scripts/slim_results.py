@@ -22,6 +22,10 @@ Under each folder given, per run:
   schedule), the gradient norm and the step timings (tokens/s, MFU) are dropped.
 
 ``python scripts/export_results.py ... --slim`` exports slimmed in one step.
+
+It plans, then writes: every training run's directory among the folders is locked first (a run still being
+written is refused, naming the command that holds it), then every file of every folder is read and checked and
+every folder it rewrites checked writable, before the first file is changed; a refusal changes nothing.
 """
 
 from __future__ import annotations
@@ -39,13 +43,13 @@ from typing import Any
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import atomic_write, read_json, read_jsonl
+from core.files import atomic_write, check_folder, check_writable, read_json, read_jsonl
 from core.rundir import is_run_dir, lock_run
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import csv_rows, write_csv
 from evaluation.results import JSON_FILE, row_ppl
 from evaluation.run import EVAL_DIR
-from evaluation.store import write_document
+from evaluation.store import RowFormat, write_document
 from evaluation.task_accuracy import TASK_ROWS
 
 DROPPED_ROW_KEYS = ("per_position_loss",)
@@ -55,6 +59,7 @@ KEPT_STEP_KEYS = ("step", "train_loss", "val_loss")  # a logged step's record: w
 TRAIN_LOSS_EVERY = 100
 METRICS_GLOB = "*metrics.jsonl"
 Change = str | dict[str, Any] | None  # a file's new text, a results document to write, or None: remove the file
+# (the JSON, the CSV written from it, its rows as that CSV writes them, the writer)
 FORMATS = (PERPLEXITY_ROWS, TASK_ROWS)  # the results files, each with the CSV written from it
 
 
@@ -134,6 +139,26 @@ def csv_problem(csv_path: Path, rows: list[dict[str, Any]], document: dict[str, 
     return None
 
 
+def checked_csv(json_path: Path, rows: RowFormat, document: dict[str, Any]) -> Path | None:
+    """The CSV of ``rows`` beside ``json_path``, where there is one, once it is checked to hold nothing the JSON
+    (``document``) does not; one that does is refused, naming it."""
+    csv_path = json_path.with_name(rows.csv_file)
+    if not csv_path.is_file():
+        return None
+    problem = csv_problem(csv_path, csv_rows(document, rows), document)
+    if problem is not None:
+        raise PosGPTError(f"{csv_path} is not {json_path.name} beside it ({problem}): nothing was written")
+    return csv_path
+
+
+def check_task_csv(run_dir: Path) -> None:
+    """Refuse a run's ``eval/tasks.csv`` that slimming would refuse once copied: export_results.py --slim copies it
+    as it is, so it checks it before it writes anything."""
+    document = read_json(run_dir / EVAL_DIR / TASK_ROWS.json_file)
+    if isinstance(document, dict) and isinstance(document.get("results"), list):
+        checked_csv(run_dir / EVAL_DIR / TASK_ROWS.json_file, TASK_ROWS, document)
+
+
 def plan_folder(folder: Path) -> dict[Path, Change]:
     """What slimming ``folder`` writes: {path: its new text or document, or None to remove it}; refuses, naming the
     file, a CSV that holds something its JSON does not."""
@@ -144,11 +169,8 @@ def plan_folder(folder: Path) -> dict[Path, Change]:
             document = read_json(json_path)  # a damaged file (cut short, not JSON) is refused, naming it
             if not isinstance(document, dict) or not isinstance(document.get("results"), list):
                 raise PosGPTError(f"{json_path} is malformed: no 'results' list; nothing was written")
-            csv_path = json_path.with_name(rows.csv_file)
-            if csv_path.is_file():
-                problem = csv_problem(csv_path, csv_rows(document, rows), document)
-                if problem is not None:
-                    raise PosGPTError(f"{csv_path} is not {json_name} beside it ({problem}): nothing was written")
+            csv_path = checked_csv(json_path, rows, document)
+            if csv_path is not None:
                 plan[csv_path] = None
             if json_name == JSON_FILE and slim_document(document) != document:
                 plan[json_path] = slim_document(document)
@@ -171,13 +193,18 @@ def apply_plan(plan: dict[Path, Change]) -> None:
             atomic_write(path, change)
 
 
-def write_csvs(folder: Path) -> list[Path]:
-    """Each run's CSVs written again from its JSON (today's columns)."""
-    written = []
+def plan_csvs(folder: Path) -> list[tuple[RowFormat, dict[str, Any], Path]]:
+    """The CSVs ``--csv`` writes under ``folder``: (the rows' format, the JSON's document, the CSV's path), each JSON
+    read and checked (a damaged or malformed one refused, naming it) and each CSV's path checked writable."""
+    planned = []
     for rows in FORMATS:
         for json_path in sorted(folder.rglob(f"{EVAL_DIR}/{rows.json_file}")):
-            written.append(write_csv(read_json(json_path), json_path.with_name(rows.csv_file), rows))
-    return written
+            document = read_json(json_path)
+            if not isinstance(document, dict) or not isinstance(document.get("results"), list):
+                raise PosGPTError(f"{json_path} is malformed: no 'results' list; nothing was written")
+            planned.append((rows, document, json_path.with_name(rows.csv_file)))
+            check_writable({"--csv": json_path.with_name(rows.csv_file)})
+    return planned
 
 
 def run_dirs_in(folders: list[Path]) -> list[Path]:
@@ -205,6 +232,8 @@ def slim_folders(folders: list[Path]) -> None:
 
 def _slim(folders: list[Path]) -> None:
     plans = {folder: plan_folder(folder) for folder in folders}
+    for path in (path for plan in plans.values() for path in plan):  # a rewrite (renamed into place), a removal
+        check_folder(f"slimming {path}: its folder", path.parent)
     for folder, plan in plans.items():
         before = sum(path.stat().st_size for path in plan)
         apply_plan(plan)
@@ -225,8 +254,11 @@ def main(argv: list[str] | None = None) -> None:
         raise PosGPTError(f"no such folder: {', '.join(missing)}")
     if args.csv:
         with runs_locked(args.folders):
-            for folder in args.folders:
-                print(f"slim_results: wrote {len(write_csvs(folder))} CSVs under {folder}", flush=True)
+            plans = {folder: plan_csvs(folder) for folder in args.folders}  # every folder checked before any write
+            for folder, planned in plans.items():
+                for rows, document, path in planned:
+                    write_csv(document, path, rows)
+                print(f"slim_results: wrote {len(planned)} CSVs under {folder}", flush=True)
         return
     slim_folders(args.folders)
 
