@@ -7,13 +7,18 @@
     python eval.py run_dir=... eval.variations=[none,self_extend:4:32,rerope:32]  # RoPE's Self-Extend, ReRoPE
     python eval.py run_dir=... data=text data.files=[/path/to/book.txt]     # another corpus
     python eval.py run_dir=<a task=passkey run> eval.task_half_width=0.03   # evaluation/task_accuracy.py
+    python eval.py run_dir=... eval.evaluators=[my_metric]                  # a plug-in (evaluation/evaluator.py)
+    python eval.py --check run_dir=... eval.lengths=[64,512]                # plan only: score and write nothing
+
+The evaluation is planned first (plan_evaluation: every refusal, before the first file is written), then run: the
+evaluators the settings ask for (evaluation/evaluators/), each one's rows stored and rendered (evaluation/run.py).
 
 The model is built from the config stored in the checkpoint, never from today's configs/ YAML. Overrides
 may change only what does not change what the trained weights compute (experiment/settings.py: data.*,
 eval.*, logging.*, device, dtype, threads, compile, the attention backend, and the scheme's declared
 evaluation-time settings such as RoPE's pe.scaling and pe.remap); any other key is refused, named. Results land in
 <run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
-evaluation/results.py) and in the training run's W&B run. While it runs, eval.py holds the run directory's lock
+evaluation/store.py) and in the training run's W&B run. While it runs, eval.py holds the run directory's lock
 (core/rundir.py): it is refused while a training or another evaluation writes the run, and vice versa.
 
 The training corpus is scored on its validation split; another corpus is scored whole (up to
@@ -27,36 +32,56 @@ another corpus, split or target range, whatever data.name says.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from core.checkpoint_io import checkpoint_dir
 from core.cli import exit_on_user_error
-from core.files import check_outputs
-from core.rundir import EVAL_DIR, lock_run
-from core.tracking import init_wandb
-from data import eval_tokens
+from core.files import check_matplotlib_folders, check_outputs, check_writable
+from core.rundir import EVAL_DIR, lock_run, refuse_if_live
+from core.tracking import check_wandb, init_wandb
+from data import TokenArray, eval_tokens
 from data.tasks import NO_TASK
 from evaluation.checks import check_eval_settings
+from evaluation.context import EvalContext
+from evaluation.evaluator import Evaluator
 from evaluation.perplexity_format import PER_POSITION_PLOT, PPL_PLOT
 from evaluation.run import by_file, check_evaluators, evaluate_run
-from experiment.build import load_trained_run, open_trained_model, parse_run_dir
+from experiment.build import TrainedRun, load_trained_run, open_trained_model, parse_run_dir
 from experiment.plan import eval_context, plan_evaluators, tracker_settings
 
-USAGE = "usage: python eval.py run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
+USAGE = "usage: python eval.py [--check] run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
 
 
 @exit_on_user_error
 def main(argv: list[str]) -> None:
-    run_dir, overrides = parse_run_dir(argv, USAGE)
+    check_only = argv[:1] == ["--check"]
+    run_dir, overrides = parse_run_dir(argv[1:] if check_only else argv, USAGE)
+    if check_only:  # plan as the evaluation would, under no lock and writing nothing
+        refuse_if_live(run_dir)
+        plan_evaluation(run_dir, overrides)
+        print(f"eval: {run_dir}: planned; nothing was scored or written", flush=True)
+        return
     with lock_run(run_dir):
-        evaluate(run_dir, overrides)
+        evaluate(plan_evaluation(run_dir, overrides))
 
 
-def evaluate(run_dir: Path, overrides: list[str]) -> None:
-    """Plan the evaluation (the settings, the evaluators and their refusals, the outputs, the data), then start W&B
-    and run it: every refusal comes before the first file is written."""
+@dataclass
+class EvalPlan:
+    """An evaluation, planned: the trained run, its evaluators (checked), their context, and the scored tokens."""
+
+    run: TrainedRun
+    evaluators: list[Evaluator]
+    context: EvalContext
+    tokens: TokenArray | None
+
+
+def plan_evaluation(run_dir: Path, overrides: list[str]) -> EvalPlan:
+    """Every check of an evaluation, before anything is written: the settings, the evaluators and their refusals,
+    the results files they add to, the outputs (not over an input, writable), W&B's mode, login and folder,
+    matplotlib's folders, and the scored data."""
     run = load_trained_run(run_dir, overrides, "eval.py")
     cfg, checkpoint = run.cfg, run.checkpoint
     check_eval_settings(cfg)
@@ -65,28 +90,37 @@ def evaluate(run_dir: Path, overrides: list[str]) -> None:
         cfg, run.model, run.dir, run.device, run.dtype, checkpoint["config"], checkpoint["step"], None,
         open_trained_model,
     )  # fmt: skip
-    # The corpus scored and the checkpoint are read; the results must not land on them.
-    outputs = [
+    files = [
         name for group in by_file(evaluators).values() for name in (group[0].rows.json_file, group[0].rows.csv_file)
     ]
+    outputs = {name: run.dir / EVAL_DIR / name for name in (*files, PPL_PLOT, PER_POSITION_PLOT)}
+    # The corpus scored and the checkpoint are read; the results must not land on them.
     check_outputs(
-        {name: run.dir / EVAL_DIR / name for name in (*outputs, PPL_PLOT, PER_POSITION_PLOT)},
-        inputs=[checkpoint_dir(run.dir), *(cfg.data.files if cfg.data.source == "text" else [])],
-        run=run.dir,
+        outputs, inputs=[checkpoint_dir(run.dir), *(cfg.data.files if cfg.data.source == "text" else [])], run=run.dir
     )
+    check_writable(outputs)
+    check_wandb(tracker_settings(cfg), run.dir)
+    check_matplotlib_folders()
     check_evaluators(context, evaluators)
     # data.eval_split: the val split of the training corpus, all of another one; a task run generates its own
-    val_tokens = (
+    tokens = (
         eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
         if cfg.task.name == NO_TASK
         else None
     )
-    context.wandb_run = init_wandb(tracker_settings(cfg), run.dir, checkpoint.get("wandb_run_id"), job_type="eval")
+    return EvalPlan(run, evaluators, context, tokens)
+
+
+def evaluate(plan: EvalPlan) -> None:
+    """Start W&B, then run the planned evaluators."""
+    run, context = plan.run, plan.context
+    context.wandb_run = init_wandb(tracker_settings(run.cfg), run.dir, run.checkpoint.get("wandb_run_id"), "eval")
     print(
-        f"eval: {run.dir} (pe={cfg.pe.name}, trained {checkpoint['step']} steps at length {cfg.train.seq_len})",
+        f"eval: {run.dir} (pe={run.cfg.pe.name}, trained {run.checkpoint['step']} steps at length "
+        f"{run.cfg.train.seq_len})",
         flush=True,
     )
-    evaluate_run(context, val_tokens, evaluators)
+    evaluate_run(context, plan.tokens, plan.evaluators)
     if context.wandb_run is not None:
         context.wandb_run.finish()
 

@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
 from core.rundir import removed_if_unused
+from core.tracking import check_wandb
 from experiment.compose import check_group_choices, compose_config, hydra_errors_as_user_errors, sweep_jobs
 from experiment.config import register_configs
 from experiment.plan import plan_each, plan_training
@@ -46,6 +47,7 @@ def main(cfg: DictConfig) -> None:
     # job, Hydra would print its own line before ours.
     with removed_if_unused(run_dir), hydra_errors_as_user_errors():  # Hydra made run_dir before train.py's checks
         plan = plan_training(cfg, list(hydra_cfg.overrides.task))
+        check_wandb(plan.training.tracker, run_dir)  # W&B's mode, login and folder, before the run writes
         stopped_by = train(plan.training, run_dir)
     if stopped_by is not None:
         # The exit status of a process killed by that signal: `train.py && eval.py` and sweeps stop here too.

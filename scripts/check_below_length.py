@@ -10,7 +10,9 @@ Exit code 0 when every run holds (accuracy >= --min-ratio x its 1x accuracy at e
 does not; 2 for a bad argument or a run that is not a task run (refused before anything is scored).
 
 Every run is checked before the first is scored: a task run, with a checkpoint, not being written by another
-command (core.rundir.refuse_if_live: eval.py writes its eval/), and whose W&B run can start; so is --json's path.
+command (core.rundir.refuse_if_live: eval.py writes its eval/), and whose W&B run can start; so is --json's path;
+then every run's evaluation is planned (eval.py --check), so a refusal of the last run comes before the first is
+scored.
 """
 
 from __future__ import annotations
@@ -71,12 +73,19 @@ def trained_setting(run_dir: Path) -> dict:
     return {"task": cfg.task.name, "pe": cfg.pe.name, "train_lengths": cfg.task.train_lengths, "L": cfg.train.seq_len}
 
 
-def score(run_dir: Path, lengths: list[int]) -> dict[int, float]:
-    """The run's accuracy (random depth, as trained) at ``lengths``, evaluated by eval.py into its eval/."""
-    command = [sys.executable, "eval.py", f"run_dir={run_dir}", f"eval.lengths=[{','.join(map(str, lengths))}]"]
-    done = subprocess.run([*command, "eval.task_depths=[]", "eval.variations=null"], cwd=REPO, capture_output=True)
+def run_eval(run_dir: Path, lengths: list[int], check: bool = False) -> None:
+    """eval.py on the run at ``lengths`` (random depth, as trained); ``check``: its plan alone (eval.py --check),
+    which scores and writes nothing. Its refusal is ours, naming the run."""
+    command = [sys.executable, "eval.py", *(["--check"] if check else []), f"run_dir={run_dir}"]
+    command += [f"eval.lengths=[{','.join(map(str, lengths))}]", "eval.task_depths=[]", "eval.variations=null"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True)
     if done.returncode != 0:
         raise PosGPTError(f"eval.py failed on {run_dir}: {done.stderr.decode().strip().splitlines()[-1]}")
+
+
+def score(run_dir: Path, lengths: list[int]) -> dict[int, float]:
+    """The run's accuracy (random depth, as trained) at ``lengths``, evaluated by eval.py into its eval/."""
+    run_eval(run_dir, lengths)
     rows = read_json(run_dir / EVAL_DIR / JSON_FILE)["results"]  # eval.py just wrote it
     found = {row["length"]: row["accuracy"] for row in rows if row.get("depth") is None and not variation(row)}
     return {length: found[length] for length in lengths}
@@ -97,6 +106,8 @@ def main(argv: list[str]) -> int:
         check_outputs({"--json": args.json}, args.run_dirs)
         check_writable({"--json": args.json})
     settings = {run: trained_setting(run) for run in args.run_dirs}  # every run checked before any is scored
+    for run, setting in settings.items():  # and every evaluation planned (eval.py --check)
+        run_eval(run, sorted(set(checked_lengths(setting["L"]).values())), check=True)
     results = []
     for run, setting in settings.items():
         points = checked_lengths(setting["L"])

@@ -347,3 +347,31 @@ def test_sample_refuses_a_prompt_file_that_is_not_text_before_generating(cli, ru
     (tmp_path / "prompt.txt").write_bytes(b"\xff\xfe")
     prompt = f"sample.prompt_file={tmp_path / 'prompt.txt'}"
     refused(cli, tmp_path, ("sample.py", f"run_dir={run}", prompt), "not valid UTF-8")
+
+
+def test_eval_refuses_what_wandb_could_not_do_before_anything(cli, run, tmp_path, monkeypatch):
+    """eval.py checks W&B's mode, login and folder with its plan: before it used to start W&B (leaving its offline
+    folder) and then refuse."""
+    no_wandb_login(monkeypatch, tmp_path)
+    evaluate = ("eval.py", f"run_dir={run}", "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
+    refused(cli, tmp_path, (*evaluate, "logging.wandb.mode=online"), "logging.wandb.mode=online: this machine has no")
+    (run / "wandb").write_text("not W&B's folder")
+    refused(cli, tmp_path, (*evaluate, "logging.wandb.mode=offline"), "W&B's folder", "is a file")
+
+
+def test_eval_check_plans_and_writes_nothing(cli, run, tmp_path):
+    """eval.py --check: every refusal of the evaluation, none of its work (scripts/check_below_length.py plans every
+    run's evaluation so before it scores the first)."""
+    before = tree(tmp_path)
+    done = cli.here("eval.py", "--check", f"run_dir={run}", "eval.lengths=[16,32]", "eval.key_tokens=true")
+    assert done.returncode == 0 and "planned; nothing was scored or written" in done.stdout, done.stderr
+    assert tree(tmp_path) == before
+    refused(cli, tmp_path, ("eval.py", "--check", f"run_dir={run}", "eval.lengths=[16,64]", "eval.max_tokens=32"), "64")
+
+
+def test_train_refuses_online_wandb_without_a_login_before_the_run_directory(cli, tmp_path, monkeypatch):
+    no_wandb_login(monkeypatch, tmp_path)
+    run_dir = tmp_path / "new-run"
+    done = cli.train_here(run_dir, "logging.wandb.mode=online", "train.max_steps=1")
+    assert_one_line_error(done, "logging.wandb.mode=online: this machine has no W&B login")
+    assert not run_dir.exists()
