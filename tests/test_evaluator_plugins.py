@@ -118,3 +118,36 @@ def test_the_built_in_evaluators_are_found_by_their_modules_and_record_what_they
         assert set(cls.recorded) <= read, cls.name
         assert set(read) <= set(compose_config([]).eval), cls.name  # typed settings are eval.* keys
     assert EVALUATORS["toy_confidence"] is NextTokenConfidence
+
+
+def test_first_token_mass_of_uniform_attention_is_the_harmonic_mean():
+    """Zero query and key weights make every softmax row uniform: query i gives its first token 1/(i+1), so the
+    mean over queries 1 .. L-1 is (H_L - 1)/(L - 1), in every layer."""
+    from evaluation.evaluators.first_token import first_token_mass
+    from model import GPT, ModelConfig
+    from model.pe import SCHEMES
+
+    torch.manual_seed(0)
+    model = GPT(
+        ModelConfig(n_embd=16, n_layer=2, n_head=2, vocab_size=100), SCHEMES["none"].config_class(), train_seq_len=16
+    ).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight[:32] = 0  # queries and keys; the values stay
+            block.attn.qkv.bias[:32] = 0
+    length = 12
+    windows = torch.randint(0, 100, (3, length), generator=torch.Generator().manual_seed(1))
+    expected = (sum(1 / k for k in range(1, length + 1)) - 1) / (length - 1)
+    assert first_token_mass(model, windows, torch.device("cpu"), torch.float32) == pytest.approx([expected] * 2)
+
+
+def test_first_token_rows_through_eval(cli, tmp_path):
+    run_dir = make_run(tmp_path / "run", cli.corpus, "pe=rope", "model.attn_gate=true")
+    keys = ["eval.lengths=[16,32]", "eval.protocols=[nonoverlapping]", "eval.evaluators=[first_token]"]
+    done = cli.eval_here(run_dir, *keys, "eval.max_tokens=64")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((run_dir / "eval" / "first_token.json").read_text())["results"]
+    assert [(row["length"], row["windows"]) for row in rows] == [(16, 4), (32, 2)]
+    for row in rows:
+        assert 0 < row["first_token_mass"] < 1 and len(row["first_token_mass_by_layer"]) == 1
+        assert row["first_token_mass"] == pytest.approx(np.mean(row["first_token_mass_by_layer"]))
