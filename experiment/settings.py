@@ -15,13 +15,13 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PosGPTError
 from data.tasks import NO_TASK, TASKS
 from experiment.compose import compose_config, one_line
-from experiment.config import check_command_reads, schema
+from experiment.config import check_command_reads, choices_with, schema
 from model.pe import SCHEMES
 from model.temperature import check_evaluation_change
 
@@ -169,13 +169,20 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str], command: str =
 
 def check_changeable(cfg: DictConfig, keys: list[str], command: str) -> None:
     """PosGPTError for the first of ``keys`` that an evaluation of the trained ``cfg`` by ``command`` may not
-    change: one that ``command`` never reads says so (check_command_reads), one that it reads is the checkpoint's."""
+    change: one that ``command`` never reads says so (check_command_reads), and one of another task or scheme than
+    the run's names those that read it; one that it reads is the checkpoint's."""
     allowed = eval_settings(cfg.pe.name)
     refused = [key for key in keys if not may_change(key, allowed)]
     if not refused:
         return
     check_command_reads(OmegaConf.to_object(cfg), command, refused)
     key = refused[0]
+    readers = choices_with(key) if OmegaConf.select(cfg, key, default=MISSING) is MISSING else []
+    if readers:
+        group = key.partition(".")[0]
+        raise PosGPTError(
+            f"{key} is not a setting of this run ({group}={cfg[group].name}): it is read by {', '.join(readers)}"
+        )
     current = OmegaConf.select(cfg, key, default=None)
     was = f" (it has {key}={current})" if current is not None and not OmegaConf.is_config(current) else ""
     raise PosGPTError(

@@ -1,14 +1,14 @@
 """Who reads each setting, as the schema declares it (core.domain: ``commands`` and ``runs``, on a field or on its
 section, and ``used_with``), held against what the commands refuse: for every setting, every command (train.py,
-eval.py, sample.py) and every kind of run (text, a task), the setting is either read there or, given a valid value
-other than its default, refused in one line that names it.
+eval.py, sample.py, scripts/inspect_attention.py) and every kind of run (text, a task), the setting is either read
+there or, given a valid value other than its default, refused in one line that names it.
 
 The walk runs the checks each command runs, in this process, on configs composed once: train.py's plan
 (experiment.plan.plan_training, the model on the meta device), and an evaluation's (experiment.settings'
 check_changeable on the trained config, then experiment.config.validate with the override applied), as
-experiment.build.load_trained_run runs them. sample.py takes text runs only (a task run is refused whatever it is
-given, experiment.build.require_text_run): its task cases are that one refusal, not walked. A few cases go through
-the real commands, and leave the run directory byte for byte as it was.
+experiment.build.load_trained_run runs them. sample.py and inspect_attention.py take text runs only (a task run is
+refused whatever it is given, experiment.build.require_text_run): their task cases are that one refusal, not
+walked. A few cases go through the real commands, and leave the run directory byte for byte as it was.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from experiment.plan import plan_training
 from experiment.settings import check_changeable
 from model.pe import SCHEMES
 
-COMMANDS = {"train": "train.py", "eval": "eval.py", "sample": "sample.py"}
+COMMANDS = {"train": "train.py", "eval": "eval.py", "sample": "sample.py", "inspect": "scripts/inspect_attention.py"}
+TASK_COMMANDS = ("train", "eval")  # sample.py and scripts/inspect_attention.py refuse a task run, whatever it is given
 # What a refusal of a setting that nothing reads says (core.domain, experiment/config.py); and what an evaluation
 # says of a setting that its command reads in some runs but may not change (experiment/settings.py): the run's.
 UNREAD = ("does not read", "is read only", "ignores it")
@@ -139,7 +140,7 @@ def unread_cases(kinds: typing.Iterable[str], pe: str = "rope", under: str = "")
     for kind in kinds:
         config = OmegaConf.to_object(trained(kind, pe))
         for leaf in leaves(config):
-            for command in (COMMANDS if kind == "text" else ("train", "eval")) if leaf.key.startswith(under) else ():
+            for command in (COMMANDS if kind == "text" else TASK_COMMANDS) if leaf.key.startswith(under) else ():
                 if is_read(leaf, command, kind, config):
                     read += 1
                 else:
@@ -161,7 +162,7 @@ def refused_unread(cases: list[Case]) -> list[str]:
 
 
 def test_every_setting_is_read_or_refused_by_every_command_in_every_kind_of_run():
-    """Language modelling and passkey (a task whose keys have a depth), every setting, the three commands."""
+    """Language modelling and passkey (a task whose keys have a depth), every setting, every command."""
     cases, read = unread_cases(["text", "passkey"])
     assert read > 200 and len(cases) > 150, (read, len(cases))  # the walk saw the schema
     assert not refused_unread(cases), "\n".join(refused_unread(cases))
@@ -225,6 +226,13 @@ def task_run(cli, tmp_path_factory) -> Path:
         ("eval.py", "text", "train.compile=false", "eval.py does not read train.compile (read by train.py)"),
         ("eval.py", "text", "model.dropout=0.1", "eval.py does not read model.dropout (read by train.py)"),
         ("eval.py", "task", "data.val_fraction=0.5", "data.val_fraction=0.5 is read only by a language-model run"),
+        (
+            "eval.py",
+            "task",
+            "task.n_pairs=3",
+            "task.n_pairs is not a setting of this run (task=passkey): it is read by",
+        ),
+        ("scripts/inspect_attention.py", "text", "sample.top_k=5", "scripts/inspect_attention.py does not read sample"),
     ],
 )
 def test_a_command_refuses_what_it_does_not_read_and_leaves_the_run_as_it_was(
