@@ -369,13 +369,19 @@ def check_command_reads(config: Any, command: str, keys: Collection[str]) -> Non
     """PosGPTError for a key among ``keys`` (those the user gave) that ``command`` (a script of core.domain's
     COMMANDS) never reads, as the schema declares (experiment/config.py): accepted, it would be ignored without a
     word. A script outside COMMANDS (an analysis in scripts/) is held only to what an evaluation may change."""
-    name = next((name for name, script in COMMANDS.items() if script == command), None)
-    for key in keys if name is not None else ():
-        readers = readers_of(config, key)
-        if readers is not None and name not in readers.commands:
-            scripts = [COMMANDS[reader] for reader in readers.commands]
+    for key in keys:
+        if not command_reads(config, command, key):
+            scripts = [COMMANDS[reader] for reader in readers_of(config, key).commands]
             read_by = ", ".join(scripts[:-1]) + " and " + scripts[-1] if len(scripts) > 1 else scripts[0]
             raise PosGPTError(f"{command} does not read {key} (read by {read_by}): drop it")
+
+
+def command_reads(config: Any, command: str, key: str) -> bool:
+    """Whether script ``command`` reads dotted ``key`` (or a section of it) of a config dataclass instance, as the
+    schema declares; true for a script outside COMMANDS and for a key the schema does not have."""
+    name = next((name for name, script in COMMANDS.items() if script == command), None)
+    readers = readers_of(config, key)
+    return name is None or readers is None or name in readers.commands
 
 
 def _validate_eval(cfg: DictConfig) -> None:

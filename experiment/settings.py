@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from core.errors import PosGPTError
 from data.tasks import NO_TASK, TASKS
 from experiment.compose import compose_config, one_line
-from experiment.config import check_command_reads, choices_with, schema
+from experiment.config import check_command_reads, choices_with, command_reads, schema
 from model.pe import SCHEMES
 from model.temperature import check_evaluation_change
 
@@ -175,7 +175,8 @@ def check_changeable(cfg: DictConfig, keys: list[str], command: str) -> None:
     refused = [key for key in keys if not may_change(key, allowed)]
     if not refused:
         return
-    check_command_reads(OmegaConf.to_object(cfg), command, refused)
+    config = OmegaConf.to_object(cfg)
+    check_command_reads(config, command, refused)
     key = refused[0]
     readers = choices_with(key) if OmegaConf.select(cfg, key, default=MISSING) is MISSING else []
     if readers:
@@ -187,7 +188,8 @@ def check_changeable(cfg: DictConfig, keys: list[str], command: str) -> None:
     was = f" (it has {key}={current})" if current is not None and not OmegaConf.is_config(current) else ""
     raise PosGPTError(
         f"{key} cannot be changed for an evaluation: the model is the one the checkpoint's "
-        f"config describes{was}. An evaluation may change {_describe(allowed)}"
+        f"config describes{was}. {command} may change "
+        f"{_describe(tuple(name for name in allowed if command_reads(config, command, name.rstrip('.'))))}"
     )
 
 
