@@ -376,12 +376,15 @@ def check_command_reads(config: Any, command: str, keys: Collection[str]) -> Non
             raise PosGPTError(f"{command} does not read {key} (read by {read_by}): drop it")
 
 
-def command_reads(config: Any, command: str, key: str) -> bool:
+def command_reads(config: Any, command: str, key: str, kind: str | None = None) -> bool:
     """Whether script ``command`` reads dotted ``key`` (or a section of it) of a config dataclass instance, as the
-    schema declares; true for a script outside COMMANDS and for a key the schema does not have."""
+    schema declares, in a run of ``kind`` (None: of any kind); true for a script outside COMMANDS and for a key the
+    schema does not have."""
     name = next((name for name, script in COMMANDS.items() if script == command), None)
     readers = readers_of(config, key)
-    return name is None or readers is None or name in readers.commands
+    if name is None or readers is None:
+        return True
+    return name in readers.commands and (kind is None or readers.runs is None or kind in readers.runs)
 
 
 def _validate_eval(cfg: DictConfig) -> None:

@@ -186,10 +186,11 @@ def check_changeable(cfg: DictConfig, keys: list[str], command: str) -> None:
         )
     current = OmegaConf.select(cfg, key, default=None)
     was = f" (it has {key}={current})" if current is not None and not OmegaConf.is_config(current) else ""
+    kind = "text" if cfg.task.name == NO_TASK else "task"
+    read = [name for name in allowed if command_reads(config, command, name.rstrip("."), kind)]
     raise PosGPTError(
         f"{key} cannot be changed for an evaluation: the model is the one the checkpoint's "
-        f"config describes{was}. {command} may change "
-        f"{_describe(tuple(name for name in allowed if command_reads(config, command, name.rstrip('.'))))}"
+        f"config describes{was}. {command} may change {_describe(tuple(read))}"
     )
 
 
