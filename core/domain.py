@@ -13,15 +13,19 @@ when its sibling field ``selector`` is one of ``values`` (or, for a list, holds 
 set to anything but its default otherwise, since the run would silently ignore it (:func:`read_with` declares
 that alone, for a field of any type). A field declared ``runs=(kind, ...)`` is read only by runs of those kinds
 (``"text"``: a language-model run; ``"task"``: a run of a synthetic task): :func:`check_run_kind` refuses it set
-to anything but its default in a run of another kind. Other checks that relate several keys stay code beside the
-schema.
+to anything but its default in a run of another kind. A field declared ``commands=(command, ...)`` is read only by
+those commands (COMMANDS): :func:`readers_of` answers who reads a dotted key. A section of the schema declares
+``commands`` and ``runs`` once for all its fields (:func:`section`); a field's own declaration replaces its section's.
+Other checks that relate several keys stay code beside the schema.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Collection
+import operator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +34,10 @@ from core.errors import PosGPTError
 _KEY = "domain"  # the metadata key of a dataclass field that holds its Interval
 _OWNER = "used_with"  # the metadata key of a field's (selector, values): the settings that read it
 _RUNS = "runs"  # the metadata key of a field's kinds of run that read it
+_COMMANDS = "commands"  # the metadata key of a field's commands that read it
 RUN_KINDS = {"text": "a language-model run", "task": "a task run"}
+# The commands that read a config, by the name a declaration gives them, and the script each is.
+COMMANDS = {"train": "train.py", "eval": "eval.py", "sample": "sample.py", "inspect": "scripts/inspect_attention.py"}
 
 
 def _bound(value: float) -> str:
@@ -75,15 +82,12 @@ def domain(
     lt: float | None = None,
     used_with: tuple[str, tuple[Any, ...]] | None = None,
     runs: tuple[str, ...] | None = None,
+    commands: tuple[str, ...] | None = None,
 ) -> Any:
     """A dataclass field (``dataclasses.field``) whose values must lie in the interval the bounds describe, and,
     with ``used_with=(selector, values)``, that only those values of its sibling ``selector`` read; with ``runs``,
-    that only runs of those kinds read (RUN_KINDS)."""
-    metadata: dict[str, Any] = {_KEY: Interval(ge=ge, gt=gt, le=le, lt=lt)}
-    if used_with is not None:
-        metadata[_OWNER] = used_with
-    if runs is not None:
-        metadata[_RUNS] = _kinds(runs)
+    that only runs of those kinds read (RUN_KINDS); with ``commands``, that only those commands read (COMMANDS)."""
+    metadata = {_KEY: Interval(ge=ge, gt=gt, le=le, lt=lt), **_readers(used_with, runs, commands)}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -93,42 +97,108 @@ def read_with(
     default_factory: Any = dataclasses.MISSING,
     used_with: tuple[str, tuple[Any, ...]] | None = None,
     runs: tuple[str, ...] | None = None,
+    commands: tuple[str, ...] | None = None,
 ) -> Any:
     """A dataclass field of any type (no numeric domain) that only the given values of its sibling read, or only
-    runs of the given kinds, as :func:`domain`'s ``used_with`` and ``runs``."""
-    metadata: dict[str, Any] = {} if used_with is None else {_OWNER: used_with}
-    if runs is not None:
-        metadata[_RUNS] = _kinds(runs)
+    runs of the given kinds, or only the given commands, as :func:`domain`'s ``used_with``, ``runs`` and
+    ``commands``."""
+    metadata = _readers(used_with, runs, commands)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
-def _kinds(runs: tuple[str, ...]) -> tuple[str, ...]:
-    unknown = set(runs) - set(RUN_KINDS)
-    if unknown:
-        raise ValueError(f"unknown kinds of run {sorted(unknown)}; the kinds are {list(RUN_KINDS)}")
-    return tuple(runs)
+def section(
+    default_factory: Any = dataclasses.MISSING,
+    *,
+    default: Any = dataclasses.MISSING,
+    runs: tuple[str, ...] | None = None,
+    commands: tuple[str, ...] | None = None,
+) -> Any:
+    """A field holding a section of settings (a nested dataclass) whose fields only runs of kinds ``runs`` and the
+    commands ``commands`` read, unless a field declares its own."""
+    metadata = _readers(None, runs, commands)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
-def read_by_runs(field: dataclasses.Field) -> tuple[str, ...] | None:
-    """The kinds of run that read a field (None: every kind)."""
-    return field.metadata.get(_RUNS)
+def _readers(
+    used_with: tuple[str, tuple[Any, ...]] | None, runs: tuple[str, ...] | None, commands: tuple[str, ...] | None
+) -> dict[str, Any]:
+    """A field's metadata for what reads it; a kind of run or a command the project does not have is a
+    ValueError when the schema is imported."""
+    for given, known, what in ((runs, RUN_KINDS, "kinds of run"), (commands, COMMANDS, "commands")):
+        if given is not None and set(given) - set(known):
+            raise ValueError(f"unknown {what} {sorted(set(given) - set(known))}; they are {list(known)}")
+    named = {_OWNER: used_with, _RUNS: runs, _COMMANDS: commands}
+    return {key: tuple(value) if key != _OWNER else value for key, value in named.items() if value is not None}
 
 
-def check_run_kind(config: Any, kind: str, what: str, prefix: str = "", keys: Collection[str] | None = None) -> None:
-    """PosGPTError naming the first field of a config dataclass instance (nested ones included) set to something
-    but its default that runs of ``kind`` never read (``runs``): the run would equal one without it. ``what``: the
-    run in words (``task=passkey``); ``keys``: check only these dotted keys and those under them (None: all)."""
+@dataclass(frozen=True)
+class Readers:
+    """Who reads a setting: the commands (names of COMMANDS) and the kinds of run (None: every kind)."""
+
+    commands: tuple[str, ...]
+    runs: tuple[str, ...] | None
+
+    def __or__(self, other: Readers) -> Readers:
+        """Who reads either of two settings (a whole section's readers: any of its fields')."""
+        runs = None if self.runs is None or other.runs is None else (*self.runs, *other.runs)
+        commands = {*self.commands, *other.commands}
+        return Readers(tuple(c for c in COMMANDS if c in commands), runs and tuple(k for k in RUN_KINDS if k in runs))
+
+
+EVERYONE = Readers(tuple(COMMANDS), None)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A setting of a config dataclass instance: its dotted key, its field, its value and who reads it."""
+
+    key: str
+    field: dataclasses.Field
+    value: Any
+    readers: Readers
+
+    @property
+    def given(self) -> bool:
+        """Whether the value is anything but the field's default."""
+        return self.value != _default(self.field)
+
+
+def leaves(config: Any, prefix: str = "", readers: Readers = EVERYONE) -> Iterator[Leaf]:
+    """Every setting of a config dataclass instance (nested ones walked), each with the readers its own field
+    declares, or else the nearest section above it declares (``readers``: the section's own)."""
     for field in dataclasses.fields(config):
-        value, key = getattr(config, field.name), prefix + field.name
+        here = Readers(field.metadata.get(_COMMANDS, readers.commands), field.metadata.get(_RUNS, readers.runs))
+        value = getattr(config, field.name)
         if dataclasses.is_dataclass(value):
-            check_run_kind(value, kind, what, key + ".", keys)
-            continue
-        kinds = read_by_runs(field)
-        if kinds is None or kind in kinds or value == _default(field) or not is_set(key, keys):
+            yield from leaves(value, prefix + field.name + ".", here)
+        else:
+            yield Leaf(prefix + field.name, field, value, here)
+
+
+def changed_keys(config: Any) -> list[str]:
+    """The dotted keys of a config dataclass instance's settings that are anything but their default."""
+    return [leaf.key for leaf in leaves(config) if leaf.given]
+
+
+def readers_of(config: Any, key: str) -> Readers | None:
+    """Who reads dotted ``key`` of a config dataclass instance: its field's readers, or for a section (a group such
+    as ``data``) anyone who reads one of its fields, or for a key inside a plain dict setting that setting's; None
+    for a key the config does not have."""
+    found = [leaf.readers for leaf in leaves(config) if is_set(leaf.key, [key]) or is_set(key, [leaf.key])]
+    return functools.reduce(operator.or_, found) if found else None
+
+
+def check_run_kind(config: Any, kind: str, what: str, keys: Collection[str] | None = None) -> None:
+    """PosGPTError naming the first setting of a config dataclass instance set to something but its default that
+    runs of ``kind`` never read (``runs``, its own or its section's): the run would equal one without it. ``what``:
+    the run in words (``task=passkey``); ``keys``: check only these dotted keys and those under them (None: all)."""
+    for leaf in leaves(config):
+        kinds = leaf.readers.runs
+        if kinds is None or kind in kinds or not leaf.given or not is_set(leaf.key, keys):
             continue
         readers = " or ".join(RUN_KINDS[reader] for reader in kinds)
         raise PosGPTError(
-            f"{key}={as_typed(value)} is read only by {readers}; this is {RUN_KINDS[kind]} ({what}): drop it"
+            f"{leaf.key}={as_typed(leaf.value)} is read only by {readers}; this is {RUN_KINDS[kind]} ({what}): drop it"
         )
 
 

@@ -54,7 +54,7 @@ class DataConfig:
     cache_dir: str | None = None  # None: $POSGPT_CACHE_DIR, else ~/.cache/posgpt
     # Training only: positions restart at 0 after each <|endoftext|> of a training window, and attention does not
     # cross it (data/windows.py separate_documents, model/documents.py). Validation and evaluation score the stream.
-    document_aware: bool = False
+    document_aware: bool = read_with(False, commands=("train",))
     num_proc: int = domain(2, ge=1)  # processes that tokenize in parallel
     shard_chars: int = domain(8_000_000, ge=1)  # characters of text per token shard (~2M tokens, 4 MB)
 

@@ -16,7 +16,7 @@ from core.errors import PosGPTError
 from core.runtime import flops_per_token, set_up_runtime
 from data.tasks import NO_TASK
 from experiment.config import validate
-from experiment.settings import check_command_settings, config_for_evaluation, overridden_keys, trained_config
+from experiment.settings import config_for_evaluation, overridden_keys, trained_config
 from model import GPT
 
 
@@ -75,11 +75,10 @@ def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> Train
     change it), load its weights, and set up device and precision; the model is in eval mode. A setting the run
     does not read is refused among the overrides only: a trained setting that an override leaves unread (a
     scaling's own parameters, evaluated without the scaling) was read in training; so is one that ``command``
-    (the script, as COMMAND_SETTINGS names it) does not read."""
+    (the script) does not read, as the schema declares."""
     checkpoint = load_checkpoint(run_dir)
-    cfg = config_for_evaluation(checkpoint, overrides)
-    validate(cfg, keys=overridden_keys(overrides))
-    check_command_settings(overrides, command)  # after the domains: a value outside its domain is that, anywhere
+    cfg = config_for_evaluation(checkpoint, overrides, command)
+    validate(cfg, keys=overridden_keys(overrides), command=command)
     device, dtype = set_up_runtime(cfg.train)
     model = build_model(cfg)
     load_weights(model, checkpoint["model"], checkpoint_file(run_dir))

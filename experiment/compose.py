@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from core.errors import PosGPTError
 from core.files import first_invalid_utf8, not_utf8, open_file_in
 from core.rundir import note_existing
-from experiment.config import register_configs
+from experiment.config import choices_with, register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -72,7 +72,7 @@ def hydra_errors_as_user_errors() -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException) as error:
         message = one_line(error)
-        raise PosGPTError(message + _group_hint(message)) from None
+        raise PosGPTError(message + _group_hint(message) + _reader_hint(message)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:  # a config file (--config-dir ...) that is not YAML
         raise _config_file_error(error) from None
     except (FileExistsError, NotADirectoryError) as error:  # hydra.run.dir names a file (or a path through one)
@@ -89,6 +89,16 @@ def _group_hint(message: str) -> str:
         return ""
     key = match.group(1)
     return f" ({key} is a group of settings: set one of them, {key}.<name>=..., listed in docs/configuration.md)"
+
+
+_NOT_IN_CHOICE = re.compile(r"Could not override '((?:task|pe)\.[\w.]+)'; Key '\w+' not in '\w+'")
+
+
+def _reader_hint(message: str) -> str:
+    """A setting of another task or scheme than the run's: say which would read it."""
+    match = _NOT_IN_CHOICE.search(message)
+    readers = choices_with(match.group(1)) if match else []
+    return f"; {match.group(1)} is read by {', '.join(readers)}" if readers else ""
 
 
 def _config_file_error(error: yaml.YAMLError | UnicodeDecodeError) -> PosGPTError:

@@ -20,7 +20,17 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from core.domain import check_domains, check_run_kind, check_used, domain, is_set, read_with
+from core.domain import (
+    COMMANDS,
+    check_domains,
+    check_run_kind,
+    check_used,
+    domain,
+    is_set,
+    read_with,
+    readers_of,
+    section,
+)
 from core.errors import PosGPTError
 from core.runtime import MAX_SEED
 from data.config import DataConfig
@@ -31,10 +41,13 @@ from model.gpt import ModelConfig, model_dims, validate_model_config
 from model.pe import SCHEMES
 from model.temperature import check_temperature
 
+EVERY_COMMAND = tuple(COMMANDS)  # a setting every command reads (core.domain's commands)
+
 
 @dataclass
 class TrainConfig:
-    seq_len: int = domain(64, ge=1)  # training context length: the "1x" of every extrapolation result
+    # training context length: the "1x" of every extrapolation result, and the length a learned table holds
+    seq_len: int = domain(64, ge=1, commands=EVERY_COMMAND)
     # sequences per optimizer step, over all processes and accumulation steps; 4 keeps the default job within
     # ten minutes on a 2-core CPU (scripts/study.sh trains its studies at 8)
     batch_size: int = domain(4, ge=1)
@@ -57,16 +70,19 @@ class TrainConfig:
     # keep: the run has its parent's scheme; replace: another pe=, whose parameters start afresh while every other
     # weight is the parent's (the parent's position parameters are dropped: DroPE, Sakana AI 2025)
     init_from_pe: str = "keep"
-    seed: int = domain(1337, ge=0, le=MAX_SEED)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    # every command sets up its runtime from these (core.runtime.set_up_runtime), all but compile, which training
+    # alone reads
+    seed: int = domain(1337, ge=0, le=MAX_SEED, commands=EVERY_COMMAND)
+    device: str = read_with("auto", commands=EVERY_COMMAND)  # auto | cpu | cuda | cuda:N
+    dtype: str = read_with("auto", commands=EVERY_COMMAND)  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
     compile: str = "auto"  # auto (on for CUDA) | true | false (typed true/false, Hydra passes "True"/"False")
-    num_threads: int = domain(0, ge=0)  # CPU threads for torch; 0 keeps torch's default
+    num_threads: int = domain(0, ge=0, commands=EVERY_COMMAND)  # CPU threads for torch; 0 keeps torch's default
     skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
     distributed: str = "ddp"  # ddp | fsdp (only used under torchrun)
     eval_after: bool = True  # run the extrapolation eval when training ends
-    # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N)
-    random_positions: int | None = domain(None, ge=1)
+    # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N) (and evaluate a task
+    # run there: eval.random_positions)
+    random_positions: int | None = domain(None, ge=1, commands=("train", "eval"))
 
 
 PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
@@ -117,7 +133,8 @@ class EvalConfig:
     key_short_stride: int | None = domain(None, ge=1, used_with=KEY_TOKENS)  # contexts S-stride+1..S; None: S/4
     key_lsd_threshold: float = domain(2.0, ge=0, used_with=KEY_TOKENS)  # alpha: nats the long context must add
     key_lcl_threshold: float = domain(-2.0, lt=0, used_with=KEY_TOKENS)  # beta: log-probability with the long context
-    key_evaluator: str | None = None  # a run directory whose model selects the key tokens; None: the run itself
+    # a run directory whose model selects the key tokens; None: the run itself
+    key_evaluator: str | None = read_with(None, used_with=KEY_TOKENS)
     # Evaluators to run besides those the settings above ask for (evaluation/evaluator.py; evaluation/evaluators/)
     evaluators: list[str] | None = None
 
@@ -161,15 +178,21 @@ class InspectConfig:
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    pe: Any = MISSING  # one of the dataclasses in model/pe/, chosen by the `pe` group
-    task: Any = field(default_factory=TaskConfig)  # a dataclass of data/tasks/ (the `task` group); none: text
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    sample: SampleConfig = field(default_factory=SampleConfig)  # sample.py
-    inspect: InspectConfig = field(default_factory=InspectConfig)  # scripts/inspect_attention.py
+    """The whole config. Each section declares the commands (core.domain.COMMANDS) and the kinds of run that read
+    its settings, unless a setting declares its own: a command given a setting it does not read refuses it
+    (check_command_reads), and so does a run of a kind that does not read it (validate). The train.py that
+    writes a run reads what it records for a later eval.py (eval.*), even when it does not evaluate itself."""
+
+    model: ModelConfig = section(ModelConfig)  # every command builds the model
+    pe: Any = section(default=MISSING)  # one of the dataclasses in model/pe/, chosen by the `pe` group
+    # a dataclass of data/tasks/ (the `task` group); none: text; sample.py and the scripts take text runs only
+    task: Any = section(TaskConfig, commands=("train", "eval"))
+    data: DataConfig = section(DataConfig, commands=("train", "eval", "inspect"), runs=TEXT)  # a task makes its own
+    train: TrainConfig = section(TrainConfig, commands=("train",))
+    eval: EvalConfig = section(EvalConfig, commands=("train", "eval"))
+    logging: LoggingConfig = section(LoggingConfig, commands=("train", "eval", "inspect"))  # sample.py logs nothing
+    sample: SampleConfig = section(SampleConfig, commands=("sample",))  # sample.py
+    inspect: InspectConfig = section(InspectConfig, commands=("inspect",))  # scripts/inspect_attention.py
 
 
 COMPILE_SETTINGS = ("auto", "true", "false")
@@ -205,6 +228,27 @@ def _typed_schema(pe_name: str, task_name: str) -> DictConfig:
     cfg.pe = OmegaConf.structured(SCHEMES[pe_name].config_class)
     cfg.task = OmegaConf.structured(task_config_class(task_name))
     return cfg
+
+
+def choices_with(key: str) -> list[str]:
+    """The choices of the group ``key`` lies in (``task`` or ``pe``) whose dataclass has dotted ``key``: what would
+    read a task's or a scheme's setting given to a run of another (``task.n_pairs``: task=mqar)."""
+    group, _, path = key.partition(".")
+    classes = {
+        "task": {name: task_config_class(name) for name in TASKS},
+        "pe": {n: s.config_class for n, s in SCHEMES.items()},
+    }
+    return [f"{group}={name}" for name, kind in classes.get(group, {}).items() if _has_key(kind, path)]
+
+
+def _has_key(kind: type, path: str) -> bool:
+    """Whether dataclass ``kind`` (nested ones walked) has the dotted key ``path``."""
+    name, _, rest = path.partition(".")
+    found = {item.name: item for item in dataclasses.fields(kind)}.get(name)
+    if found is None or not rest:
+        return found is not None
+    nested = typing.get_type_hints(kind).get(name)
+    return dataclasses.is_dataclass(nested) and _has_key(nested, rest)
 
 
 def set_task_vocabulary(cfg: DictConfig) -> None:
@@ -261,11 +305,14 @@ def check_list_elements(config: Any, prefix: str = "") -> None:
                 )
 
 
-def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | None = None) -> None:
+def validate(
+    cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | None = None, command: str | None = None
+) -> None:
     """Checks that types alone cannot express; raises PosGPTError saying what to change. ``reads_data=False``
     (scripts/speed.py, scripts/estimate.py: random token ids) skips what only relates the config to its data.
     ``keys``: a setting the run does not read is refused only among these dotted keys (an evaluation's overrides,
-    experiment/build.py: a trained setting that an override leaves unread was read in training); None: all."""
+    experiment/build.py: a trained setting that an override leaves unread was read in training); None: all.
+    ``command``: the script that evaluates, which refuses among ``keys`` what it never reads, after the domains."""
     unknown = unknown_keys(cfg, schema(cfg.pe.name, cfg.task.name))
     if unknown:
         raise PosGPTError(
@@ -275,6 +322,8 @@ def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | N
     config = OmegaConf.to_object(cfg)  # the dataclasses, which declare each numeric key's domain
     check_list_elements(config)
     check_domains(config)
+    if command is not None:
+        check_command_reads(config, command, keys or ())
     validate_model_config(config.model)
     check_temperature(config.model.attn_temperature, config.train.seq_len)
     t = cfg.train
@@ -308,14 +357,36 @@ def validate(cfg: DictConfig, reads_data: bool = True, keys: Collection[str] | N
     if t.distributed not in ("ddp", "fsdp"):
         raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
     _validate_eval(cfg)
+    # settings read by the other kind of run only (a task run has no perplexity protocols, and no corpus)
+    kind, what = ("text", f"data={cfg.data.name}") if cfg.task.name == NO_TASK else ("task", f"task={cfg.task.name}")
+    check_run_kind(config, kind, what, keys)
+    _validate_documents(cfg, keys)
     _validate_scheme(cfg, config, keys)
     _validate_task(cfg, reads_data, keys)
-    _validate_documents(cfg, keys)
-    # the evaluation's settings read by the other kind of run only (a task run has no perplexity protocols)
-    kind, what = ("text", f"data={cfg.data.name}") if cfg.task.name == NO_TASK else ("task", f"task={cfg.task.name}")
-    check_run_kind(config.eval, kind, what, "eval.", keys)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
+
+
+def check_command_reads(config: Any, command: str, keys: Collection[str]) -> None:
+    """PosGPTError for a key among ``keys`` (those the user gave) that ``command`` (a script of core.domain's
+    COMMANDS) never reads, as the schema declares (experiment/config.py): accepted, it would be ignored without a
+    word. A script outside COMMANDS (an analysis in scripts/) is held only to what an evaluation may change."""
+    for key in keys:
+        if not command_reads(config, command, key):
+            scripts = [COMMANDS[reader] for reader in readers_of(config, key).commands]
+            read_by = ", ".join(scripts[:-1]) + " and " + scripts[-1] if len(scripts) > 1 else scripts[0]
+            raise PosGPTError(f"{command} does not read {key} (read by {read_by}): drop it")
+
+
+def command_reads(config: Any, command: str, key: str, kind: str | None = None) -> bool:
+    """Whether script ``command`` reads dotted ``key`` (or a section of it) of a config dataclass instance, as the
+    schema declares, in a run of ``kind`` (None: of any kind); true for a script outside COMMANDS and for a key the
+    schema does not have."""
+    name = next((name for name, script in COMMANDS.items() if script == command), None)
+    readers = readers_of(config, key)
+    if name is None or readers is None:
+        return True
+    return name in readers.commands and (kind is None or readers.runs is None or kind in readers.runs)
 
 
 def _validate_eval(cfg: DictConfig) -> None:
@@ -399,13 +470,8 @@ def _validate_documents(cfg: DictConfig, keys: Collection[str] | None) -> None:
                 "documents crossing (docs/data.md); drop it"
             )
         return
-    if not cfg.data.document_aware:
+    if not cfg.data.document_aware:  # a task run's is refused with the rest of data.* (check_run_kind)
         return
-    if cfg.task.name != NO_TASK:
-        raise PosGPTError(
-            f"data.document_aware keeps the documents of text windows apart; task={cfg.task.name} generates one "
-            "example per sequence: drop data.document_aware"
-        )
     if cfg.train.random_positions is not None:
         raise PosGPTError(
             "data.document_aware restarts positions at each document, train.random_positions draws one set per "

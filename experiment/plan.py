@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint_io import load_checkpoint
+from core.domain import changed_keys
 from core.errors import PosGPTError
 from core.rundir import EVAL_DIR
 from core.tracking import TrackerSettings
@@ -33,13 +34,13 @@ from data.tasks import NO_TASK
 from evaluation.checks import check_eval_settings
 from evaluation.extrapolation import scored_range
 from experiment.build import build_model, model_flops_per_token, open_trained_model
-from experiment.config import eval_lengths, set_task_vocabulary, validate
+from experiment.config import check_command_reads, eval_lengths, set_task_vocabulary, validate
 from experiment.settings import (
     RESUME_SETTINGS,
     RUNTIME_SETTINGS,
     changed_settings,
-    check_command_settings,
     flatten_config,
+    overridden_keys,
     trained_config,
 )
 from model.pe import SCHEMES
@@ -94,7 +95,9 @@ def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainPlan:
     command reads); PosGPTError for anything that would refuse it, before anything is written. Sets the task's
     vocabulary in ``cfg``."""
     check_training_config(cfg)
-    check_command_settings(overrides, "train.py")
+    config = OmegaConf.to_object(cfg)
+    # what the command line gives, and what a config file gives (a setting away from its default)
+    check_command_reads(config, "train.py", [*overridden_keys(overrides), *changed_keys(config)])
     cfg, parent = load_parent(cfg)
     with torch.device("meta"):  # shapes only: a model of any size is planned in no memory and no time
         model = build_model(cfg)

@@ -15,13 +15,13 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PosGPTError
 from data.tasks import NO_TASK, TASKS
 from experiment.compose import compose_config, one_line
-from experiment.config import schema
+from experiment.config import check_command_reads, choices_with, command_reads, schema
 from model.pe import SCHEMES
 from model.temperature import check_evaluation_change
 
@@ -61,23 +61,6 @@ RESUME_SETTINGS = (
     "train.distributed",
     "train.eval_after",
 )
-
-
-# Settings that only some commands read (train.py evaluates at its end: train.eval_after).
-COMMAND_SETTINGS = {
-    "eval.": ("train.py", "eval.py"),
-    "sample.": ("sample.py",),
-    "inspect.": ("scripts/inspect_attention.py",),
-}
-
-
-def check_command_settings(overrides: list[str], command: str) -> None:
-    """PosGPTError for an override that ``command`` never reads (sample.py's sample.* given to eval.py, say):
-    accepted, it would be ignored without a word."""
-    for key in overridden_keys(overrides):
-        for prefix, readers in COMMAND_SETTINGS.items():
-            if may_change(key, (prefix,)) and command not in readers:
-                raise PosGPTError(f"{key} is read by {' and '.join(readers)}, not by {command}: drop it here")
 
 
 def eval_settings(pe_name: str) -> tuple[str, ...]:
@@ -161,23 +144,16 @@ def trained_config(saved_config: dict) -> DictConfig:
         raise PosGPTError(f"the checkpoint's config does not fit this posgpt's schema: {one_line(error)}") from None
 
 
-def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
+def config_for_evaluation(checkpoint: dict, overrides: list[str], command: str = "eval.py") -> DictConfig:
     """The config a checkpoint was trained with, plus ``overrides`` of the settings an evaluation may change.
 
     Group overrides (``data=text data.files=[...]``) are composed by Hydra as in train.py; only the keys the
-    overrides name are taken from that composition, everything else from the checkpoint.
+    overrides name are taken from that composition, everything else from the checkpoint. ``command``: the
+    script that evaluates (check_changeable).
     """
     cfg = trained_config(checkpoint["config"])
-    allowed = eval_settings(cfg.pe.name)
     keys = overridden_keys(overrides)
-    for key in keys:
-        if not may_change(key, allowed):
-            current = OmegaConf.select(cfg, key, default=None)
-            was = f" (it has {key}={current})" if current is not None and not OmegaConf.is_config(current) else ""
-            raise PosGPTError(
-                f"{key} cannot be changed for an evaluation: the model is the one the checkpoint's "
-                f"config describes{was}. An evaluation may change {_describe(allowed)}"
-            )
+    check_changeable(cfg, keys, command)
     if not keys:
         return cfg
     composed = compose_config([f"pe={cfg.pe.name}", *overrides])
@@ -189,6 +165,33 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str]) -> DictConfig:
         raise PosGPTError(f"cannot apply {' '.join(overrides)}: {one_line(error)}") from None
     check_evaluation_change(trained, OmegaConf.to_object(cfg.model.attn_temperature))
     return cfg
+
+
+def check_changeable(cfg: DictConfig, keys: list[str], command: str) -> None:
+    """PosGPTError for the first of ``keys`` that an evaluation of the trained ``cfg`` by ``command`` may not
+    change: one that ``command`` never reads says so (check_command_reads), and one of another task or scheme than
+    the run's names those that read it; one that it reads is the checkpoint's."""
+    allowed = eval_settings(cfg.pe.name)
+    refused = [key for key in keys if not may_change(key, allowed)]
+    if not refused:
+        return
+    config = OmegaConf.to_object(cfg)
+    check_command_reads(config, command, refused)
+    key = refused[0]
+    readers = choices_with(key) if OmegaConf.select(cfg, key, default=MISSING) is MISSING else []
+    if readers:
+        group = key.partition(".")[0]
+        raise PosGPTError(
+            f"{key} is not a setting of this run ({group}={cfg[group].name}): it is read by {', '.join(readers)}"
+        )
+    current = OmegaConf.select(cfg, key, default=None)
+    was = f" (it has {key}={current})" if current is not None and not OmegaConf.is_config(current) else ""
+    kind = "text" if cfg.task.name == NO_TASK else "task"
+    read = [name for name in allowed if command_reads(config, command, name.rstrip("."), kind)]
+    raise PosGPTError(
+        f"{key} cannot be changed for an evaluation: the model is the one the checkpoint's "
+        f"config describes{was}. {command} may change {_describe(tuple(read))}"
+    )
 
 
 def _describe(allowed: tuple[str, ...]) -> str:

@@ -64,7 +64,15 @@ class Runner:
         self.env = {**os.environ, "POSGPT_CACHE_DIR": str(base / "posgpt-cache"), "OMP_NUM_THREADS": "1"}
 
     def overrides(self, run_dir: Path, *extra: str) -> list[str]:
-        return [*TINY, f"data.files=[{self.corpus}]", f"hydra.run.dir={run_dir}", *extra]
+        """TINY and the corpus, unless ``extra`` chooses a task (which makes its own data: data.* is refused)."""
+        task = any(arg.startswith("task=") and arg != "task=none" for arg in extra)
+        data = [] if task else [f"data.files=[{self.corpus}]"]
+        return [
+            *(arg for arg in TINY if not (task and arg.startswith("data"))),
+            *data,
+            f"hydra.run.dir={run_dir}",
+            *extra,
+        ]
 
     def run(self, command: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
         """The command's result. Whatever it answers, nothing a library prints at interpreter shutdown may follow it

@@ -194,7 +194,7 @@ def test_documents_take_given_positions_and_refuse_a_cache():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["task=passkey"], "task=passkey generates one example per sequence"),
+        (["task=passkey"], r"data.document_aware=true is read only by a language-model run; .* \(task=passkey\)"),
         (["train.random_positions=256"], "train.random_positions draws one set per window"),
         (["data=wikitext103"], "data.rows_are_documents=false joins the rows of wikitext103"),
     ],
@@ -211,7 +211,7 @@ def test_an_evaluation_refuses_it_and_scores_the_stream(cli, tmp_path):
     a run trained with it is evaluated as any other."""
     run_dir = make_run(tmp_path / "run", cli.corpus, "data.document_aware=true")
     refused = cli.eval_here(run_dir, "data.document_aware=false")
-    assert_one_line_error(refused, "data.document_aware is a training setting")
+    assert_one_line_error(refused, "eval.py does not read data.document_aware (read by train.py)")
     done = cli.eval_here(run_dir, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]")
     assert done.returncode == 0, done.stderr
 

@@ -31,7 +31,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tiny_checkpoint import make_run
 
-from core.domain import Interval, check_domains, domain
+from core.domain import COMMANDS as DECLARED_COMMANDS
+from core.domain import Interval, check_domains, domain, readers_of
 from core.errors import PosGPTError
 from data.tasks import TASKS
 from experiment.compose import CONFIG_DIR
@@ -153,14 +154,22 @@ class Case:
 
     def expected(self) -> str:
         """A pattern of the error line: the key and its domain, or, for a key an evaluation may not change
-        (the run-reading commands), that refusal."""
+        (the run-reading commands), that refusal: that the command never reads it, or that it is the run's."""
         if COMMANDS[self.command] and not may_change(self.key.key, eval_settings(RUN_PE)):
+            if not reads(self.command, self.key.key):
+                return re.escape(f"error: {self.command} does not read {self.key.key} (read by ") + ".*"
             return re.escape(f"error: {self.key.key} cannot be changed for an evaluation: ") + ".*"
         shown = f"{self.key.key}[0]" if self.key.is_list else self.key.key
         return re.escape(f"error: {shown}={self.value} is out of its domain {self.key.interval}")
 
     def __str__(self) -> str:
         return f"{self.command}:{' '.join(self.overrides)}"
+
+
+def reads(script: str, key: str) -> bool:
+    """Whether the schema declares that ``script`` reads ``key`` of a run of the RUN_PE scheme (core.domain)."""
+    (name,) = [name for name, command in DECLARED_COMMANDS.items() if command == script]
+    return name in readers_of(OmegaConf.to_object(schema(RUN_PE)), key).commands
 
 
 def cases() -> list[Case]:

@@ -102,21 +102,23 @@ def test_an_evaluation_that_would_produce_nothing_is_refused(cli, reference):
 
 
 def test_a_setting_only_another_command_reads_is_refused_before_any_work(cli, reference, tmp_path):
-    """eval.*, sample.* and inspect.* belong to the commands that read them (experiment/settings.py's
-    COMMAND_SETTINGS): given to another, each is one line naming the key and its readers, before anything is
+    """eval.*, sample.* and inspect.* belong to the commands that read them (the schema's commands,
+    experiment/config.py): given to another, each is one line naming the key and its readers, before anything is
     loaded, trained or written, where it was accepted and changed nothing."""
     cases = [
-        ("eval.py", f"run_dir={reference}", "sample.temperature=0.5", "read by sample.py, not by eval.py"),
-        ("sample.py", f"run_dir={reference}", "eval.lengths=[16]", "read by train.py and eval.py, not by sample.py"),
-        ("scripts/inspect_attention.py", f"run_dir={reference}", "eval.lengths=[64]", "not by scripts/inspect_att"),
-        ("sample.py", f"run_dir={reference}", "inspect.windows=2", "read by scripts/inspect_attention.py, not by"),
+        ("eval.py", f"run_dir={reference}", "sample.temperature=0.5", "eval.py does not read sample.temperature (read"),
+        ("sample.py", f"run_dir={reference}", "eval.lengths=[16]", "(read by train.py and eval.py)"),
+        ("scripts/inspect_attention.py", f"run_dir={reference}", "eval.lengths=[64]", "inspect_attention.py does not"),
+        ("sample.py", f"run_dir={reference}", "inspect.windows=2", "(read by scripts/inspect_attention.py)"),
     ]
     before = sorted(p.name for p in reference.rglob("*"))
     for script, run, override, fragment in cases:
         assert_one_line_error(cli.here(script, run, override), override.split("=")[0], fragment)
     assert sorted(p.name for p in reference.rglob("*")) == before
     run_dir = tmp_path / "run"
-    refused_before_writing(cli.train_here(run_dir, "sample.top_k=5"), run_dir, "sample.top_k is read by sample.py")
+    refused_before_writing(
+        cli.train_here(run_dir, "sample.top_k=5"), run_dir, "train.py does not read sample.top_k (read by sample.py)"
+    )
 
 
 def test_a_sweep_with_one_invalid_value_trains_no_job(cli, tmp_path):

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from core.domain import check_domains
+from core.domain import COMMANDS, check_domains, read_with
 from core.errors import PosGPTError
 
 TRAIN_LENGTHS = ("uniform", "fixed")
@@ -33,7 +33,8 @@ TRAIN_LENGTHS = ("uniform", "fixed")
 class TaskConfig:
     """``task=none``: language modelling on data.* (the default)."""
 
-    name: str = "none"
+    # the kind of run: every command reads it (sample.py and the scripts refuse a task run)
+    name: str = read_with("none", commands=tuple(COMMANDS))
 
 
 @dataclass
