@@ -15,7 +15,7 @@ evaluators the settings ask for (evaluation/evaluators/), each one's rows stored
 
 The model is built from the config stored in the checkpoint, never from today's configs/ YAML. Overrides
 may change only what does not change what the trained weights compute (experiment/settings.py: data.*,
-eval.*, logging.*, device, dtype, threads, compile, the attention backend, and the scheme's declared
+eval.*, logging.*, device, dtype, threads, the attention backend, and the scheme's declared
 evaluation-time settings such as RoPE's pe.scaling and pe.remap); any other key is refused, named. Results land in
 <run_dir>/eval/ (added to what earlier evaluations of the same checkpoint wrote there: see
 evaluation/store.py) and in the training run's W&B run. While it runs, eval.py holds the run directory's lock
