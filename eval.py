@@ -44,12 +44,12 @@ from core.rundir import EVAL_DIR, lock_run, refuse_if_live
 from core.tracking import check_wandb, init_wandb
 from data import TokenArray, eval_tokens
 from data.tasks import NO_TASK
-from evaluation.checks import check_eval_settings
 from evaluation.context import EvalContext
 from evaluation.evaluator import Evaluator
 from evaluation.perplexity_format import PER_POSITION_PLOT, PPL_PLOT
 from evaluation.run import by_file, check_evaluators, evaluate_run
 from experiment.build import TrainedRun, load_trained_run, open_trained_model, parse_run_dir
+from experiment.eval_checks import check_eval_settings
 from experiment.plan import eval_context, plan_evaluators, tracker_settings
 
 USAGE = "usage: python eval.py [--check] run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"

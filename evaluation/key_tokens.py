@@ -215,7 +215,7 @@ def find_key_tokens(ctx: EvalContext, tokens: TokenArray, e: KeyTokenSettings) -
     span = scored_range(len(tokens), ctx.lengths, e.max_tokens)
     jobs = key_jobs(list(e.protocols), ctx.lengths, size)
     reuse = evaluator.name == SELF and not ctx.variation_names
-    if not jobs:  # evaluation/checks.py refuses this before any work
+    if not jobs:  # experiment/eval_checks.py refuses this before any work
         return KeyTokenSelection(settings, span, {}, reuse)
     if span is None or all(length > span[0] for length, _ in jobs):  # every row says why (no targets)
         unscored = {job: unscorable(job[0], len(tokens), e.max_tokens) for job in jobs}

@@ -25,24 +25,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint_io import load_checkpoint
+from core.config_keys import RESUME_SETTINGS, RUNTIME_SETTINGS, flatten_config
 from core.domain import changed_keys
 from core.errors import PosGPTError
 from core.rundir import EVAL_DIR
 from core.tracking import TrackerSettings
 from data import validate_data_config
 from data.tasks import NO_TASK
-from evaluation.checks import check_eval_settings
 from evaluation.extrapolation import scored_range
 from experiment.build import build_model, model_flops_per_token, open_trained_model
 from experiment.config import check_command_reads, eval_lengths, set_task_vocabulary, validate
-from experiment.settings import (
-    RESUME_SETTINGS,
-    RUNTIME_SETTINGS,
-    changed_settings,
-    flatten_config,
-    overridden_keys,
-    trained_config,
-)
+from experiment.eval_checks import check_eval_settings
+from experiment.settings import changed_settings, overridden_keys, trained_config
 from model.pe import SCHEMES
 from training.checkpointing import CheckpointSettings
 from training.init_from import Parent

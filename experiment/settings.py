@@ -8,7 +8,6 @@ touch the settings below; anything else is refused with one line that names the 
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from core.config_keys import RUNTIME_SETTINGS, flatten_config, may_change
 from core.errors import PosGPTError
 from data.tasks import NO_TASK, TASKS
 from experiment.compose import compose_config, one_line
@@ -25,67 +25,16 @@ from experiment.config import check_command_reads, choices_with, command_reads, 
 from model.pe import SCHEMES
 from model.temperature import check_evaluation_change
 
-# Where and how fast a run computes, and what it reports: never what the weights compute.
-RUNTIME_SETTINGS = (
-    "train.device",
-    "train.dtype",
-    "train.compile",
-    "train.num_threads",
-    "model.attn_backend",
-    "model.fused_ce",
-    "model.flex_kernel_options",
-    "data.cache_dir",
-    "data.num_proc",
-    "logging.",
-)
 # An evaluation may also score another corpus, at other lengths, with the scheme's declared variations
 # (pe.<field> for field in the scheme's eval_time_settings) and with a training-free attention temperature
 # (model/temperature.py: not one with learned parameters, check_evaluation_change).
 EVAL_SETTINGS = (*RUNTIME_SETTINGS, "data.", "eval.", "sample.", "inspect.", "model.attn_temperature.")
-# A resumed run may train longer and log, validate, save and evaluate differently; its data and optimizer stay.
-RESUME_SETTINGS = (
-    *RUNTIME_SETTINGS,
-    "eval.",
-    "sample.",
-    "inspect.",
-    "data.eval_split",
-    "train.max_steps",
-    "train.resume",
-    "train.log_every",
-    "train.val_every",
-    "train.val_batches",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.grad_accum_steps",
-    "train.skip_nonfinite",
-    "train.distributed",
-    "train.eval_after",
-)
 
 
 def eval_settings(pe_name: str) -> tuple[str, ...]:
     """EVAL_SETTINGS plus the scheme's own evaluation-time variations."""
     scheme = SCHEMES.get(pe_name)
     return (*EVAL_SETTINGS, *(f"pe.{field}" for field in (scheme.eval_time_settings if scheme else ())))
-
-
-@functools.cache  # a comparison asks it of every key of every run it loads
-def may_change(key: str, allowed: tuple[str, ...]) -> bool:
-    """Whether dotted ``key`` (or a whole group such as ``data``) is, or lies under, one of ``allowed``."""
-    return any(
-        key == name.rstrip(".") or key.startswith(name if name.endswith(".") else name + ".") for name in allowed
-    )
-
-
-def flatten_config(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """A nested plain-dict config as {dotted key: value}."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten_config(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def changed_settings(saved: dict, now: dict, allowed: tuple[str, ...]) -> list[str]:

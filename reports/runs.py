@@ -15,20 +15,21 @@ import collections
 import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
+from core.config_keys import RESUME_SETTINGS, flatten_config, may_change
 from core.errors import PosGPTError
 from evaluation.perplexity_format import load_results
 from evaluation.results import condition_label
 from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.schemes import display_name
 from evaluation.task_accuracy import load_task_results as load_tasks_document
-from experiment.settings import RESUME_SETTINGS, flatten_config, may_change, trained_config
 from model.temperature import temperature_settings
 
 # Config keys that do not make two runs different settings: the seed, and what a resumed run may change
@@ -36,7 +37,11 @@ from model.temperature import temperature_settings
 NOT_A_SETTING = ("train.seed",) + tuple(key for key in RESUME_SETTINGS if key not in ("train.max_steps", "train.dtype"))
 
 
-def run_config(run_dir: Path, document: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+# A saved config typed by today's schema (experiment/settings.py's trained_config, handed in by the command).
+TypeConfig = Callable[[dict[str, Any]], DictConfig]
+
+
+def run_config(run_dir: Path, document: dict[str, Any], typed_by: TypeConfig) -> tuple[dict[str, Any], int | None]:
     """The resolved config of the checkpoint whose results ``document`` holds, and the step of the run's last
     checkpoint (None without checkpoints). The document records the config of the checkpoint that scored it
     (evaluation/run.py): a run resumed since with other settings has a last checkpoint that did not score these
@@ -44,12 +49,12 @@ def run_config(run_dir: Path, document: dict[str, Any]) -> tuple[dict[str, Any],
     posgpt recorded the config there (before 2026-11-23) is read through the checkpoint, which must then be the
     one that scored it. compare reads configs only here.
 
-    The config is typed by today's schema, so that a setting added since a run was trained (absent from its
-    config) reads as its default and does not set that run apart from newer ones."""
+    The config is typed by today's schema (``typed_by``), so that a setting added since a run was trained (absent
+    from its config) reads as its default and does not set that run apart from newer ones."""
     checkpoint = load_checkpoint(run_dir) if last_checkpoint_path(run_dir).is_file() else None
     latest = None if checkpoint is None else checkpoint["step"]
     if document.get("config") is not None:
-        return typed_config(document["config"]), latest
+        return typed_config(document["config"], typed_by), latest
     if checkpoint is None:
         raise PosGPTError(
             f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json (written before "
@@ -60,14 +65,14 @@ def run_config(run_dir: Path, document: dict[str, Any]) -> tuple[dict[str, Any],
             f"{run_dir}: its results scored the checkpoint of step {document['step']} and record no config; its last "
             f"checkpoint is of step {latest}: evaluate it again (python eval.py run_dir={run_dir})"
         )
-    return typed_config(checkpoint["config"]), latest
+    return typed_config(checkpoint["config"], typed_by), latest
 
 
 _TYPED: dict[str, dict[str, Any]] = {}
 
 
-def typed_config(saved: dict[str, Any]) -> dict[str, Any]:
-    """trained_config(saved) as a plain resolved dict. Typing a config by the schema takes ~40 ms, most of a
+def typed_config(saved: dict[str, Any], typed_by: TypeConfig) -> dict[str, Any]:
+    """typed_by(saved) as a plain resolved dict. Typing a config by the schema takes ~40 ms, most of a
     comparison's time, and the seeds of one setting differ only in ``train.seed``: they share one typing (keyed by
     the config less its seed, and whether it has one), the seed put back. A config with an interpolation left in
     it, or a seed that is not an int, is typed on its own."""
@@ -75,9 +80,9 @@ def typed_config(saved: dict[str, Any]) -> dict[str, Any]:
     has_seed, seed = "seed" in train, train.pop("seed", None)
     key = json.dumps([has_seed, {**saved, "train": train}], sort_keys=True, default=repr)
     if "${" in key or (has_seed and type(seed) is not int):
-        return OmegaConf.to_container(trained_config(saved), resolve=True)
+        return OmegaConf.to_container(typed_by(saved), resolve=True)
     if key not in _TYPED:
-        _TYPED[key] = OmegaConf.to_container(trained_config(saved), resolve=True)
+        _TYPED[key] = OmegaConf.to_container(typed_by(saved), resolve=True)
     typed = copy.deepcopy(_TYPED[key])
     if has_seed:
         typed["train"]["seed"] = seed
@@ -152,8 +157,9 @@ def load_task_results(run_dir: Path) -> dict[str, Any] | None:
     return load_tasks_document(Path(run_dir) / EVAL_DIR)
 
 
-def load_runs(run_dirs: list[Path]) -> list[Run]:
-    """Each run's results: extrapolation.json, and tasks.json where there is one (a task run has only that)."""
+def load_runs(run_dirs: list[Path], typed_by: TypeConfig) -> list[Run]:
+    """Each run's results: extrapolation.json, and tasks.json where there is one (a task run has only that); its
+    config typed by ``typed_by`` (run_config)."""
     runs = []
     for run_dir in run_dirs:
         tasks = load_task_results(run_dir)
@@ -163,7 +169,7 @@ def load_runs(run_dirs: list[Path]) -> list[Run]:
                 f"{run_dir}: its perplexity scored the checkpoint of step {document['step']}, its tasks.json that "
                 f"of step {tasks['step']}: evaluate it again (python eval.py run_dir={run_dir} ...)"
             )
-        config, latest = run_config(run_dir, document or tasks)
+        config, latest = run_config(run_dir, document or tasks, typed_by)
         runs.append(Run(run_dir, document, config, tasks, latest))
     return runs
 

@@ -86,6 +86,7 @@ from evaluation.plots import (
     plot_training_curves,
 )
 from evaluation.results import row_ppl
+from experiment.settings import trained_config
 from reports.curves import ValidationCurve, validation_curves, validation_report
 from reports.key_tokens import key_token_entries, key_token_report
 from reports.metrics import metric_report
@@ -249,7 +250,7 @@ def plan_comparison(args: argparse.Namespace) -> Comparison:
     refusal comes here, before anything is written."""
     if args.stride is not None and args.protocol != "sliding":
         raise PosGPTError(f"--stride is the sliding protocol's; pass --protocol sliding or drop --stride {args.stride}")
-    runs = load_runs(args.run_dirs)
+    runs = load_runs(args.run_dirs, trained_config)
     language_runs = [run for run in runs if run.document is not None]  # task runs have accuracy only
     tasks = task_entries(runs)
     check_matplotlib_folders()  # before the image paths' check imports it

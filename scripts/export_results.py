@@ -39,6 +39,7 @@ from slim_results import check_task_csv, slim_folders
 
 from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
+from core.config_keys import RESUME_SETTINGS, flatten_config
 from core.errors import PosGPTError
 from core.files import check_outputs, check_writable, read_jsonl
 from core.tracking import METRICS_FILE
@@ -49,7 +50,7 @@ from evaluation.run import EVAL_DIR, load_run_results
 from evaluation.store import write_document
 from evaluation.task_accuracy import CSV_FILE as TASKS_CSV
 from evaluation.task_accuracy import JSON_FILE as TASKS_JSON
-from experiment.settings import RESUME_SETTINGS, changed_settings, flatten_config, trained_config
+from experiment.settings import changed_settings, trained_config
 from reports.runs import load_task_results
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"

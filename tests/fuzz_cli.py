@@ -66,9 +66,10 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from core.config_keys import may_change
 from core.domain import Interval, domain_of
 from experiment.config import schema
-from experiment.settings import eval_settings, may_change
+from experiment.settings import eval_settings
 from model.pe import SCHEMES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -319,7 +319,7 @@ def test_compare_names_a_corrupt_or_malformed_results_file(cli, study, tmp_path)
         (run_dir / "eval" / "extrapolation.json").write_text(content)
         if name == "malformed":  # the function that reads them
             with pytest.raises(PosGPTError, match=r"malformed: expected a JSON object, found list"):
-                load_runs([run_dir])
+                load_runs([run_dir], trained_config)
             continue
         done = cli.here("scripts/compare.py", str(study_dir / "rope-s1"), str(run_dir))
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
@@ -620,8 +620,15 @@ def test_seeds_of_one_setting_share_one_typing_and_keep_their_own_seed():
     saved = OmegaConf.to_container(compose_config(["pe=rope", "train.seed=7"]), resolve=True)
     other_seed = {**saved, "train": {**saved["train"], "seed": 8}}
     no_seed = {**saved, "train": {k: v for k, v in saved["train"].items() if k != "seed"}}
+
+    def typed(config):
+        return typed_config(config, trained_config)
+
     for config in (saved, other_seed, no_seed, saved):
-        assert typed_config(config) == OmegaConf.to_container(trained_config(config), resolve=True)
-    assert [typed_config(c)["train"]["seed"] for c in (saved, other_seed, no_seed)] == [7, 8, TrainConfig().seed]
-    typed_config(saved)["train"]["seed"] = 99  # a caller's change reaches no other run
-    assert typed_config(other_seed)["train"]["seed"] == 8 and typed_config(saved)["train"]["seed"] == 7
+        assert typed(config) == OmegaConf.to_container(trained_config(config), resolve=True)
+    assert [typed(c)["train"]["seed"] for c in (saved, other_seed, no_seed)] == [7, 8, TrainConfig().seed]
+    typed(saved)["train"]["seed"] = 99  # a caller's change reaches no other run
+    assert (
+        typed_config(other_seed, trained_config)["train"]["seed"] == 8
+        and typed_config(saved, trained_config)["train"]["seed"] == 7
+    )

@@ -26,6 +26,7 @@ from evaluation.store import load_document, merge_documents, new_document, write
 from evaluation.task_accuracy import TASK_ROWS, wilson_interval
 from experiment.compose import compose_config
 from experiment.plan import eval_context
+from experiment.settings import trained_config
 from reports.runs import load_runs
 from reports.task_tables import task_entries, task_panels
 
@@ -330,7 +331,7 @@ def test_the_task_plot_draws_the_copy_gain_beside_the_accuracy_where_rows_have_i
     seeds by length, at the first distance); a task without copy_gain gets its accuracy panel alone."""
     probe = {1: {(16, 4): (0.0, -5.0, 0.2), (32, 4): (0.0, -5.0, 0.1)}, 2: {(16, 4): (0.0, -5.0, 0.4)}}
     runs = [language_run(tmp_path, "rope", seed, 10.0, probe[seed]) for seed in (1, 2)]
-    panels = task_panels(task_entries(load_runs(runs)))
+    panels = task_panels(task_entries(load_runs(runs, trained_config)))
     assert [(panel.name, panel.measure) for panel in panels] == [
         ("copy_probe, distance 4", "accuracy"),
         ("copy_probe, distance 4", "copy_gain"),
@@ -340,7 +341,7 @@ def test_the_task_plot_draws_the_copy_gain_beside_the_accuracy_where_rows_have_i
     report_of(runs, tmp_path)
     assert (tmp_path / "c_tasks.png").exists()
     passkey = [task_run(tmp_path / "passkey", "rope", seed, {16: 1.0}) for seed in (1, 2)]
-    assert [panel.measure for panel in task_panels(task_entries(load_runs(passkey)))] == ["accuracy"]
+    assert [panel.measure for panel in task_panels(task_entries(load_runs(passkey, trained_config)))] == ["accuracy"]
 
 
 def test_copy_probes_of_other_spans_are_other_tables(tmp_path):

@@ -17,6 +17,7 @@ from core.errors import PosGPTError
 from data import EOT_TOKEN, separate_documents
 from experiment.compose import compose_config
 from experiment.config import validate
+from experiment.settings import trained_config
 from model import GPT, KVCache, ModelConfig
 from model.documents import within_document_index
 from model.pe import SCHEMES
@@ -254,7 +255,7 @@ def test_train_py_with_documents_apart(cli, tmp_path):
         done = cli.here("train.py", *argv, f"hydra.run.dir={run_dir}", f"data.document_aware={aware}")
         assert done.returncode == 0, done.stderr
         assert sorted(train_losses(run_dir)) == [1, 2, 3]
-        config, latest = run_config(run_dir, {"step": 3})
+        config, latest = run_config(run_dir, {"step": 3}, trained_config)
         assert latest == 3
         assert config["data"]["document_aware"] is (aware == "true")
         runs[aware] = Run(run_dir, {"pe": "learned", "step": 3}, config)

@@ -31,13 +31,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tiny_checkpoint import make_run
 
+from core.config_keys import may_change
 from core.domain import COMMANDS as DECLARED_COMMANDS
 from core.domain import Interval, check_domains, domain, readers_of
 from core.errors import PosGPTError
 from data.tasks import TASKS
 from experiment.compose import CONFIG_DIR
 from experiment.config import register_configs, schema, validate
-from experiment.settings import eval_settings, may_change
+from experiment.settings import eval_settings
 from model.pe import SCHEMES
 
 # The commands that compose a config, and whether they read a trained run (run_dir=...).

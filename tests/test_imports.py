@@ -1,10 +1,9 @@
 """Imports run one way, down the layers the data flows through (README, "Map of the code"; docs/design.md):
 
-    core  <  data, model  <  training  <  experiment  <  evaluation  <  reports, experiment/plan.py  <  train.py, ...
+    core  <  data, model  <  training, evaluation  <  reports  <  experiment  <  train.py, ...
 
-(train.py, eval.py, sample.py and scripts/ are the top.) experiment/ plans what the stages below it run; until
-the evaluation takes its settings from the plan too, it still reads the config through experiment/, so the plan
-itself (experiment/plan.py, which hands the training its end-of-training evaluation) sits above evaluation/.
+(train.py, eval.py, sample.py and scripts/ are the top.) experiment/ plans what the stages below it run and hands
+each its part (docs/design.md, "Config -> plan -> stages"): no stage imports it.
 A module may import its own package and the packages of lower layers, nothing above or beside it; so there
 is no cycle between packages. Nor between the modules of one package: no module imports one that imports it
 back, directly or through others. Imports inside functions and under TYPE_CHECKING count too. model/ runs
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = {"core": 0, "data": 1, "model": 1, "training": 2, "evaluation": 2, "experiment": 3, "reports": 4}
+LAYERS = {"core": 0, "data": 1, "model": 1, "training": 2, "evaluation": 2, "reports": 3, "experiment": 4}
 MODULE_LAYERS: dict[str, int] = {}  # a module above its package's layer (the docstring says why)
 TOP = 6  # the commands: every top-level *.py (train.py, eval.py, sample.py) and scripts/*.py
 

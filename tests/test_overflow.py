@@ -15,13 +15,13 @@ from test_result_identity import corpus, eval_config, evaluate, fake_run  # noqa
 
 from core.errors import PosGPTError
 from data import TokenArray
-from evaluation.checks import check_eval_settings
 from evaluation.extrapolation import perplexity, score_windows, window_plan
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import format_table
 from evaluation.results import format_estimate, row_ppl
 from evaluation.run import EVAL_DIR
 from evaluation.stats import Estimate, clearly_different, mean_ci
+from experiment.eval_checks import check_eval_settings
 from model.pe.learned import LearnedConfig
 from reports.perplexity import entries_of, markdown_report, ppl_series
 from reports.runs import group_by_seed

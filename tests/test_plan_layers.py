@@ -1,6 +1,6 @@
 """The planner stands above the stages (docs/design.md, "Config -> plan -> stages"): experiment/ turns the config
-into a plan and hands each stage its part, so nothing in training/ or core/ imports experiment/ or takes the whole
-config. A function takes the whole config when it has a parameter named ``cfg`` or ``config`` that is annotated
+into a plan and hands each stage its part, so nothing below it (core/, data/, model/, training/, evaluation/,
+reports/) imports experiment/ or takes the whole config. A function takes the whole config when it has a parameter named ``cfg`` or ``config`` that is annotated
 ``DictConfig`` or the schema's root class (``Config``), or that is unannotated and read as ``cfg.train``,
 ``cfg.eval``, ...: the schema's top-level sections. A parameter of another name annotated ``DictConfig`` (a section
 of the config, ``t: DictConfig``) counts too: a stage takes typed settings, which say what it reads.
@@ -15,7 +15,7 @@ import pytest
 from cli_runs import TINY, assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("training", "core")  # below experiment/ (tests/test_imports.py's LAYERS)
+STAGES = ("core", "data", "model", "training", "evaluation", "reports")  # below experiment/ (test_imports.LAYERS)
 NAMES = ("cfg", "config")
 SECTIONS = ("model", "pe", "data", "task", "train", "eval", "logging", "sample", "inspect")
 

@@ -1,8 +1,8 @@
-"""Evaluation settings that name something the evaluation would not produce: refused before any work.
+"""Evaluation settings that name something the evaluation would not produce: refused at plan time, before any work.
 
 experiment.config.validate checks each eval.* value on its own (positive, known names); these checks relate
-them to each other. train.py runs them at its start (so a run does not train for hours and then find its
-evaluation settings wrong) and eval.py before it loads any data.
+them to each other and to the run's (its training length, its task). The planner runs them: train.py at its start
+(so a run does not train for hours and then find its evaluation settings wrong), eval.py before it loads any data.
 """
 
 from __future__ import annotations
