@@ -1,7 +1,8 @@
 """The planner stands above the stages (docs/design.md, "Config -> plan -> stages"): experiment/ turns the config
 into a plan and hands each stage its part, so nothing below it (core/, data/, model/, training/, evaluation/,
-reports/) imports experiment/ or takes the whole config. A function takes the whole config when it has a parameter named ``cfg`` or ``config`` that is annotated
-``DictConfig`` or the schema's root class (``Config``), or that is unannotated and read as ``cfg.train``,
+reports/) imports experiment/ or takes the whole config. A function takes the whole config when it has a parameter
+named ``cfg`` or ``config`` that is annotated ``DictConfig`` or the schema's root class (``Config``), or that is
+unannotated and read as ``cfg.train``,
 ``cfg.eval``, ...: the schema's top-level sections. A parameter of another name annotated ``DictConfig`` (a section
 of the config, ``t: DictConfig``) counts too: a stage takes typed settings, which say what it reads.
 """
