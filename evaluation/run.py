@@ -38,8 +38,12 @@ def by_file(evaluators: list[Evaluator]) -> dict[str, list[Evaluator]]:
 
 
 def check_evaluators(ctx: EvalContext, evaluators: list[Evaluator]) -> None:
-    """Every evaluator's refusals, and every results file they add to read (a damaged one refused): before any
-    scoring or writing."""
+    """Every variation applied to the model once (a variation the run cannot take, such as a window past its
+    training length, is refused by its scheme), every evaluator's refusals, and every results file they add to
+    read (a damaged one refused): before any scoring or writing."""
+    if ctx.model is not None:
+        for _ in ctx.variations():
+            pass
     for evaluator in evaluators:
         evaluator.check(ctx)
     for group in by_file(evaluators).values():

@@ -375,3 +375,12 @@ def test_train_refuses_online_wandb_without_a_login_before_the_run_directory(cli
     done = cli.train_here(run_dir, "logging.wandb.mode=online", "train.max_steps=1")
     assert_one_line_error(done, "logging.wandb.mode=online: this machine has no W&B login")
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("variation", ["rerope:32", "self_extend:4:64", "string:64:4"])
+def test_eval_refuses_a_variation_past_the_training_length_before_scoring_any(cli, tmp_path, variation):
+    """A remap window at or past the training length (16) is the scheme's refusal when it is applied: eval.py applies
+    every variation at plan time, so the earlier ones are not scored first, and W&B leaves no folder."""
+    rope = make_run(tmp_path / "rope", cli.corpus, "pe=rope")
+    evaluate = ("eval.py", f"run_dir={rope}", "eval.lengths=[16]", "logging.wandb.mode=offline")
+    refused(cli, tmp_path, (*evaluate, f"eval.variations=[none,{variation}]"), "must be shorter than the training")
