@@ -31,6 +31,7 @@ another corpus, split or target range, whatever data.name says.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> None:
         evaluate(plan_evaluation(run_dir, overrides))
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalPlan:
     """An evaluation, planned: the trained run, its evaluators (checked), their context, and the scored tokens."""
 
@@ -113,8 +114,9 @@ def plan_evaluation(run_dir: Path, overrides: list[str]) -> EvalPlan:
 
 def evaluate(plan: EvalPlan) -> None:
     """Start W&B, then run the planned evaluators."""
-    run, context = plan.run, plan.context
-    context.wandb_run = init_wandb(tracker_settings(run.cfg), run.dir, run.checkpoint.get("wandb_run_id"), "eval")
+    run = plan.run
+    wandb_run = init_wandb(tracker_settings(run.cfg), run.dir, run.checkpoint.get("wandb_run_id"), "eval")
+    context = dataclasses.replace(plan.context, wandb_run=wandb_run)
     print(
         f"eval: {run.dir} (pe={run.cfg.pe.name}, trained {run.checkpoint['step']} steps at length "
         f"{run.cfg.train.seq_len})",

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import codecs
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from core.cli import exit_on_user_error
 from core.domain import is_set
@@ -33,7 +35,7 @@ from core.errors import PosGPTError
 from core.files import read_user_text
 from core.runtime import autocast
 from data import EOT_TOKEN, gpt2_encoding
-from experiment.build import load_trained_run, parse_run_dir, require_text_run
+from experiment.build import TrainedRun, load_trained_run, parse_run_dir, require_text_run
 from experiment.config import SampleConfig
 from experiment.settings import overridden_keys
 from model.sampling import check_length, generate
@@ -87,20 +89,35 @@ class TextStream:
         sys.stdout.flush()
 
 
-@exit_on_user_error
-def main(argv: list[str]) -> None:
-    run_dir, overrides = parse_run_dir(argv, USAGE)
+@dataclass(frozen=True)
+class SamplePlan:
+    """Sampling, planned: the trained run, the prompt's token ids, and the sampling settings."""
+
+    run: TrainedRun
+    ids: list[int]
+    settings: SampleConfig
+
+
+def plan_sampling(run_dir: Path, overrides: list[str]) -> SamplePlan:
+    """Every check of sampling, before the first token is printed: the run (a language-model run), the sample.*
+    settings (none the decoding ignores), the prompt, and whether prompt and new tokens fit the scheme."""
     run = load_trained_run(run_dir, overrides, "sample.py")
-    cfg, model, device, dtype = run.cfg, run.model, run.device, run.dtype
     require_text_run(run, "sampling text from it")
-    validate_sample_config(cfg, overridden_keys(overrides))
-    ids = prompt_tokens(cfg)
-    s = cfg.sample
-    check_length(model, len(ids) + s.max_new_tokens)
-    variation = model.pe.current_variation()
+    validate_sample_config(run.cfg, overridden_keys(overrides))
+    ids = prompt_tokens(run.cfg)
+    settings = OmegaConf.to_object(run.cfg.sample)
+    check_length(run.model, len(ids) + settings.max_new_tokens)
+    return SamplePlan(run, ids, settings)
+
+
+def sample(plan: SamplePlan) -> None:
+    """Print the planned samples, each token as it comes."""
+    run, ids, s = plan.run, plan.ids, plan.settings
+    device, dtype = run.device, run.dtype
+    variation = run.model.pe.current_variation()
     print(
-        f"sample: {run.dir} (pe={cfg.pe.name}{' ' + variation if variation else ''}, step "
-        f"{run.checkpoint['step']}, trained at length {cfg.train.seq_len}): {len(ids)} prompt tokens + "
+        f"sample: {run.dir} (pe={run.cfg.pe.name}{' ' + variation if variation else ''}, step "
+        f"{run.checkpoint['step']}, trained at length {run.cfg.train.seq_len}): {len(ids)} prompt tokens + "
         f"{s.max_new_tokens} new, temperature {s.temperature}, top_k {s.top_k}, seed {s.seed}",
         file=sys.stderr,
         flush=True,
@@ -113,7 +130,7 @@ def main(argv: list[str]) -> None:
         stream.write(ids)
         with autocast(device, dtype):
             generate(
-                model,
+                run.model,
                 prompt,
                 s.max_new_tokens,
                 s.temperature,
@@ -122,6 +139,12 @@ def main(argv: list[str]) -> None:
                 on_token=lambda token, stream=stream: stream.write(token[0].tolist()),
             )
         stream.close()
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+    run_dir, overrides = parse_run_dir(argv, USAGE)
+    sample(plan_sampling(run_dir, overrides))
 
 
 if __name__ == "__main__":
