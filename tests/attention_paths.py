@@ -85,16 +85,15 @@ def run_case(model, data: dict, case: str, train: bool) -> dict[str, torch.Tenso
 
 
 CASES = [
-    # (backend, case, sink, train)
+    # (backend, case, sink, train); FlexAttention's forward once (plain): its eager compilation on the CPU costs most of
+    # the comparison's time, and its per-row positions and documents are checked against the math path elsewhere
     ("sdpa", "plain", False, True),
     ("math", "plain", False, True),
     ("flex", "plain", False, False),
     ("sdpa", "positions", False, True),
     ("math", "positions", False, True),
-    ("flex", "positions", False, False),
     ("sdpa", "documents", False, True),
     ("math", "documents", False, False),
-    ("flex", "documents", False, False),
     ("sdpa", "plain", True, True),
     ("math", "plain", True, True),
     ("sdpa", "capture", False, False),

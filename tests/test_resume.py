@@ -16,7 +16,7 @@ import torch
 from cli_runs import REPO, STEPS, TIMEOUT_S, assert_user_error, train_losses, wait_for_step
 
 from core.checkpoint_io import load_checkpoint
-from evaluation import run as evaluation_run
+from evaluation.evaluators.copy_probe import CopyProbe
 from training.checkpointing import Checkpointer
 
 pytestmark = pytest.mark.slow
@@ -146,7 +146,7 @@ def test_a_run_stopped_between_its_perplexity_and_its_probe_is_not_done(cli, tmp
     def stopped(*args, **kwargs):
         raise KeyboardInterrupt  # Ctrl-C: what a stopped process leaves is what matters here
 
-    monkeypatch.setattr(evaluation_run, "run_copy_probe", stopped)
+    monkeypatch.setattr(CopyProbe, "run", stopped)
     stopped_run = cli.train_here(run_dir, f"train.max_steps={steps}", *probe)
     assert stopped_run.returncode == 128 + signal.SIGINT and "interrupted" in stopped_run.stderr
     monkeypatch.undo()
