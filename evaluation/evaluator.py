@@ -10,10 +10,13 @@ subclass defined anywhere else, a test module say, registers the same way). It d
 - ``Settings``: a frozen dataclass whose fields are the ``eval.*`` keys it reads, filled from the evaluation's
   settings by :meth:`Evaluator.of` (its typed settings; the rest of the config never reaches it);
 - ``recorded``: those of them each row depends on besides its own fields, stamped on every row it writes;
-- ``rows``: the results file its rows go to and how they are keyed and shown (evaluation/render.py's RowFormat);
+- ``rows``: the results file its rows go to and how they are keyed and shown (evaluation/store.py's RowFormat;
+  evaluation/value_format.py's value_rows for one number per length);
 - :meth:`requested`: whether the evaluation's settings ask for it when ``eval.evaluators`` is not given;
 - :meth:`check`: its refusals, raised before any evaluator scores anything or anything is written;
-- :meth:`run`: its rows, scored on the run's context (evaluation/context.py) and the scored tokens.
+- :meth:`run`: its rows, scored on the run's context (evaluation/context.py) and the scored tokens;
+- :meth:`header`, :meth:`finish`, :meth:`plot_options`: what its results document records besides the rows, what is
+  computed over all of them, and what its format's plots take of its settings (none by default).
 
 The pipeline (evaluation/run.py) checks every selected evaluator first, then runs each and hands its rows to the
 one store and renderer (evaluation/render.py).
@@ -26,12 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from omegaconf import OmegaConf
+
 from core.errors import PosGPTError
 
 if TYPE_CHECKING:
     from data import TokenArray
     from evaluation.context import EvalContext
-    from evaluation.render import RowFormat
+    from evaluation.store import RowFormat
 
 EVALUATORS: dict[str, type[Evaluator]] = {}
 RUN_KINDS = ("text", "task")
@@ -129,6 +134,4 @@ def registered() -> dict[str, type[Evaluator]]:
 
 def _plain(value: Any) -> Any:
     """A setting's value as a plain Python value (an OmegaConf list as a tuple: the settings are frozen)."""
-    if hasattr(value, "_content") or isinstance(value, list):  # an OmegaConf ListConfig, or a list
-        return tuple(value)
-    return value
+    return tuple(value) if OmegaConf.is_list(value) or isinstance(value, list) else value

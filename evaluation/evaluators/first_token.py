@@ -48,6 +48,7 @@ def first_token_mass(
 class FirstToken(Evaluator):
     name = "first_token"
     runs = "text"
+    order = 1  # after perplexity: a measure of the model it scored
     Settings = FirstTokenSettings
     recorded = ("max_tokens",)
     rows = value_rows("first_token", VALUE)
