@@ -139,14 +139,17 @@ class EvalConfig:
     evaluators: list[str] | None = None
 
 
+WANDB_ON = ("mode", ("offline", "online"))  # the run's identity in W&B: read only where W&B runs
+
+
 @dataclass
 class WandbConfig:
     mode: str = "offline"  # offline | online | disabled
-    project: str = "posgpt"
-    entity: str | None = None
-    group: str | None = None
-    name: str | None = None
-    tags: list[str] = field(default_factory=list)
+    project: str = read_with("posgpt", used_with=WANDB_ON)
+    entity: str | None = read_with(None, used_with=WANDB_ON)
+    group: str | None = read_with(None, used_with=WANDB_ON)
+    name: str | None = read_with(None, used_with=WANDB_ON)
+    tags: list[str] = read_with(default_factory=list, used_with=WANDB_ON)
 
 
 @dataclass

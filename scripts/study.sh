@@ -160,19 +160,24 @@ set_task_args() {
 # these settings (skipped). A later seed refused (train.py names its job, 1 or more): a bad value, refused here.
 # One process plans every scheme of a task at once; only where it refuses one are they planned one by one, to tell
 # which (each plan is a process that imports torch: seconds a scheme).
+# The study names its W&B group after its folder, where W&B runs (disabled, nothing reads a group).
+group=("logging.wandb.group=$(basename "$study_dir")")
+for arg in "$@"; do
+    if [[ "$arg" == "logging.wandb.mode=disabled" ]]; then group=(); fi
+done
 declare -A refused
 accepted=0
 for task in "${task_list[@]}"; do
     set_task_args "$task"
     if python train.py --check -m "${task_args[@]}" "pe=$(IFS=,; echo "${scheme_list[*]}")" "train.seed=$seed_list" \
-        "logging.wandb.group=$(basename "$study_dir")" "$@" > /dev/null 2>&1; then
+        "${group[@]}" "$@" > /dev/null 2>&1; then
         accepted=$((accepted + ${#scheme_list[@]}))
         continue
     fi
     for scheme in "${scheme_list[@]}"; do
         status=0
         refusal=$(python train.py --check -m "${task_args[@]}" "pe=$scheme" "train.seed=$seed_list" \
-            "logging.wandb.group=$(basename "$study_dir")" "$@" 2>&1 >/dev/null) || status=$?
+            "${group[@]}" "$@" 2>&1 >/dev/null) || status=$?
         if [[ $status -eq 2 && "$refusal" =~ ^"error: job "[1-9][0-9]*" of the sweep" ]]; then
             echo "$refusal" >&2
             exit 2
@@ -206,7 +211,7 @@ for task in "${task_list[@]}"; do
             [[ -f "$run/checkpoints/last.pt" ]] && resume=(train.resume=true)
             status=0
             python train.py "${task_args[@]}" "pe=$scheme" "train.seed=$seed" "hydra.run.dir=$run" \
-                "logging.wandb.group=$(basename "$study_dir")" \
+                "${group[@]}" \
                 "${resume[@]}" "$@" || status=$?
             if [[ $status -eq 2 && ! -f "$run/checkpoints/last.pt" ]]; then  # refused at start-up (the line above)
                 echo "study: pe=$scheme is refused with these settings; its runs are skipped" >&2
