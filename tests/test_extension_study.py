@@ -68,6 +68,8 @@ def test_every_method_and_the_task_study(cli, tmp_path):
     assert {"task=passkey", "train.seq_len=128", "eval.lengths=[64,128,256,512,1024]"} <= set(longrope)
     assert "pe.scaling.short_factor=[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]" in longrope  # passkey's heads: 128 / 4 wide
     assert not any(arg.startswith(("train.batch_size", "eval.max_tokens")) for arg in longrope)  # the task's own
+    parents = [job for job in jobs if job.stage == "parents"]
+    assert set(study_script.plan_stage(parents)) == {"rope-64-s1", "nope-64-s1"}  # train.py's planner accepts them
 
 
 @pytest.mark.parametrize(("head_dim", "train_len", "factor"), [(16, 64, 16.0), (16, 64, 4.0), (64, 64, 4.0)])
@@ -127,9 +129,10 @@ def test_a_bad_value_is_refused_in_one_line_before_anything_is_written(cli, tmp_
 @pytest.mark.slow
 def test_a_tiny_study_trains_fine_tunes_evaluates_compares_and_then_skips_it_all(cli, tmp_path):
     directory = tmp_path / "study"
-    argv = [str(directory), "--seeds", "1", "--budgets", "2", "--methods", "plain,drope", *tiny(cli)]
     # a val split of 1,340 tokens: 16L = 256 needs 512
-    argv += ["train.max_steps=3", "data.val_fraction=0.05", "eval.protocols=[nonoverlapping]", "eval.max_tokens=1024"]
+    runs = [*tiny(cli), "train.max_steps=3", "data.val_fraction=0.05", "eval.protocols=[nonoverlapping]"]
+    runs += ["eval.max_tokens=1024"]
+    argv = [str(directory), "--seeds", "1", "--budgets", "2", "--methods", "plain,drope", *runs]
     done = cli.here(SCRIPT, *argv)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("rope-16-s1", "nope-16-s1", "plain-2-s1", "drope-2-s1"):
@@ -147,3 +150,11 @@ def test_a_tiny_study_trains_fine_tunes_evaluates_compares_and_then_skips_it_all
     assert again.returncode == 0, again.stderr[-3000:]
     assert "python train.py" not in again.stdout and "python eval.py" not in again.stdout
     assert again.stdout.count("skipped") == 5
+    # every method's fine-tune from the parent that now exists is accepted (LongRoPE's lists fit the head, ...)
+    every = [job for job in jobs_of(directory, "--seeds", "1", "--budgets", "2", *runs) if job.stage == "extensions"]
+    assert len(study_script.plan_stage(every)) == 7
+    # a run short of its (now longer) max_steps is resumed; one at it and evaluated is done
+    (longer,) = study_script.plan_stage(jobs_of(directory, *argv[1:], "train.max_steps=4")[:1]).values()
+    rope = jobs_of(directory, *argv[1:])[0]
+    assert study_script.run_state(rope, longer) == "resume"
+    assert study_script.run_state(rope, study_script.plan_stage([rope])[rope.name]) == "done"
