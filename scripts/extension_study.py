@@ -36,7 +36,7 @@ whose checkpoint is at its max_steps and whose end-of-training results record th
 checkpoint short of that resumes (train.resume=true); a parent's training-free variations are evaluated only where
 its eval/.variations-done (scripts/study.sh's marker) lacks them. At the end scripts/compare.py compares every
 finished run of the directory: comparison.md/.png (perplexity, --ratios; comparison_sliding.md where the runs
-scored that protocol), or comparison_tasks.md/.png/.csv for a task.
+scored that protocol), or comparison_tasks.md/.png/.csv and comparison_tasks_heatmap.png for a task.
 
 Overrides after the options apply to every run; the study's own keys (pe, pe.*, task, train.seed,
 train.init_from*, train.resume, hydra.*) are refused there, and a fine-tune's length, steps, lr and warmup are the
@@ -183,7 +183,8 @@ class Study:
     overrides: tuple[str, ...]
 
     def base(self, train_len: int) -> list[str]:
-        """The study's settings of every run, before the command line's overrides (which may change them)."""
+        """The study's settings of every run, which the command line's overrides may change: the task, or for
+        language modelling scripts/study.sh's batch and enough evaluation tokens; the W&B group."""
         group = [f"logging.wandb.group={self.directory.resolve().name}"]
         if self.task != "none":
             return [f"task={self.task}", *group]
@@ -208,11 +209,10 @@ def parent_jobs(study: Study, train_len: int) -> list[Job]:
     jobs = []
     for name, scheme in DESIGN["parents"].items():
         for seed in study.seeds:
-            overrides = merged(
-                study.base(train_len), study.overrides, scheme, [f"train.seed={seed}", f"train.seq_len={train_len}"]
-            )
-            run_dir = study.directory / f"{name}-{train_len}-s{seed}"
-            jobs.append(Job(f"{name}-{train_len}-s{seed}", "parents", run_dir, merged(overrides, scored(train_len))))
+            design = [*scheme, f"train.seed={seed}", f"train.seq_len={train_len}", *scored(train_len)]
+            run = f"{name}-{train_len}-s{seed}"
+            overrides = merged(study.base(train_len), study.overrides, design)
+            jobs.append(Job(run, "parents", study.directory / run, overrides))
     return jobs
 
 
@@ -339,7 +339,8 @@ def compare(study: Study) -> None:
     script = str(ROOT / "scripts" / "compare.py")
     if study.task != "none":
         outputs = ["--markdown", out / "comparison_tasks.md", "--task-plot", out / "comparison_tasks.png"]
-        commands = [[script, *runs, *outputs, "--task-csv", out / "comparison_tasks.csv"]]
+        outputs += ["--task-heatmap", out / "comparison_tasks_heatmap.png", "--task-csv", out / "comparison_tasks.csv"]
+        commands = [[script, *runs, *outputs]]
     else:
         commands = [[script, *runs, "--ratios", "--markdown", out / "comparison.md", "--plot", out / "comparison.png"]]
         if '"protocol": "sliding"' in (Path(runs[0]) / "eval" / results).read_text():
