@@ -1,0 +1,160 @@
+"""scripts/extension_study.py: the fine-tuned context-extension study's jobs (names, the overrides each gets, parents
+before extensions), its listing that writes nothing, its one-line refusals before anything is written, the design's
+derived settings (LongRoPE's divisors, Self-Extend's group), and one slow end-to-end run on the tiny corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from cli_runs import TINY, assert_one_line_error, load_script
+
+from model.pe.rope_scaling import ROPE_SCALINGS, RoPEScalingConfig, rope_inv_freq
+
+SCRIPT = "scripts/extension_study.py"
+study_script = load_script("extension_study")
+
+
+def tiny(cli) -> list[str]:
+    """The test model and corpus for every run of a study (the study chooses the schemes and evaluates every run)."""
+    return [arg for arg in TINY if not arg.startswith(("pe=", "train.eval_after"))] + [f"data.files=[{cli.corpus}]"]
+
+
+def jobs_of(directory: Path, *argv: str) -> list:
+    study, _, _ = study_script.parse_study([str(directory), *argv])
+    return study_script.study_jobs(study)
+
+
+def test_the_jobs_of_a_small_study(cli, tmp_path):
+    jobs = jobs_of(tmp_path, "--seed-list", "1,2", "--budgets", "20,40", "--methods", "pi,drope", *tiny(cli))
+    names = [job.name for job in jobs]
+    assert names == [
+        *("rope-16-s1", "rope-16-s2", "nope-16-s1", "nope-16-s2"),
+        *("pi-20-s1", "pi-20-s2", "pi-40-s1", "pi-40-s2", "drope-20-s1", "drope-20-s2", "drope-40-s1", "drope-40-s2"),
+        *("training-free-s1", "training-free-s2"),
+    ]
+    assert [job.stage for job in jobs] == ["parents"] * 4 + ["extensions"] * 10
+    by_name = {job.name: job for job in jobs}
+    lengths = "eval.lengths=[16,32,64,128,256]"
+    rope, nope = set(by_name["rope-16-s2"].overrides), set(by_name["nope-16-s1"].overrides)
+    assert {"pe=rope", "train.seed=2", "train.seq_len=16", lengths, "train.warmup_steps=1000"} <= rope
+    assert {"pe=none", "train.seed=1", "train.seq_len=16", lengths} <= nope
+    pi = by_name["pi-40-s2"]
+    assert pi.run_dir == tmp_path / "pi-40-s2"
+    assert {
+        *("pe=rope", "pe.scaling.type=linear", "pe.scaling.factor=4", "train.seed=2", "train.seq_len=64"),
+        *(f"train.init_from={tmp_path / 'rope-16-s2'}", "train.max_steps=40", "train.warmup_steps=4", "train.lr=2e-4"),
+        lengths,
+    } <= set(pi.overrides)
+    assert "train.warmup_steps=1000" not in pi.overrides  # the design's schedule replaces the overrides'
+    drope = set(by_name["drope-20-s1"].overrides)
+    assert {"pe=none", "train.init_from_pe=replace", f"train.init_from={tmp_path / 'rope-16-s1'}"} <= drope
+    free = by_name["training-free-s1"]
+    assert free.run_dir == tmp_path / "rope-16-s1" and free.overrides == ()
+    # L = 16: W = 8, w = 1; G = 32 maps 16L's farthest distance (255) to 255 // 32 + 8 - 0 = 15 < 16
+    assert free.variations == ("yarn:4", "ntk:4", "string:8:1", "self_extend:32:8")
+
+
+def test_every_method_and_the_task_study(cli, tmp_path):
+    jobs = jobs_of(tmp_path, "--seeds", "1", "--budgets", "5", "--factor", "2", "--task", "passkey")
+    assert [job.name for job in jobs] == [
+        *("rope-64-s1", "nope-64-s1"),
+        *(f"{method}-5-s1" for method in ("plain", "pi", "ntk", "yarn", "llama3", "longrope", "drope")),
+        "training-free-s1",
+    ]
+    longrope = {job.name: job for job in jobs}["longrope-5-s1"].overrides
+    assert {"task=passkey", "train.seq_len=128", "eval.lengths=[64,128,256,512,1024]"} <= set(longrope)
+    assert "pe.scaling.short_factor=[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]" in longrope  # passkey's heads: 128 / 4 wide
+    assert not any(arg.startswith(("train.batch_size", "eval.max_tokens")) for arg in longrope)  # the task's own
+    parents = [job for job in jobs if job.stage == "parents"]
+    assert set(study_script.plan_stage(parents)) == {"rope-64-s1", "nope-64-s1"}  # train.py's planner accepts them
+
+
+@pytest.mark.parametrize(("head_dim", "train_len", "factor"), [(16, 64, 16.0), (16, 64, 4.0), (64, 64, 4.0)])
+def test_longropes_long_factors_are_yarns_divisors(head_dim, train_len, factor):
+    base = 10000.0
+    theta = rope_inv_freq(head_dim, base)
+    yarn = RoPEScalingConfig("yarn", factor)
+    scaled, _ = ROPE_SCALINGS["yarn"](theta, yarn, base, head_dim, train_len, 4 * train_len)
+    ours = torch.tensor(study_script.yarn_divisors(head_dim, base, train_len, factor), dtype=torch.float64)
+    torch.testing.assert_close(ours, theta / scaled)
+    if (head_dim, factor) == (16, 16.0):  # results/width64-4layer-attention's unsearched LongRoPE
+        assert [round(d, 4) for d in ours.tolist()] == [1, 1.4545, 2.6667, 16, 16, 16, 16, 16]
+
+
+def test_self_extends_group_maps_the_longest_window_inside_l():
+    assert study_script.self_extend_group(64, 32, 1024) == 32  # scripts/study_variations.json's self_extend:32:32
+    for train_len in (16, 64, 100, 512):
+        window = train_len // 2
+        group = study_script.self_extend_group(train_len, window, 16 * train_len)
+        assert (16 * train_len - 1) // group + window - window // group < train_len
+        half = group // 2
+        assert half < 2 or (16 * train_len - 1) // half + window - window // half >= train_len  # the smallest
+
+
+def test_list_prints_the_jobs_and_writes_nothing(cli, tmp_path):
+    directory = tmp_path / "study"
+    done = cli.here(SCRIPT, str(directory), "--list", "--seeds", "1", "--budgets", "3", *tiny(cli))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 + 7 + 1 and lines[0].startswith("rope-16-s1\tparents\tpython train.py ")
+    assert lines[-1] == f"training-free-s1\textensions\tpython eval.py run_dir={directory / 'rope-16-s1'} " + (
+        "eval.variations=[yarn:4,ntk:4,string:8:1,self_extend:32:8]"
+    )
+    assert not directory.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["train.lr=-1"], ["job rope-16-s1 of the extension study", "train.lr"]),
+        (["pe=alibi"], ["the study sets pe itself"]),
+        (["pe.base=500"], ["the study sets pe.base itself"]),
+        (["train.eval_after=false"], ["the study sets train.eval_after itself"]),
+        (["--methods", "plain,magic"], ["--methods takes some of plain,pi,ntk,yarn,llama3,longrope,drope"]),
+        (["--task", "nonsense"], ["--task takes none or a task"]),
+        (["--budgets", "0"], ["--budgets"]),
+        (["--part", "extensions"], ["job plain-3-s1 of the extension study", "train.init_from"]),  # no parents yet
+    ],
+)
+def test_a_bad_value_is_refused_in_one_line_before_anything_is_written(cli, tmp_path, argv, fragments):
+    directory = tmp_path / "study"
+    done = cli.here(SCRIPT, str(directory), "--seeds", "1", "--budgets", "3", *tiny(cli), *argv)
+    assert_one_line_error(done, *fragments)
+    assert not directory.exists()
+
+
+@pytest.mark.slow
+def test_a_tiny_study_trains_fine_tunes_evaluates_compares_and_then_skips_it_all(cli, tmp_path):
+    directory = tmp_path / "study"
+    # a val split of 1,340 tokens: 16L = 256 needs 512
+    runs = [*tiny(cli), "train.max_steps=3", "data.val_fraction=0.05", "eval.protocols=[nonoverlapping]"]
+    runs += ["eval.max_tokens=1024"]
+    argv = [str(directory), "--seeds", "1", "--budgets", "2", "--methods", "plain,drope", *runs]
+    done = cli.here(SCRIPT, *argv)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("rope-16-s1", "nope-16-s1", "plain-2-s1", "drope-2-s1"):
+        results = json.loads((directory / name / "eval" / "extrapolation.json").read_text())
+        assert {row["length"] for row in results["results"]} == {16, 32, 64, 128, 256}, name
+    parent = json.loads((directory / "rope-16-s1" / "eval" / "extrapolation.json").read_text())
+    variations = {row["variation"].split("(")[0] for row in parent["results"]}
+    assert {"", "yarn:4", "ntk:4", "self_extend:32:8"} <= variations
+    assert any(variation.startswith("string:8:1") for variation in variations)
+    first = json.loads((directory / "drope-2-s1" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["init_from"] == str(directory / "rope-16-s1") and first["parent_pe"] == "rope"
+    report = (directory / "comparison.md").read_text()
+    assert "drope" in report and "yarn:4" in report
+    again = cli.here(SCRIPT, *argv)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "python train.py" not in again.stdout and "python eval.py" not in again.stdout
+    assert again.stdout.count("skipped") == 5
+    # every method's fine-tune from the parent that now exists is accepted (LongRoPE's lists fit the head, ...)
+    every = [job for job in jobs_of(directory, "--seeds", "1", "--budgets", "2", *runs) if job.stage == "extensions"]
+    assert len(study_script.plan_stage(every)) == 7
+    # a run short of its (now longer) max_steps is resumed; one at it and evaluated is done
+    (longer,) = study_script.plan_stage(jobs_of(directory, *argv[1:], "train.max_steps=4")[:1]).values()
+    rope = jobs_of(directory, *argv[1:])[0]
+    assert study_script.run_state(rope, longer) == "resume"
+    assert study_script.run_state(rope, study_script.plan_stage([rope])[rope.name]) == "done"
