@@ -184,8 +184,9 @@ class Study:
 
     def base(self, train_len: int) -> list[str]:
         """The study's settings of every run, which the command line's overrides may change: the task, or for
-        language modelling scripts/study.sh's batch and enough evaluation tokens; the W&B group."""
-        group = [f"logging.wandb.group={self.directory.resolve().name}"]
+        language modelling scripts/study.sh's batch and enough evaluation tokens; the W&B group where W&B runs."""
+        disabled = "logging.wandb.mode=disabled" in self.overrides  # then nothing reads a group
+        group = [] if disabled else [f"logging.wandb.group={self.directory.resolve().name}"]
         if self.task != "none":
             return [f"task={self.task}", *group]
         max_tokens = max(32768, WINDOWS_AT_LONGEST * MULTIPLIERS[-1] * train_len)
