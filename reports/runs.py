@@ -12,6 +12,7 @@ its seeds.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import json
 import re
@@ -25,6 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.config_keys import RESUME_SETTINGS, flatten_config, may_change
 from core.errors import PosGPTError
+from core.files import read_jsonl
+from core.rundir import METRICS_FILE
 from evaluation.perplexity_format import load_results
 from evaluation.results import condition_label
 from evaluation.run import EVAL_DIR, load_run_results
@@ -99,6 +102,7 @@ class Run:
     config: dict[str, Any]
     tasks: dict[str, Any] | None = None
     latest_step: int | None = None  # the step of its last checkpoint (None: none kept, as in results/)
+    parent: dict[str, Any] | None = None  # a fine-tuned run's parent, as its setting reads it (parent_identity)
 
     @property
     def pe(self) -> str:
@@ -170,8 +174,29 @@ def load_runs(run_dirs: list[Path], typed_by: TypeConfig) -> list[Run]:
                 f"of step {tasks['step']}: evaluate it again (python eval.py run_dir={run_dir} ...)"
             )
         config, latest = run_config(run_dir, document or tasks, typed_by)
-        runs.append(Run(run_dir, document, config, tasks, latest))
+        runs.append(Run(run_dir, document, config, tasks, latest, parent_identity(run_dir, config, typed_by)))
     return runs
+
+
+def parent_identity(run_dir: Path, config: dict[str, Any], typed_by: TypeConfig) -> dict[str, Any] | None:
+    """What a fine-tuned run (train.init_from) was started from, so that the seeds of one fine-tuning, each from its
+    own parent's directory, are one setting: the parent's setting (its config less what does not make a setting,
+    the seed included) where its results can be read at the recorded path, else what the run recorded of it when it
+    started (metrics.jsonl: the parent's scheme, training length and step; exports keep that record). None for a
+    run trained from scratch; the path itself where neither is known."""
+    path = (config.get("train") or {}).get("init_from")
+    if path is None:
+        return None
+    parent_dir, document = Path(path), None
+    if parent_dir.is_dir():
+        with contextlib.suppress(PosGPTError):  # a parent's damaged results: what the run recorded of it instead
+            document = load_task_results(parent_dir) or load_results(parent_dir / EVAL_DIR)
+    if document is not None and document.get("config") is not None:
+        return {"setting": setting_of(typed_config(document["config"], typed_by), document["step"])}
+    started = next((r for r in read_jsonl(Path(run_dir) / METRICS_FILE) or [] if "init_from" in r), None)
+    if started is None:
+        return {"path": path}
+    return {key: started.get(key) for key in ("parent_pe", "parent_seq_len", "parent_step")}
 
 
 def evaluated_with(row: dict[str, Any], run: Run) -> str:
@@ -186,13 +211,22 @@ def evaluated_with(row: dict[str, Any], run: Run) -> str:
 
 def setting(run: Run) -> dict[str, str]:
     """The flattened config without the keys that do not make a different setting (NOT_A_SETTING), and the step
-    scored: checkpoints of one run at other steps (eval.py on a copy of step_N.pt) are other models."""
+    scored: checkpoints of one run at other steps (eval.py on a copy of step_N.pt) are other models. A fine-tuned
+    run's parent is its parent's identity (parent_identity), not the path of its directory."""
+    kept = setting_of(run.config, run.step)
+    if run.parent is not None and "train.init_from" in kept:
+        kept["train.init_from"] = json.dumps(run.parent, sort_keys=True)
+    return kept
+
+
+def setting_of(config: dict[str, Any], step: int) -> dict[str, str]:
+    """A resolved config's keys that make a setting, as JSON text, and the step of the checkpoint scored."""
     kept = {
         key: json.dumps(value, sort_keys=True)
-        for key, value in flatten_config(run.config).items()
+        for key, value in flatten_config(config).items()
         if not may_change(key, NOT_A_SETTING)
     }
-    return {**kept, "step": json.dumps(run.step)}
+    return {**kept, "step": json.dumps(step)}
 
 
 def group_by_seed(runs: list[Run]) -> list[list[Run]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from cli_runs import load_script
 from omegaconf import OmegaConf
+from tiny_checkpoint import make_run
 
 from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
@@ -632,3 +633,27 @@ def test_seeds_of_one_setting_share_one_typing_and_keep_their_own_seed():
         typed_config(other_seed, trained_config)["train"]["seed"] == 8
         and typed_config(saved, trained_config)["train"]["seed"] == 7
     )
+
+
+def test_the_seeds_of_a_fine_tuning_are_one_setting_whatever_their_parents_paths(cli, tmp_path):
+    """Each seed of a fine-tuning starts from its own parent's directory (train.init_from): the seeds are one
+    setting when their parents are (read from the parents' results, or, where those are not at the recorded path, from
+    what each run recorded of its parent when it started), and two parents of other settings stay apart."""
+    parents = [make_run(tmp_path / f"parent-s{seed}", cli.corpus, "pe=rope", f"train.seed={seed}") for seed in (1, 2)]
+    runs = []
+    for seed, parent in zip((1, 2), parents):
+        assert cli.eval_here(parent, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]").returncode == 0
+        child = make_run(
+            tmp_path / f"child-s{seed}", cli.corpus, "pe=rope", f"train.seed={seed}", f"train.init_from={parent}"
+        )
+        assert cli.eval_here(child, "eval.lengths=[16]", "eval.protocols=[nonoverlapping]").returncode == 0
+        record = {"step": 0, "init_from": str(parent), "parent_step": 0, "parent_seq_len": 16, "parent_pe": "rope"}
+        (child / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        runs.append(child)
+    assert [len(group) for group in group_by_seed(load_runs(runs, trained_config))] == [2]
+    for parent in parents:  # results exported without their parents: what each run recorded of its parent
+        shutil.move(parent, tmp_path / "moved" / parent.name)
+    assert [len(group) for group in group_by_seed(load_runs(runs, trained_config))] == [2]
+    other = json.loads((runs[1] / "metrics.jsonl").read_text()) | {"parent_step": 500}
+    (runs[1] / "metrics.jsonl").write_text(json.dumps(other) + "\n")
+    assert [len(group) for group in group_by_seed(load_runs(runs, trained_config))] == [1, 1]
