@@ -13,9 +13,9 @@ here, once its step is checked to be the step the file scored. A run exported ag
 results may have grown: more variations, more data, more steps). A folder that holds another run's export (a
 run of the same directory name whose trained config differs in anything a resume cannot change: its seed, its
 scheme, its data, ...) is refused, naming both and a setting that differs, before anything is written: the
-export would replace that run's results and leave files of both. A run's ``eval/tasks.json`` and ``tasks.csv`` (task
-accuracy, the copy probe), where it has them, are copied as they are (tasks.json always records the config); a
-task run has no extrapolation.json.
+export would replace that run's results and leave files of both. A run's other results files and their CSVs
+(``eval/tasks.json``: task accuracy, the copy probe; a plug-in evaluator's, evaluation/evaluator.py), where it has
+them, are copied as they are (they always record the config); a task run has no extrapolation.json.
 
 ``--slim`` then slims each exported run as ``scripts/slim_results.py`` does (no CSVs, no per-position detail that
 compare.py never draws, a training loss every 100 steps): what a study commits under results/.
@@ -43,15 +43,14 @@ from core.config_keys import RESUME_SETTINGS, flatten_config
 from core.errors import PosGPTError
 from core.files import check_outputs, check_writable, read_jsonl
 from core.tracking import METRICS_FILE
+from evaluation.evaluator import registered
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import write_csv
 from evaluation.results import CSV_FILE, JSON_FILE
 from evaluation.run import EVAL_DIR, load_run_results
-from evaluation.store import write_document
-from evaluation.task_accuracy import CSV_FILE as TASKS_CSV
+from evaluation.store import load_document, write_document
 from evaluation.task_accuracy import JSON_FILE as TASKS_JSON
 from experiment.settings import changed_settings, trained_config
-from reports.runs import load_task_results
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 
@@ -84,9 +83,16 @@ def results_with_config(run_dir: Path) -> dict | None:
 
 
 # Copied as they are, where the run has them: (path in the run, path in the export).
+# Every other evaluator's results file (task accuracy and the copy probe's tasks.json, a plug-in's) and its CSV.
+OTHER_RESULTS = sorted(
+    {cls.rows for cls in registered().values() if cls.rows is not PERPLEXITY_ROWS}, key=lambda rows: rows.file
+)
 COPIED = [
-    (Path(EVAL_DIR) / TASKS_JSON, Path(EVAL_DIR) / TASKS_JSON),
-    (Path(EVAL_DIR) / TASKS_CSV, Path(EVAL_DIR) / TASKS_CSV),
+    *(
+        (Path(EVAL_DIR) / name, Path(EVAL_DIR) / name)
+        for rows in OTHER_RESULTS
+        for name in (rows.json_file, rows.csv_file)
+    ),
     (Path(METRICS_FILE), Path(METRICS_FILE)),
     (OVERRIDES, Path(OVERRIDES.name)),
 ]
@@ -145,9 +151,10 @@ def check_destination(run_dir: Path, document: dict | None, destination: Path) -
 
 
 def check_copied(run_dir: Path) -> None:
-    """Refuse, before anything is written, a run whose results copied as they are (tasks.json, metrics.jsonl) are
-    damaged: a file cut short by a kill would be exported as if whole."""
-    load_task_results(run_dir)
+    """Refuse, before anything is written, a run whose results copied as they are (every results file but
+    extrapolation.json, metrics.jsonl) are damaged: a file cut short by a kill would be exported as if whole."""
+    for rows in OTHER_RESULTS:
+        load_document(run_dir / EVAL_DIR, rows)
     read_jsonl(run_dir / METRICS_FILE)
 
 

@@ -45,6 +45,7 @@ from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write, check_folder, check_writable, read_json, read_jsonl
 from core.rundir import is_run_dir, lock_run
+from evaluation.evaluator import registered
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import csv_rows, write_csv
 from evaluation.results import JSON_FILE, row_ppl
@@ -60,7 +61,8 @@ TRAIN_LOSS_EVERY = 100
 METRICS_GLOB = "*metrics.jsonl"
 Change = str | dict[str, Any] | None  # a file's new text, a results document to write, or None: remove the file
 # (the JSON, the CSV written from it, its rows as that CSV writes them, the writer)
-FORMATS = (PERPLEXITY_ROWS, TASK_ROWS)  # the results files, each with the CSV written from it
+# Every evaluator's results file, each with the CSV written from it (and rebuilt from it by --csv).
+FORMATS = tuple(sorted({cls.rows for cls in registered().values()}, key=lambda rows: rows.file))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
