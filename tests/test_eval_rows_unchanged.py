@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REFERENCE = Path(__file__).parent / "reference" / "eval_rows_a444327.json"
@@ -52,19 +53,27 @@ def corpus(path: Path) -> Path:
     return path
 
 
-def scored_rows(tree: Path, work: Path) -> dict[str, list[dict]]:
-    """Each run's rows (KEYS and NUMBERS of every results file), evaluated by ``tree``'s eval.py on a checkpoint made
-    by its tests/tiny_checkpoint.py."""
+def in_a_process(tree: Path, work: Path) -> Callable[[list[str]], subprocess.CompletedProcess]:
+    """``python eval.py <argv>`` of ``tree`` as a process of its own (how the reference was made)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "POSGPT_CACHE_DIR": str(work / "cache")}
+    return lambda argv: subprocess.run(
+        [sys.executable, "eval.py", *argv], cwd=tree, env=env, capture_output=True, text=True
+    )
+
+
+def scored_rows(tree: Path, work: Path, evaluate: Callable | None = None) -> dict[str, list[dict]]:
+    """Each run's rows (KEYS and NUMBERS of every results file), evaluated by ``tree``'s eval.py (``evaluate``:
+    argv -> its completed process; a process of its own by default) on a checkpoint made by its
+    tests/tiny_checkpoint.py."""
     sys.path[:0] = [str(tree), str(tree / "tests")]
     from tiny_checkpoint import make_run
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "POSGPT_CACHE_DIR": str(work / "cache")}
+    evaluate = evaluate or in_a_process(tree, work)
     text = corpus(work / "corpus.txt")
     found = {}
     for name, (trained, evaluated) in RUNS.items():
         run_dir = make_run(work / name, text, *trained, seed=1)
-        command = [sys.executable, "eval.py", f"run_dir={run_dir}", *evaluated]
-        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+        done = evaluate([f"run_dir={run_dir}", *evaluated])
         assert done.returncode == 0, done.stderr
         rows = []
         for file in ("extrapolation.json", "tasks.json"):
@@ -76,11 +85,11 @@ def scored_rows(tree: Path, work: Path) -> dict[str, list[dict]]:
     return found
 
 
-def test_the_rows_are_those_from_before_the_plugins(tmp_path):
+def test_the_rows_are_those_from_before_the_plugins(cli, tmp_path):
     import pytest
 
     expected = json.loads(REFERENCE.read_text())
-    found = scored_rows(Path(__file__).resolve().parents[1], tmp_path)
+    found = scored_rows(Path(__file__).resolve().parents[1], tmp_path, lambda argv: cli.here("eval.py", *argv))
     for name in RUNS:
         assert [[row[key] for key in KEYS] for row in found[name]] == [
             [row[key] for key in KEYS] for row in expected[name]
