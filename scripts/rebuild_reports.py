@@ -109,11 +109,15 @@ def compare_argv(recipe: Recipe, markdown: Path, scratch: Path, write_plots: boo
 
 
 def rebuild_report(recipe: Recipe, scratch: Path, write_plots: bool = False) -> str:
-    """The markdown compare.py writes for ``recipe`` now (its printed copy silenced); plots go to ``scratch``, or
-    with ``write_plots`` those committed to their files."""
+    """The markdown compare.py writes for ``recipe`` now: without ``write_plots``, its plan's text, nothing drawn
+    or written (compare.py writes that text as planned); with it, compare.py run (its printed copy silenced), the
+    committed plots written to their files and the others to ``scratch``."""
     markdown = scratch / "report.md"
+    argv = compare_argv(recipe, markdown, scratch, write_plots)
     with contextlib.redirect_stdout(io.StringIO()):
-        compare.main(compare_argv(recipe, markdown, scratch, write_plots))
+        if not write_plots:
+            return compare.plan_comparison(compare.parse_args(argv)).report
+        compare.main(argv)
     return markdown.read_text()
 
 
