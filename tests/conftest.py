@@ -60,3 +60,14 @@ def _kernels_not_given_up():
 
     attention.flex_failure = attention.fused_failure = None
     yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that hold the longest tests run first: files with an e2e test, then files with a slow one, then the
+    rest, each group in its collected order. With ``--dist loadfile`` a file goes whole to whichever worker is free,
+    so a long file started last keeps one worker busy after the other has finished (longest first packs them)."""
+    rank: dict[Path, int] = {}
+    for item in items:
+        own = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
+        rank[item.path] = min(rank.get(item.path, 2), own)
+    items.sort(key=lambda item: rank[item.path])
