@@ -1,6 +1,6 @@
 """The fine-tuned context-extension study: parents trained at L, fine-tuned to factor x L, scored at 1-16x L.
 
-    python scripts/extension_study.py runs/ext                          # 3 seeds, budgets 100 and 300 steps, 4x
+    python scripts/extension_study.py runs/ext                          # 3 seeds, budgets 20 and 200 steps, 4x
     python scripts/extension_study.py runs/ext --seed-list 4,5          # more seeds into the same study
     python scripts/extension_study.py runs/ext --list                   # the jobs, run none
     python scripts/extension_study.py runs/ext --part parents           # only the parents (then --part extensions)
@@ -373,7 +373,7 @@ def parse_study(argv: list[str]) -> tuple[Study, bool, str]:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     parser.add_argument("--seeds", type=count(1), default=3, help="seeds 1..N (default 3)")
     parser.add_argument("--seed-list", type=comma_list(int, 0), help="these seeds instead, e.g. 4,5")
-    parser.add_argument("--budgets", type=comma_list(int, 1), default=(100, 300), help="fine-tuning steps (100,300)")
+    parser.add_argument("--budgets", type=comma_list(int, 1), default=(20, 200), help="fine-tuning steps (20,200)")
     parser.add_argument("--factor", type=count(2), default=4, help="fine-tune to factor x L (default 4)")
     parser.add_argument("--task", default="none", help="none (language modelling) or a task of configs/task/")
     methods = tuple(DESIGN["fine_tunes"])
