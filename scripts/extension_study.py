@@ -6,6 +6,7 @@
     python scripts/extension_study.py runs/ext --part parents           # only the parents (then --part extensions)
     python scripts/extension_study.py runs/task --task passkey          # the same design on passkey retrieval
     python scripts/extension_study.py /tmp/smoke --seeds 1 --budgets 2 --methods plain,drope train.max_steps=3
+    python scripts/extension_study.py runs/ext --methods yarn,training-free   # some methods (default: all)
 
 The design is a table, scripts/extension_study.json (scheme names live in data, as in study_variations.json):
 
@@ -18,10 +19,11 @@ The design is a table, scripts/extension_study.json (scheme names live in data, 
   train.init_from_pe=replace). Each takes train.init_from=<its parent>, train.seq_len=factor x L,
   train.max_steps=<steps>, lr 2e-4 and a warmup of steps/10 (at most 20), as docs/fine-tuning.md's example
   (20 of 300 steps); a scaling keeps the parent's L as its original length (RoPE's inherit);
-- the training-free methods on each RoPE parent, ``training-free-s<seed>``: eval.py with the variations yarn and
-  ntk at the study's factor, STRING with window W = L/2 and local window w = L/16 (at least 1), and Self-Extend
-  with window W and the smallest power-of-two group that maps 16L's farthest distance inside L. The parent's own
-  row (no variation) is its end-of-training evaluation, which scored the same lengths and targets.
+- the training-free methods on each RoPE parent (--methods's ``training-free``), ``training-free-s<seed>``:
+  eval.py with the variations yarn and ntk at the study's factor, STRING with window W = L/2 and local window
+  w = L/16 (at least 1), and Self-Extend with window W and the smallest power-of-two group that maps 16L's farthest
+  distance inside L. The parent's own row (no variation) is its end-of-training evaluation, which scored the same
+  lengths and targets.
 
 Every run is scored at L, 2L, 4L, 8L and 16L (absolute eval.lengths: parents and fine-tunes score the same lengths
 and, for perplexity, the same targets; eval.max_tokens at least 32 windows of 16L). The language-model runs
@@ -72,6 +74,7 @@ WINDOWS_AT_LONGEST = 32  # eval.max_tokens: at least this many windows of the lo
 STUDY_KEYS = ("pe", "task", "train.seed", "train.init_from", "train.init_from_pe", "train.resume", "train.eval_after")
 STUDY_KEYS += ("hydra",)
 VARIATIONS_DONE = Path("eval") / ".variations-done"  # scripts/study.sh's marker of the variations a run has
+TRAINING_FREE = "training-free"  # the --methods name of the training-free evaluations of each parent
 
 
 @dataclass(frozen=True)
@@ -218,11 +221,11 @@ def parent_jobs(study: Study, train_len: int) -> list[Job]:
 
 
 def extension_jobs(study: Study, train_len: int, values: dict[str, str]) -> list[Job]:
-    """Every fine-tune of each extended parent (method x budget x seed), then the training-free evaluations of
-    each."""
+    """Every fine-tune of each extended parent (method x budget x seed), then, where --methods has them, the
+    training-free evaluations of each."""
     extended = DESIGN["extended_parent"]
     jobs = []
-    for method in study.methods:
+    for method in (method for method in study.methods if method != TRAINING_FREE):
         for steps in study.budgets:
             schedule = filled(DESIGN["fine_tune_schedule"], {**values, "warmup": str(min(20, steps // 10))})
             for seed in study.seeds:
@@ -239,6 +242,8 @@ def extension_jobs(study: Study, train_len: int, values: dict[str, str]) -> list
                 overrides = merged(study.base(train_len), study.overrides, design)
                 name = f"{method}-{steps}-s{seed}"
                 jobs.append(Job(name, "extensions", study.directory / name, overrides))
+    if TRAINING_FREE not in study.methods:
+        return jobs
     variations = tuple(filled(DESIGN["training_free"], values))
     for seed in study.seeds:
         parent = study.directory / f"{extended}-{train_len}-s{seed}"
@@ -376,14 +381,14 @@ def parse_study(argv: list[str]) -> tuple[Study, bool, str]:
     parser.add_argument("--budgets", type=comma_list(int, 1), default=(20, 200), help="fine-tuning steps (20,200)")
     parser.add_argument("--factor", type=count(2), default=4, help="fine-tune to factor x L (default 4)")
     parser.add_argument("--task", default="none", help="none (language modelling) or a task of configs/task/")
-    methods = tuple(DESIGN["fine_tunes"])
+    methods = (*DESIGN["fine_tunes"], TRAINING_FREE)
     parser.add_argument("--methods", type=comma_list(str, 0), default=methods, help=f"of {','.join(methods)} (all)")
     parser.add_argument("--part", choices=("parents", "extensions", "all"), default="all", help="the stages run (all)")
     parser.add_argument("--list", action="store_true", help="print the jobs, run none")
     args = parser.parse_intermixed_args(argv)
-    unknown = [method for method in args.methods if method not in DESIGN["fine_tunes"]]
+    unknown = [method for method in args.methods if method not in methods]
     if unknown or not args.methods:
-        raise PosGPTError(f"--methods takes some of {','.join(DESIGN['fine_tunes'])}, got {','.join(args.methods)}")
+        raise PosGPTError(f"--methods takes some of {','.join(methods)}, got {','.join(args.methods)}")
     if not args.budgets or not (args.seed_list is None or args.seed_list):
         raise PosGPTError("--budgets and --seed-list take at least one number")
     if args.task != "none" and not (ROOT / "configs" / "task" / f"{args.task}.yaml").is_file():

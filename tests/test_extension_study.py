@@ -28,7 +28,9 @@ def jobs_of(directory: Path, *argv: str) -> list:
 
 
 def test_the_jobs_of_a_small_study(cli, tmp_path):
-    jobs = jobs_of(tmp_path, "--seed-list", "1,2", "--budgets", "20,40", "--methods", "pi,drope", *tiny(cli))
+    jobs = jobs_of(
+        tmp_path, "--seed-list", "1,2", "--budgets", "20,40", "--methods", "pi,drope,training-free", *tiny(cli)
+    )
     names = [job.name for job in jobs]
     assert names == [
         *("rope-16-s1", "rope-16-s2", "nope-16-s1", "nope-16-s2"),
@@ -113,7 +115,10 @@ def test_list_prints_the_jobs_and_writes_nothing(cli, tmp_path):
         (["pe=alibi"], ["the study sets pe itself"]),
         (["pe.base=500"], ["the study sets pe.base itself"]),
         (["train.eval_after=false"], ["the study sets train.eval_after itself"]),
-        (["--methods", "plain,magic"], ["--methods takes some of plain,pi,ntk,yarn,llama3,longrope,drope"]),
+        (
+            ["--methods", "plain,magic"],
+            ["--methods takes some of plain,pi,ntk,yarn,llama3,longrope,drope,training-free"],
+        ),
         (["--task", "nonsense"], ["--task takes none or a task"]),
         (["--budgets", "0"], ["--budgets"]),
         (["--part", "extensions"], ["job plain-3-s1 of the extension study", "train.init_from"]),  # no parents yet
@@ -133,7 +138,7 @@ def test_a_tiny_study_trains_fine_tunes_evaluates_compares_and_then_skips_it_all
     runs = [*tiny(cli), "train.max_steps=3", "data.val_fraction=0.05", "eval.protocols=[nonoverlapping]"]
     runs += ["eval.max_tokens=1024"]
     # one fine-tune trained: DroPE's training is tests/test_init_from.py's, its job's overrides the plan tests'
-    argv = [str(directory), "--seeds", "1", "--budgets", "2", "--methods", "plain", *runs]
+    argv = [str(directory), "--seeds", "1", "--budgets", "2", "--methods", "plain,training-free", *runs]
     done = cli.here(SCRIPT, *argv)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("rope-16-s1", "nope-16-s1", "plain-2-s1"):
