@@ -20,8 +20,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats
-
 
 @functools.cache
 def t_critical(df: int, confidence: float = 0.95) -> float:
@@ -29,6 +27,10 @@ def t_critical(df: int, confidence: float = 0.95) -> float:
     per (df, confidence) in a process (a comparison asks for the same few thousands of times)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1 (got {df})")
+    # Imported on the first call: scipy.stats takes about a second to import, and every training and evaluation
+    # process imports this module (for its estimates' types) without asking for an interval.
+    from scipy import stats
+
     return float(stats.t.ppf((1 + confidence) / 2, df))
 
 

@@ -635,6 +635,7 @@ def test_seeds_of_one_setting_share_one_typing_and_keep_their_own_seed():
     )
 
 
+@pytest.mark.slow
 def test_the_seeds_of_a_fine_tuning_are_one_setting_whatever_their_parents_paths(cli, tmp_path):
     """Each seed of a fine-tuning starts from its own parent's directory (train.init_from): the seeds are one
     setting when their parents are (read from the parents' results, or, where those are not at the recorded path, from

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 REFERENCE = Path(__file__).parent / "reference" / "eval_rows_a444327.json"
 # The fields that say which measurement a row is, and the numbers it measured (not its timing or memory).
 KEYS = ("evaluator_file", "task", "length", "protocol", "stride", "sinks", "variation", "measure", "depth", "distance")
@@ -85,6 +87,7 @@ def scored_rows(tree: Path, work: Path, evaluate: Callable | None = None) -> dic
     return found
 
 
+@pytest.mark.slow
 def test_the_rows_are_those_from_before_the_plugins(cli, tmp_path):
     import pytest
 

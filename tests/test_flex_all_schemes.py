@@ -45,6 +45,7 @@ def test_the_registry_has_bias_schemes():
     assert {"alibi", "t5", "kerple", "fire"} <= set(BIAS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", AWKWARD)
 @pytest.mark.parametrize("name", BIAS)
 @torch.no_grad()

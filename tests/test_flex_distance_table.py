@@ -115,6 +115,7 @@ def test_gradients_through_flex_attentions_own_reference(name):
     assert_all_close(got, output_and_grads("math", pe, q, k, v, layer=1), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize("length", AWKWARD)
 @pytest.mark.parametrize("name", RELATIVE)

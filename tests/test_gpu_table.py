@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from cli_runs import REPO
 
 SCRIPT = REPO / "bench" / "gpu_table.sh"
@@ -45,6 +46,7 @@ def test_the_schemes_measured_again_are_those_whose_latest_record_did_not_get_fl
     assert run.returncode == 0 and run.stdout == "alibi,t5\n", run.stderr
 
 
+@pytest.mark.slow
 def test_tests_stopped_at_their_time_limit_are_recorded_by_their_progress(tmp_path):
     record = heredocs()[0]
     results, log = tmp_path / "2026-01-01-GPU.json", tmp_path / "tests.txt"

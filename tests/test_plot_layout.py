@@ -66,6 +66,7 @@ def outside(fig: Figure) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_every_text_of_the_main_plots_lies_inside_the_figure(monkeypatch):
     figures = draw_each(monkeypatch)
     assert len(figures) == 4

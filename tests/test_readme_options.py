@@ -63,6 +63,7 @@ def accepted(overrides: list[str]) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_every_documented_value_is_accepted_as_typed():
     """Composed in batches of distinct keys (a compose takes a while); a failing batch is retried value by value
     so that the message names the culprit."""

@@ -35,6 +35,7 @@ def test_a_vocabulary_smaller_than_the_datas_is_refused(cli, tmp_path, extra, fr
     refused_before_writing(cli.train_here(run_dir, *extra), run_dir, *fragments)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "fragments"),
     [

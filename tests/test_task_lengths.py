@@ -44,6 +44,7 @@ def recorded_lengths(task, monkeypatch) -> list[tuple[int, dict]]:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_training_instances_take_every_length_the_format_fits_uniformly(name, monkeypatch):
     task = build_task(TASKS[name].config_class())

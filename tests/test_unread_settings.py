@@ -21,6 +21,7 @@ def refused_before_writing(done, run_dir: Path, *fragments: str) -> None:
     assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "fragments"),
     [
