@@ -61,7 +61,7 @@ from core.errors import PosGPTError
 ROOT = _repo.ROOT
 RESULTS = ROOT / "results"
 REGISTRY = RESULTS / "reports.json"
-DOCS = ("README.md", "docs/results.md")
+DOCS = ("README.md", "docs/results.md", "docs/fine-tuning.md")
 # compare.py writes these beside the markdown unless told otherwise: uncommitted ones go to the scratch folder
 DEFAULT_OUTPUTS = ("--plot", "--task-plot", "--task-heatmap", "--task-csv")
 # a marker is a comment opening a line: a page may mention one in its text
