@@ -1,5 +1,5 @@
-"""Rebuild every committed report under results/ from its raw results, and every table the README and
-docs/results.md quote from those reports.
+"""Rebuild every committed report under results/ from its raw results, and every table the README,
+docs/results.md and docs/fine-tuning.md quote from those reports (DOCS).
 
     python scripts/rebuild_reports.py              # rewrite the reports, their plots and the quoted tables
     python scripts/rebuild_reports.py --check      # write nothing; exit 1 naming each stale report or table
@@ -12,7 +12,7 @@ study folder it writes, such as ``"--plot": "comparison.png"``; null where the o
 ``--val-curve``'s table, but its plot is not committed). Each report is rebuilt by calling compare.py's ``main``
 with its markdown and every output not committed sent to a scratch folder, so that only committed files change.
 
-Quoted tables. In README.md and docs/results.md a quoted block lies between two HTML comments, invisible on the
+Quoted tables. In each page of DOCS a quoted block lies between two HTML comments, invisible on the
 rendered page; the command rewrites what lies between them from the report the first names::
 
     <!-- table: results/task-study-uniform/comparison_tasks.md

@@ -1,6 +1,7 @@
 """Every committed comparison under results/ is what scripts/compare.py writes from the raw results beside it, and
-every table the README and docs/results.md quote from one is that report's, to the printed digit: both are rebuilt
-by scripts/rebuild_reports.py from results/reports.json (each recipe: the runs and options of one report)."""
+every table the README, docs/results.md and docs/fine-tuning.md quote from one is that report's, to the printed
+digit: both are rebuilt by scripts/rebuild_reports.py from results/reports.json (each recipe: the runs and options of
+one report)."""
 
 import re
 from pathlib import Path
@@ -40,7 +41,7 @@ def test_a_committed_report_reproduces_from_its_raw_results(report, tmp_path):
 
 @pytest.mark.parametrize("page", rebuild_reports.DOCS)
 def test_every_quoted_table_is_its_report_to_the_printed_digit(page):
-    """Each marked block of the README and docs/results.md, rebuilt from the committed report it names, is the
+    """Each marked block of the pages (rebuild_reports.DOCS), rebuilt from the committed report it names, is the
     committed text: no interval in them was copied wrong or left behind when a report changed."""
     text, stale = rebuild_reports.rebuilt_doc(REPO / page)
     assert stale == []
@@ -61,7 +62,7 @@ INTERVAL = re.compile(r"[+\-−]?\d[\d,]*(?:\.\d+)?%? ± \d[\d,]*(?:\.\d+)?%?")
 
 
 def test_every_interval_in_the_prose_is_printed_by_a_committed_report():
-    """Outside the marked tables too: each ``mean ± half-width`` of the README and docs/results.md occurs, digit for
+    """Outside the marked tables too: each ``mean ± half-width`` of those pages occurs, digit for
     digit, in a committed report or study README (a weaker check than the tables': it finds the text, not its
     row), but for the few computed elsewhere."""
     printed = "\n".join(path.read_text() for path in RESULTS.glob("**/*.md")).replace("−", "-")
