@@ -89,8 +89,6 @@ def scored_rows(tree: Path, work: Path, evaluate: Callable | None = None) -> dic
 
 @pytest.mark.slow
 def test_the_rows_are_those_from_before_the_plugins(cli, tmp_path):
-    import pytest
-
     expected = json.loads(REFERENCE.read_text())
     found = scored_rows(Path(__file__).resolve().parents[1], tmp_path, lambda argv: cli.here("eval.py", *argv))
     for name in RUNS:
