@@ -76,6 +76,10 @@ def key_token_report(entries: list[Entry], protocol: str, baseline_label: str | 
     lengths = sorted({length for entry in entries for seed in entry.per_seed for length in seed})
     train_lens = {entry.train_len for entry in entries}
     header = length_header(lengths, next(iter(train_lens)) if len(train_lens) == 1 else None)
+    baseline = next((entry for entry in entries if entry.label == baseline_label), None)  # before the relabelling
+    if len(train_lens) > 1:  # as the perplexity table tells them apart
+        for entry in entries:
+            entry.label += f" (trained at {entry.train_len})"
     selections = sorted({key_label(entry.example()) for entry in entries})
     selection = selections[0] if len(selections) == 1 else "selected as each row's label says"
     evaluators = {entry.example().get("key_evaluator") for entry in entries}
@@ -95,7 +99,6 @@ def key_token_report(entries: list[Entry], protocol: str, baseline_label: str | 
     parts += ["", table(entries, lengths, header, ppl_estimate)]
     classes = token_classes(entries)
     if any(len(entry.per_seed) > 1 for entry in entries):
-        baseline = next((entry for entry in entries if entry.label == baseline_label), None)
         baseline = baseline if baseline is not None and len(baseline.per_seed) > 1 else None
         parts += ["", DIFFERENCES_RULE, *by_class(classes, lambda c: differences(c, lengths, header, ppl_estimate))]
         parts += by_class(classes, lambda c: paired_report(c, lengths, header, ppl_values, baseline_in(c, baseline)))

@@ -154,6 +154,8 @@ def task_report(entries: list[TaskEntry], baseline: str | None = None) -> str:
     for identity, members, classes in task_tables(entries):
         train_lens = {entry.train_len for entry in members}
         common_train_len = next(iter(train_lens)) if len(train_lens) == 1 else None
+        # found by the label the user gave, before the rows are told apart by their training lengths
+        references = [entry for entry in members if entry.label == baseline]
         if common_train_len is None:
             for entry in members:
                 entry.label += f" (trained at {entry.train_len})"
@@ -182,7 +184,7 @@ def task_report(entries: list[TaskEntry], baseline: str | None = None) -> str:
                 if not any(len(entry.per_seed) > 1 for entry in members_at):
                     parts += ["", "One seed per setting: no intervals, so no difference is claimed."]
                     continue
-                reference = next((entry for entry in members_at if entry.label == baseline), None)
+                reference = next((entry for entry in members_at if any(entry is r for r in references)), None)
                 parts += [
                     "",
                     "Differences: a setting differs from the highest one at a length when their 95% intervals "

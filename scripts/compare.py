@@ -302,10 +302,16 @@ def check_output_paths(args: argparse.Namespace, perplexity: bool, tasks: bool) 
 
 
 def check_baseline(baseline: str | None, entries: list[Entry], tasks: list[TaskEntry]) -> None:
-    """Refuse a --baseline that names no setting of task runs (with perplexity runs, find_baseline checks it)."""
-    if baseline is not None and not entries and baseline not in {entry.label for entry in tasks}:
+    """Refuse a --baseline that names no setting of task runs, or only settings of one seed, as find_baseline
+    does with perplexity runs (which it checks)."""
+    if baseline is None or entries:
+        return
+    named = [entry for entry in tasks if entry.label == baseline]
+    if not named:
         labels = ", ".join(repr(label) for label in dict.fromkeys(entry.label for entry in tasks))
         raise PosGPTError(f"--baseline {baseline!r} is not a setting of these runs; they are: {labels}")
+    if all(len(entry.per_seed) < 2 for entry in named):
+        raise PosGPTError(f"--baseline {baseline!r} has one seed: there is nothing to pair by seed")
 
 
 def comparison_markdown(

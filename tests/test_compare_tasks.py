@@ -195,6 +195,27 @@ def test_paired_differences_against_a_baseline(three_seeds, tmp_path):
     assert exit_info.value.code == 2
 
 
+def test_a_baseline_trained_at_another_length_is_the_one_paired_against(tmp_path):
+    """Settings trained at other lengths are labelled by them in the tables ("... (trained at 16)"); --baseline names
+    the setting as given, and the paired table is against it, not the highest; a baseline of one seed is refused."""
+    runs = [task_run(tmp_path, "rope", seed, {16: 1.0, 32: 0.2 + seed / 10}) for seed in (1, 2, 3)]
+    for seed in (1, 2, 3):  # alibi trained at 32: 0.4 above rope at 32 in every seed
+        cfg = config(seed, "pe=alibi", "task=passkey")
+        cfg.train.seq_len = 32
+        rows = [task_row("passkey", 16, 1.0), task_row("passkey", 32, 0.6 + seed / 10)]
+        write(cfg, "passkey", rows, {"task_config": OmegaConf.to_container(cfg.task)}, tmp_path / f"alibi-s{seed}")
+        runs.append(tmp_path / f"alibi-s{seed}")
+    report = report_of(runs, tmp_path, "--baseline", "rope")
+    assert "| rope (trained at 16) | 3 | **1.000 ± 0.000** | 0.400 ± 0.248 |" in report
+    assert "a setting's value − the baseline's (rope (trained at 16)) value" in report
+    assert "| rope (trained at 16) | baseline | baseline |" in report
+    assert "| alibi (trained at 32) | +0.000 ± 0.000 | **+0.400 ± 0.000** |" in report
+    assert "| rope (trained at 16) | +0.000 ± 0.000 |" in report_of(runs[1:], tmp_path, "--baseline", "alibi")
+    with pytest.raises(SystemExit) as exit_info:
+        report_of(runs[2:], tmp_path, "--baseline", "rope")
+    assert exit_info.value.code == 2
+
+
 def test_default_outputs_lie_beside_the_markdown(three_seeds, tmp_path, monkeypatch):
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()

@@ -190,10 +190,10 @@ def test_another_run_as_evaluator_selects_what_that_run_selects_for_itself(cli, 
     assert row["loss"] == pytest.approx(scored_losses[by_other.sets[job].mask].mean(), rel=1e-6)
 
 
-def key_run(pe, seed, rows_by_length):
+def key_run(pe, seed, rows_by_length, train_len=16):
     """A run whose results hold a plain perplexity row and a key-token row per length (scripts/compare.py reads
     nothing else of it)."""
-    config = {"pe": {"name": pe}, "train": {"seed": seed, "seq_len": 16}, "model": {"n_layer": 1}}
+    config = {"pe": {"name": pe}, "train": {"seed": seed, "seq_len": train_len}, "model": {"n_layer": 1}}
     common = {"protocol": "nonoverlapping", "stride": None, "data": "d", "target_range": [64, 128]}
     rows = []
     for length, (ppl, key_ppl, share) in rows_by_length.items():
@@ -202,7 +202,7 @@ def key_run(pe, seed, rows_by_length):
         selection |= {"key_lcl_threshold": -2.0, "key_evaluator": "self", "key_evaluator_step": None}
         key = {"measure": KEY_TOKENS, "ppl": key_ppl, "tokens": round(64 * share), "key_share": share, **selection}
         rows.append({**common, "length": length, **key})
-    document = {"pe": pe, "train_seq_len": 16, "step": 10, "results": rows}
+    document = {"pe": pe, "train_seq_len": train_len, "step": 10, "results": rows}
     return Run(f"/runs/{pe}-{seed}", document, config)
 
 
@@ -234,6 +234,17 @@ def test_compare_pools_key_token_rows_over_seeds_in_a_table_of_their_own():
     labels = [entry.label for entry in other]
     assert len(other) == 3 and "rope key tokens (α=1, β=-2, short 16/4)" in labels
     assert ppl_estimate(other[labels.index("rope key tokens (α=2, β=-2, short 16/4)")], 32).mean == pytest.approx(5.0)
+
+
+def test_key_token_rows_of_other_training_lengths_say_so_and_pair_against_the_baseline_named():
+    runs = [key_run("rope", seed, {16: (10.0, 3.0 + seed, 0.05), 32: (12.0, 4.0 + seed, 0.1)}) for seed in (1, 2, 3)]
+    # alibi, trained at 32: 0.8 and 0.5 of rope's key-token perplexity in every seed
+    alibi = [{16: (9.0, 0.8 * (3 + s), 0.02), 32: (9.5, 0.5 * (4 + s), 0.03)} for s in (1, 2, 3)]
+    runs += [key_run("alibi", seed, rows, train_len=32) for seed, rows in enumerate(alibi, 1)]
+    entries = key_token_entries(group_by_seed(runs), "nonoverlapping", None, "d")
+    report = key_token_report(entries, "nonoverlapping", "rope")
+    assert "| rope (trained at 16) | baseline | baseline |" in report
+    assert "| alibi (trained at 32) | **-20.0% ± 0.0%** | **-50.0% ± 0.0%** |" in report
 
 
 def format_cell(values, digits=2):
