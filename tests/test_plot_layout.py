@@ -88,3 +88,29 @@ def test_a_caption_wraps_to_its_figure_width(width):
     fig.subplots()
     plots.add_titles(fig, "Title", CAPTION * 2)
     assert outside(fig) == []
+
+
+def test_a_png_is_written_with_a_palette_that_keeps_the_picture_and_other_formats_as_matplotlib_writes_them(tmp_path):
+    """plots.save: a PNG of at most 256 colours, the size of the full-colour render, every pixel near its colour
+    there; an SVG is matplotlib's own."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    fig = plots.new_figure()
+    ax = fig.subplots()
+    for i, line in enumerate(series()):
+        ax.fill_between(line.x, [y - 1 for y in line.y], [y + 1 for y in line.y], alpha=0.2, color=f"C{i % 10}")
+        ax.plot(line.x, line.y, label=line.label)
+    ax.legend()
+    full = io.BytesIO()
+    fig.savefig(full, format="png", dpi=120, bbox_inches="tight")
+    reference = np.asarray(Image.open(full).convert("RGB"), dtype=float)
+    written = Image.open(plots.save(fig, tmp_path / "plot.png"))
+    assert written.mode == "P" and len(written.getcolors(256)) <= 256
+    pixels = np.asarray(written.convert("RGB"), dtype=float)
+    assert pixels.shape == reference.shape
+    assert np.abs(pixels - reference).mean() < 0.5 and np.abs(pixels - reference).max() <= 48  # of 255
+    assert (tmp_path / "plot.png").stat().st_size < 0.5 * len(full.getvalue())
+    assert plots.save(fig, tmp_path / "plot.svg").read_text().lstrip().startswith("<?xml")
