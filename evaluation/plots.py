@@ -351,7 +351,7 @@ def save(fig: Figure, path: str | Path) -> Path:
 
     rendered = io.BytesIO()
     fig.savefig(rendered, format="png", dpi=120, bbox_inches="tight")
-    Image.open(rendered).convert("RGB").quantize(256).save(path, format="PNG", optimize=True)
+    Image.open(rendered).convert("RGB").quantize(256).save(path, format="PNG")
     return path
 
 
