@@ -26,7 +26,7 @@ from reports.perplexity import (
     token_classes,
 )
 from reports.runs import Entry, Run
-from reports.tables import Reading, differences, paired_report, table
+from reports.tables import Reading, differences, paired_report, table, told_apart_by_training_length
 
 SHARE = Reading(max, "most", ratio=False)  # the share of key tokens: no end is better; bold marks the most
 
@@ -74,12 +74,8 @@ def key_token_report(entries: list[Entry], protocol: str, baseline_label: str | 
     """The markdown section: the selection, the key-token perplexity table with its differences and pairing, and
     the share of key tokens."""
     lengths = sorted({length for entry in entries for seed in entry.per_seed for length in seed})
-    train_lens = {entry.train_len for entry in entries}
-    header = length_header(lengths, next(iter(train_lens)) if len(train_lens) == 1 else None)
-    baseline = next((entry for entry in entries if entry.label == baseline_label), None)  # before the relabelling
-    if len(train_lens) > 1:  # as the perplexity table tells them apart
-        for entry in entries:
-            entry.label += f" (trained at {entry.train_len})"
+    baseline = next((entry for entry in entries if entry.label == baseline_label), None)  # by the label given
+    header = length_header(lengths, told_apart_by_training_length(entries))
     selections = sorted({key_label(entry.example()) for entry in entries})
     selection = selections[0] if len(selections) == 1 else "selected as each row's label says"
     evaluators = {entry.example().get("key_evaluator") for entry in entries}

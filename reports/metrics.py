@@ -19,7 +19,7 @@ from evaluation.stats import Estimate, mean_ci
 from evaluation.store import RowFormat, load_document
 from evaluation.task_accuracy import TASK_ROWS
 from reports.runs import Entry, Run, group_by_seed, group_labels
-from reports.tables import ACCURACY, PERPLEXITY, table
+from reports.tables import ACCURACY, PERPLEXITY, table, told_apart_by_training_length
 
 
 def plugin_formats() -> dict[str, RowFormat]:
@@ -59,8 +59,7 @@ def metric_report(runs: list[Run]) -> str:
         if not entries:
             continue
         lengths = sorted({length for entry in entries for seed in entry.per_seed for length in seed})
-        train_lens = {entry.train_len for entry in entries}
-        header = length_header(lengths, next(iter(train_lens)) if len(train_lens) == 1 else None)
+        header = length_header(lengths, told_apart_by_training_length(entries))
 
         def estimate(entry: Entry, length: int, value: str = rows.value) -> Estimate | None:
             values = [seed[length][value] for seed in entry.per_seed if seed.get(length, {}).get(value) is not None]

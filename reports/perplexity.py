@@ -28,7 +28,7 @@ from evaluation.results import (
 )
 from evaluation.stats import Estimate, mean_ci
 from reports.runs import Entry, Run, evaluated_with, group_labels
-from reports.tables import differences, paired_report, table, token_class_ids
+from reports.tables import differences, paired_report, table, token_class_ids, told_apart_by_training_length
 
 
 def choose_data(runs: list[Run], data: str | None) -> str:
@@ -175,12 +175,8 @@ def markdown_report(
     entries: list[Entry], protocol: str, stride: int | None, data: str, ratios: bool, baseline: Entry | None = None
 ) -> str:
     lengths = sorted({length for entry in entries for seed in entry.per_seed for length in seed})
-    train_lens = {entry.train_len for entry in entries}
-    common_train_len = next(iter(train_lens)) if len(train_lens) == 1 else None
+    common_train_len = told_apart_by_training_length(entries)
     header = length_header(lengths, common_train_len)
-    if common_train_len is None:
-        for entry in entries:
-            entry.label += f" (trained at {entry.train_len})"
     stride_note = f", stride {stride or 'L/2'}" if protocol == "sliding" else ""
     classes = token_classes(entries)
     parts = [

@@ -38,6 +38,18 @@ PERPLEXITY = Reading()
 ACCURACY = Reading(max, "highest", ratio=False)  # also the mean log-probability: higher is better
 
 
+def told_apart_by_training_length(entries: list[Entry]) -> int | None:
+    """The training length every entry shares (the length header then prints each column's multiple of it); where
+    they differ, None, and each entry's label gains its own (" (trained at N)"), so that settings trained at other
+    lengths never read as one. A --baseline is found by its label before this."""
+    train_lens = {entry.train_len for entry in entries}
+    if len(train_lens) == 1:
+        return next(iter(train_lens))
+    for entry in entries:
+        entry.label += f" (trained at {entry.train_len})"
+    return None
+
+
 def paired_estimate(
     entry: Entry,
     reference: Entry,

@@ -23,7 +23,7 @@ from evaluation.stats import Estimate, mean_ci
 from evaluation.task_accuracy import GRIDS, PROBE_SETTINGS, effective_lengths, grid_cell, probe_settings
 from evaluation.task_accuracy import variation as row_variation
 from reports.runs import TASK_MEASURES, Entry, Run, evaluated_with, group_by_seed, group_labels
-from reports.tables import ACCURACY, differences, paired_report, table
+from reports.tables import ACCURACY, differences, paired_report, table, told_apart_by_training_length
 
 TASK_CSV_COLUMNS = ["task", "task_settings", "setting", *GRIDS, "length", "multiple", "measure", "seeds", "mean"]
 TASK_CSV_COLUMNS += ["half_width", "ci_low", "ci_high", "values"]
@@ -152,13 +152,8 @@ def task_report(entries: list[TaskEntry], baseline: str | None = None) -> str:
     where the table has it) or else the best."""
     parts: list[str] = []
     for identity, members, classes in task_tables(entries):
-        train_lens = {entry.train_len for entry in members}
-        common_train_len = next(iter(train_lens)) if len(train_lens) == 1 else None
-        # found by the label the user gave, before the rows are told apart by their training lengths
-        references = [entry for entry in members if entry.label == baseline]
-        if common_train_len is None:
-            for entry in members:
-                entry.label += f" (trained at {entry.train_len})"
+        references = [entry for entry in members if entry.label == baseline]  # by the label the user gave
+        common_train_len = told_apart_by_training_length(members)
         examples = sorted({row["n"] for entry in members for seed in entry.per_seed for row in seed.values()} - {0})
         n_text = f"{examples[0]}" if len(examples) == 1 else f"{examples[0]}-{examples[-1]}" if examples else "no"
         parts += ["", f"## Task: {identity}"]

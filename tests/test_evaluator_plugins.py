@@ -151,3 +151,20 @@ def test_first_token_rows_through_eval(cli, tmp_path):
     for row in rows:
         assert 0 < row["first_token_mass"] < 1 and len(row["first_token_mass_by_layer"]) == 1
         assert row["first_token_mass"] == pytest.approx(np.mean(row["first_token_mass_by_layer"]))
+
+
+def test_a_plugins_rows_of_settings_trained_at_other_lengths_say_their_lengths(monkeypatch):
+    """compare.py's section of a plug-in's rows labels each setting by its training length where they differ, as
+    the perplexity and task tables do (reports/tables.py's told_apart_by_training_length)."""
+    from reports import metrics
+    from reports.runs import Entry
+
+    rows = value_rows("toy_confidence", "confidence", higher_is_better=True)
+    entries = [Entry("rope", "rope", 16), Entry("alibi", "alibi", 32)]
+    for entry, value in zip(entries, (0.5, 0.7)):
+        entry.per_seed.append({16: {"confidence": value}})
+        entry.seeds.append(1)
+    monkeypatch.setattr(metrics, "plugin_formats", lambda: {rows.file: rows})
+    monkeypatch.setattr(metrics, "metric_entries", lambda runs, formats: entries)
+    report = metrics.metric_report([])
+    assert "| rope (trained at 16) | 1 | 0.5000 |" in report and "| alibi (trained at 32) | 1 | **0.7000** |" in report

@@ -4,10 +4,14 @@ Drawn with Agg (no display, deterministic), from series as crowded as the commit
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
+from PIL import Image
 
 from evaluation import plots
 from evaluation.plots import HeatmapPanel, Panel, Series
@@ -93,11 +97,6 @@ def test_a_caption_wraps_to_its_figure_width(width):
 def test_a_png_is_written_with_a_palette_that_keeps_the_picture_and_other_formats_as_matplotlib_writes_them(tmp_path):
     """plots.save: a PNG of at most 256 colours, the size of the full-colour render, every pixel near its colour
     there; an SVG is matplotlib's own."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
     fig = plots.new_figure()
     ax = fig.subplots()
     for i, line in enumerate(series()):
