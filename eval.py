@@ -31,6 +31,8 @@ another corpus, split or target range, whatever data.name says.
 
 from __future__ import annotations
 
+from core.interrupts import unwind_on_sigterm  # first: Ctrl-C while the libraries below import is one line
+
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -128,5 +130,6 @@ def evaluate(plan: EvalPlan) -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_sigterm()  # SIGTERM unwinds: an atomic write in progress leaves no temporary file
     torch.set_grad_enabled(False)
     main(sys.argv[1:])

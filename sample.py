@@ -21,6 +21,8 @@ prints its error alone.
 
 from __future__ import annotations
 
+import core.interrupts  # noqa: F401 (first: Ctrl-C while the libraries below import is one line)
+
 import codecs
 import sys
 from dataclasses import dataclass

@@ -19,6 +19,8 @@ a sweep plans every job before the first one trains. ``--check`` (first) stops a
 job would start, else the refusal's one line.
 """
 
+import core.interrupts  # noqa: F401 (first: Ctrl-C while the libraries below import is one line)
+
 import sys
 from pathlib import Path
 

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 from core.errors import PosGPTError
-from core.files import TMP_PREFIX, atomic_write, write_fault
+from core.files import TMP_PREFIX, atomic_write, make_folder, remove, write_fault
 from core.rundir import CHECKPOINT_DIR
+from core.stored import check_literal
 
 LAST = "last.pt"
 FORMAT_VERSION = 1
@@ -43,23 +44,23 @@ def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int) -> Pa
     directory = checkpoint_dir(run_dir)
     last = directory / LAST
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_folder(directory, run_dir)
         for stale in directory.glob(f"{TMP_PREFIX}*"):  # left by a save that was killed (only rank 0 saves)
-            stale.unlink(missing_ok=True)
+            remove(stale, run_dir)
     except OSError as error:
         raise write_fault(last, error) from None
     state = {**state, "format_version": FORMAT_VERSION}
-    atomic_write(last, lambda f: torch.save(state, f))
+    atomic_write(last, lambda f: torch.save(state, f), run_dir)
     if keep > 0:
         step_file = directory / f"step_{state['step']:08d}.pt"
         try:
-            step_file.unlink(missing_ok=True)
+            remove(step_file, run_dir)
             os.link(last, step_file)
         except OSError:  # file systems without hard links
-            atomic_write(step_file, lambda f: torch.save(state, f))
+            atomic_write(step_file, lambda f: torch.save(state, f), run_dir)
         old = sorted(p for p in directory.iterdir() if _STEP_FILE.search(p.name))[:-keep]
         for path in old:
-            path.unlink(missing_ok=True)
+            remove(path, run_dir)
     return last
 
 
@@ -112,6 +113,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             raise PosGPTError(f"{path} is not a posgpt checkpoint (its {key} is {value!r}, not a count)")
     if state["format_version"] > FORMAT_VERSION:
         raise PosGPTError(f"{path} was written by a newer posgpt (format {state['format_version']})")
+    check_literal(state["config"], str(path))
     return state
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TextIO, TypeVar
 
 from core.errors import MachineFault, PosGPTError, first_line
-from core.files import bad_path, os_fault, path_loop
+from core.files import open_append, os_fault
+from core.paths import bad_path, path_loop
+from core.text import printable
 
 F = TypeVar("F", bound=Callable)
 
@@ -93,7 +95,7 @@ def count(minimum: int) -> Callable[[str], int]:
 
 
 def _exit_with(error: PosGPTError) -> None:
-    print(f"error: {error}", file=sys.stderr, flush=True)
+    print(f"error: {printable(str(error))}", file=sys.stderr, flush=True)  # one line, whatever a path in it holds
     sys.exit(error.exit_code)
 
 
@@ -151,6 +153,6 @@ def tee_console(path: Path, earlier: str = "") -> None:
     to ``path`` as well, after ``earlier`` (:func:`kept_console`): a run's console log. A second call (the next
     job of a multirun, in the same process) moves the copy to the new file."""
     _untee()
-    log = open(path, "a", buffering=1)  # noqa: SIM115 (open until the process exits or the next job starts)
+    log = open_append(path)  # open until the process exits or the next job starts
     log.write(earlier)
     sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)

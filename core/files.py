@@ -10,12 +10,14 @@
   :func:`check_writable` one the machine will not let the command write, and :func:`check_folder` a folder a
   command or a library it calls (W&B's files, matplotlib's: :func:`check_matplotlib_folders`) would make or write
   into, so that a command plans every write before its first.
+- Every write stays in the folder it is meant for (:func:`meant_folder`: the training run that holds the path,
+  else the folder it is named in): each write primitive here, :func:`atomic_write`, :func:`open_append`,
+  :func:`remove` and :func:`make_folder`, asks core.paths.inside, and :func:`check_outputs` asks it at plan time.
 - :func:`atomic_write` writes a file whole or not at all; a full disk or a missing permission is a MachineFault
   naming the file, and the previous version of the file is left as it was.
 - :func:`os_fault` turns any other failure of the machine (no space left, permission denied, an I/O error) into
-  the same kind of one line, naming the file being read or written when the error happened; :func:`bad_path` a
-  path no file can have (too long, a loop of links), as a mistake in the command; :func:`path_loop` finds the
-  loop in pathlib's RuntimeError, which ``Path.resolve()`` raises for it before Python 3.13.
+  the same kind of one line, naming the file being read or written when the error happened (core.paths'
+  bad_path: a path no file can have).
 """
 
 from __future__ import annotations
@@ -25,18 +27,16 @@ import errno
 import io
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from core.errors import FAULT_ERRNOS, MachineFault, PosGPTError, first_line
+from core.paths import bad_path, inside, os_error_of, within
 from core.rundir import RUN_ENTRIES, is_run_dir
 
 TMP_PREFIX = ".tmp-"
-# What a path the user typed got wrong, wherever the command first touches it.
-BAD_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
 
 
 def read_json(path: str | Path) -> Any | None:
@@ -114,8 +114,41 @@ def first_invalid_utf8(path: str | Path) -> tuple[int, str] | None:
     return None
 
 
-def _within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
+def meant_folder(path: str | Path) -> Path:
+    """The folder a write to ``path`` is meant for: the outermost training run directory on the path as it is named
+    (so that a link inside a run to another run is not taken for the run), else the folder it is named in."""
+    path = Path(path).expanduser().absolute()
+    for parent in reversed(path.parents[:-1]):  # the root itself is never a run
+        if is_run_dir(parent):
+            return parent
+    return path.parent
+
+
+def _confined(folder: str | Path | None, path: str | Path) -> Path:
+    """:func:`core.paths.inside` of ``folder``, by default the folder ``path`` is meant for (:func:`meant_folder`)."""
+    return inside(meant_folder(path) if folder is None else folder, path)
+
+
+def open_append(path: str | Path, folder: str | Path | None = None) -> io.TextIOWrapper:
+    """``path`` opened to append text, line-buffered (a log), after :func:`inside`; never through a link."""
+    path = _confined(folder, path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    return open(fd, "a", buffering=1)  # noqa: SIM115 (the caller closes it)
+
+
+def remove(path: str | Path, folder: str | Path | None = None) -> None:
+    """Delete the file ``path`` (nothing where there is none) after :func:`inside` of its folder: a link is removed
+    itself, never what it points to, and a linked folder on the way out of ``folder`` is refused."""
+    path = Path(path).expanduser().absolute()
+    _confined(folder, path.parent)
+    path.unlink(missing_ok=True)
+
+
+def make_folder(path: str | Path, folder: str | Path | None = None) -> Path:
+    """Make the folder ``path`` and its parents after :func:`inside`: never through a link out of ``folder``."""
+    path = _confined(folder, path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -143,7 +176,8 @@ def check_outputs(
       file inside an input folder;
     - lies in a training run's own files (RUN_ENTRIES: checkpoints/, eval/, logs, .hydra/), other than those of
       ``run``, the run this command writes (and holds the lock of, core.rundir.lock_run);
-    - is an existing directory, lies under a file, or is the path of another of the outputs.
+    - is an existing directory, lies under a file, or is the path of another of the outputs;
+    - leads out of the folder it is meant for through a link (:func:`inside`).
     """
     sources = [Path(p).expanduser().absolute().resolve() for p in inputs]
     own = Path(run).absolute().resolve() if run is not None else None
@@ -151,13 +185,15 @@ def check_outputs(
     for option, given in outputs.items():
         if given is None:
             continue
+        in_run = run is not None and within(Path(given).expanduser().absolute(), Path(run).absolute())
+        _confined(run if in_run else None, given)
         path = Path(given).expanduser().absolute().resolve()
         shown = f"{option} {given}"
         if path in seen:
             raise PosGPTError(f"{seen[path]} and {shown} are the same file: give each output its own path")
         seen[path] = shown
         for source in sources:
-            if _same_file(path, source) or _within(source, path) or (path.exists() and _within(path, source)):
+            if _same_file(path, source) or within(source, path) or (path.exists() and within(path, source)):
                 raise PosGPTError(
                     f"{shown} would overwrite {source}, which this command reads: choose another path "
                     "(nothing was written)"
@@ -235,35 +271,25 @@ def check_writable(outputs: Mapping[str, str | Path | None]) -> None:
             raise MachineFault(f"{option} {given}: cannot write it: {why} (nothing was written)")
 
 
-def os_error_of(error: BaseException) -> OSError | None:
-    """The OSError at the root of ``error`` (torch.save reports a failed write as a RuntimeError raised while
-    handling the OSError), or None."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
 def write_fault(path: str | Path, error: OSError) -> MachineFault:
     return MachineFault(f"could not write {path}: {error.strerror or error}")
 
 
-def atomic_write(path: str | Path, content: str | bytes | Callable[[BinaryIO], object]) -> Path:
+def atomic_write(
+    path: str | Path, content: str | bytes | Callable[[BinaryIO], object], folder: str | Path | None = None
+) -> Path:
     """Write ``content`` (text, bytes, or a function writing into the open binary file) to ``path`` whole or
-    not at all: into a temporary file beside it, fsync, rename over ``path``, fsync the directory.
+    not at all, inside ``folder`` (:func:`inside`): into a temporary file beside it, fsync, rename over ``path``
+    (a link there is replaced, never written through), fsync the directory.
 
     A crash or kill -9 mid-write leaves the previous file intact (and a temporary file named TMP_PREFIX...);
     a full disk or a missing permission too, and is a MachineFault naming ``path``.
     """
-    path = Path(path)
+    path = _confined(folder, path)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
         try:
-            with open(tmp, "wb") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "wb") as f:
                 if callable(content):
                     content(f)
                 else:
@@ -301,29 +327,6 @@ def open_file_in(error: BaseException) -> io.IOBase | None:
                 if not value.name.startswith("<"):  # <stdout>, <stderr>
                     return value
     return None
-
-
-def bad_path(error: OSError) -> PosGPTError | None:
-    """A path the user named that no file can have (BAD_PATH_ERRNOS: too long, a loop of links) as one line naming
-    it (its start, if it is long); None for other OSErrors."""
-    if error.errno not in BAD_PATH_ERRNOS:
-        return None
-    name = str(error.filename or "")
-    shown = name if len(name) <= 100 else f"{name[:80]}... ({len(name)} characters)"
-    return PosGPTError(f"{error.strerror}: {shown}; check the paths in the command")
-
-
-def path_loop(error: RuntimeError) -> OSError | None:
-    """pathlib's RuntimeError for a loop of symbolic links (``Path.resolve()`` before Python 3.13 raises it where
-    the system says ELOOP) as that OSError, so that :func:`bad_path` reads it as a path no file can have; None for
-    any other RuntimeError."""
-    cause = os_error_of(error)  # 3.11, 3.12: raised while handling stat's ELOOP
-    if cause is not None and cause.errno == errno.ELOOP:
-        return cause
-    found = re.fullmatch(r"Symlink loop from (.*)", str(error))  # 3.10: pathlib counts the links itself
-    if found is None:
-        return None
-    return OSError(errno.ELOOP, os.strerror(errno.ELOOP), found.group(1).strip("'\""))
 
 
 def os_fault(error: OSError) -> MachineFault | None:

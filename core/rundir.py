@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from core.errors import FAULT_ERRNOS, MachineFault, PosGPTError
+from core.paths import inside
 
 LOCK_FILE = ".posgpt.lock"
 CHECKPOINT_DIR = "checkpoints"
@@ -99,17 +100,35 @@ def refuse_if_live(run_dir: str | Path) -> None:
     if another command wrote it: a command asks this once, before its work."""
     run_dir = Path(run_dir)
     path = run_dir / LOCK_FILE
-    if not path.exists():  # a holder keeps its lock file until it has let go of the lock
+    if not path.exists() and not path.is_symlink():  # a holder keeps its lock file until it has let go of the lock
         return
-    if not path.is_file():
-        raise PosGPTError(f"cannot lock the run directory {run_dir}: {path} is not a file; remove it")
-    fd = os.open(path, os.O_RDONLY)
+    if path.is_symlink() or not path.is_file():
+        raise _not_a_lock(run_dir, path)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         raise _in_use(run_dir, _holder(fd)) from None
     finally:
         os.close(fd)  # closing the file lets go of the shared lock
+
+
+def check_entries_inside(run_dir: Path) -> None:
+    """Refuse (core.paths.inside), before a command that writes the run has written anything, a link among the run's
+    own entries (RUN_ENTRIES) or the files in its folders that leads out of the run: every write a command makes
+    into a run lands in one of them. Inside ``wandb/`` only W&B writes, and it links its own debug logs to its
+    cache by design: that folder is checked itself, not its files."""
+    for entry in RUN_ENTRIES:
+        path = run_dir / entry
+        inside(run_dir, path)
+        if path.is_dir() and not path.is_symlink() and entry != WANDB_DIR:  # W&B links its logs to its own cache
+            for child in path.rglob("*"):
+                inside(run_dir, child)
+
+
+def _not_a_lock(run_dir: Path, path: Path) -> PosGPTError:
+    what = "a link" if path.is_symlink() else "not a file"
+    return PosGPTError(f"cannot lock the run directory {run_dir}: {path} is {what}; remove it (nothing was written)")
 
 
 @contextlib.contextmanager
@@ -119,9 +138,12 @@ def lock_run(run_dir: str | Path) -> Iterator[None]:
     if not run_dir.is_dir():
         raise PosGPTError(f"run directory {run_dir} does not exist" + (" (it is a file)" if run_dir.exists() else ""))
     path = run_dir / LOCK_FILE
+    check_entries_inside(run_dir)
     while True:
+        if path.is_symlink():  # a planted link: the lock record would be written into what it points to
+            raise _not_a_lock(run_dir, path)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as error:  # a read-only or full file system, a missing permission: the machine's fault
             fault = MachineFault if error.errno in FAULT_ERRNOS else PosGPTError
             raise fault(f"cannot lock the run directory {run_dir}: {error.strerror} ({path})") from None

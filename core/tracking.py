@@ -24,8 +24,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from core.errors import PosGPTError, first_line
-from core.files import atomic_write, check_folder, read_jsonl
+from core.files import atomic_write, check_folder, open_append, read_jsonl, remove
 from core.rundir import METRICS_FILE, WANDB_DIR
+from core.text import printable
 
 WANDB_MODES = ("online", "offline", "disabled")
 WANDB_HOST = "https://api.wandb.ai"  # W&B's own server, where WANDB_BASE_URL names no other
@@ -59,10 +60,10 @@ class MetricsFile:
             kept = [record for record in _records(self.path) if record["step"] <= resume_step]
             atomic_write(self.path, "".join(json.dumps(record) + "\n" for record in kept))
         elif resume_step is None:
-            self.path.unlink(missing_ok=True)
+            remove(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:
             f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
 
 
@@ -141,9 +142,9 @@ def _start_wandb(wandb, settings: TrackerSettings, run_dir: str | Path, run_id: 
         mode=settings.mode,
         project=settings.project,
         entity=settings.entity,
-        group=settings.group,
-        name=settings.name,
-        tags=list(settings.tags),
+        group=None if settings.group is None else printable(settings.group),  # a study's folder name, say
+        name=None if settings.name is None else printable(settings.name),
+        tags=[printable(tag) for tag in settings.tags],
         job_type=job_type,
         config=settings.config,
         dir=str(run_dir),

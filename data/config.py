@@ -6,7 +6,7 @@ from pathlib import Path
 
 from core.domain import domain, read_with
 from core.errors import PosGPTError
-from core.files import bad_path
+from core.paths import bad_path
 
 SOURCES = ("python_stdlib", "text", "hub")
 EVAL_SPLITS = ("auto", "val", "train", "all")  # data.eval_split

@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sysconfig
 import types
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import PosGPTError, first_line
-from core.files import not_utf8, read_user_text
+from core.files import TMP_PREFIX, not_utf8, read_user_text
 from data.config import DataConfig, is_url, loader_for, resolve_cache_dir
 
 if TYPE_CHECKING:
@@ -179,9 +180,8 @@ def _load_files(cfg: DataConfig) -> list[tuple[str, str, Callable[[RowCount], It
         if loader == "text" and not any(is_url(file) for file in files):
             readers.append((", ".join(files), "text", functools.partial(_read_txt_files, files)))
             continue
-        table = _load_table(cfg, loader, files)
         field = "text" if loader == "text" else cfg.text_field
-        _check_field(table, field, ", ".join(files))
+        table = _load_table(cfg, loader, files, field)
         readers.append((", ".join(files), field, functools.partial(_texts, table, field)))
     return readers
 
@@ -219,10 +219,32 @@ def _content_digest(files: list[str], utf8: bool) -> str:
     return digest.hexdigest()
 
 
-def _load_table(cfg: DataConfig, loader: str, files: list[str]) -> datasets.Dataset:
+def _load_table(cfg: DataConfig, loader: str, files: list[str], field: str) -> datasets.Dataset:
+    """The files as one table, its text ``field`` checked (_check_field, and RowCount's rule on its nulls). datasets
+    writes its cache while it reads: a first read goes into a scratch folder, renamed into the cache only once the
+    table is accepted, so that a refused corpus leaves no cache behind."""
+    cache_dir = resolve_cache_dir(cfg) / "datasets" / _content_digest(files, utf8=loader != "parquet")[:16]
+    if cache_dir.is_dir():
+        return _read_table(loader, files, cache_dir)
+    scratch = resolve_cache_dir(cfg) / f"{TMP_PREFIX}datasets-{cache_dir.name}.{os.getpid()}"
+    try:
+        table = _read_table(loader, files, scratch)
+        where = ", ".join(files)
+        _check_field(table, field, where)
+        counts = RowCount(len(table), table.data.column(field).null_count)
+        if 2 * counts.missing > counts.rows:  # refused (fewer are skipped, and said so, as the texts are read)
+            counts.check(where, field)
+        del table  # its memory maps point into the scratch folder
+        cache_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(scratch, cache_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return _read_table(loader, files, cache_dir)
+
+
+def _read_table(loader: str, files: list[str], cache_dir: Path) -> datasets.Dataset:
     import datasets  # here, not at the top: it brings pandas and pyarrow, a third of every command's start-up
 
-    cache_dir = resolve_cache_dir(cfg) / "datasets" / _content_digest(files, utf8=loader != "parquet")[:16]
     # sample_by="document": a whole .txt file is one document, not one per line.
     options = {"sample_by": "document"} if loader == "text" else {}
     try:

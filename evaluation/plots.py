@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import PosGPTError
+from core.files import atomic_write
 from evaluation.schemes import COLOURS
 
 if TYPE_CHECKING:
@@ -304,7 +305,9 @@ def plot_task_heatmaps(panels: list[HeatmapPanel], path: str | Path, title: str,
     columns = min(2, len(panels))
     rows = math.ceil(len(panels) / columns)
     most = max(len(panel.settings) for panel in panels)
-    fig = new_figure(height=rows * (1.2 + 0.3 * most), width=6.5 * columns)
+    # at least 3 inches: the title and the wrapped caption take their room first, and a grid of one or two rows
+    # would leave its panels none (matplotlib then lays nothing out)
+    fig = new_figure(height=max(3.0, rows * (1.2 + 0.3 * most)), width=6.5 * columns)
     axes = fig.subplots(rows, columns, squeeze=False).flatten()
     image = None
     for ax, panel in zip(axes, panels):
@@ -342,17 +345,21 @@ def save(fig: Figure, path: str | Path) -> Path:
     """Write ``fig``; the bounding box is the drawn content's, so that nothing is cut off at an edge. A PNG is
     written with a palette of 256 colours: a quarter of the bytes of full colour, the same picture but for a
     colour bar's finest steps (a plot's lines and cells take a few dozen colours; the rest are their edges'
-    blends). Other formats are written as matplotlib writes them."""
+    blends). Other formats are written as matplotlib writes them. Either is written whole or not at all, never
+    through a link (core.files.atomic_write); no text in it is read as matplotlib's mathematics (core.text)."""
     path = Path(path)
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # labels come from data (a run's name): a "$" in one is a dollar, never maths
+        text.set_parse_math(False)
+    rendered = io.BytesIO()
     if path.suffix.lower() != ".png":
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        return path
+        fig.savefig(rendered, format=path.suffix.lower().lstrip("."), dpi=120, bbox_inches="tight")
+        return atomic_write(path, rendered.getvalue())  # whole or absent, never through a link
     from PIL import Image  # matplotlib's own dependency; imported at the first plot, as matplotlib is
 
-    rendered = io.BytesIO()
     fig.savefig(rendered, format="png", dpi=120, bbox_inches="tight")
-    Image.open(rendered).convert("RGB").quantize(256).save(path, format="PNG")
-    return path
+    return atomic_write(path, lambda f: Image.open(rendered).convert("RGB").quantize(256).save(f, format="PNG"))
 
 
 def _label(ax, xlabel: str, ylabel: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from core.files import atomic_write
+from core.text import markdown_text
 from evaluation.store import RowFormat
 from model.temperature import temperature_label
 
@@ -47,10 +48,10 @@ def length_header(lengths: list[int], train_len: int | None) -> list[str]:
 def render_table(header: list[str], body: list[list[str]], markdown: bool = False) -> str:
     """The one results-table layout: the first column left-aligned labels, the others right-aligned values,
     as aligned plain text (eval.py's console table) or as a markdown table (scripts/compare.py)."""
-    if markdown:
+    if markdown:  # the labels and titles come from data (a run's name): shown literally (core.text)
         return "\n".join(
-            ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-            + ["| " + " | ".join(line) + " |" for line in body]
+            ["| " + " | ".join(map(markdown_text, header)) + " |", "|---|" + "---:|" * (len(header) - 1)]
+            + ["| " + " | ".join([markdown_text(line[0]), *line[1:]]) + " |" for line in body]
         )
     lines = [header] + body
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

@@ -21,6 +21,7 @@ from typing import Any
 
 from core.errors import PosGPTError
 from core.files import atomic_write, read_json
+from core.stored import check_literal
 
 Row = dict[str, Any]
 
@@ -123,6 +124,7 @@ def load_document(eval_dir: str | Path, rows: RowFormat) -> dict[str, Any] | Non
     problem = _schema_problem(document, rows.required)
     if problem:
         raise PosGPTError(f"{path} is malformed: {problem}")
+    check_literal(document.get("config"), str(path))
     try:
         return {**document, "results": [rows.upgrade(document, row) for row in document["results"]]}
     except PosGPTError as error:

@@ -11,7 +11,8 @@ examples for every variation and every evaluation), n the smallest with a 95% Wi
 at most eval.task_half_width whatever the accuracy (n = ceil(z² / (4 h²)): 385 for h = 0.05; Wilson's
 half-width is largest at p = 1/2, where it is below the normal approximation's z·sqrt(p(1-p)/n)).
 Each row reports that interval. The effective length is the longest evaluated length up to which accuracy
-(random depth) stays at or above eval.task_threshold at every evaluated length; None when 1x is below it.
+(random depth) stays at or above eval.task_threshold at every evaluated length; None when the shortest is below it
+(effective_length; scripts/compare.py reports it over seeds at its own thresholds, and relative_effective_length).
 
 Outputs, in ``<run_dir>/eval/``: tasks.json (accumulated over evaluations of one checkpoint, like
 extrapolation.json), tasks.csv, accuracy_vs_length.png and, for passkey, depth_length.png (the depth × length
@@ -24,7 +25,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from core.errors import PosGPTError
+from core.files import remove
 from core.runtime import autocast
 from data.tasks import Task, held_out_seed
 from data.windows import random_positions
@@ -247,19 +249,39 @@ def sort_key(row: dict[str, Any]) -> tuple:
 
 
 def effective_lengths(rows: list[dict[str, Any]], threshold: float) -> dict[str, int | None]:
-    """Per variation label: the longest length up to which every evaluated length (random depth) has accuracy
-    >= threshold; None when the shortest one is below it (or is not evaluable)."""
-    by_label: dict[str, list[dict[str, Any]]] = {}
+    """Per variation label: the effective length (effective_length) of its rows at random depth."""
+    by_label: dict[str, list[tuple[int, float | None]]] = {}
     for row in sorted((r for r in rows if grid_cell(r) is None), key=sort_key):
-        by_label.setdefault(variation(row), []).append(row)
-    found: dict[str, int | None] = {}
-    for label, lengths in by_label.items():
-        found[label] = None
-        for row in lengths:
-            if row["accuracy"] is None or row["accuracy"] < threshold:
-                break
-            found[label] = row["length"]
+        by_label.setdefault(variation(row), []).append((row["length"], row["accuracy"]))
+    return {label: effective_length(curve, threshold) for label, curve in by_label.items()}
+
+
+def effective_length(curve: Iterable[tuple[int, float | None]], threshold: float) -> int | None:
+    """The effective length of an accuracy curve ((length, accuracy) per evaluated length), as RULER defines it
+    (Hsieh et al. 2024): the longest evaluated length L such that every evaluated length up to L, the shortest
+    included, has accuracy >= threshold. The first length below it ends the search, so accuracy that recovers at
+    a longer length does not count. None when the shortest evaluated length is already below it, or when nothing
+    was evaluated. A length not evaluable there (None) or with no number (NaN) is below any threshold."""
+    found = None
+    for length, accuracy in sorted(curve, key=lambda point: point[0]):  # stable: a repeated length keeps its order
+        if accuracy is None or not accuracy >= threshold:  # a NaN compares False: a failure
+            break
+        found = length
     return found
+
+
+def relative_effective_length(
+    curve: Iterable[tuple[int, float | None]], train_len: int, ratio: float, floor: float
+) -> int | None:
+    """The effective length at ``ratio`` times the curve's own accuracy at its training length (1x): how far a run
+    keeps what it does at 1x. None where 1x was not evaluated (or not evaluable), or where its accuracy is below
+    ``floor`` (the absolute threshold reported beside it): a run that does not do the task at 1x has nothing to
+    keep, and at an accuracy near 0 every length would pass a threshold near 0."""
+    points = list(curve)
+    at_1x = [accuracy for length, accuracy in points if length == train_len]
+    if len(at_1x) != 1 or at_1x[0] is None or not at_1x[0] >= floor:
+        return None
+    return effective_length(points, ratio * at_1x[0])
 
 
 def variation(row: dict[str, Any]) -> str:
@@ -332,7 +354,7 @@ def _plots(document: dict[str, Any], eval_dir: Path, options: dict[str, Any]) ->
     # distance_length_copy_min_count=0.png, ...), drawn again from every row: earlier ones are replaced.
     probe_label = probe_labeller(rows)
     for old in (path for key in GRIDS for path in eval_dir.glob(f"{key}_length*.png")):
-        old.unlink()
+        remove(old)
     grid = [
         (*grid_cell(r), probe_label(r), r["length"], r["accuracy"]) for r in rows if grid_cell(r) and not variation(r)
     ]

@@ -16,7 +16,8 @@ from core.errors import PosGPTError
 from core.runtime import flops_per_token, set_up_runtime
 from data.tasks import NO_TASK
 from experiment.config import validate
-from experiment.settings import config_for_evaluation, overridden_keys, trained_config
+from experiment.eval_checks import check_eval_settings
+from experiment.settings import config_for_evaluation, given_wins, overridden_keys, trained_config
 from model import GPT
 
 
@@ -78,7 +79,13 @@ def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> Train
     (the script) does not read, as the schema declares."""
     checkpoint = load_checkpoint(run_dir)
     cfg = config_for_evaluation(checkpoint, overrides, command)
-    validate(cfg, keys=overridden_keys(overrides), command=command)
+    keys = overridden_keys(overrides)
+
+    def check(candidate: DictConfig) -> None:  # what the stored settings, with the user's, must pass
+        validate(candidate, keys=keys, command=command)
+        check_eval_settings(candidate)
+
+    cfg = given_wins(cfg, keys, check, command)
     device, dtype = set_up_runtime(cfg.train)
     model = build_model(cfg)
     load_weights(model, checkpoint["model"], checkpoint_file(run_dir))

@@ -116,7 +116,7 @@ def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainPlan:
         data=OmegaConf.to_object(cfg.data),
         task=OmegaConf.to_object(cfg.task),
         parent=parent,
-        evaluation=EndOfTrainingEvaluation(cfg) if t.eval_after else None,
+        evaluation=EndOfTrainingEvaluation(cfg, model) if t.eval_after else None,
     )
     return TrainPlan(cfg, training)
 
@@ -207,10 +207,21 @@ def check_same_architecture(now: dict, parent: dict, where: str, replaces_scheme
 
 class EndOfTrainingEvaluation:
     """The evaluation at the end of training (train.eval_after), handed to the loop (training.loop.EndEvaluation).
-    It takes the run's config as eval.py's evaluation does (evaluation.context.EvalContext)."""
+    It takes the run's config as eval.py's evaluation does (evaluation.context.EvalContext).
 
-    def __init__(self, cfg: DictConfig) -> None:
+    It is planned with the run, before the first step: its evaluators are selected and checked, and every variation
+    (eval.variations) is applied once to the model planned on the meta device, so that what the evaluation would
+    refuse (a ReRoPE window past the training length, a scaling without its factors, a remap the model's sink
+    cannot take) refuses the training run, and ``train.py --check``, instead of a trained run's last step."""
+
+    def __init__(self, cfg: DictConfig, model: torch.nn.Module) -> None:
         self._cfg = cfg
+        self._evaluators = plan_evaluators(cfg)
+        context = eval_context(cfg, model, Path("."), torch.device("meta"), torch.float32, {}, open_run=_no_run)
+        for _ in context.variations():  # each applied once, and taken off again
+            pass
+        for evaluator in self._evaluators:
+            evaluator.check(context)
 
     def check_split(self, val_tokens) -> None:
         lengths, e = eval_lengths(self._cfg), self._cfg.eval
@@ -227,7 +238,7 @@ class EndOfTrainingEvaluation:
         from evaluation.run import by_file
         from evaluation.store import load_document
 
-        groups = by_file(plan_evaluators(self._cfg)).values()
+        groups = by_file(self._evaluators).values()
         return all((load_document(run_dir / EVAL_DIR, group[0].rows) or {}).get("step") == step for group in groups)
 
     def run(
@@ -244,9 +255,13 @@ class EndOfTrainingEvaluation:
         from evaluation.run import check_evaluators, evaluate_run
 
         context = eval_context(self._cfg, model, run_dir, device, dtype, trained, step, wandb_run, open_trained_model)
-        evaluators = plan_evaluators(self._cfg)
-        check_evaluators(context, evaluators)
-        evaluate_run(context, val_tokens, evaluators)
+        check_evaluators(context, self._evaluators)  # what needs the trained model and the run's results files
+        evaluate_run(context, val_tokens, self._evaluators)
+
+
+def _no_run(run_dir: str | Path):
+    """At plan time no other run is opened (eval.key_evaluator is checked to be a run by check_eval_settings)."""
+    return None
 
 
 def run_kind(cfg: DictConfig) -> str:

@@ -8,7 +8,9 @@ touch the settings below; anything else is refused with one line that names the 
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.config_keys import RUNTIME_SETTINGS, flatten_config, may_change
 from core.errors import PosGPTError
+from core.stored import check_literal
 from data.tasks import NO_TASK, TASKS
 from experiment.compose import compose_config, one_line
 from experiment.config import check_command_reads, choices_with, command_reads, schema
@@ -68,9 +71,10 @@ LEGACY_PE_VALUES: dict[str, dict[str, Any]] = json.loads(Path(__file__).with_nam
 LEGACY_NAMES = {"eval.scalings": "eval.variations"}
 
 
-def trained_config(saved_config: dict) -> DictConfig:
-    """A checkpoint's config, typed by today's schema (so that it builds the model it was trained as)."""
-    saved = OmegaConf.create(saved_config)
+def trained_config(saved_config: dict, source: str = "a stored config") -> DictConfig:
+    """A checkpoint's config, typed by today's schema (so that it builds the model it was trained as). It is data:
+    one holding an interpolation is refused, naming ``source`` (core.stored), never resolved."""
+    saved = OmegaConf.create(check_literal(saved_config, source))
     for old, new in LEGACY_NAMES.items():
         section, _, key = old.rpartition(".")
         node = OmegaConf.select(saved, section, default=None)
@@ -91,6 +95,48 @@ def trained_config(saved_config: dict) -> DictConfig:
         return OmegaConf.unsafe_merge(cfg, saved)  # both are this function's own: no copies needed (1/3 faster)
     except OmegaConfBaseException as error:
         raise PosGPTError(f"the checkpoint's config does not fit this posgpt's schema: {one_line(error)}") from None
+
+
+# The sections of settings that belong to a command, not to the trained model: what a run stored of them is how its
+# own (end-of-training) evaluation ran, which a later command starts from and the user's settings replace.
+COMMAND_SECTIONS = ("eval.", "sample.", "inspect.")
+
+
+def given_wins(cfg: DictConfig, given: list[str], check: Callable[[DictConfig], None], command: str) -> DictConfig:
+    """``cfg`` (the run's stored config with the user's ``given`` keys laid over it) once ``check`` accepts it. A
+    stored command setting (COMMAND_SECTIONS) that the user did not give is never a reason to refuse: where
+    ``check`` refuses, those that differ from their defaults are reset to them, then put back one at a time where
+    ``check`` still accepts; what stays dropped is said in one line. A refusal that remains with every one of them
+    reset is the user's settings' own, and is raised as it was."""
+    try:
+        check(cfg)
+        return cfg
+    except PosGPTError as refusal:
+        defaults = flatten_config(OmegaConf.to_container(schema(cfg.pe.name, cfg.task.name)))
+        stored = {
+            key: value
+            for key, value in flatten_config(OmegaConf.to_container(cfg)).items()
+            if key.startswith(COMMAND_SECTIONS) and not any(may_change(key, (g, g + ".")) for g in given)
+            and key in defaults and value != defaults[key]
+        }  # fmt: skip
+        trial = copy.deepcopy(cfg)
+        for key in stored:
+            OmegaConf.update(trial, key, defaults[key], merge=False)
+        try:
+            check(trial)
+        except PosGPTError:
+            raise refusal from None
+    dropped = []
+    for key, value in stored.items():  # keep every stored setting that does not conflict with what was given
+        candidate = copy.deepcopy(trial)
+        OmegaConf.update(candidate, key, value, merge=False)
+        try:
+            check(candidate)
+            trial = candidate
+        except PosGPTError:
+            dropped.append(f"{key}={value}")
+    print(f"{command}: the run's stored {', '.join(dropped)} dropped: it conflicts with the settings given", flush=True)
+    return trial
 
 
 def config_for_evaluation(checkpoint: dict, overrides: list[str], command: str = "eval.py") -> DictConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.errors import PosGPTError
+from core.text import markdown_text
 from core.tracking import METRICS_FILE, read_metrics
 from evaluation.stats import Estimate, mean_ci
 from reports.runs import Run, group_labels
@@ -90,7 +91,7 @@ def training_runtime_note(curves: list[ValidationCurve]) -> list[str]:
         "",
         "Trained with attention backend and dtype: "
         + "; ".join(
-            f"{curve.label}: {' / '.join(curve.runtimes)}"
+            f"{markdown_text(curve.label)}: {' / '.join(curve.runtimes)}"
             + (" (its seeds differ: pooled above)" if len(curve.runtimes) > 1 else "")
             for curve in recorded
         )

@@ -28,7 +28,7 @@ from evaluation.results import (
 )
 from evaluation.stats import Estimate, mean_ci
 from reports.runs import Entry, Run, evaluated_with, group_labels
-from reports.tables import differences, paired_report, table, token_class_ids, told_apart_by_training_length
+from reports.tables import differences, listed, paired_report, table, token_class_ids, told_apart_by_training_length
 
 
 def choose_data(runs: list[Run], data: str | None) -> str:
@@ -118,7 +118,7 @@ def runtime_note(entries: list[Entry]) -> str | None:
         return f"Attention backend and dtype: {next(iter(by_runtime))} for every row."
     return (
         "Attention backend and dtype: "
-        + "; ".join(f"{runtime} ({', '.join(labels)})" for runtime, labels in by_runtime.items())
+        + "; ".join(f"{runtime} ({listed(labels)})" for runtime, labels in by_runtime.items())
         + ". A setting's seeds computed otherwise are separate rows, never averaged."
     )
 
@@ -262,11 +262,11 @@ def by_class(classes: list[list[Entry]], report: Callable[[list[Entry]], list[st
         return report(classes[0])
     lines = []
     for members in (members for members in classes if len(members) > 1):
-        lines += ["", f"Among the rows that scored the tokens of {', '.join(entry.label for entry in members)}:"]
+        lines += ["", f"Among the rows that scored the tokens of {listed([entry.label for entry in members])}:"]
         lines += report(members)
     alone = [members[0].label for members in classes if len(members) == 1]
     if alone:
-        lines += ["", f"Not compared (no other row scored their tokens): {', '.join(alone)}."]
+        lines += ["", f"Not compared (no other row scored their tokens): {listed(alone)}."]
     return lines
 
 

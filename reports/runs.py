@@ -28,6 +28,7 @@ from core.config_keys import RESUME_SETTINGS, flatten_config, may_change
 from core.errors import PosGPTError
 from core.files import read_jsonl
 from core.rundir import METRICS_FILE
+from core.text import printable
 from evaluation.perplexity_format import load_results
 from evaluation.results import condition_label
 from evaluation.run import EVAL_DIR, load_run_results
@@ -299,4 +300,4 @@ def unique_dir_names(dirs: list[Path]) -> list[str]:
         others = [other for j, other in enumerate(parts) if j != i]
         depth = next((d for d in range(1, len(own) + 1) if all(other[-d:] != own[-d:] for other in others)), None)
         names.append("/".join(own[-depth:]) if depth else str(dirs[i].resolve()))  # x/rope-s1 vs x/rope-s2
-    return names
+    return [printable(name) for name in names]  # a label is one line in every sink (core.text)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import PosGPTError
+from core.text import markdown_text
 from evaluation.render import render_table
 from evaluation.results import format_estimate
 from evaluation.stats import Estimate, clearly_different, mean_ci
@@ -125,11 +126,10 @@ def paired_report(
             else:
                 row.append(f"{bold}{estimate.mean:+.3f} ± {estimate.half_width:.3f}{bold}")
         claims.append(
-            f"- {title}: {'baseline' if baseline else best} {reference.label}; interval excludes 0 "
-            f"(clearly different): {', '.join(worse) or 'no setting'}; interval includes 0: "
-            f"{', '.join(close) or 'no setting'}"
+            f"- {title}: {'baseline' if baseline else best} {markdown_text(reference.label)}; interval excludes 0 "
+            f"(clearly different): {listed(worse)}; interval includes 0: {listed(close)}"
         )
-    reference_text = f"the baseline's ({baseline.label})" if baseline else f"the {best} setting's"
+    reference_text = f"the baseline's ({markdown_text(baseline.label)})" if baseline else f"the {best} setting's"
     contrast = f"/ {reference_text} value − 1" if reading.ratio else f"− {reference_text} value"
     return [
         "",
@@ -222,6 +222,11 @@ def column_key(column: Any, entry: Entry) -> int:
     return column if isinstance(column, int) else round(column * entry.train_len)
 
 
+def listed(labels: list[str]) -> str:
+    """Labels in a line of a report, shown literally (core.text), or "no setting"."""
+    return ", ".join(map(markdown_text, labels)) or "no setting"
+
+
 def differences(
     entries: list[Entry],
     columns: list[Any],
@@ -239,7 +244,9 @@ def differences(
             continue
         best_entry, best = reading.best(scored, key=lambda item: item[1].mean)
         if best.half_width is None:
-            lines.append(f"- {title}: {word} {best_entry.label}, one seed: no interval, no difference claimed")
+            lines.append(
+                f"- {title}: {word} {markdown_text(best_entry.label)}, one seed: no interval, no difference claimed"
+            )
             continue
         worse = [e.label for e, v in scored if e is not best_entry and clearly_different(v, best)]
         close = [
@@ -249,11 +256,11 @@ def differences(
         ]
         unseeded = [e.label for e, v in scored if v.half_width is None]
         parts = [
-            f"{word} {best_entry.label}",
-            f"intervals apart (clearly worse): {', '.join(worse) or 'no setting'}",
-            f"intervals overlap (not distinguishable): {', '.join(close) or 'no setting'}",
+            f"{word} {markdown_text(best_entry.label)}",
+            f"intervals apart (clearly worse): {listed(worse)}",
+            f"intervals overlap (not distinguishable): {listed(close)}",
         ]
         if unseeded:
-            parts.append(f"one seed, not compared: {', '.join(unseeded)}")
+            parts.append(f"one seed, not compared: {listed(unseeded)}")
         lines.append(f"- {title}: " + "; ".join(parts))
     return lines

@@ -20,13 +20,21 @@ from data.tasks import TASKS
 from evaluation.plots import HeatmapPanel, Panel, Series
 from evaluation.render import length_header
 from evaluation.stats import Estimate, mean_ci
-from evaluation.task_accuracy import GRIDS, PROBE_SETTINGS, effective_lengths, grid_cell, probe_settings
+from evaluation.task_accuracy import (
+    GRIDS,
+    PROBE_SETTINGS,
+    effective_length,
+    effective_lengths,
+    grid_cell,
+    probe_settings,
+    relative_effective_length,
+)
 from evaluation.task_accuracy import variation as row_variation
 from reports.runs import TASK_MEASURES, Entry, Run, evaluated_with, group_by_seed, group_labels
-from reports.tables import ACCURACY, differences, paired_report, table, told_apart_by_training_length
+from reports.tables import ACCURACY, differences, estimate_table, paired_report, table, told_apart_by_training_length
 
 TASK_CSV_COLUMNS = ["task", "task_settings", "setting", *GRIDS, "length", "multiple", "measure", "seeds", "mean"]
-TASK_CSV_COLUMNS += ["half_width", "ci_low", "ci_high", "values"]
+TASK_CSV_COLUMNS += ["half_width", "ci_low", "ci_high", "values", "threshold"]
 
 
 def task_identity(row: dict[str, Any], document: dict[str, Any]) -> str:
@@ -208,35 +216,44 @@ def effective_length_note(entries: list[TaskEntry]) -> list[str]:
     ]
 
 
-def task_csv(entries: list[TaskEntry], path: Path) -> Path:
-    """One line per (identity, setting, grid cell, length, measure): the mean, its interval and every seed's value."""
+def task_csv(entries: list[TaskEntry], path: Path, thresholds: Thresholds | None = None) -> Path:
+    """One line per (identity, setting, grid cell, length, measure): the mean, its interval and every seed's value;
+    with ``thresholds``, after each setting at no grid cell its two effective lengths (measure
+    effective_length_absolute or effective_length_relative, the threshold in its column, no length)."""
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=TASK_CSV_COLUMNS)
     writer.writeheader()
     for entry in entries:
-        task, _, settings = entry.identity.partition(" (")
         for measure in task_measures([entry]):
             values, estimate = task_values(measure), task_estimate(measure)
             for length in sorted({length for seed in entry.per_seed for length in seed}):
-                value = estimate(entry, length)
-                writer.writerow(
-                    {
-                        "task": task,
-                        "task_settings": settings.removesuffix(")"),
-                        "setting": entry.label,
-                        **{key: (entry.cell[1] if entry.cell and entry.cell[0] == key else None) for key in GRIDS},
-                        "length": length,
-                        "multiple": round(length / entry.train_len, 4),
-                        "measure": measure,
-                        "seeds": 0 if value is None else value.n,
-                        "mean": None if value is None else value.mean,
-                        "half_width": None if value is None else value.half_width,
-                        "ci_low": None if value is None or value.half_width is None else value.low,
-                        "ci_high": None if value is None or value.half_width is None else value.high,
-                        "values": json.dumps(values(entry, length)),
-                    }
-                )
+                line = csv_line(entry, measure, estimate(entry, length), values(entry, length))
+                writer.writerow({**line, "length": length, "multiple": round(length / entry.train_len, 4)})
+        if thresholds is not None and entry.cell is None:
+            found = seed_effective_lengths(entry, thresholds)
+            for kind, threshold in (("absolute", thresholds.absolute), ("relative", thresholds.relative)):
+                line = csv_line(entry, f"effective_length_{kind}", length_estimate(found[kind]), found[kind])
+                writer.writerow({**line, "threshold": threshold})
     return atomic_write(path, text.getvalue())
+
+
+def csv_line(entry: TaskEntry, measure: str, value: Estimate | None, values: dict[int, Any]) -> dict[str, Any]:
+    """A task CSV line's columns but its length, multiple and threshold: what it measured, of which setting, its
+    mean over seeds and interval (empty without a value) and each seed's value (JSON, keyed by train.seed)."""
+    task, _, settings = entry.identity.partition(" (")
+    return {
+        "task": task,
+        "task_settings": settings.removesuffix(")"),
+        "setting": entry.label,
+        **{key: (entry.cell[1] if entry.cell and entry.cell[0] == key else None) for key in GRIDS},
+        "measure": measure,
+        "seeds": 0 if value is None else value.n,
+        "mean": None if value is None else value.mean,
+        "half_width": None if value is None else value.half_width,
+        "ci_low": None if value is None or value.half_width is None else value.low,
+        "ci_high": None if value is None or value.half_width is None else value.high,
+        "values": json.dumps(values),
+    }
 
 
 def task_panels(entries: list[TaskEntry]) -> list[Panel]:
@@ -289,3 +306,118 @@ def task_heatmap_panels(entries: list[TaskEntry]) -> list[HeatmapPanel]:
         train_len = next(iter(train_lens)) if len(train_lens) == 1 else None  # else no multiple means the same
         panels.append(HeatmapPanel(*panel_names(identity, title), settings, lengths, train_len, values))
     return panels
+
+
+def task_depth_heatmap_panels(entries: list[TaskEntry]) -> list[HeatmapPanel]:
+    """Per task identity and setting whose rows have a depth grid (passkey's eval.task_depths): its accuracy as a
+    grid of depths (down) × evaluated lengths (across), each cell the mean over the setting's seeds (None where no
+    seed has a value), in the tables' order of settings."""
+    estimate = task_estimate("accuracy")
+    by_setting: dict[tuple[str, str], list[TaskEntry]] = {}
+    for entry in entries:
+        if entry.cell is not None and entry.cell[0] == "depth":
+            by_setting.setdefault((entry.identity, entry.label), []).append(entry)
+    panels = []
+    for (identity, label), depths in by_setting.items():
+        depths.sort(key=lambda entry: entry.cell[1])
+        lengths = sorted({length for entry in depths for seed in entry.per_seed for length in seed})
+        values = [
+            [None if (value := estimate(entry, length)) is None else value.mean for length in lengths]
+            for entry in depths
+        ]
+        task, settings = panel_names(identity, "")
+        rows = [f"depth {entry.cell[1]:g}" for entry in depths]
+        panels.append(HeatmapPanel(f"{task}, {label}", settings, rows, lengths, depths[0].train_len, values))
+    return panels
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The two thresholds of the effective context length (effective_length_report): ``absolute``, an accuracy
+    fixed in advance (RULER's kind: a reference score); ``relative``, a share of each seed's own accuracy at its
+    training length (evaluation/task_accuracy.py: relative_effective_length)."""
+
+    absolute: float = 0.5
+    relative: float = 0.9
+
+    def titles(self) -> dict[str, str]:
+        return {"absolute": f"accuracy ≥ {self.absolute:g}", "relative": f"accuracy ≥ {self.relative:g} × 1×"}
+
+
+def seed_effective_lengths(entry: TaskEntry, thresholds: Thresholds) -> dict[str, dict[int, int]]:
+    """{"absolute" | "relative": {train.seed: its effective length}} of an entry at no grid cell, each from the
+    accuracy at the lengths that seed evaluated, in train.seed order. 0 where no evaluated length passes (the
+    shortest is already below the threshold; relative: or the 1x accuracy is below the absolute one), so that a
+    failing seed pulls its setting's mean down instead of leaving it; a seed that did not evaluate 1x has no
+    relative one (absent)."""
+    found: dict[str, dict[int, int]] = {"absolute": {}, "relative": {}}
+    for seed, rows in sorted(zip(entry.seeds, entry.per_seed), key=lambda pair: pair[0]):
+        curve = [(length, row.get("accuracy")) for length, row in rows.items()]
+        found["absolute"][seed] = effective_length(curve, thresholds.absolute) or 0
+        if entry.train_len in rows:
+            relative = relative_effective_length(curve, entry.train_len, thresholds.relative, thresholds.absolute)
+            found["relative"][seed] = relative or 0
+    return found
+
+
+def length_estimate(lengths: dict[int, int]) -> Estimate | None:
+    """Mean ± CI over the seeds that have an effective length (None where none has)."""
+    return mean_ci(list(lengths.values())) if lengths else None
+
+
+def length_cells(entry: TaskEntry, lengths: dict[int, int]) -> tuple[Estimate | str, str]:
+    """An effective length's two cells: the mean over seeds ("—" where no seed has a length that passes, "n/a"
+    where none has one), and each seed's value: "—" where no evaluated length passes, "≥L" where L is the longest
+    length that seed evaluated (every length passed: its effective length is at least L), "n/a" where it has none."""
+    longest = {seed: max(rows, default=None) for seed, rows in zip(entry.seeds, entry.per_seed)}
+    texts = [seed_length_text(lengths.get(seed), longest[seed]) for seed in sorted(entry.seeds)]
+    estimate = length_estimate(lengths)
+    mean = "n/a" if estimate is None else "—" if not any(lengths.values()) else estimate
+    return mean, ", ".join(texts)
+
+
+def seed_length_text(length: int | None, longest: int | None) -> str:
+    """One seed's effective length as length_cells shows it (None: it has none; 0: no evaluated length passes)."""
+    if length is None:
+        return "n/a"
+    if length == 0:
+        return "—"
+    return f"≥{length}" if length == longest else str(length)
+
+
+def effective_length_report(entries: list[TaskEntry], thresholds: Thresholds) -> str:
+    """The section "Effective context length": per task identity, a row per setting at no grid cell (random depth):
+    each threshold's effective length, mean over seeds ± CI, and each seed's ("" where no entry is off a grid)."""
+    titles = thresholds.titles()
+    parts = []
+    for identity, members, _ in task_tables(entries):
+        rows: list[tuple[str, int, list[Estimate | None | str]]] = []
+        for entry in (entry for entry in members if entry.cell is None):
+            found = seed_effective_lengths(entry, thresholds)
+            (absolute, absolute_seeds), (relative, relative_seeds) = (length_cells(entry, found[k]) for k in titles)
+            rows.append((entry.label, len(entry.per_seed), [absolute, relative, absolute_seeds, relative_seeds]))
+        if rows:
+            header = [f"mean, {title}" for title in titles.values()] + [f"per seed, {t}" for t in titles.values()]
+            parts += ["", f"### {identity}", "", estimate_table(rows, header, digits=0, reading=ACCURACY)]
+    if not parts:
+        return ""
+    heading = f"## Effective context length ({'; '.join(titles.values())})"
+    return "\n".join([heading, "", effective_length_intro(thresholds), *parts]) + "\n"
+
+
+def effective_length_intro(thresholds: Thresholds) -> str:
+    """What the section's numbers are, its thresholds named."""
+    absolute, relative = f"{thresholds.absolute:g}", f"{thresholds.relative:g}"
+    return (
+        "A seed's effective length: the longest evaluated length up to which its accuracy (off any grid: passkey's at "
+        "random depth) stays at or above the threshold at every evaluated length, the shortest included. This is "
+        "RULER's effective length (Hsieh et al. 2024): the longest length before the first failure, so accuracy "
+        f"that recovers at a longer length does not count. Absolute: accuracy ≥ {absolute} (--ecl-absolute). "
+        f"Relative: accuracy ≥ {relative} × the seed's own accuracy at 1×, its training length (--ecl-relative); "
+        f"a seed whose 1× accuracy is below {absolute} keeps nothing. Per seed, in train.seed order: — where no "
+        "evaluated length passes (counted as 0 in the mean; a mean of —: no seed has one); ≥L where every evaluated "
+        "length passes (the effective length is at least L, the longest evaluated); n/a: 1× not evaluated. Mean: in "
+        "tokens over the seeds ± half-width of the 95% confidence interval over them (Student t; one seed: the value "
+        "alone; (n=k): only k seeds have one), the highest in bold. Under each accuracy table above: eval.py's own "
+        "effective length per seed (accuracy ≥ eval.task_threshold)."
+    )

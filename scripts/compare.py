@@ -9,6 +9,7 @@
     python scripts/compare.py runs/*/ --baseline rope                   # paired differences against rope
     python scripts/compare.py tasks/passkey-*/ --task-plot acc.png      # task runs: accuracy over seeds
     python scripts/compare.py tasks/*/ --task-heatmap grid.png          # task runs: settings x lengths, per task
+    python scripts/compare.py tasks/*/ --ecl-absolute 0.9               # effective context length at accuracy 0.9
 
 Reads each run's <run_dir>/eval/extrapolation.json (written by the eval at the end of training and by eval.py) and
 the config the run was trained with (its checkpoint's; without checkpoints, the one its extrapolation.json records,
@@ -45,8 +46,14 @@ the highest mean in bold, which intervals are apart from the highest's, and the 
 found and labelled among the runs of one task. Also written: --task-csv (every cell, with each seed's value)
 and --task-plot (accuracy vs length with its CI band, a panel per task identity, at random depth or the first
 grid cell), and --task-heatmap (the accuracy table of each task identity as a grid of settings × lengths, a panel
-per task, the mean over seeds printed in each cell). The perplexity outputs are written only for runs that have
-perplexity.
+per task, the mean over seeds printed in each cell), and where the rows have a depth grid (passkey),
+--task-depth-heatmap (accuracy by depth x length, mean over seeds, a panel per setting). After the task sections,
+"## Effective context length (accuracy ≥ 0.5; accuracy ≥ 0.9 × 1×)": per task and setting (random depth), each
+seed's longest evaluated length up to which accuracy stays at or above a threshold at every evaluated length
+(RULER's effective length: the first failure ends it), absolute (--ecl-absolute, default 0.5) and relative to the
+seed's own 1x accuracy (--ecl-relative, default 0.9), mean over seeds ± 95% CI and each seed's; --task-csv holds
+them too (reports/task_tables.py: effective_length_report). The perplexity outputs are written only for runs that
+have perplexity.
 
 Key-token perplexity (LongPPL, eval.key_tokens=true: evaluation/key_tokens.py): where the runs have its rows for the
 protocol compared, a section "## Key-token perplexity" after the perplexity tables: key-token perplexity by length over
@@ -64,6 +71,7 @@ This file is the command; what it computes lives in reports/ (reports/__init__.p
 from __future__ import annotations
 
 import _repo
+from core.interrupts import unwind_on_sigterm
 
 import argparse
 import sys
@@ -100,7 +108,17 @@ from reports.perplexity import (
 )
 from reports.runs import Entry, Run, group_by_seed, load_runs
 from reports.tables import find_baseline
-from reports.task_tables import TaskEntry, task_csv, task_entries, task_heatmap_panels, task_panels, task_report
+from reports.task_tables import (
+    TaskEntry,
+    Thresholds,
+    effective_length_report,
+    task_csv,
+    task_depth_heatmap_panels,
+    task_entries,
+    task_heatmap_panels,
+    task_panels,
+    task_report,
+)
 
 DEFAULT_MARKDOWN = Path("comparison.md")  # the other outputs lie beside it (default_outputs)
 
@@ -192,6 +210,38 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="task runs: the task tables as CSV, to this path (default: the --markdown path with _tasks.csv)",
     )
+    parser.add_argument(
+        "--task-depth-heatmap",
+        type=Path,
+        default=None,
+        help="task runs with a depth grid (passkey's eval.task_depths): mean accuracy over seeds by depth x length, "
+        "a panel per setting, to this path (default: the --markdown path with _tasks_depth.png)",
+    )
+    parser.add_argument(
+        "--ecl-absolute",
+        type=share,
+        default=None,
+        help=f"task runs: the effective context length's absolute threshold, an accuracy in (0, 1] (default "
+        f"{Thresholds.absolute})",
+    )
+    parser.add_argument(
+        "--ecl-relative",
+        type=share,
+        default=None,
+        help="task runs: the effective context length's relative threshold, a share in (0, 1] of each seed's "
+        f"accuracy at 1x (default {Thresholds.relative})",
+    )
+
+
+def share(text: str) -> float:
+    """An argparse ``type``: a number in (0, 1] (an accuracy, or a share of one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:  # a NaN is refused too: it compares False
+        raise argparse.ArgumentTypeError(f"{text} is out of its domain (0, 1]")
+    return value
 
 
 def default_outputs(markdown: Path) -> dict[str, Path]:
@@ -201,7 +251,24 @@ def default_outputs(markdown: Path) -> dict[str, Path]:
         "task_plot": markdown.with_name(f"{markdown.stem}_tasks.png"),
         "task_heatmap": markdown.with_name(f"{markdown.stem}_tasks_heatmap.png"),
         "task_csv": markdown.with_name(f"{markdown.stem}_tasks.csv"),
+        "task_depth_heatmap": markdown.with_name(f"{markdown.stem}_tasks_depth.png"),
     }
+
+
+def thresholds_of(args: argparse.Namespace) -> Thresholds:
+    """The effective context length's thresholds: the options given, the defaults for the others."""
+    given = {"absolute": args.ecl_absolute, "relative": args.ecl_relative}
+    return Thresholds(**{name: value for name, value in given.items() if value is not None})
+
+
+def check_task_requests(args: argparse.Namespace, tasks: list[TaskEntry]) -> None:
+    """Refuse an effective-length threshold where no task run has accuracy by length off a grid to find one in."""
+    for name in ("ecl_absolute", "ecl_relative"):
+        if getattr(args, name) is not None and not any(entry.cell is None for entry in tasks):
+            raise PosGPTError(
+                f"{option_name(name)}: no task run has accuracy by length (eval/tasks.json, off any grid) to find "
+                "an effective length in; leave it out or compare task runs"
+            )
 
 
 def check_requests(args: argparse.Namespace, entries: list[Entry]) -> None:
@@ -253,8 +320,9 @@ def plan_comparison(args: argparse.Namespace) -> Comparison:
     runs = load_runs(args.run_dirs, trained_config)
     language_runs = [run for run in runs if run.document is not None]  # task runs have accuracy only
     tasks = task_entries(runs)
+    check_task_requests(args, tasks)
     check_matplotlib_folders()  # before the image paths' check imports it
-    check_output_paths(args, bool(language_runs), bool(tasks))
+    check_output_paths(args, bool(language_runs), bool(tasks), bool(task_depth_heatmap_panels(tasks)))
     entries, data = [], None
     if language_runs:
         data = choose_data(language_runs, args.data)
@@ -287,12 +355,14 @@ def write_comparison(args: argparse.Namespace, plan: Comparison) -> None:
     print(f"compare: wrote {', '.join(map(str, written))}")
 
 
-def check_output_paths(args: argparse.Namespace, perplexity: bool, tasks: bool) -> None:
+def check_output_paths(args: argparse.Namespace, perplexity: bool, tasks: bool, depths: bool = False) -> None:
     """Checked before anything is written: only the outputs these runs have (a task study writes no perplexity
-    plot), each an image where it is a plot, none over an input or another run's files, and each writable."""
+    plot, a task without a depth grid no depth heatmap), each an image where it is a plot, none over an input or
+    another run's files, and each writable."""
     outputs = ["markdown", "val_curve", "entropy"]
     outputs += ["plot", "per_position"] if perplexity else []
     outputs += ["task_plot", "task_heatmap", "task_csv"] if tasks else []
+    outputs += ["task_depth_heatmap"] if depths else []
     check_image_paths(
         {option_name(name): getattr(args, name) for name in outputs if name not in ("markdown", "task_csv")}
     )
@@ -333,6 +403,8 @@ def comparison_markdown(
         report += "\n" + validation_report(curves)
     if tasks:
         report += ("\n" if report else "") + task_report(tasks, args.baseline)
+        effective = effective_length_report(tasks, thresholds_of(args))  # after every task's tables
+        report += ("\n" + effective) if effective else ""
     report += metric_report(runs)  # plug-in evaluators' rows, where the runs have them
     return report, curves
 
@@ -346,16 +418,38 @@ def write_task_outputs(args: argparse.Namespace, tasks: list[TaskEntry], written
     plot_task_panels(
         task_panels(tasks), args.task_plot, "Task results by evaluation length", f"dashed: the training length{band}"
     )
-    written += [task_csv(tasks, args.task_csv), args.task_plot]
+    written += [task_csv(tasks, args.task_csv, thresholds_of(args)), args.task_plot]
     heatmaps = task_heatmap_panels(tasks)
     if heatmaps:  # a copy probe alone has no accuracy worth a grid
-        over = f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
         caption = (
-            f"cell: exact match, mean over the seeds with a value ({over} a setting; intervals and cells with fewer: "
-            "the markdown); blank: no value; white line: the training length"
+            f"cell: exact match, mean over the seeds with a value ({seed_counts(tasks)} a setting; intervals and cells "
+            "with fewer: the markdown); blank: no value; white line: the training length"
         )
         plot_task_heatmaps(heatmaps, args.task_heatmap, "Exact match by evaluation length", caption)
         written.append(args.task_heatmap)
+    write_depth_heatmap(args.task_depth_heatmap, tasks, written)
+
+
+def write_depth_heatmap(path: Path, tasks: list[TaskEntry], written: list[Path]) -> None:
+    """The depth x length heatmap, a panel per setting, where the task rows have a depth grid; added to ``written``."""
+    panels = task_depth_heatmap_panels(tasks)
+    if not panels:
+        return
+    over = seed_counts([entry for entry in tasks if entry.cell is not None and entry.cell[0] == "depth"])
+    caption = (
+        f"a panel per task and setting; row: the key's depth (share of the filler before it); cell: exact match, mean "
+        f"over the seeds with a value ({over} a setting; intervals: the markdown); blank: no value; white line: the "
+        "training length"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plot_task_heatmaps(panels, path, "Exact match by key depth and evaluation length", caption)
+    written.append(path)
+
+
+def seed_counts(entries: list[TaskEntry]) -> str:
+    """How many seeds the settings have: "3", or "2-3" where they differ."""
+    seeds = sorted({len(entry.per_seed) for entry in entries})
+    return f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
 
 
 def write_validation_plot(args: argparse.Namespace, curves: list[ValidationCurve], written: list[Path]) -> None:
@@ -410,4 +504,5 @@ def write_perplexity_plots(args: argparse.Namespace, plan: Comparison, written: 
 
 
 if __name__ == "__main__":
+    unwind_on_sigterm()  # SIGTERM unwinds: an atomic write in progress leaves no temporary file
     main(sys.argv[1:])

@@ -27,6 +27,7 @@ exported file's path checked (not over a run, writable, not another run's export
 from __future__ import annotations
 
 import _repo
+from core.interrupts import unwind_on_sigterm
 
 import argparse
 import json
@@ -41,7 +42,8 @@ from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
 from core.config_keys import RESUME_SETTINGS, flatten_config
 from core.errors import PosGPTError
-from core.files import check_outputs, check_writable, read_jsonl
+from core.files import atomic_write, check_outputs, check_writable, inside, make_folder, read_jsonl
+from core.stored import check_literal
 from core.tracking import METRICS_FILE
 from evaluation.evaluator import registered
 from evaluation.perplexity_format import PERPLEXITY_ROWS
@@ -111,7 +113,7 @@ def recorded_config(folder: Path) -> dict | None:
             config = None
         if not isinstance(config, dict):
             raise PosGPTError(f"{path} records no readable config: cannot tell which run {folder} holds")
-        return config
+        return check_literal(config, str(path))
     return None
 
 
@@ -164,8 +166,9 @@ def export_run(run_dir: Path, document: dict | None, destination: Path) -> None:
         write_csv(document, destination / EVAL_DIR / CSV_FILE, PERPLEXITY_ROWS)
     for source, exported in COPIED:
         if (run_dir / source).is_file():
-            (destination / exported).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(run_dir / source, destination / exported)
+            make_folder((destination / exported).parent, destination)
+            with open(run_dir / source, "rb") as original:  # whole or absent, as every write
+                atomic_write(destination / exported, lambda f: shutil.copyfileobj(original, f), destination)
 
 
 @exit_on_user_error
@@ -182,6 +185,9 @@ def main(argv: list[str] | None = None) -> None:
             check_task_csv(run_dir)
     # Never onto what is exported, nor into a training run (--to a folder of runs); each one it may write.
     outputs = {f"--to ({name}/{file})": args.to / name / file for name in names for file in EXPORTED}
+    for name in names:  # a link planted in an earlier export never takes a write out of it
+        for file in EXPORTED:
+            inside(args.to / name, args.to / name / file)
     check_outputs(outputs, inputs=args.run_dirs)
     check_writable(outputs)
     for run_dir, document, name in zip(args.run_dirs, documents, names):  # a folder of another run's results
@@ -194,4 +200,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_sigterm()  # SIGTERM unwinds: an atomic write in progress leaves no temporary file
     main()

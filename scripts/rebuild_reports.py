@@ -41,6 +41,7 @@ sign as that character; ``dash: n/a`` prints a cell without a value (``-``) as t
 from __future__ import annotations
 
 import _repo
+from core.interrupts import unwind_on_sigterm
 
 import argparse
 import contextlib
@@ -57,6 +58,7 @@ from tqdm.auto import tqdm
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
+from core.files import atomic_write, read_user_text
 
 ROOT = _repo.ROOT
 RESULTS = ROOT / "results"
@@ -281,7 +283,7 @@ def shown_path(path: Path) -> str:
 
 def rebuilt_doc(path: Path) -> tuple[str, list[str]]:
     """The page with every marked block rewritten from its report, and ``path:line`` of each block that changed."""
-    text, stale = path.read_text(), []
+    text, stale = read_user_text(path, "a page of marked tables"), []
     if len(OPENING.findall(text)) != len(MARKER.findall(text)):
         raise PosGPTError(f"{shown_path(path)}: a '<!-- table:' marker has no '<!-- /table -->' after it")
 
@@ -302,10 +304,10 @@ def rebuild_reports(recipes: list[Recipe], check: bool) -> list[str]:
         for recipe in tqdm(recipes, desc="reports", unit="report"):
             text = rebuild_report(recipe, Path(scratch), write_plots=not check)
             committed = RESULTS / recipe.report
-            if not committed.is_file() or committed.read_text() != text:
+            if not committed.is_file() or read_user_text(committed, "a committed report") != text:
                 stale.append(f"results/{recipe.report}")
                 if not check:
-                    committed.write_text(text)
+                    atomic_write(committed, text)
     return stale
 
 
@@ -318,7 +320,7 @@ def rebuild_docs(pages: list[Path], check: bool) -> list[str]:
         text, changed = rebuilt_doc(path)
         stale += changed
         if changed and not check:
-            path.write_text(text)
+            atomic_write(path, text)
     return stale
 
 
@@ -355,4 +357,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_sigterm()  # SIGTERM unwinds: an atomic write in progress leaves no temporary file
     main(sys.argv[1:])

@@ -31,6 +31,7 @@ every folder it rewrites checked writable, before the first file is changed; a r
 from __future__ import annotations
 
 import _repo
+from core.interrupts import unwind_on_sigterm
 
 import argparse
 import contextlib
@@ -43,7 +44,7 @@ from typing import Any
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
-from core.files import atomic_write, check_folder, check_writable, read_json, read_jsonl
+from core.files import atomic_write, check_folder, check_writable, inside, read_json, read_jsonl, remove
 from core.rundir import is_run_dir, lock_run
 from evaluation.evaluator import registered
 from evaluation.perplexity_format import PERPLEXITY_ROWS
@@ -188,7 +189,7 @@ def plan_folder(folder: Path) -> dict[Path, Change]:
 def apply_plan(plan: dict[Path, Change]) -> None:
     for path, change in plan.items():
         if change is None:
-            path.unlink()
+            remove(path)
         elif isinstance(change, dict):
             write_document(change, path.parent, PERPLEXITY_ROWS)  # eval's layout (one row a line), atomically
         else:
@@ -232,10 +233,22 @@ def slim_folders(folders: list[Path]) -> None:
         _slim(folders)
 
 
+def refuse_links_out(folders: list[Path]) -> None:
+    """Refuse a link under a folder that leads out of it: its files would be skipped, left unslimmed, or written
+    through (core.files.inside)."""
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_symlink():
+                inside(folder, path)
+
+
 def _slim(folders: list[Path]) -> None:
+    refuse_links_out(folders)
     plans = {folder: plan_folder(folder) for folder in folders}
-    for path in (path for plan in plans.values() for path in plan):  # a rewrite (renamed into place), a removal
-        check_folder(f"slimming {path}: its folder", path.parent)
+    for folder, plan in plans.items():  # a rewrite (renamed into place), a removal: never through a link out
+        for path in plan:
+            inside(folder, path)
+            check_folder(f"slimming {path}: its folder", path.parent)
     for folder, plan in plans.items():
         before = sum(path.stat().st_size for path in plan)
         apply_plan(plan)
@@ -256,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         raise PosGPTError(f"no such folder: {', '.join(missing)}")
     if args.csv:
         with runs_locked(args.folders):
+            refuse_links_out(args.folders)
             plans = {folder: plan_csvs(folder) for folder in args.folders}  # every folder checked before any write
             for folder, planned in plans.items():
                 for rows, document, path in planned:
@@ -266,4 +280,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    unwind_on_sigterm()  # SIGTERM unwinds: an atomic write in progress leaves no temporary file
     main()

@@ -51,21 +51,39 @@ seed_list=""
 schemes=""
 tasks=""
 list_only=false
+usage="use --seeds N, --seed-list A,B, --schemes a,b, --tasks a,b, --list"
+# An option that takes a value and is given none (the last argument, or followed by another option): one line.
+value_of() {
+    if [[ $# -lt 2 || -z "$2" || "$2" == --* ]]; then
+        echo "error: $1 takes a value ($usage)" >&2
+        exit 2
+    fi
+}
 while [[ $# -gt 0 && "$1" == --* ]]; do
     case "$1" in
-        --seeds) seeds="$2"; shift 2 ;;
-        --seed-list) seed_list="$2"; shift 2 ;;
-        --schemes) schemes="$2"; shift 2 ;;
-        --tasks) tasks="$2"; shift 2 ;;
+        --seeds) value_of "$@"; seeds="$2"; shift 2 ;;
+        --seed-list) value_of "$@"; seed_list="$2"; shift 2 ;;
+        --schemes) value_of "$@"; schemes="$2"; shift 2 ;;
+        --tasks) value_of "$@"; tasks="$2"; shift 2 ;;
         --list) list_only=true; shift ;;
-        *) echo "error: unknown option $1 (use --seeds N, --seed-list A,B, --schemes a,b, --tasks a,b, --list)" >&2
+        *) echo "error: unknown option $1 ($usage)" >&2
            exit 2 ;;
     esac
 done
 study_dir="multirun/study-$(date +%Y-%m-%d_%H-%M-%S)"
-if [[ $# -gt 0 && "$1" != *=* ]]; then
+# The first argument is the study's folder unless it reads as a Hydra override (key=value); an existing folder, or
+# a path written with a slash (./a=b), is a folder whatever its name holds.
+override_pattern='^[+~]{0,2}[A-Za-z_][A-Za-z0-9_.@]*(/[A-Za-z0-9_.@]+)*='
+if [[ $# -gt 0 && ( -d "$1" || "$1" == */* || ! "$1" =~ $override_pattern ) ]]; then
     study_dir="$1"
     shift
+fi
+# The folder is made only once every job is planned (below); a path through a file is refused now, at no cost.
+existing="$study_dir"
+while [[ ! -e "$existing" && "$existing" != "$(dirname "$existing")" ]]; do existing=$(dirname "$existing"); done
+if [[ ! -d "$existing" ]]; then
+    echo "error: cannot make the study directory $study_dir: Not a directory" >&2
+    exit 2
 fi
 
 if [[ -z "$schemes" ]]; then  # every scheme with a config
@@ -108,12 +126,6 @@ run_dir() {
     if [[ "$1" == none ]]; then echo "$study_dir/$2-s$3"; else echo "$study_dir/$1-$2-s$3"; fi
 }
 
-if $list_only; then
-    for task in "${task_list[@]}"; do for scheme in "${scheme_list[@]}"; do for seed in "${seeds[@]}"; do
-        run_dir "$task" "$scheme" "$seed"
-    done; done; done
-    exit 0
-fi
 
 # "<scheme> <eval.variations list>" a line per scheme given: the variations a study evaluates the scheme's runs
 # with (the list "" when the scheme declares none). One process for all: each imports torch.
@@ -141,15 +153,6 @@ while read -r scheme variations; do
     variations_of[$scheme]=$variations
 done <<< "$declared"
 
-# A path through a file is a mistake in the command (2); a missing permission or a full disk, the machine's (74).
-if ! mkdir_error=$(mkdir -p "$study_dir" 2>&1); then
-    case "$mkdir_error" in
-        *"Not a directory"* | *"File exists"* | *"File name too long"* | *"Too many levels"*) code=2 ;;
-        *) code=74 ;;
-    esac
-    echo "error: cannot make the study directory $study_dir: ${mkdir_error##*: }" >&2
-    exit "$code"
-fi
 # A task run scores its own grid (configs/task/: 0.5x and 0.75x too); the language-model study 1x .. 16x.
 set_task_args() {
     task_args=("eval.length_multipliers=[1,2,4,8,16]" "train.batch_size=8")
@@ -161,7 +164,9 @@ set_task_args() {
 # One process plans every scheme of a task at once; only where it refuses one are they planned one by one, to tell
 # which (each plan is a process that imports torch: seconds a scheme).
 # The study names its W&B group after its folder, where W&B runs (disabled, nothing reads a group).
-group=("logging.wandb.group=$(basename "$study_dir")")
+# Quoted for Hydra, so that a folder name holding a comma, a bracket or a quote stays one value.
+group_name=$(basename "$study_dir" | sed -e "s/'/\\\\'/g")  # a backslash is an escape only before a quote
+group=("logging.wandb.group='$group_name'")
 for arg in "$@"; do
     if [[ "$arg" == "logging.wandb.mode=disabled" ]]; then group=(); fi
 done
@@ -195,6 +200,25 @@ done
 if [[ $accepted -eq 0 ]]; then
     echo "error: every scheme is refused with these settings (the lines above say why); nothing was trained" >&2
     exit 2
+fi
+
+if $list_only; then  # the runs it would make: every job planned above, the refused schemes left out
+    for task in "${task_list[@]}"; do for scheme in "${scheme_list[@]}"; do
+        [[ -n "${refused[$task/$scheme]:-}" ]] && continue
+        for seed in "${seeds[@]}"; do run_dir "$task" "$scheme" "$seed"; done
+    done; done
+    exit 0
+fi
+
+# Every job is planned: only now is the study's folder made. A path through a file is a mistake in the command
+# (2); a missing permission or a full disk, the machine's (74).
+if ! mkdir_error=$(mkdir -p "$study_dir" 2>&1); then
+    case "$mkdir_error" in
+        *"Not a directory"* | *"File exists"* | *"File name too long"* | *"Too many levels"*) code=2 ;;
+        *) code=74 ;;
+    esac
+    echo "error: cannot make the study directory $study_dir: ${mkdir_error##*: }" >&2
+    exit "$code"
 fi
 
 for task in "${task_list[@]}"; do

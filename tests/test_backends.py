@@ -166,10 +166,14 @@ def assert_close_in_bfloat16(name, got, want):
     ~10^5 terms that cancel in it leaves about 0.05 (measured). CoPE's q and k gradients by their norm only,
     within 0.5: the interpolation between integer counts has a slope that jumps at every integer, so rounding
     q . k moves counts across integers (in float32, perturbing q by 2^-9 already moves them by 7% in norm; bf16
-    gave 23%, measured); a lost or wrong gradient path is off by 100% or more."""
+    gave 23%, measured); a lost or wrong gradient path is off by 100% or more. DAPE's q and k gradients by their
+    norm, within 5e-2: its MLP's LeakyReLU (the reference's) changes slope at 0, and rounding q . k to bf16 moves a
+    few inputs across it (2 of 32768 entries off by up to 0.12, 0.7% in norm, measured)."""
     for g, w, label in zip(got[:4], want[:4], ["output", "grad q", "grad k", "grad v"]):
         if name == "cope" and label in ("grad q", "grad k"):
             assert (g.float() - w).norm() <= 0.5 * w.norm(), label
+        elif name == "dape" and label in ("grad q", "grad k"):
+            assert (g.float() - w).norm() <= 5e-2 * w.norm(), label
         else:
             torch.testing.assert_close(g.float(), w, rtol=5e-2, atol=5e-2, msg=lambda m, label=label: f"{label}: {m}")
     if len(got) > 4:

@@ -225,6 +225,7 @@ def test_default_outputs_lie_beside_the_markdown(three_seeds, tmp_path, monkeypa
         "study.md",
         "study_tasks.csv",
         "study_tasks.png",
+        "study_tasks_depth.png",  # rope's rows have a depth
         "study_tasks_heatmap.png",
     ]
     assert not list(elsewhere.iterdir())
@@ -266,6 +267,104 @@ def test_the_task_csv_holds_every_cell_with_its_seeds(three_seeds, tmp_path):
     rope64 = next(line for line in lines if line["setting"] == "rope" and line["length"] == "64")
     assert rope64["seeds"] == "0" and rope64["mean"] == ""  # not evaluable: no value, as n/a in the table
     assert {line["depth"] for line in lines} == {"", "0.5"}
+
+
+def test_the_effective_context_length_is_a_section_after_every_task(three_seeds, tmp_path):
+    """Per setting at random depth, each seed's longest length before accuracy first falls below 0.5 (rope: 0.5 at
+    32 on seed 1 only, n/a at 64; alibi's seed 3 below 0.5 at 16 already) and below 0.9 × its 1× accuracy, mean
+    over seeds ± t-interval, a seed with none counted as 0; in the CSV too, each seed's value and the threshold."""
+    mqar = [task_run(tmp_path / "mqar", "rope", seed, {16: 1.0, 32: 0.45 * seed}, "task=mqar") for seed in (1, 2)]
+    report = report_of([*three_seeds, *mqar], tmp_path)
+    section = report.split("## Effective context length (accuracy ≥ 0.5; accuracy ≥ 0.9 × 1×)\n")[1]
+    assert "## Task:" not in section  # after every task's tables: the tables the docs quote keep their numbers
+    passkey, task = section.split("### mqar (")
+    assert "### passkey (filler_len=5, key_len=4, n_symbols=10, train_lengths=uniform)" in passkey
+    header = "| setting | seeds | mean, accuracy ≥ 0.5 | mean, accuracy ≥ 0.9 × 1× | per seed, accuracy ≥ 0.5 |"
+    assert header in passkey
+    # rope: 32, 16, 16 (s = 9.24: ± 23); relative: 0.81, 0.72, 0.63 hold at 16 only. alibi: 32, 32, — (0)
+    assert "| rope | 3 | **21 ± 23** | **16 ± 0** | 32, 16, 16 | 16, 16, 16 |" in passkey
+    assert "| alibi | 3 | **21 ± 46** | 11 ± 23 | 32, 32, — | 16, 16, — |" in passkey
+    assert "| rope | 2 | **24 ± 102** | **24 ± 102** | 16, ≥32 | 16, ≥32 |" in task  # seed 2 passes everywhere
+    with open(tmp_path / "c_tasks.csv") as f:
+        lines = [line for line in csv.DictReader(f) if line["measure"].startswith("effective_length")]
+    rope = [line for line in lines if line["setting"] == "rope" and line["task"] == "passkey"]
+    assert [(line["measure"], line["threshold"], line["length"]) for line in rope] == [
+        ("effective_length_absolute", "0.5", ""),
+        ("effective_length_relative", "0.9", ""),
+    ]
+    assert json.loads(rope[0]["values"]) == {"1": 32, "2": 16, "3": 16} and rope[0]["seeds"] == "3"
+    alibi = next(line for line in lines if line["setting"] == "alibi" and line["measure"].endswith("absolute"))
+    assert json.loads(alibi["values"]) == {"1": 32, "2": 32, "3": 0} and float(alibi["mean"]) == pytest.approx(64 / 3)
+
+
+def test_the_effective_length_thresholds_are_options_named_in_the_heading(three_seeds, tmp_path):
+    report = report_of(three_seeds, tmp_path, "--ecl-absolute", "0.3", "--ecl-relative", "0.5")
+    assert "## Effective context length (accuracy ≥ 0.3; accuracy ≥ 0.5 × 1×)" in report
+    assert "Absolute: accuracy ≥ 0.3 (--ecl-absolute). Relative: accuracy ≥ 0.5 × the seed's" in report
+    # n/a at 64 ends it; relative: seed 3's 0.3 at 32 is below 0.5 × its 0.7 at 1×
+    assert "| rope | 3 | **32 ± 0** | 27 ± 23 | 32, 32, 32 | 32, 32, 16 |" in report
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--ecl-relative", "1.5", "argument --ecl-relative: 1.5 is out of its domain (0, 1]"),
+        ("--ecl-absolute", "0", "argument --ecl-absolute: 0 is out of its domain (0, 1]"),
+        ("--ecl-absolute", "nan", "argument --ecl-absolute: nan is out of its domain (0, 1]"),
+        ("--ecl-relative", "high", "argument --ecl-relative: 'high' is not a number"),
+    ],
+)
+def test_a_bad_threshold_is_one_line_and_exit_2(three_seeds, tmp_path, capsys, option, value, message):
+    with pytest.raises(SystemExit) as exited:
+        compare.main([str(three_seeds[0]), "--markdown", str(tmp_path / "c.md"), option, value])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_threshold_without_task_accuracy_is_refused(tmp_path, capsys):
+    runs = [language_run(tmp_path, "rope", seed, 10.0, {(16, 4): (0.5, -1.0)}) for seed in (1, 2)]  # a probe: a grid
+    with pytest.raises(SystemExit) as exited:
+        report_of(runs, tmp_path / "out", "--ecl-relative", "0.8")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1
+    assert "--ecl-relative: no task run has accuracy by length (eval/tasks.json, off any grid)" in err
+    assert "## Effective context length" not in report_of(runs, tmp_path / "plain")  # and without it, no section
+
+
+def test_the_depth_heatmap_is_a_panel_per_setting_with_a_depth_grid(tmp_path, monkeypatch, capsys):
+    """Depths down, lengths across, the mean over seeds in each cell; a panel per task and setting whose rows have
+    depths (alibi's have none: no panel), named by both, the task's settings beside; no file without depths."""
+    from evaluation import plots
+
+    drawn = {}
+    real_save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: real_save(drawn.setdefault(Path(path).name, fig), path))
+    runs = []
+    for seed in (1, 2):
+        depths = [task_row("passkey", n, 0.5 * seed * depth, depth=depth) for depth in (0.0, 1.0) for n in (16, 32)]
+        runs.append(task_run(tmp_path, "rope", seed, {16: 1.0, 32: 0.5}, rows=depths))
+        runs.append(task_run(tmp_path, "alibi", seed, {16: 1.0, 32: 0.5}))
+    report_of(runs, tmp_path)
+    printed = capsys.readouterr().out
+    figure = drawn["c_tasks_depth.png"]
+    assert (tmp_path / "c_tasks_depth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"{tmp_path / 'c_tasks_depth.png'}" in printed  # compare names it among what it wrote
+    (panel,) = [ax for ax in figure.axes if ax.images]
+    assert panel.get_title(loc="left") == "passkey, rope"
+    assert (
+        panel.get_title(loc="right").replace("\n", " ")
+        == "filler_len=5, key_len=4, n_symbols=10, train_lengths=uniform"
+    )
+    assert [label.get_text() for label in panel.get_yticklabels()] == ["depth 0", "depth 1"]
+    assert [label.get_text() for label in panel.get_xticklabels()] == ["16\n1×", "32\n2×"]
+    assert [text.get_text() for text in panel.texts] == ["0.00", "0.00", "0.75", "0.75"]  # (0.5 + 1.0) / 2 at depth 1
+    assert figure.get_suptitle() == "Exact match by key depth and evaluation length"
+    caption = " ".join(text.get_text() for text in figure.texts).replace("\n", " ")
+    assert "row: the key's depth" in caption and "(2 a setting" in caption
+    mqar = [task_run(tmp_path / "mqar", "rope", seed, {16: 1.0}, "task=mqar") for seed in (1, 2)]
+    report_of(mqar, tmp_path / "none")
+    assert not (tmp_path / "none" / "c_tasks_depth.png").exists()
 
 
 def test_task_settings_are_never_pooled_nor_compared(tmp_path):

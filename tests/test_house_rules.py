@@ -51,7 +51,9 @@ def test_scripts_put_the_repository_on_the_path_before_importing_it(path):
     imports = [node for node in ast.parse(path.read_text()).body if isinstance(node, (ast.Import, ast.ImportFrom))]
     names = [alias.name if isinstance(node, ast.Import) else node.module for node in imports for alias in node.names]
     posgpt = [i for i, name in enumerate(names) if name and name.split(".")[0] in POSGPT_PACKAGES]
-    if posgpt:
+    if path.name == "_repo.py":  # it puts the path itself, then imports core.interrupts for every script
+        assert "sys.path.insert" in path.read_text().split("import core.interrupts")[0]
+    elif posgpt:
         assert "_repo" in names[: posgpt[0]], f"{path.name} imports posgpt without `import _repo` first"
 
 

@@ -18,7 +18,8 @@ from tiny_checkpoint import make_run
 
 import core.files
 from core.errors import IO_ERROR_EXIT_CODE, MachineFault, PosGPTError
-from core.files import atomic_write, path_loop
+from core.files import atomic_write
+from core.paths import path_loop
 from core.rundir import LOCK_FILE
 
 LOOP_MESSAGE = "Too many levels of symbolic links"

@@ -5,6 +5,7 @@ line (in this process, as ``python <script> <argv>`` runs it)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -177,3 +178,36 @@ def test_a_model_whose_training_state_does_not_fit_in_memory_is_refused(cli, tmp
     run_dir = tmp_path / "run"
     done = cli.train_here(run_dir)
     refused_before_writing(done, run_dir, "parameters: training it needs", "this machine has 0.0 GiB available")
+
+
+STUDY_VALUE_OPTIONS = re.findall(r"^\s+(--[a-z-]+)\) value_of", (REPO / "scripts" / "study.sh").read_text(), re.M)
+
+
+@pytest.mark.parametrize("option", STUDY_VALUE_OPTIONS)
+def test_study_an_option_without_its_value_is_one_line_and_makes_nothing(tmp_path, option):
+    """Each option that takes a value (read from the script's own parser), given none, last or before another
+    option: it was "$2: unbound variable", exit 1."""
+    for argv in ([option], [option, "--list", str(tmp_path / "study")]):
+        assert_one_line_error(study(*argv), f"{option} takes a value")
+    assert not (tmp_path / "study").exists()
+
+
+def test_study_reads_its_options_from_its_parser():
+    assert {"--seeds", "--seed-list", "--schemes", "--tasks"} <= set(STUDY_VALUE_OPTIONS)
+
+
+@pytest.mark.slow
+def test_study_refused_for_an_override_leaves_no_folder(tmp_path):
+    done = study("--schemes", "rope", "--seeds", "1", str(tmp_path / "new" / "study"), "train.max_steps=0")
+    assert done.returncode == 2, done.stderr
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_study_an_existing_folder_whose_name_holds_an_equals_sign_is_the_folder(tmp_path):
+    """It was read as an override (a=b), and the study went to multirun/."""
+    folder = tmp_path / "a=b"
+    folder.mkdir()
+    done = study("--schemes", "rope", "--seeds", "1", "--list", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(folder / "rope-s1")]

@@ -19,7 +19,7 @@ import yaml
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint, save_checkpoint
 from core.errors import MachineFault, PosGPTError
-from core.files import atomic_write
+from core.files import atomic_write, make_folder
 from core.rundir import RUN_RECORD_DIR
 from data import check_corpus, corpus_identity
 from data.config import DataConfig
@@ -101,9 +101,9 @@ class Checkpointer:
         if not self.dist.is_main:
             return
         record = self.run_dir / RUN_RECORD_DIR
-        record.mkdir(parents=True, exist_ok=True)
-        atomic_write(record / "config.yaml", self.settings.config_yaml)
-        atomic_write(record / "overrides.yaml", yaml.safe_dump(list(self.overrides)))
+        make_folder(record, self.run_dir)
+        atomic_write(record / "config.yaml", self.settings.config_yaml, self.run_dir)
+        atomic_write(record / "overrides.yaml", yaml.safe_dump(list(self.overrides)), self.run_dir)
 
     def track_corpus(self, splits: dict, checkpoint: dict | None, data: DataConfig) -> None:
         """Record the training tokens' identity in every checkpoint from now on; a resumed run must find the

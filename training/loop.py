@@ -271,16 +271,16 @@ def _train(plan: TrainingPlan, run_dir: Path, dist: distributed.DistInfo) -> int
         return None  # and nothing was written
     with kept_console() as earlier:  # the data's lines, for the run's log once the data has passed its checks
         splits = None if finished else _load_data(plan, dist)
-    # Every check has passed: only now does this command write into the run directory.
     checkpointer = Checkpointer(plan.checkpoint, plan.optimizer, run_dir, checkpoint, dist, device)
+    if not finished and plan.task.name == NO_TASK:  # a resumed run's corpus is its checkpoint's, or refused
+        checkpointer.track_corpus(splits, checkpoint, plan.data)
+    # Every check has passed: only now does this command write into the run directory.
     checkpointer.record_run()
     if dist.is_main:
         tee_console(run_dir / CONSOLE_LOG, earlier.getvalue())
     if finished:
         return _finish_trained(plan, run_dir, checkpoint, raw_model, dist, device, dtype)
 
-    if plan.task.name == NO_TASK:
-        checkpointer.track_corpus(splits, checkpoint, plan.data)
     loop = _set_up_loop(plan, run_dir, raw_model, checkpoint, checkpointer, splits, dist, device, dtype)
     with reused_freed_memory():  # each step's large tensors reuse the last step's memory (core/host_memory.py)
         step, stopped_by = _run_loop(loop)

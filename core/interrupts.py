@@ -1,0 +1,45 @@
+"""Ctrl-C at any moment is one line and exit 130, also while a command is still importing its libraries.
+
+A command's ``main`` turns KeyboardInterrupt into that line (core.cli.exit_on_user_error); before it runs, a
+command spends a second or more importing torch, Hydra and matplotlib, where an interrupt would print Python's
+traceback through dozens of library frames. Each command imports this module first (stdlib only, so it is loaded in
+milliseconds), and an interrupt that escapes everything else then ends the process the same way.
+
+A command that writes results beside others (eval.py, export, slim, compare, rebuild_reports) also calls
+:func:`unwind_on_sigterm`: SIGTERM then ends it through the same unwinding as Ctrl-C, so the ``finally`` of an
+atomic write removes its temporary file (core.files.atomic_write), with the shell's code for it, 143. train.py keeps
+SIGTERM as the training loop and torchrun use it (training/loop.py: checkpoint and stop).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
+TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
+_previous_hook = sys.excepthook
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is, so that it unwinds (no ``except Exception`` stops it)."""
+
+
+def _one_line(kind: type[BaseException], error: BaseException, traceback) -> None:
+    if issubclass(kind, KeyboardInterrupt | Terminated):
+        print("interrupted" if issubclass(kind, KeyboardInterrupt) else "terminated", file=sys.stderr, flush=True)
+        os._exit(INTERRUPTED_EXIT_CODE if issubclass(kind, KeyboardInterrupt) else TERMINATED_EXIT_CODE)
+    _previous_hook(kind, error, traceback)
+
+
+def _terminate(signum: int, frame) -> None:
+    raise Terminated()
+
+
+def unwind_on_sigterm() -> None:
+    """From now on SIGTERM unwinds the process (Terminated) and ends it with one line, exit 143."""
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+sys.excepthook = _one_line
