@@ -83,7 +83,8 @@ def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> Train
 
     def check(candidate: DictConfig) -> None:  # what the stored settings, with the user's, must pass
         validate(candidate, keys=keys, command=command)
-        check_eval_settings(candidate)
+        if command == "eval.py":  # the command that runs the evaluation its eval.* settings describe
+            check_eval_settings(candidate)
 
     cfg = given_wins(cfg, keys, check, command)
     device, dtype = set_up_runtime(cfg.train)
