@@ -1,9 +1,13 @@
-"""Random training windows, nanoGPT style; or examples of a generated task (data/tasks/); and the documents a
-window holds (data.document_aware)."""
+"""Random training windows, nanoGPT style; or examples of a generated task (data/tasks/); the documents a
+window holds (data.document_aware); and the positions a window may be trained at instead of 0..T-1 (randomized
+positions, train.random_positions; PoSE's skipped chunks, train.pose)."""
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from core.domain import domain
 from core.errors import PosGPTError
 from data.tasks import Task
 from data.tokenizer import EOT_TOKEN
@@ -28,6 +32,88 @@ def random_positions(
     ranked = order.masked_fill(~instance, n_positions).sort(dim=1).values  # the instance's own, sorted, first
     last = ranked.gather(1, (lengths.clamp(min=1) - 1)[:, None])
     return torch.where(instance, ranked, last)
+
+
+@dataclass
+class PoSEConfig:
+    """Positional Skip-wise training (``train.pose``; Zhu et al., ICLR 2024, "PoSE: Efficient Context Window
+    Extension of LLMs via Positional Skip-wise Training"): train at train.seq_len with positions that cover
+    ``target_len``. See :func:`pose_positions` for the draw."""
+
+    # L_t, the length the positions cover (the paper's target context window); None: PoSE off
+    target_len: int | None = domain(None, ge=2)
+    chunks: int = domain(2, ge=2)  # N, the chunks a window is cut into (the paper's and its script's: 2)
+
+    def check(self, seq_len: int) -> None:
+        """PosGPTError unless these settings can train windows of ``seq_len`` tokens."""
+        if self.target_len is None:
+            if self.chunks != PoSEConfig.chunks:
+                raise PosGPTError(
+                    f"train.pose.chunks={self.chunks} is read only with train.pose.target_len: set it, or drop "
+                    "train.pose.chunks"
+                )
+            return
+        if self.target_len <= seq_len:
+            raise PosGPTError(
+                f"train.pose.target_len={self.target_len} must exceed train.seq_len={seq_len}: PoSE trains a window "
+                "of train.seq_len tokens at positions that cover the longer target length"
+            )
+        if self.chunks > seq_len:
+            raise PosGPTError(
+                f"train.pose.chunks={self.chunks} cuts a window of train.seq_len={seq_len} tokens into more chunks "
+                "than it has tokens; lower train.pose.chunks"
+            )
+
+
+def _uniform(low: torch.Tensor, high: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One whole number per row, uniform over [low, high] (both included, low <= high), from ``generator``."""
+    draw = torch.rand(low.shape, generator=generator, dtype=torch.float64)
+    return torch.minimum(low + (draw * (high - low + 1)).floor().long(), high)
+
+
+def _chunk_lengths(lengths: torch.Tensor, chunks: int, generator: torch.Generator) -> torch.Tensor:
+    """(B, chunks) the chunks' lengths, each row summing to its length. Two chunks (the reference's training
+    script, src/train_pose.py, train_preprocess_function_pose): the first l_0 ~ U{1, ..., floor((n + 1) / 2)}, the
+    second the rest. More (the paper's appendix B code, Figure 6): l_i ~ U{1, ..., n - sum_{j<i} l_j - (N - 1 - i)}
+    in turn, the last the rest; a row shorter than N tokens (a short task instance) leaves its last chunks empty."""
+    rows = []
+    remaining = lengths.clone()
+    for i in range(chunks - 1):
+        low = remaining.clamp(max=1)
+        high = (remaining + 1) // 2 if chunks == 2 else remaining - (chunks - 1 - i)
+        size = _uniform(low, torch.maximum(high, low), generator)
+        rows.append(size)
+        remaining = remaining - size
+    return torch.stack([*rows, remaining], dim=1)
+
+
+def pose_positions(
+    batch: int, seq_len: int, pose: PoSEConfig, generator: torch.Generator, lengths: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(batch, seq_len) PoSE positions. Each row's n tokens (seq_len; a task instance's own, ``lengths``) are cut
+    into N chunks of consecutive positions, chunk i shifted by a skip u_i (the paper's eq. 3-4):
+
+        positions of chunk i = u_i + st_i, ..., u_i + st_i + l_i - 1,   st_i = l_0 + ... + l_{i-1}
+        u_0 = 0,  u_i ~ U{u_{i-1}, ..., L_t - n}
+
+    so a row starts at position 0 and ends below L_t = target_len, and every relative distance up to L_t - 1 can
+    occur. The chunk lengths are drawn as :func:`_chunk_lengths` says, anew for every row, from ``generator`` after
+    the row's tokens (so a resumed run draws the same). The reference's script fixes u_0 = 0 ("this revision makes
+    the coverage possibility more uniform for large relative positions"), as the paper's text does. Only the
+    positions move: a row's tokens stay the window as drawn, consecutive text, the paper's variant v_i = 0 of the
+    chunks' content (its Table 4: little effect); the reference draws the second chunk's text from further on in
+    the document. Pads past a task instance's n tokens repeat its last position, as :func:`random_positions`'s."""
+    n = torch.full((batch,), seq_len) if lengths is None else lengths.long()
+    sizes = _chunk_lengths(n, pose.chunks, generator)
+    skips = [torch.zeros(batch, dtype=torch.long)]
+    for _ in range(pose.chunks - 1):
+        skips.append(_uniform(skips[-1], pose.target_len - n, generator))
+    starts = sizes.cumsum(dim=1) - sizes
+    slots = torch.arange(seq_len)
+    chunk = (slots[None, :, None] >= starts[:, None, 1:]).sum(dim=-1)  # the chunk each slot lies in
+    positions = slots[None, :] + torch.stack(skips, dim=1).gather(1, chunk)
+    last = positions.gather(1, (n.clamp(min=1) - 1)[:, None])
+    return torch.where(slots[None, :] < n[:, None], positions, last)
 
 
 def check_split_length(tokens: TokenArray, seq_len: int) -> None:

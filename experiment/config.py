@@ -36,6 +36,7 @@ from core.runtime import MAX_SEED
 from data.config import DataConfig
 from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config_class
 from data.tokenizer import GPT2_N_VOCAB
+from data.windows import PoSEConfig
 from evaluation.context import evaluated_lengths
 from model.gpt import ModelConfig, model_dims, validate_model_config
 from model.pe import SCHEMES
@@ -83,6 +84,9 @@ class TrainConfig:
     # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N) (and evaluate a task
     # run there: eval.random_positions)
     random_positions: int | None = domain(None, ge=1, commands=("train", "eval"))
+    # PoSE (Zhu et al. 2024): train windows of seq_len tokens at chunks of positions skipped to cover
+    # pose.target_len, to fine-tune for that length at this one (data/windows.py, pose_positions)
+    pose: PoSEConfig = field(default_factory=PoSEConfig)
 
 
 PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
@@ -339,17 +343,7 @@ def validate(
             f"train.lr={t.lr} x train.weight_decay={t.weight_decay} is {t.lr * t.weight_decay:g}, at least 1: "
             "AdamW's decoupled decay would zero or flip the sign of every decayed weight each step; lower one"
         )
-    if t.random_positions is not None and t.random_positions < t.seq_len:
-        raise PosGPTError(
-            f"train.random_positions={t.random_positions} must be at least train.seq_len={t.seq_len} "
-            "(each sequence draws seq_len distinct positions from [0, N))"
-        )
-    table = getattr(config.pe, "max_positions", None)  # a learned position table: no position past it exists
-    if table is not None and table < t.seq_len:
-        raise PosGPTError(
-            f"pe.max_positions={table} is shorter than train.seq_len={t.seq_len}: the table has no vector for "
-            "the positions past it; raise pe.max_positions (or drop it: null is train.seq_len)"
-        )
+    _validate_positions(config)
     if t.init_from_pe not in ("keep", "replace"):
         raise PosGPTError(f"train.init_from_pe must be keep or replace (got {t.init_from_pe!r})")
     if t.init_from_pe == "replace" and t.init_from is None:
@@ -368,6 +362,28 @@ def validate(
     _validate_task(cfg, reads_data, keys)
     if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
         raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
+
+
+def _validate_positions(config: Config) -> None:
+    """The positions a training window is given: train.random_positions' range and PoSE's settings (one of them),
+    and a learned table long enough for train.seq_len."""
+    t = config.train
+    if t.random_positions is not None and t.random_positions < t.seq_len:
+        raise PosGPTError(
+            f"train.random_positions={t.random_positions} must be at least train.seq_len={t.seq_len} "
+            "(each sequence draws seq_len distinct positions from [0, N))"
+        )
+    t.pose.check(t.seq_len)
+    if t.pose.target_len is not None and t.random_positions is not None:
+        raise PosGPTError(
+            "train.pose.target_len and train.random_positions each draw a window's positions: use one of them"
+        )
+    table = getattr(config.pe, "max_positions", None)  # a learned position table: no position past it exists
+    if table is not None and table < t.seq_len:
+        raise PosGPTError(
+            f"pe.max_positions={table} is shorter than train.seq_len={t.seq_len}: the table has no vector for "
+            "the positions past it; raise pe.max_positions (or drop it: null is train.seq_len)"
+        )
 
 
 def check_command_reads(config: Any, command: str, keys: Collection[str]) -> None:
@@ -475,11 +491,12 @@ def _validate_documents(cfg: DictConfig, keys: Collection[str] | None) -> None:
         return
     if not cfg.data.document_aware:  # a task run's is refused with the rest of data.* (check_run_kind)
         return
-    if cfg.train.random_positions is not None:
-        raise PosGPTError(
-            "data.document_aware restarts positions at each document, train.random_positions draws one set per "
-            "window: use one of them"
-        )
+    for key in ("random_positions", "pose.target_len"):
+        if OmegaConf.select(cfg.train, key) is not None:
+            raise PosGPTError(
+                f"data.document_aware restarts positions at each document, train.{key} draws one set per "
+                "window: use one of them"
+            )
     if not cfg.data.rows_are_documents:
         raise PosGPTError(
             f"data.document_aware needs documents ended by <|endoftext|>; data.rows_are_documents=false joins the "

@@ -133,7 +133,8 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
     # (model/attention.py): it then keeps no T x T tensor per layer, and one block's at a time peak in the backward.
     block = min(attention._RECOMPUTED_BLOCK, max(1, attention._MAX_BLOCK_SCORES // max(1, rows * m.n_head * T)))
     recomputed = T > block
-    explicit = t.random_positions is not None  # positions per token: no distance table stands in for the bias
+    # positions per token (randomized, PoSE's): no distance table stands in for the bias
+    explicit = t.random_positions is not None or t.pose.target_len is not None
 
     def backend(scheme: PositionalEncoding) -> str:
         return attention.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit, m.attn_sink)

@@ -98,16 +98,25 @@ def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainPlan:
     t = cfg.train
     if t.random_positions:
         model.pe.check_random_positions(t.random_positions)
+    if t.pose.target_len is not None:  # PoSE's positions reach up to target_len - 1
+        model.pe.check_random_positions(t.pose.target_len, "train.pose.target_len")
+    explicit = t.random_positions is not None or t.pose.target_len is not None or cfg.data.document_aware
     metrics = MetricsSettings(
         pe_name=cfg.pe.name,
         tokens_per_step=t.batch_size * t.seq_len,
         flops_per_token=model_flops_per_token(model, t.seq_len),
         max_steps=t.max_steps,
-        explicit_positions=t.random_positions is not None or cfg.data.document_aware,
+        explicit_positions=explicit,
         progress=cfg.logging.progress,
     )
     training = TrainingPlan(
-        loop=section_settings(LoopSettings, t, document_aware=cfg.data.document_aware, progress=cfg.logging.progress),
+        loop=section_settings(
+            LoopSettings,
+            t,
+            document_aware=cfg.data.document_aware,
+            progress=cfg.logging.progress,
+            pose=OmegaConf.to_object(t.pose),
+        ),
         model=ModelSpec(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), t.seq_len, model.num_params()),
         optimizer=optimizer_settings(cfg),
         checkpoint=_checkpoint_settings(cfg, overrides),

@@ -26,6 +26,24 @@ Types (``model.attn_temperature.type``), L = train.seq_len, the length the weigh
 
   Llama 4 sets floor_scale = 8192 and attn_scale = 0.1; ``floor_scale: null`` (the default here) takes L,
   so tau = 1 up to the training length and steps up by attn_scale log 2 at 2L.
+- ``drope``: the inference-time softmax temperature of DroPE (Gelberg et al. 2025, "Extending the Context of
+  Pretrained LLMs by Dropping Their Positional Embeddings"), training-free, reported as beta = 1 + c ln s with s
+  the extension factor, the evaluated length over the training length. Here s is per sequence: the keys of the
+  forward's window (q_offset + Tq, its whole length in a full forward) over L, one factor for every query of it,
+  held at 1 within L (our choice, which leaves the model at its own length bit for bit as trained):
+
+      tau = 1 + c ln max(1, (q_offset + Tq) / L)
+
+  What was checked: the reference (SakanaAI/DroPE) has no length-dependent temperature in its code; its one hook
+  is a constant ``softmax_scale`` in the model config that replaces the attention's ``scaling`` (1/sqrt(d)) of
+  q . k (custom_models/attention.py, NoPEAttention.from_source and the forwards' ``scaling=self.scaling``), so a
+  temperature there multiplies the content logits, one constant for the loaded model, i.e. for the sequence length
+  it is evaluated at; the scale of q here is the same per-row scale of those logits. The form 1 + c ln s is the
+  paper's as reported; the paper's text on it (and its value of c) could not be read from the stored copies
+  available here (only its opening), so c's default, 0.1, is YaRN's coefficient of the same form (rope_scaling.py:
+  sqrt(1/t) = 0.1 ln s + 1), not a value taken from the DroPE paper: set ``c`` to the paper's. With a KV cache each
+  decoding step takes the s of the keys so far, so decoding step by step differs from a full forward of the same
+  tokens, where every query takes the window's s (as the reference's model loaded with one scale would give).
 - ``ssmax``: Scalable-Softmax (Nakanishi 2025, "Scalable-Softmax Is Superior for Attention", eq. 2),
   z -> softmax((s log n) z), with s learned per layer and head:
 
@@ -43,8 +61,8 @@ at most the evaluated length; with documents packed into a row (``data.document_
 document. The sink logit is not a key. For Llama 4 this is its cache_position + 1 whenever
 the cache holds every earlier token, as in transformers.
 
-At evaluation (eval.py, sample.py) a run trained without a temperature may be evaluated with ``logn`` or
-``llama4`` (parameter-free); ``ssmax`` has learned parameters, so it is a training option only, and a run trained
+At evaluation (eval.py, sample.py) a run trained without a temperature may be evaluated with ``logn``, ``llama4``
+or ``drope`` (parameter-free); ``ssmax`` has learned parameters, so it is a training option only, and a run trained
 with it is evaluated with it (:func:`check_evaluation_change`).
 """
 
@@ -60,17 +78,19 @@ from torch import nn
 from core.domain import domain
 from core.errors import PosGPTError
 
-TEMPERATURES = ("none", "logn", "llama4", "ssmax")
+TEMPERATURES = ("none", "logn", "llama4", "ssmax", "drope")
 LEARNED = ("ssmax",)  # types with parameters: fixed at training
 
 
 @dataclass
 class TemperatureConfig:
-    type: str = "none"  # none | logn | llama4 | ssmax (model/temperature.py)
+    type: str = "none"  # none | logn | llama4 | ssmax | drope (model/temperature.py)
     # llama4 only (core.domain.used_with): the step length, None: train.seq_len (Llama 4: 8192); the factor's growth
     # per step (Llama 4: 0.1)
     floor_scale: int | None = domain(None, ge=1, used_with=("type", ("llama4",)))
     attn_scale: float = domain(0.1, ge=0, used_with=("type", ("llama4",)))
+    # drope only: beta = 1 + c ln s (the module docstring says where 0.1 comes from)
+    c: float = domain(0.1, ge=0, used_with=("type", ("drope",)))
 
 
 def check_temperature(cfg: TemperatureConfig, train_seq_len: int) -> None:
@@ -90,7 +110,7 @@ def check_evaluation_change(trained: TemperatureConfig, now: TemperatureConfig) 
         raise PosGPTError(
             f"model.attn_temperature.type={now.type}: the run was trained with {trained.type}, and "
             f"{', '.join(LEARNED)} learns its parameters in training, so an evaluation can neither add nor drop "
-            "it; evaluate with the trained type, or add logn or llama4 to a run trained with none"
+            "it; evaluate with the trained type, or add logn, llama4 or drope to a run trained with none"
         )
 
 
@@ -99,6 +119,8 @@ def temperature_settings(cfg: Any) -> dict[str, Any] | None:
     settings = {name: cfg[name] if isinstance(cfg, dict) else getattr(cfg, name) for name in ("type", "floor_scale")}
     if settings["type"] == "none":
         return None
+    if settings["type"] == "drope":
+        return {"type": "drope", "c": cfg["c"] if isinstance(cfg, dict) else cfg.c}
     if settings["type"] != "llama4":
         return {"type": settings["type"]}
     attn_scale = cfg["attn_scale"] if isinstance(cfg, dict) else cfg.attn_scale
@@ -106,9 +128,12 @@ def temperature_settings(cfg: Any) -> dict[str, Any] | None:
 
 
 def temperature_label(settings: dict[str, Any] | None) -> str:
-    """``logn``, ``llama4(floor=64,a=0.1)``: the temperature in tables and plot legends; "" for none."""
+    """``logn``, ``llama4(floor=64,a=0.1)``, ``drope(c=0.1)``: the temperature in tables and plot legends; "" for
+    none."""
     if not settings:
         return ""
+    if settings["type"] == "drope":
+        return f"drope(c={settings['c']:g})"
     if settings["type"] != "llama4":
         return settings["type"]
     floor = settings["floor_scale"] or "L"
@@ -130,11 +155,17 @@ class AttentionTemperature(nn.Module):
         self, q_offset: int, n_queries: int, device: torch.device, attended: torch.Tensor | None = None
     ) -> torch.Tensor | None:
         """tau for queries q_offset .. q_offset + n_queries - 1 among the keys: (Tq,), (H, Tq) for ssmax, or
-        None when it is 1 throughout (type none). ``attended``: (B, Tq) the keys each query attends where that is
-        not its index + 1 (documents packed into a row: its own document's); tau is then (B, 1, Tq) or (B, H, Tq)."""
+        None when it is 1 throughout (type none, and drope within L). ``attended``: (B, Tq) the keys each query
+        attends where that is not its index + 1 (documents packed into a row: its own document's); tau is then
+        (B, 1, Tq) or (B, H, Tq). drope reads neither: its one factor is the window's."""
         kind = self.cfg.type
         if kind == "none":
             return None
+        if kind == "drope":  # one factor for the window: s = its keys over L, whatever documents it packs
+            extension = (q_offset + n_queries) / self.train_seq_len
+            if extension <= 1:
+                return None
+            return torch.full((n_queries,), 1.0 + self.cfg.c * math.log(extension), device=device)
         if attended is None:
             n = torch.arange(q_offset + 1, q_offset + n_queries + 1, device=device, dtype=torch.float32)
         else:

@@ -123,13 +123,33 @@ from reports.task_tables import (
 DEFAULT_MARKDOWN = Path("comparison.md")  # the other outputs lie beside it (default_outputs)
 
 
+# Which runs read each group of options: a language-model run's perplexity rows ("text"), a task run's accuracy
+# ("task"), or any run (None). An option given for runs none of which reads it is refused (check_readers).
+OPTION_GROUPS = {"selection": "text", "perplexity": "text", "task": "task", "any run": None}
+# Options of the groups above that every run reads: the outputs and comparisons of any run's results.
+READ_FOR_ANY_RUN = ("run_dirs", "markdown", "val_curve", "entropy", "baseline")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options, with ``given``: each option the command line sets away from its default, and the kind of run
+    that reads it (OPTION_GROUPS), for check_readers."""
     parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    readers = {}
     # --help lists the options in the order they are added
-    add_selection_options(parser)
-    add_perplexity_options(parser)
+    for add, group in ((add_selection_options, "selection"), (add_perplexity_options, "perplexity")):
+        before = len(parser._actions)
+        add(parser)
+        readers.update({action.dest: OPTION_GROUPS[group] for action in parser._actions[before:]})
+    before = len(parser._actions)
     add_task_options(parser)
+    readers.update({action.dest: OPTION_GROUPS["task"] for action in parser._actions[before:]})
+    readers.update(dict.fromkeys(READ_FOR_ANY_RUN))
     args = parser.parse_args(argv)
+    args.given = {
+        action.option_strings[-1]: readers[action.dest]
+        for action in parser._actions
+        if action.option_strings and action.dest != "help" and getattr(args, action.dest) != action.default
+    }
     for name, path in default_outputs(args.markdown).items():
         if getattr(args, name) is None:
             setattr(args, name, path)
@@ -261,6 +281,18 @@ def thresholds_of(args: argparse.Namespace) -> Thresholds:
     return Thresholds(**{name: value for name, value in given.items() if value is not None})
 
 
+def check_readers(given: dict[str, str | None], text: bool, tasks: bool) -> None:
+    """Refuse an option given for runs none of which reads it (a plot of perplexity for task runs, a task table's
+    option for language-model runs): it would write nothing for it and exit 0."""
+    present = {"text": text, "task": tasks}
+    for option, kind in given.items():
+        if kind is not None and not present[kind]:
+            theirs, other = ("language-model", "task") if kind == "text" else ("task", "language-model")
+            raise PosGPTError(
+                f"{option} is read for {theirs} runs, and these are {other} runs only: drop it (nothing was written)"
+            )
+
+
 def check_task_requests(args: argparse.Namespace, tasks: list[TaskEntry]) -> None:
     """Refuse an effective-length threshold where no task run has accuracy by length off a grid to find one in."""
     for name in ("ecl_absolute", "ecl_relative"):
@@ -320,6 +352,7 @@ def plan_comparison(args: argparse.Namespace) -> Comparison:
     runs = load_runs(args.run_dirs, trained_config)
     language_runs = [run for run in runs if run.document is not None]  # task runs have accuracy only
     tasks = task_entries(runs)
+    check_readers(args.given, bool(language_runs), bool(tasks))
     check_task_requests(args, tasks)
     check_matplotlib_folders()  # before the image paths' check imports it
     check_output_paths(args, bool(language_runs), bool(tasks), bool(task_depth_heatmap_panels(tasks)))

@@ -6,6 +6,7 @@
     python scripts/extension_study.py runs/ext --part parents           # only the parents (then --part extensions)
     python scripts/extension_study.py runs/task --task passkey          # the same design on passkey retrieval
     python scripts/extension_study.py /tmp/smoke --seeds 1 --budgets 2 --methods plain,drope train.max_steps=3
+    python scripts/extension_study.py runs/ext --methods drope,pose,pose_yarn   # DroPE as its paper, PoSE
     python scripts/extension_study.py runs/ext --methods yarn,training-free   # some methods (default: all)
 
 The design is a table, scripts/extension_study.json (scheme names live in data, as in study_variations.json):
@@ -15,10 +16,14 @@ The design is a table, scripts/extension_study.json (scheme names live in data, 
 - fine-tunes of each RoPE parent to factor x L, ``<method>-<steps>-s<seed>`` for each budget in steps: plain (no
   scaling), pi (linear), ntk, yarn, llama3 (Llama 3.1's frequency factors, the code's defaults 1 and 4), longrope
   (short_factor all 1, the model as trained up to L; long_factor YaRN's per-pair divisors at the same factor, the
-  starting point of LongRoPE's search, which posgpt does not run) and drope (the rotation dropped: pe=none with
-  train.init_from_pe=replace). Each takes train.init_from=<its parent>, train.seq_len=factor x L,
-  train.max_steps=<steps>, lr 2e-4 and a warmup of steps/10 (at most 20), as docs/fine-tuning.md's example
-  (20 of 300 steps); a scaling keeps the parent's L as its original length (RoPE's inherit);
+  starting point of LongRoPE's search, which posgpt does not run), drope_4l (the rotation dropped, pe=none with
+  train.init_from_pe=replace, recalibrated as the others fine-tune: at factor x L, lr 2e-4), drope (DroPE as its
+  paper runs it: recalibrated at the parent's own L and learning rate, scored zero-shot at 1-16x L without and,
+  in the evaluations stage, with its temperature model.attn_temperature.type=drope), pose and pose_yarn (PoSE,
+  train.pose: at the parent's L with positions covering factor x L; alone and with YaRN at the factor). Each
+  takes train.init_from=<its parent>, train.seq_len=factor x L, train.max_steps=<steps>, lr 2e-4 and a warmup of
+  steps/10 (at most 20), as docs/fine-tuning.md's example (20 of 300 steps), unless its own overrides in the
+  design set its length or lr; a scaling keeps the parent's L as its original length (RoPE's inherit);
 - the training-free methods on each RoPE parent (--methods's ``training-free``), ``training-free-s<seed>``:
   eval.py with the variations yarn and ntk at the study's factor, STRING with window W = L/2 and local window
   w = L/16 (at least 1), and Self-Extend with window W and the smallest power-of-two group that maps 16L's farthest
@@ -33,16 +38,21 @@ factor x L.
 
 Stages: every parent is planned (train.py's planner, in this process) before the first one trains; every
 extension job (fine-tunes and training-free evaluations) is planned once the parents exist, before the first
-fine-tune trains. A refusal names its job in one line (exit 2) and nothing of that stage runs. Resumable: a run
-whose checkpoint is at its max_steps and whose end-of-training results record that step is skipped; one with a
-checkpoint short of that resumes (train.resume=true); a parent's training-free variations are evaluated only where
-its eval/.variations-done (scripts/study.sh's marker) lacks them. At the end scripts/compare.py compares every
-finished run of the directory: comparison.md/.png (perplexity, --ratios; comparison_sliding.md where the runs
-scored that protocol), or comparison_tasks.md/.png/.csv and comparison_tasks_heatmap.png for a task.
+fine-tune trains; the fine-tunes' further evaluations (the design's zero_shot, ``<fine-tune>-<label>``) once the
+fine-tunes exist (--part extensions runs both of these stages). A refusal names its job in one line (exit 2) and
+nothing of that stage runs; so does a directory that holds a run trained with other settings than its job's (an
+earlier design's). Resumable: a run whose checkpoint is at its max_steps and whose end-of-training results record
+that step is skipped; one with a checkpoint short of that resumes (train.resume=true); a parent's training-free
+variations are evaluated only where its eval/.variations-done (scripts/study.sh's marker) lacks them, a further
+evaluation only where its marker (eval/.<label>-done) does not record the run's step. At the end
+scripts/compare.py compares every finished run of the directory: comparison.md/.png (perplexity, --ratios;
+comparison_sliding.md where the runs scored that protocol), or comparison_tasks.md/.png/.csv and
+comparison_tasks_heatmap.png for a task.
 
 Overrides after the options apply to every run; the study's own keys (pe, pe.*, task, train.seed,
-train.init_from*, train.resume, hydra.*) are refused there, and a fine-tune's length, steps, lr and warmup are the
-design's (train.max_steps, train.lr, train.warmup_steps given here set the parents' schedule).
+train.init_from*, train.resume, train.pose.*, hydra.*) are refused there, and a fine-tune's length, steps, lr and
+warmup are the design's (train.max_steps, train.lr, train.warmup_steps given here set the parents' schedule, and
+DroPE's lr, the parent's).
 """
 
 from __future__ import annotations
@@ -72,26 +82,35 @@ MULTIPLIERS = (1, 2, 4, 8, 16)  # the evaluated lengths, in multiples of L
 WINDOWS_AT_LONGEST = 32  # eval.max_tokens: at least this many windows of the longest length
 # Keys the design sets per job: an override of them for every run would break the design.
 STUDY_KEYS = ("pe", "task", "train.seed", "train.init_from", "train.init_from_pe", "train.resume", "train.eval_after")
-STUDY_KEYS += ("hydra",)
+STUDY_KEYS += ("hydra", "train.pose")
 VARIATIONS_DONE = Path("eval") / ".variations-done"  # scripts/study.sh's marker of the variations a run has
 TRAINING_FREE = "training-free"  # the --methods name of the training-free evaluations of each parent
+STAGES = ("parents", "extensions", "evaluations")  # evaluations: of the fine-tunes, once they are trained
+PARTS = {"parents": STAGES[:1], "extensions": STAGES[1:], "all": STAGES}  # --part: the stages it runs
 
 
 @dataclass(frozen=True)
 class Job:
     """One unit of the study: a training run (train.py with ``overrides`` into ``run_dir``), or, with
-    ``variations``, an evaluation of the trained run ``run_dir`` with those eval.variations (eval.py)."""
+    ``variations``, an evaluation of the trained run ``run_dir`` with those eval.variations (eval.py), or, with
+    ``evaluation``, an evaluation of the trained run with those settings (the design's ``zero_shot``: DroPE's
+    temperature), noted as done for the run's step in ``marker``."""
 
     name: str
-    stage: str  # "parents" or "extensions"
+    stage: str  # one of STAGES
     run_dir: Path
     overrides: tuple[str, ...]
     variations: tuple[str, ...] = ()
+    evaluation: tuple[str, ...] = ()
+    marker: Path | None = None  # an evaluation's: the file, in the run, that records the step it scored
+    method: str = ""  # a fine-tune's, of the design's fine_tunes
 
     def command(self) -> list[str]:
         """The command line that runs the job (without train.resume, which the run's state decides)."""
         if self.variations:
             return ["eval.py", f"run_dir={self.run_dir}", f"eval.variations=[{','.join(self.variations)}]"]
+        if self.evaluation:
+            return ["eval.py", f"run_dir={self.run_dir}", *self.evaluation]
         return ["train.py", *self.overrides, f"hydra.run.dir={self.run_dir}"]
 
 
@@ -151,14 +170,17 @@ def self_extend_group(train_len: int, window: int, longest: int) -> int:
 
 
 def placeholders(cfg: DictConfig, factor: int) -> dict[str, str]:
-    """The values the design's templates name, from the composed parent config ``cfg`` (L, the head's width, the
-    scheme's base) and the extension factor."""
+    """The values the design's templates name, from the composed parent config ``cfg`` (L, its learning rate, the
+    head's width, the scheme's base) and the extension factor."""
     train_len = cfg.train.seq_len
     head_dim = cfg.model.n_embd // cfg.model.n_head
     window = max(train_len // 2, 1)
     divisors = yarn_divisors(head_dim, float(cfg.pe.base), train_len, factor)
     return {
         "factor": str(factor),
+        "train_len": str(train_len),  # a method that fine-tunes at the parent's L (DroPE as its paper, PoSE)
+        "target_len": str(factor * train_len),  # the length PoSE's positions cover
+        "parent_lr": f"{cfg.train.lr:g}",  # DroPE's recalibration: at the parent's learning rate
         "window": str(window),
         "local_window": str(max(train_len // 16, 1)),
         "group": str(self_extend_group(train_len, window, MULTIPLIERS[-1] * train_len)),
@@ -220,9 +242,10 @@ def parent_jobs(study: Study, train_len: int) -> list[Job]:
     return jobs
 
 
-def extension_jobs(study: Study, train_len: int, values: dict[str, str]) -> list[Job]:
-    """Every fine-tune of each extended parent (method x budget x seed), then, where --methods has them, the
-    training-free evaluations of each."""
+def fine_tune_jobs(study: Study, train_len: int, values: dict[str, str]) -> list[Job]:
+    """Every fine-tune of each extended parent (method x budget x seed). A method's own overrides come after the
+    design's defaults, the fine-tunes' length factor x L and schedule, so that it may set its own (DroPE
+    recalibrates at the parent's L and learning rate), and before what the study fixes for every job."""
     extended = DESIGN["extended_parent"]
     jobs = []
     for method in (method for method in study.methods if method != TRAINING_FREE):
@@ -231,17 +254,44 @@ def extension_jobs(study: Study, train_len: int, values: dict[str, str]) -> list
             for seed in study.seeds:
                 parent = study.directory / f"{extended}-{train_len}-s{seed}"
                 design = [
-                    *filled(DESIGN["fine_tunes"][method], values),
                     *schedule,
+                    f"train.seq_len={study.factor * train_len}",
+                    *filled(DESIGN["fine_tunes"][method], values),
                     f"train.seed={seed}",
                     f"train.init_from={parent}",
-                    f"train.seq_len={study.factor * train_len}",
                     f"train.max_steps={steps}",
                     *scored(train_len),
                 ]
                 overrides = merged(study.base(train_len), study.overrides, design)
                 name = f"{method}-{steps}-s{seed}"
-                jobs.append(Job(name, "extensions", study.directory / name, overrides))
+                jobs.append(Job(name, "extensions", study.directory / name, overrides, method=method))
+    return jobs
+
+
+def zero_shot_jobs(fine_tunes: list[Job], values: dict[str, str]) -> list[Job]:
+    """The design's further evaluations of a method's fine-tunes (``zero_shot``: DroPE scored with its
+    temperature beside its end-of-training rows without it), ``<fine-tune>-<label>``, each of its trained run."""
+    jobs = []
+    for job in fine_tunes:
+        for label, settings in DESIGN["zero_shot"].get(job.method, {}).items():
+            marker = job.run_dir / "eval" / f".{label}-done"
+            evaluation = tuple(filled(settings, values))
+            jobs.append(Job(f"{job.name}-{label}", "evaluations", job.run_dir, (), (), evaluation, marker, job.method))
+    return jobs
+
+
+def extension_jobs(study: Study, train_len: int, values: dict[str, str]) -> list[Job]:
+    """Every fine-tune of each extended parent, then, where --methods has them, the training-free evaluations of
+    each; then the fine-tunes' further evaluations (a stage of their own, run once they are trained)."""
+    fine_tunes = fine_tune_jobs(study, train_len, values)
+    jobs = [*fine_tunes, *training_free_jobs(study, train_len, values)]
+    return [*jobs, *zero_shot_jobs(fine_tunes, values)]
+
+
+def training_free_jobs(study: Study, train_len: int, values: dict[str, str]) -> list[Job]:
+    """eval.py with the design's training-free variations on each extended parent, where --methods has them."""
+    extended = DESIGN["extended_parent"]
+    jobs: list[Job] = []
     if TRAINING_FREE not in study.methods:
         return jobs
     variations = tuple(filled(DESIGN["training_free"], values))
@@ -270,16 +320,54 @@ def plan_stage(jobs: list[Job]) -> dict[str, TrainPlan]:
     for job in jobs:
         try:
             with hydra_errors_as_user_errors():
-                if job.variations:
-                    missing = missing_variations(job)
-                    if missing:
-                        eval_command = importlib.import_module("eval")
-                        eval_command.plan_evaluation(job.run_dir, [f"eval.variations=[{','.join(missing)}]"])
+                if job.variations or job.evaluation:
+                    settings = evaluation_left(job)
+                    if settings:
+                        importlib.import_module("eval").plan_evaluation(job.run_dir, settings)
                 else:
                     plans[job.name] = plan_training(compose_config(list(job.overrides)), list(job.overrides))
+                    check_existing_run(job, plans[job.name])
         except PosGPTError as error:
             raise type(error)(f"job {job.name} of the extension study: {error}") from None
     return plans
+
+
+def evaluation_left(job: Job) -> list[str]:
+    """The eval.py overrides an evaluation job has still to run: its variations that the run's marker lacks, or
+    its settings unless its marker records the run's step; [] when it is done."""
+    if job.variations:
+        missing = missing_variations(job)
+        return [f"eval.variations=[{','.join(missing)}]"] if missing else []
+    return [] if zero_shot_done(job) else list(job.evaluation)
+
+
+def zero_shot_done(job: Job) -> bool:
+    """Whether the run's marker of this evaluation records the step of its last checkpoint."""
+    from core.checkpoint_io import last_checkpoint_path, load_checkpoint
+
+    path = last_checkpoint_path(job.run_dir)
+    if job.marker is None or not job.marker.exists() or not path.exists():
+        return False
+    return job.marker.read_text().strip() == str(load_checkpoint(path)["step"])
+
+
+def check_existing_run(job: Job, plan: TrainPlan) -> None:
+    """PosGPTError when the job's directory holds a run trained with settings other than the job's (a run of an
+    earlier design under the same name: DroPE recalibrated at factor x L is the method drope_4l now): it would be
+    skipped as done, or refused when resumed."""
+    from core.checkpoint_io import last_checkpoint_path, load_checkpoint
+
+    path = last_checkpoint_path(job.run_dir)
+    if not path.exists():
+        return
+    changed = plan.training.checkpoint.resume_changes(load_checkpoint(path)["config"])
+    # the parent's path is absolute: a study directory moved elsewhere holds the same runs
+    changed = [change for change in changed if not change.startswith("train.init_from=")]
+    if changed:
+        raise PosGPTError(
+            f"{job.run_dir} holds a run trained with {', '.join(changed[:3])}, not this job's settings (a run of "
+            "an earlier design of the study?); move it away, or run the study into another directory"
+        )
 
 
 def missing_variations(job: Job) -> list[str]:
@@ -317,20 +405,32 @@ def run_stage(jobs: list[Job], plans: dict[str, TrainPlan]) -> None:
     """Run each planned job that has work left: train (or resume) a run, or evaluate a parent's missing
     variations and note them in its marker."""
     for job in jobs:
-        if job.variations:
-            missing = missing_variations(job)
-            if not missing:
-                print(f"study: {job.name}: {job.run_dir} has every variation; skipped", flush=True)
-                continue
-            run_command(job, ["eval.py", f"run_dir={job.run_dir}", f"eval.variations=[{','.join(missing)}]"])
-            done = [v for v in job.variations if v not in missing] + missing
-            (job.run_dir / VARIATIONS_DONE).write_text(f"[{','.join(done)}]\n")
+        if job.variations or job.evaluation:
+            run_evaluation(job)
             continue
         state = run_state(job, plans[job.name])
         if state == "done":
             print(f"study: {job.name}: trained and evaluated; skipped", flush=True)
             continue
         run_command(job, [*job.command(), *(["train.resume=true"] if state == "resume" else [])])
+
+
+def run_evaluation(job: Job) -> None:
+    """Evaluate the job's run with what it has left (evaluation_left) and note it in its marker: the variations
+    scored (scripts/study.sh's marker), or the step an evaluation's settings scored."""
+    from core.checkpoint_io import last_checkpoint_path, load_checkpoint
+
+    settings = evaluation_left(job)
+    if not settings:
+        print(f"study: {job.name}: {job.run_dir} has this evaluation; skipped", flush=True)
+        return
+    run_command(job, ["eval.py", f"run_dir={job.run_dir}", *settings])
+    if job.variations:
+        missing = missing_variations(job)
+        done = [v for v in job.variations if v not in missing] + missing
+        (job.run_dir / VARIATIONS_DONE).write_text(f"[{','.join(done)}]\n")
+    else:
+        job.marker.write_text(f"{load_checkpoint(last_checkpoint_path(job.run_dir))['step']}\n")
 
 
 def compare(study: Study) -> None:
@@ -383,7 +483,7 @@ def parse_study(argv: list[str]) -> tuple[Study, bool, str]:
     parser.add_argument("--task", default="none", help="none (language modelling) or a task of configs/task/")
     methods = (*DESIGN["fine_tunes"], TRAINING_FREE)
     parser.add_argument("--methods", type=comma_list(str, 0), default=methods, help=f"of {','.join(methods)} (all)")
-    parser.add_argument("--part", choices=("parents", "extensions", "all"), default="all", help="the stages run (all)")
+    parser.add_argument("--part", choices=tuple(PARTS), default="all", help="the stages run (all)")
     parser.add_argument("--list", action="store_true", help="print the jobs, run none")
     args = parser.parse_intermixed_args(argv)
     unknown = [method for method in args.methods if method not in methods]
@@ -408,9 +508,7 @@ def main(argv: list[str]) -> None:
         for job in jobs:
             print(f"{job.name}\t{job.stage}\tpython {' '.join(job.command())}")
         return
-    for stage in ("parents", "extensions"):
-        if part not in (stage, "all"):
-            continue
+    for stage in PARTS[part]:
         stage_jobs = [job for job in jobs if job.stage == stage]
         plans = plan_stage(stage_jobs)
         print(f"study: {len(stage_jobs)} {stage} jobs planned", flush=True)

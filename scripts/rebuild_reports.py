@@ -64,8 +64,6 @@ ROOT = _repo.ROOT
 RESULTS = ROOT / "results"
 REGISTRY = RESULTS / "reports.json"
 DOCS = ("README.md", "docs/results.md", "docs/fine-tuning.md")
-# compare.py writes these beside the markdown unless told otherwise: uncommitted ones go to the scratch folder
-DEFAULT_OUTPUTS = ("--plot", "--task-plot", "--task-heatmap", "--task-csv")
 # a marker is a comment opening a line: a page may mention one in its text
 MARKER = re.compile(r"^<!-- table: (?P<spec>.*?)-->\n(?P<body>.*?)^<!-- /table -->", re.S | re.M)
 OPENING = re.compile(r"^<!-- table:", re.M)
@@ -102,10 +100,9 @@ def compare_argv(recipe: Recipe, markdown: Path, scratch: Path, write_plots: boo
         runs += [str(run) for run in found]
     outputs = []
     study = RESULTS / recipe.report.split("/")[0]
-    for option in dict.fromkeys([*DEFAULT_OUTPUTS, *recipe.outputs]):
-        name = recipe.outputs.get(option)
+    for option, name in recipe.outputs.items():  # the rest lie beside the markdown, in the scratch folder
         suffix = ".csv" if option == "--task-csv" else ".png"
-        target = study / name if (name and write_plots) else scratch / f"{option.strip('-')}{suffix}"
+        target = study / name if write_plots else scratch / f"{option.strip('-')}{suffix}"
         outputs += [option, str(target)]
     return [*runs, *recipe.options, "--markdown", str(markdown), *outputs]
 

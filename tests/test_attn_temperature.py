@@ -1,6 +1,6 @@
 """The length-dependent attention temperature (model/temperature.py): its factors against hand-computed values,
-every attention path equal, the KV cache, randomized positions, off by default, config refusals, and one tiny
-train + eval."""
+every attention path equal, the KV cache, randomized positions, off by default, config refusals, DroPE's
+per-window temperature (against the reference's form: one scale of the logits), and tiny train + eval runs."""
 
 import json
 import math
@@ -13,7 +13,13 @@ from cli_runs import assert_one_line_error
 from core.errors import PosGPTError
 from model import GPT, ModelConfig
 from model.pe import SCHEMES
-from model.temperature import AttentionTemperature, TemperatureConfig, check_evaluation_change
+from model.temperature import (
+    AttentionTemperature,
+    TemperatureConfig,
+    check_evaluation_change,
+    temperature_label,
+    temperature_settings,
+)
 
 TYPES = ("logn", "llama4", "ssmax")
 
@@ -56,7 +62,7 @@ def test_a_scale_of_q_is_a_per_row_scale_of_the_logits():
 
 
 @pytest.mark.parametrize("pe", ["rope", "alibi"])
-@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("kind", [*TYPES, "drope"])
 def test_every_backend_computes_the_same(pe, kind):
     model = tiny(pe, type=kind, floor_scale=4)
     x = torch.randint(0, 64, (2, 20))
@@ -129,6 +135,63 @@ def test_refusals():
     with pytest.raises(PosGPTError, match="learns its parameters in training"):
         check_evaluation_change(TemperatureConfig(type="ssmax"), TemperatureConfig(type="logn"))
     check_evaluation_change(TemperatureConfig(), TemperatureConfig(type="llama4"))  # parameter-free: allowed
+    check_evaluation_change(TemperatureConfig(), TemperatureConfig(type="drope", c=0.3))
+
+
+def test_drope_is_one_factor_for_the_window_from_its_extension_held_at_1_within_l():
+    """beta = 1 + c ln s, s = the window's keys / L, the same for every query of the window; 1 (no scale at all)
+    for s <= 1."""
+    cpu = torch.device("cpu")
+    drope = AttentionTemperature(TemperatureConfig(type="drope", c=0.25), 2, 8)
+    assert drope.factors(0, 8, cpu) is None and drope.factors(0, 5, cpu) is None  # s = 1, s < 1: not below 1
+    tau = drope.factors(0, 32, cpu)  # a window of 4L: every query, the first one too, takes s = 4
+    assert tau.shape == (32,) and torch.allclose(tau, torch.full((32,), 1 + 0.25 * math.log(4)))
+    assert drope.factors(24, 8, cpu).tolist() == pytest.approx([1 + 0.25 * math.log(4)] * 8)  # 24 keys cached
+    assert drope.factors(8, 1, cpu).tolist() == pytest.approx([1 + 0.25 * math.log(9 / 8)])
+    q = torch.randn(1, 2, 5, 16)
+    assert drope(q, 0) is q  # within L the run is its model as trained, bit for bit
+    settings = temperature_settings(TemperatureConfig(type="drope", c=0.25))
+    assert settings == {"type": "drope", "c": 0.25} and temperature_label(settings) == "drope(c=0.25)"
+    assert temperature_settings({"type": "drope", "floor_scale": None, "attn_scale": 0.1, "c": 0.1})["c"] == 0.1
+
+
+def test_drope_multiplies_every_logit_of_the_window_by_one_beta_as_the_references_softmax_scale():
+    """The reference's hook sets the attention's scaling of q . k to one number: beta / sqrt(d) is the model with
+    its query projection times beta. A NoPE model with the drope temperature equals that model without one."""
+    torch.manual_seed(3)
+    T, L, c = 40, 8, 0.3
+    beta = 1 + c * math.log(T / L)
+    with_temperature = tiny("none", type="drope", c=c).eval()
+    scaled = tiny("none").eval()
+    scaled.load_state_dict(with_temperature.state_dict())
+    C = scaled.cfg.n_embd
+    with torch.no_grad():
+        for block in scaled.blocks:
+            block.attn.qkv.weight[:C] *= beta
+            block.attn.qkv.bias[:C] *= beta
+        x = torch.randint(0, 64, (2, T))
+        torch.testing.assert_close(with_temperature(x), scaled(x), rtol=1e-5, atol=1e-5)
+        assert (with_temperature(x) - tiny("none")(x)).abs().max() > 1e-4
+
+
+def test_drope_with_a_kv_cache_takes_the_length_so_far_at_each_step():
+    """One layer: a cached step's logits are the last position's of a full forward of the tokens so far (both
+    take s of the keys so far). Two layers: the earlier tokens' hidden states were computed at their own lengths,
+    so step-by-step decoding is not the full forward of the whole window (the module docstring)."""
+    from model.gpt import KVCache
+
+    x = torch.randint(0, 64, (1, 20))
+    for layers in (1, 2):
+        model = tiny("none", layers, type="drope", c=1.0).eval()
+        with torch.no_grad():
+            for block in model.blocks:  # sharper attention than at initialisation, where beta changes little
+                block.attn.qkv.weight.mul_(30)
+            cache = KVCache()
+            model(x[:, :4], cache=cache)
+            steps = [model(x[:, t : t + 1], cache=cache)[:, -1] for t in range(4, 20)]
+            prefixes = [model(x[:, : t + 1])[:, -1] for t in range(4, 20)]
+        gap = max((step - prefix).abs().max().item() for step, prefix in zip(steps, prefixes))
+        assert gap < 1e-5 if layers == 1 else gap > 1e-3, (layers, gap)
 
 
 @pytest.mark.slow
@@ -155,3 +218,23 @@ def test_train_with_ssmax_and_evaluate_a_plain_run_with_logn(cli, reference, tmp
     assert sample.returncode == 0, sample.stderr
     refused = cli.eval_here(plain, "model.attn_sink=true")
     assert_one_line_error(refused, "model.attn_sink cannot be changed for an evaluation")
+
+
+@pytest.mark.slow
+def test_a_nope_run_evaluated_with_the_drope_temperature_records_its_rows_beside_the_plain_ones(cli, tmp_path):
+    run = tmp_path / "nope"
+    done = cli.train_here(run, "pe=none", "train.max_steps=3")
+    assert done.returncode == 0, done.stderr
+    scored = ["eval.length_multipliers=[1,4]", "eval.protocols=[nonoverlapping]"]
+    for extra in ([], ["model.attn_temperature.type=drope", "model.attn_temperature.c=0.2"]):
+        done = cli.eval_here(run, *scored, *extra)
+        assert done.returncode == 0, done.stderr
+    rows = json.loads((run / "eval" / "extrapolation.json").read_text())["results"]
+    by = {(row["length"], json.dumps(row["attn_temperature"])): row["loss"] for row in rows}
+    drope = json.dumps({"type": "drope", "c": 0.2})
+    assert set(by) == {(16, "null"), (64, "null"), (16, drope), (64, drope)}
+    assert by[(16, drope)] == by[(16, "null")]  # s = 1 at the training length: no scale
+    assert by[(64, drope)] != by[(64, "null")]
+    assert "nonoverlapping drope(c=0.2)" in done.stdout
+    refused = cli.eval_here(run, "model.attn_temperature.c=0.2")
+    assert_one_line_error(refused, "model.attn_temperature.c=0.2 is read only when model.attn_temperature.type=drope")

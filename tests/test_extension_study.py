@@ -1,16 +1,19 @@
 """scripts/extension_study.py: the fine-tuned context-extension study's jobs (names, the overrides each gets, parents
-before extensions), its listing that writes nothing, its one-line refusals before anything is written, the design's
-derived settings (LongRoPE's divisors, Self-Extend's group), and one slow end-to-end run on the tiny corpus."""
+before extensions, DroPE as its paper runs it and its temperature's evaluations after them, PoSE), its listing that
+writes nothing, its one-line refusals before anything is written, the design's derived settings (LongRoPE's
+divisors, Self-Extend's group), and one slow end-to-end run on the tiny corpus."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from cli_runs import TINY, assert_one_line_error, load_script
 
+from core.errors import PosGPTError
 from model.pe.rope_scaling import ROPE_SCALINGS, RoPEScalingConfig, rope_inv_freq
 
 SCRIPT = "scripts/extension_study.py"
@@ -36,8 +39,9 @@ def test_the_jobs_of_a_small_study(cli, tmp_path):
         *("rope-16-s1", "rope-16-s2", "nope-16-s1", "nope-16-s2"),
         *("pi-20-s1", "pi-20-s2", "pi-40-s1", "pi-40-s2", "drope-20-s1", "drope-20-s2", "drope-40-s1", "drope-40-s2"),
         *("training-free-s1", "training-free-s2"),
+        *(f"drope-{steps}-s{seed}-temperature" for steps in (20, 40) for seed in (1, 2)),
     ]
-    assert [job.stage for job in jobs] == ["parents"] * 4 + ["extensions"] * 10
+    assert [job.stage for job in jobs] == ["parents"] * 4 + ["extensions"] * 10 + ["evaluations"] * 4
     by_name = {job.name: job for job in jobs}
     lengths = "eval.lengths=[16,32,64,128,256]"
     rope, nope = set(by_name["rope-16-s2"].overrides), set(by_name["nope-16-s1"].overrides)
@@ -51,8 +55,19 @@ def test_the_jobs_of_a_small_study(cli, tmp_path):
         lengths,
     } <= set(pi.overrides)
     assert "train.warmup_steps=1000" not in pi.overrides  # the design's schedule replaces the overrides'
+    # DroPE as its paper: recalibrated at the parent's L and learning rate (the default's, 1e-3), scored zero-shot
     drope = set(by_name["drope-20-s1"].overrides)
     assert {"pe=none", "train.init_from_pe=replace", f"train.init_from={tmp_path / 'rope-16-s1'}"} <= drope
+    assert {"train.seq_len=16", "train.lr=0.001", "train.warmup_steps=2", "train.max_steps=20", lengths} <= drope
+    assert not any(arg in drope for arg in ("train.seq_len=64", "train.lr=2e-4"))
+    temperature = by_name["drope-40-s2-temperature"]
+    assert temperature.run_dir == tmp_path / "drope-40-s2" and temperature.marker == temperature.run_dir / "eval" / (
+        ".temperature-done"
+    )
+    assert temperature.command() == [
+        *("eval.py", f"run_dir={tmp_path / 'drope-40-s2'}"),
+        *("model.attn_temperature.type=drope", "model.attn_temperature.c=0.1"),
+    ]
     free = by_name["training-free-s1"]
     assert free.run_dir == tmp_path / "rope-16-s1" and free.overrides == ()
     # L = 16: W = 8, w = 1; G = 32 maps 16L's farthest distance (255) to 255 // 32 + 8 - 0 = 15 < 16
@@ -61,15 +76,24 @@ def test_the_jobs_of_a_small_study(cli, tmp_path):
 
 def test_every_method_and_the_task_study(cli, tmp_path):
     jobs = jobs_of(tmp_path, "--seeds", "1", "--budgets", "5", "--factor", "2", "--task", "passkey")
+    methods = ("plain", "pi", "ntk", "yarn", "llama3", "longrope", "drope", "drope_4l", "pose", "pose_yarn")
     assert [job.name for job in jobs] == [
         *("rope-64-s1", "nope-64-s1"),
-        *(f"{method}-5-s1" for method in ("plain", "pi", "ntk", "yarn", "llama3", "longrope", "drope")),
-        "training-free-s1",
+        *(f"{method}-5-s1" for method in methods),
+        *("training-free-s1", "drope-5-s1-temperature"),
     ]
-    longrope = {job.name: job for job in jobs}["longrope-5-s1"].overrides
+    by_name = {job.name: job for job in jobs}
+    longrope = by_name["longrope-5-s1"].overrides
     assert {"task=passkey", "train.seq_len=128", "eval.lengths=[64,128,256,512,1024]"} <= set(longrope)
     assert "pe.scaling.short_factor=[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]" in longrope  # passkey's heads: 128 / 4 wide
     assert not any(arg.startswith(("train.batch_size", "eval.max_tokens")) for arg in longrope)  # the task's own
+    # the paper's DroPE at the task's L and lr; today's (drope_4l) as the other fine-tunes; PoSE at L covering 2L
+    assert {"train.seq_len=64", "train.lr=0.001", "pe=none"} <= set(by_name["drope-5-s1"].overrides)
+    assert {"train.seq_len=128", "train.lr=2e-4", "pe=none"} <= set(by_name["drope_4l-5-s1"].overrides)
+    pose_yarn = set(by_name["pose_yarn-5-s1"].overrides)
+    assert {"train.seq_len=64", "train.pose.target_len=128", "pe.scaling.type=yarn", "pe.scaling.factor=2"} <= pose_yarn
+    assert "train.pose.target_len=128" in by_name["pose-5-s1"].overrides
+    assert not any(arg.startswith("pe.scaling") for arg in by_name["pose-5-s1"].overrides)
     parents = [job for job in jobs if job.stage == "parents"]
     assert set(study_script.plan_stage(parents)) == {"rope-64-s1", "nope-64-s1"}  # train.py's planner accepts them
 
@@ -101,9 +125,12 @@ def test_list_prints_the_jobs_and_writes_nothing(cli, tmp_path):
     done = cli.here(SCRIPT, str(directory), "--list", "--seeds", "1", "--budgets", "3", *tiny(cli))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 + 7 + 1 and lines[0].startswith("rope-16-s1\tparents\tpython train.py ")
-    assert lines[-1] == f"training-free-s1\textensions\tpython eval.py run_dir={directory / 'rope-16-s1'} " + (
+    assert len(lines) == 2 + 10 + 1 + 1 and lines[0].startswith("rope-16-s1\tparents\tpython train.py ")
+    assert lines[-2] == f"training-free-s1\textensions\tpython eval.py run_dir={directory / 'rope-16-s1'} " + (
         "eval.variations=[yarn:4,ntk:4,string:8:1,self_extend:32:8]"
+    )
+    assert lines[-1] == f"drope-3-s1-temperature\tevaluations\tpython eval.py run_dir={directory / 'drope-3-s1'} " + (
+        "model.attn_temperature.type=drope model.attn_temperature.c=0.1"
     )
     assert not directory.exists()
 
@@ -117,11 +144,12 @@ def test_list_prints_the_jobs_and_writes_nothing(cli, tmp_path):
         (["train.eval_after=false"], ["the study sets train.eval_after itself"]),
         (
             ["--methods", "plain,magic"],
-            ["--methods takes some of plain,pi,ntk,yarn,llama3,longrope,drope,training-free"],
+            ["--methods takes some of plain,pi,ntk,yarn,llama3,longrope,drope,drope_4l,pose,pose_yarn,training-free"],
         ),
         (["--task", "nonsense"], ["--task takes none or a task"]),
         (["--budgets", "0"], ["--budgets"]),
         (["--part", "extensions"], ["job plain-3-s1 of the extension study", "train.init_from"]),  # no parents yet
+        (["train.pose.target_len=64"], ["the study sets train.pose.target_len itself"]),
     ],
 )
 def test_a_bad_value_is_refused_in_one_line_before_anything_is_written(cli, tmp_path, argv, fragments):
@@ -137,11 +165,12 @@ def test_a_tiny_study_trains_fine_tunes_evaluates_compares_and_then_skips_it_all
     # a val split of 1,340 tokens: 16L = 256 needs 512
     runs = [*tiny(cli), "train.max_steps=3", "data.val_fraction=0.05", "eval.protocols=[nonoverlapping]"]
     runs += ["eval.max_tokens=1024"]
-    # one fine-tune trained: DroPE's training is tests/test_init_from.py's, its job's overrides the plan tests'
-    argv = [str(directory), "--seeds", "1", "--budgets", "2", "--methods", "plain,training-free", *runs]
+    # two fine-tunes trained: plain, and DroPE as its paper (at L, then evaluated with its temperature too); the
+    # other methods' jobs are planned below from the parent the study trains
+    argv = [str(directory), "--seeds", "1", "--budgets", "2", "--methods", "plain,drope,training-free", *runs]
     done = cli.here(SCRIPT, *argv)
     assert done.returncode == 0, done.stderr[-3000:]
-    for name in ("rope-16-s1", "nope-16-s1", "plain-2-s1"):
+    for name in ("rope-16-s1", "nope-16-s1", "plain-2-s1", "drope-2-s1"):
         results = json.loads((directory / name / "eval" / "extrapolation.json").read_text())
         assert {row["length"] for row in results["results"]} == {16, 32, 64, 128, 256}, name
     parent = json.loads((directory / "rope-16-s1" / "eval" / "extrapolation.json").read_text())
@@ -150,15 +179,28 @@ def test_a_tiny_study_trains_fine_tunes_evaluates_compares_and_then_skips_it_all
     assert any(variation.startswith("string:8:1") for variation in variations)
     first = json.loads((directory / "plain-2-s1" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["init_from"] == str(directory / "rope-16-s1") and first["parent_pe"] == "rope"
+    drope = json.loads((directory / "drope-2-s1" / "eval" / "extrapolation.json").read_text())
+    assert drope["train_seq_len"] == 16 and drope["config"]["train"]["lr"] == 0.001  # the parent's L and lr
+    losses = {(row["length"], json.dumps(row["attn_temperature"])): row["loss"] for row in drope["results"]}
+    beta = json.dumps({"type": "drope", "c": 0.1})
+    assert {length for length, temperature in losses if temperature == beta} == {16, 32, 64, 128, 256}
+    assert losses[(16, beta)] == losses[(16, "null")] and losses[(256, beta)] != losses[(256, "null")]
+    assert (directory / "drope-2-s1" / "eval" / ".temperature-done").read_text() == "2\n"
     report = (directory / "comparison.md").read_text()
-    assert "plain" in report and "yarn:4" in report
+    assert "plain" in report and "yarn:4" in report and "drope(c=0.1)" in report
     again = cli.here(SCRIPT, *argv)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "python train.py" not in again.stdout and "python eval.py" not in again.stdout
-    assert again.stdout.count("skipped") == 4
-    # every method's fine-tune from the parent that now exists is accepted (LongRoPE's lists fit the head, ...)
+    assert again.stdout.count("skipped") == 6
+    # every method's fine-tune from the parent that now exists is accepted (LongRoPE's lists fit the head, PoSE's
+    # target the scheme, ...)
     every = [job for job in jobs_of(directory, "--seeds", "1", "--budgets", "2", *runs) if job.stage == "extensions"]
-    assert len(study_script.plan_stage(every)) == 7
+    assert len(study_script.plan_stage(every)) == 10
+    # a directory holding a run of an earlier design under a job's name (DroPE at L where drope_4l trains at 4L)
+    shutil.copytree(directory / "drope-2-s1", directory / "drope_4l-2-s1")
+    (old,) = [job for job in every if job.name == "drope_4l-2-s1"]
+    with pytest.raises(PosGPTError, match="job drope_4l-2-s1 of the extension study: .* train.seq_len=16 \\(now 64\\)"):
+        study_script.plan_stage([old])
     # a run short of its (now longer) max_steps is resumed; one at it and evaluated is done
     (longer,) = study_script.plan_stage(jobs_of(directory, *argv[1:], "train.max_steps=4")[:1]).values()
     rope = jobs_of(directory, *argv[1:])[0]

@@ -40,6 +40,7 @@ from core.tracking import TrackerSettings, init_wandb
 from data import TokenArray, check_split_length, draw_batch, load_splits, separate_documents
 from data.config import DataConfig
 from data.tasks import NO_TASK, TaskConfig, build_task, held_out_seed
+from data.windows import PoSEConfig
 from model import GPT, ModelConfig
 from model.documents import within_document_index
 from model.pe import PEConfig
@@ -87,6 +88,7 @@ class LoopSettings:
     checkpoint_every: int
     skip_nonfinite: bool
     random_positions: int | None
+    pose: PoSEConfig  # train.pose: PoSE's positions (data/windows.py)
     compile: str
     distributed: str
     document_aware: bool
@@ -374,6 +376,7 @@ def _batch_stream(
         device,
         state=checkpoint["sampler_state"] if checkpoint else None,
         random_positions=settings.random_positions,
+        pose=settings.pose,
     )
 
 
@@ -408,7 +411,7 @@ def _run_loop(loop: _Loop) -> tuple[int, int | None]:
     step, stopped_by = loop.start_step, None
     with StopRequested() as stop:
         while step < t.max_steps and stopped_by is None:
-            x, y, positions = loop.batches.next()  # positions: None unless train.random_positions
+            x, y, positions = loop.batches.next()  # positions: None unless train.random_positions or train.pose
             documents = None
             if t.document_aware:  # each window's documents kept apart (data/windows.py)
                 documents, y = separate_documents(x, y)

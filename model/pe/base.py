@@ -197,18 +197,20 @@ class PositionalEncoding(nn.Module):
         limit = self.max_positions()
         return None if limit is None or length <= limit else f"pe={self.name} encodes at most {limit} positions"
 
-    def check_random_positions(self, n_positions: int) -> None:
-        """PosGPTError unless training with positions drawn from [0, n_positions) makes sense for this scheme."""
+    def check_random_positions(self, n_positions: int, setting: str = "train.random_positions") -> None:
+        """PosGPTError unless training with positions drawn from [0, n_positions) makes sense for this scheme.
+        ``setting``: the key that draws them, named in the refusal (train.random_positions, or PoSE's
+        train.pose.target_len)."""
         if not self.uses_positions():
             raise PosGPTError(
-                f"train.random_positions: pe={self.name} does not use token positions, so there is "
-                "nothing to randomize; drop train.random_positions"
+                f"{setting}: pe={self.name} does not use token positions, so there is "
+                f"nothing to randomize; drop {setting}"
             )
         limit = self.max_positions()
         if limit is not None and n_positions > limit:
             raise PosGPTError(
-                f"train.random_positions={n_positions}: pe={self.name} encodes at most {limit} "
-                "positions (its table size); enlarge the table or lower train.random_positions"
+                f"{setting}={n_positions}: pe={self.name} encodes at most {limit} "
+                f"positions (its table size); enlarge the table or lower {setting}"
             )
 
     @classmethod

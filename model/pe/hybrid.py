@@ -239,15 +239,15 @@ class HybridPositionalEncoding(PositionalEncoding):
         limits = [limit for limit in limits if limit is not None]
         return min(limits) if limits else None
 
-    def check_random_positions(self, n_positions: int) -> None:
+    def check_random_positions(self, n_positions: int, setting: str = "train.random_positions") -> None:
         users = [part for part in self.parts.values() if part.uses_positions()]
         if not users:
             raise PosGPTError(
-                f"train.random_positions: no scheme of pe.pattern=[{','.join(self.cfg.pattern)}] uses token "
-                "positions, so there is nothing to randomize; drop train.random_positions"
+                f"{setting}: no scheme of pe.pattern=[{','.join(self.cfg.pattern)}] uses token "
+                f"positions, so there is nothing to randomize; drop {setting}"
             )
         for part in users:
-            part.check_random_positions(n_positions)
+            part.check_random_positions(n_positions, setting)
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         return [p for part in self.parts.values() for p in part.no_weight_decay()]

@@ -62,14 +62,14 @@ class ScaledNoPE(Rotation, PositionalEncoding):
                 "train at 2 tokens or more, or set pe.score_scaling=false"
             )
 
-    def check_random_positions(self, n_positions: int) -> None:
+    def check_random_positions(self, n_positions: int, setting: str = "train.random_positions") -> None:
         if self.cfg.score_scaling:
             raise PosGPTError(
-                f"train.random_positions={n_positions}: pe.score_scaling counts a query's keys by its position, which "
+                f"{setting}={n_positions}: pe.score_scaling counts a query's keys by its position, which "
                 "randomized positions would make larger than its keys; train with pe.score_scaling=false (it changes "
                 "nothing up to train.seq_len) and evaluate with it on"
             )
-        super().check_random_positions(n_positions)
+        super().check_random_positions(n_positions, setting)
 
     def prepare(self, positions: torch.Tensor, seq_len: int, memo: dict) -> Any:
         """s(p + 1) for the queries at ``positions``, float64, (T,) or (B, T); None without the scaling."""
