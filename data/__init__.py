@@ -11,13 +11,14 @@ from data.cache import check_corpus, corpus_identity, describe_corpus, eval_toke
 from data.config import DataConfig, resolve_cache_dir, validate_data_config
 from data.tokenizer import EOT_TOKEN, gpt2_encoding
 from data.tokens import TokenArray
-from data.windows import check_split_length, draw_batch, sample_batch, separate_documents
+from data.windows import check_documents, check_split_length, draw_batch, sample_batch, separate_documents
 
 __all__ = [
     "EOT_TOKEN",
     "DataConfig",
     "TokenArray",
     "check_corpus",
+    "check_documents",
     "check_split_length",
     "corpus_identity",
     "describe_corpus",

@@ -164,6 +164,22 @@ def draw_training_batch(
     return *sample_batch(source, batch_size, seq_len, generator), None
 
 
+def check_documents(tokens: TokenArray, corpus: str, chunk: int = 1 << 24) -> None:
+    """Refuse data.document_aware for a training split of one document: its windows never hold two, so the run
+    would train exactly as without the setting. Reads until a second <|endoftext|> is found (at once for a corpus
+    of many documents)."""
+    ends = 0
+    for start in range(0, len(tokens), chunk):
+        ends += int(np.count_nonzero(tokens.read(start, min(chunk, len(tokens) - start)) == EOT_TOKEN))
+        if ends >= 2:
+            return
+    raise PosGPTError(
+        f"data.document_aware=true keeps a window's documents apart at their <|endoftext|> tokens, and the "
+        f"{tokens.name} split of data {corpus!r} is one document ({len(tokens):,} tokens, {ends} <|endoftext|>): "
+        "it would train as without it; give a corpus of several documents or drop data.document_aware"
+    )
+
+
 def separate_documents(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The documents of a batch of windows (``data.document_aware``): each token's document, (B, T) int64 counted
     from 0 along each row, and the targets with the ones another document would predict left out (-100).

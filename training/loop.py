@@ -37,7 +37,7 @@ from core.host_memory import available_bytes, reused_freed_memory
 from core.rundir import CONSOLE_LOG, lock_run
 from core.runtime import autocast, compile_enabled, set_up_runtime
 from core.tracking import TrackerSettings, init_wandb
-from data import TokenArray, check_split_length, draw_batch, load_splits, separate_documents
+from data import TokenArray, check_documents, check_split_length, draw_batch, load_splits, separate_documents
 from data.config import DataConfig
 from data.tasks import NO_TASK, TaskConfig, build_task, held_out_seed
 from data.windows import PoSEConfig
@@ -235,6 +235,8 @@ def _load_data(plan: TrainingPlan, dist: distributed.DistInfo) -> dict:
             splits = load_splits(plan.data, progress)
     for tokens in splits.values():  # refused here, before the run directory is written, not at the first batch
         check_split_length(tokens, plan.loop.seq_len)
+    if plan.loop.document_aware:
+        check_documents(splits["train"], plan.data.name)
     if plan.evaluation is not None:
         plan.evaluation.check_split(splits["val"])
     return splits
@@ -276,6 +278,8 @@ def _train(plan: TrainingPlan, run_dir: Path, dist: distributed.DistInfo) -> int
     checkpointer = Checkpointer(plan.checkpoint, plan.optimizer, run_dir, checkpoint, dist, device)
     if not finished and plan.task.name == NO_TASK:  # a resumed run's corpus is its checkpoint's, or refused
         checkpointer.track_corpus(splits, checkpoint, plan.data)
+    if not finished:
+        _check_first_forward(plan.loop, raw_model, splits["train"], checkpoint, dist, (device, dtype), checkpointer)
     # Every check has passed: only now does this command write into the run directory.
     checkpointer.record_run()
     if dist.is_main:
@@ -433,17 +437,56 @@ def _run_loop(loop: _Loop) -> tuple[int, int | None]:
     return step, stopped_by
 
 
+def _check_first_forward(
+    settings: LoopSettings,
+    model: GPT,
+    train_tokens,
+    checkpoint: dict | None,
+    dist: distributed.DistInfo,
+    runtime: tuple[torch.device, torch.dtype],
+    checkpointer: Checkpointer,
+) -> None:
+    """One forward pass of the first micro-batch the run trains on, before the run directory is written: a forward
+    that overflows (a non-finite loss) or an attention path this machine cannot run (its kernel's own refusal) is
+    refused here, not at the first step. The batch comes from a stream of its own, the pass runs in eval mode, with
+    no backward, on a copy of the random state, so the run trains exactly as it would without it."""
+    device, dtype = runtime
+    x, y, positions = _batch_stream(settings, train_tokens, checkpoint, dist, device).next()
+    documents = None
+    if settings.document_aware:
+        documents, y = separate_documents(x, y)
+        positions = within_document_index(documents)
+    rows = max(1, len(x) // settings.grad_accum_steps)
+    first = [None if t is None else t[:rows] for t in (x, y, positions, documents)]
+    was_training = model.training
+    model.eval()
+    try:
+        cuda = [device] if device.type == "cuda" else []
+        # with gradients recorded, as training's forward: a path that only training refuses is refused too
+        with torch.enable_grad(), torch.random.fork_rng(devices=cuda), autocast(device, dtype):
+            loss = model(first[0], first[1], positions=first[2], documents=first[3]).detach()
+    finally:
+        model.train(was_training)
+    if distributed.any_rank(not bool(torch.isfinite(loss)), dist, device):
+        raise _overflow(checkpointer.overrides)
+
+
 def _check_first_loss(loss: torch.Tensor, loop: _Loop) -> None:
     """Step 1's loss is that of the weights the run starts from, before any update: non-finite there, the forward
     pass overflows with these settings. A lower learning rate cannot mend that, and skipping steps would skip every
-    one and end with nothing trained and exit 0."""
+    one and end with nothing trained and exit 0. (_check_first_forward refuses most such runs before they start;
+    this catches what only training mode computes.)"""
     if distributed.any_rank(not bool(torch.isfinite(loss)), loop.dist, loop.device):
-        given = [o for o in loop.checkpointer.overrides if o.startswith(("model", "pe", "train.init_from"))]
-        sets = f" (this command sets {', '.join(given)})" if given else ""
-        raise PosGPTError(
-            "the training loss is non-finite at step 1, before any update: the model's forward pass overflows with "
-            f"these settings{sets}; neither a lower train.lr nor train.skip_nonfinite can mend that"
-        )
+        raise _overflow(loop.checkpointer.overrides)
+
+
+def _overflow(overrides: tuple[str, ...]) -> PosGPTError:
+    given = [o for o in overrides if o.startswith(("model", "pe", "train.init_from"))]
+    sets = f" (this command sets {', '.join(given)})" if given else ""
+    return PosGPTError(
+        "the training loss is non-finite at step 1, before any update: the model's forward pass overflows with "
+        f"these settings{sets}; neither a lower train.lr nor train.skip_nonfinite can mend that"
+    )
 
 
 def _end_step(loop: _Loop, step: int, grad_norm: torch.Tensor, stopping: bool) -> None:
