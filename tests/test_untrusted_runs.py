@@ -251,6 +251,22 @@ def test_an_export_into_a_folder_with_planted_links_writes_nothing(cli, evaluate
         assert tree(root) == before, name
 
 
+@pytest.mark.slow
+def test_compare_with_a_link_planted_on_any_of_its_outputs_writes_nothing(cli, evaluated, tmp_path):
+    """Its outputs (found by running it once) each replaced by a link to a file outside the folder named for them."""
+    compare = lambda out: ("scripts/compare.py", str(evaluated), "--markdown", str(out / "c.md"))  # noqa: E731
+    assert cli.here(*compare(tmp_path / "first")).returncode == 0
+    names = sorted(path.name for path in (tmp_path / "first").iterdir())
+    assert "c.md" in names and len(names) >= 2  # the markdown and its plot beside it
+    for index, name in enumerate(names):
+        root = tmp_path / f"case{index}"
+        (root / "out").mkdir(parents=True)
+        plant_link(root / "out", name, root / "outside")
+        before = tree(root)
+        assert_one_line_error(cli.here(*compare(root / "out")), "through a link")
+        assert tree(root) == before, name
+
+
 def test_every_write_primitive_refuses_a_link_out(tmp_path):
     folder, outside = tmp_path / "run", tmp_path / "outside"
     folder.mkdir()
@@ -345,9 +361,9 @@ def test_an_error_naming_a_path_with_a_newline_is_one_line(cli, tmp_path):
 
 INTERRUPTED = {
     "eval": lambda run, out: ["eval.py", f"run_dir={run}", "eval.protocols=[sliding]", "eval.lengths=[16]"],
-    "export": lambda run, out: ["scripts/export_results.py", str(run), "--to", str(out)],
+    "export": lambda run, out: ["scripts/export_results.py", str(run), "--to", str(out), "--slim"],
     "compare": lambda run, out: ["scripts/compare.py", str(run), "--markdown", str(out / "c.md")],
-}
+}  # export --slim: the export, then slim_results in place on what it wrote
 
 
 @pytest.mark.slow
