@@ -37,7 +37,14 @@ _RUNS = "runs"  # the metadata key of a field's kinds of run that read it
 _COMMANDS = "commands"  # the metadata key of a field's commands that read it
 RUN_KINDS = {"text": "a language-model run", "task": "a task run"}
 # The commands that read a config, by the name a declaration gives them, and the script each is.
-COMMANDS = {"train": "train.py", "eval": "eval.py", "sample": "sample.py", "inspect": "scripts/inspect_attention.py"}
+COMMANDS = {
+    "train": "train.py",
+    "eval": "eval.py",
+    "sample": "sample.py",
+    "inspect": "scripts/inspect_attention.py",
+    "speed": "scripts/speed.py",  # a training step's and a forward pass's speed, on random token ids
+    "estimate": "scripts/estimate.py",  # their memory and FLOPs, predicted (experiment/estimate.py)
+}
 
 
 def _bound(value: float) -> str:

@@ -43,6 +43,9 @@ from model.pe import SCHEMES
 from model.temperature import check_temperature
 
 EVERY_COMMAND = tuple(COMMANDS)  # a setting every command reads (core.domain's commands)
+# scripts/speed.py and scripts/estimate.py: a training step and a forward pass of the model on random token ids, so
+# what those read of train.* and model.*, and the evaluation's batch, but no data, task, logging or other eval.*
+BENCHMARKS = ("speed", "estimate")
 
 
 @dataclass
@@ -83,7 +86,7 @@ class TrainConfig:
     eval_after: bool = True  # run the extrapolation eval when training ends
     # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N) (and evaluate a task
     # run there: eval.random_positions)
-    random_positions: int | None = domain(None, ge=1, commands=("train", "eval"))
+    random_positions: int | None = domain(None, ge=1, commands=("train", "eval", "estimate"))
     # PoSE (Zhu et al. 2024): train windows of seq_len tokens at chunks of positions skipped to cover
     # pose.target_len, to fine-tune for that length at this one (data/windows.py, pose_positions)
     pose: PoSEConfig = field(default_factory=PoSEConfig)
@@ -107,7 +110,8 @@ class EvalConfig:
     streaming_sinks: int = domain(4, ge=0, used_with=("protocols", ("streaming",)), runs=TEXT)
     # scored tokens per (length, protocol): the same token range for all
     max_tokens: int = domain(32768, ge=1, runs=TEXT)
-    batch_tokens: int = domain(16384, ge=1)  # tokens per forward pass (windows are batched up to this)
+    # tokens per forward pass (windows are batched up to this)
+    batch_tokens: int = domain(16384, ge=1, commands=("train", "eval", *BENCHMARKS))
     # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
     # parse_variation, model/pe/); None: the run as configured.
     variations: list[str] | None = None
@@ -195,7 +199,7 @@ class Config:
     # a dataclass of data/tasks/ (the `task` group); none: text; sample.py and the scripts take text runs only
     task: Any = section(TaskConfig, commands=("train", "eval"))
     data: DataConfig = section(DataConfig, commands=("train", "eval", "inspect"), runs=TEXT)  # a task makes its own
-    train: TrainConfig = section(TrainConfig, commands=("train",))
+    train: TrainConfig = section(TrainConfig, commands=("train", *BENCHMARKS))
     eval: EvalConfig = section(EvalConfig, commands=("train", "eval"))
     logging: LoggingConfig = section(LoggingConfig, commands=("train", "eval", "inspect"))  # sample.py logs nothing
     sample: SampleConfig = section(SampleConfig, commands=("sample",))  # sample.py

@@ -54,13 +54,14 @@ class ModelConfig:
     n_head: int = domain(4, ge=1)
     n_embd: int = domain(256, ge=1)  # the shipped default, configs/model/tiny_wide.yaml (tests/test_house_rules.py)
     vocab_size: int = domain(50257, ge=1)  # GPT-2 BPE; padded up to a multiple of 64 inside the model
-    dropout: float = domain(0.0, ge=0, lt=1, commands=("train",))  # off in eval mode: evaluating and sampling
+    # off in eval mode: evaluating and sampling read none
+    dropout: float = domain(0.0, ge=0, lt=1, commands=("train", "speed", "estimate"))
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
     init_std: float = domain(0.02, gt=0)
     attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/attention.py)
     embedding: str = "fairseq"  # token-embedding convention, shared by every scheme: fairseq | gpt2 (see above)
     # the fused chunked loss: auto (on CPU) | always | never (see model/loss.py); sampling computes no loss
-    fused_ce: str = read_with("auto", commands=("train", "eval"))
+    fused_ce: str = read_with("auto", commands=("train", "eval", "speed", "estimate"))
     # FlexAttention's kernel options, given to its kernels as they are (block sizes, stages, warps; fwd_/bwd_ for one
     # pass only): a speed setting, same result; empty: FlexAttention's own choice (see model/attention.py)
     flex_kernel_options: dict[str, Any] = read_with(default_factory=dict, used_with=("attn_backend", ("auto", "flex")))

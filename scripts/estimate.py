@@ -38,6 +38,7 @@ from experiment.compose import compose_config
 from experiment.config import validate
 from experiment.estimate import count_parameters, flops_per_token, scoring_memory, training_memory
 from experiment.plan import optimizer_settings
+from experiment.settings import overridden_keys
 from model.attention import resolve_backend
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
@@ -88,7 +89,7 @@ def main(argv: list[str]) -> None:
     read_results_file(args.record)  # a file that is not a results file, or one in a run: refused before any work
     check_writable({"--record": args.record})
     cfg = compose_config(overrides)
-    validate(cfg, reads_data=False)  # random token ids: any vocabulary
+    validate(cfg, reads_data=False, keys=overridden_keys(overrides), command="scripts/estimate.py")  # random ids
     report = {
         "pe": cfg.pe.name,
         "parameters": count_parameters(cfg),

@@ -56,6 +56,7 @@ from experiment.build import build_model, model_flops_per_token
 from experiment.compose import compose_config
 from experiment.config import validate
 from experiment.plan import optimizer_settings
+from experiment.settings import overridden_keys
 from model.attention import resolve_layer_backends
 from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
@@ -350,7 +351,7 @@ def main(argv: list[str]) -> None:
     schemes, rest = split_schemes(overrides)
     configs = [compose_config(rest + ([f"pe={name}"] if name else [])) for name in schemes]
     for cfg in configs:
-        validate(cfg, reads_data=False)  # random token ids: any vocabulary
+        validate(cfg, reads_data=False, keys=overridden_keys(rest), command="scripts/speed.py")  # random token ids
         if args.compile_mode != "default" and str(cfg.train.compile).lower() != "true":
             raise PosGPTError(f"--compile-mode {args.compile_mode} needs train.compile=true (it compiles nothing else)")
         if args.sdpa_backend != "auto" and select_device(cfg.train.device).type != "cuda":
