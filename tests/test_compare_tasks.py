@@ -143,7 +143,7 @@ def language_run(
 
 
 def report_of(runs: list[Path], tmp_path: Path, *options: str) -> str:
-    compare.main([*map(str, runs), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png"), *options])
+    compare.main([*map(str, runs), "--markdown", str(tmp_path / "c.md"), *options])
     return (tmp_path / "c.md").read_text()
 
 

@@ -171,7 +171,8 @@ def nan_at_step(monkeypatch):
 
         def forward_with_nan(self, *args, **kwargs):
             loss = forward(self, *args, **kwargs)
-            if torch.is_grad_enabled():  # a training step (validation runs without gradients)
+            if torch.is_grad_enabled() and self.training:  # a training step (validation, and the check of the first
+                # forward before the run is written, run in eval mode)
                 steps.append(None)
                 if len(steps) == step:
                     return loss * float("nan")
