@@ -135,7 +135,9 @@ def given_wins(cfg: DictConfig, given: list[str], check: Callable[[DictConfig], 
             trial = candidate
         except PosGPTError:
             dropped.append(f"{key}={value}")
-    print(f"{command}: the run's stored {', '.join(dropped)} dropped: it conflicts with the settings given", flush=True)
+    if dropped:  # (each alone accepted, yet not all together: trial holds those put back)
+        shown = ", ".join(dropped)
+        print(f"{command}: the run's stored {shown} dropped: it conflicts with the settings given", flush=True)
     return trial
 
 
