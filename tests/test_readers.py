@@ -35,6 +35,9 @@ from experiment.plan import plan_training
 from experiment.settings import check_changeable
 from model.pe import SCHEMES
 
+# what reads a training setting: train.py, and the benchmarks that time and size a training step
+TRAINING_READERS = "(read by train.py, scripts/speed.py and scripts/estimate.py)"
+
 COMMANDS = {"train": "train.py", "eval": "eval.py", "sample": "sample.py", "inspect": "scripts/inspect_attention.py"}
 TASK_COMMANDS = ("train", "eval")  # sample.py and scripts/inspect_attention.py refuse a task run, whatever it is given
 # What a refusal of a setting that nothing reads says (core.domain, experiment/config.py); and what an evaluation
@@ -238,12 +241,27 @@ def task_run(cli, tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     ("script", "run", "override", "line"),
     [
-        ("sample.py", "text", "train.lr=3e-4", "sample.py does not read train.lr (read by train.py)"),
+        (
+            "sample.py",
+            "text",
+            "train.lr=3e-4",
+            f"sample.py does not read train.lr {TRAINING_READERS}",
+        ),
         ("sample.py", "text", "data.val_fraction=0.5", "sample.py does not read data.val_fraction (read by train.py,"),
         ("sample.py", "text", "logging.wandb.mode=online", "sample.py does not read logging.wandb.mode"),
         ("sample.py", "text", "model.fused_ce=never", "sample.py does not read model.fused_ce"),
-        ("eval.py", "text", "train.compile=false", "eval.py does not read train.compile (read by train.py)"),
-        ("eval.py", "text", "model.dropout=0.1", "eval.py does not read model.dropout (read by train.py)"),
+        (
+            "eval.py",
+            "text",
+            "train.compile=false",
+            f"eval.py does not read train.compile {TRAINING_READERS}",
+        ),
+        (
+            "eval.py",
+            "text",
+            "model.dropout=0.1",
+            f"eval.py does not read model.dropout {TRAINING_READERS}",
+        ),
         ("eval.py", "task", "data.val_fraction=0.5", "data.val_fraction=0.5 is read only by a language-model run"),
         (
             "eval.py",
@@ -275,5 +293,5 @@ def test_train_refuses_the_corpus_of_a_task_run_before_writing(cli, tmp_path):
 def test_the_command_line_refuses_what_it_does_not_read(cli, text_run):
     before = tree_digest(text_run)
     done = cli.run([sys.executable, "sample.py", f"run_dir={text_run}", "train.lr=3e-4"])
-    assert_one_line_error(done, "sample.py does not read train.lr (read by train.py)")
+    assert_one_line_error(done, f"sample.py does not read train.lr {TRAINING_READERS}")
     assert tree_digest(text_run) == before
