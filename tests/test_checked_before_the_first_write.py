@@ -17,6 +17,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_refused_before_the_run_directory_is_written(cli, tmp_path, case):
     settings, message = CASES[case]
@@ -26,6 +27,7 @@ def test_refused_before_the_run_directory_is_written(cli, tmp_path, case):
     assert not run.exists()
 
 
+@pytest.mark.slow
 def test_the_first_forward_changes_nothing_the_run_trains(cli, tmp_path, monkeypatch):
     """The check's forward draws from a stream of its own, in eval mode, on a copy of the random state: with
     dropout (which draws from that state) the run trains bit-identically to one without the check."""

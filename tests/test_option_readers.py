@@ -78,6 +78,7 @@ def runs(cli, tmp_path_factory) -> dict[str, Path]:
     return {"text": evaluated_run(cli, folder), "task": task}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option, kind, argv", OPTIONS, ids=[option for option, _, _ in OPTIONS])
 def test_an_option_no_run_reads_is_refused_before_any_output(cli, runs, tmp_path, option, kind, argv):
     other = "task" if kind == "text" else "text"
@@ -114,6 +115,7 @@ def test_the_benchmarks_read_no_data_eval_sample_or_inspect_settings():
     assert {"data", "eval", "sample", "inspect", "logging"} <= sections
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script, key", BENCHMARK_CASES)
 def test_a_benchmark_refuses_a_setting_only_other_commands_read(cli, script, key):
     value = OmegaConf.select(compose_config([]), key)
