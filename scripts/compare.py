@@ -130,20 +130,24 @@ OPTION_GROUPS = {"selection": "text", "perplexity": "text", "task": "task", "any
 READ_FOR_ANY_RUN = ("run_dirs", "markdown", "val_curve", "entropy", "baseline")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The options, with ``given``: each option the command line sets away from its default, and the kind of run
-    that reads it (OPTION_GROUPS), for check_readers."""
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str | None]]:
+    """The parser, and the kind of run that reads each option's destination (OPTION_GROUPS; None: any run)."""
     parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     readers = {}
     # --help lists the options in the order they are added
-    for add, group in ((add_selection_options, "selection"), (add_perplexity_options, "perplexity")):
+    groups = ((add_selection_options, "selection"), (add_perplexity_options, "perplexity"), (add_task_options, "task"))
+    for add, group in groups:
         before = len(parser._actions)
         add(parser)
         readers.update({action.dest: OPTION_GROUPS[group] for action in parser._actions[before:]})
-    before = len(parser._actions)
-    add_task_options(parser)
-    readers.update({action.dest: OPTION_GROUPS["task"] for action in parser._actions[before:]})
     readers.update(dict.fromkeys(READ_FOR_ANY_RUN))
+    return parser, readers
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options, with ``given``: each option the command line sets away from its default, and the kind of run
+    that reads it (build_parser), for check_readers."""
+    parser, readers = build_parser()
     args = parser.parse_args(argv)
     args.given = {
         action.option_strings[-1]: readers[action.dest]

@@ -16,6 +16,7 @@ import importlib.util
 import io
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -136,6 +137,19 @@ class Runner:
     def eval_here(self, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
         """eval.py in this process (see here)."""
         return self.here("eval.py", f"run_dir={run_dir}", *extra)
+
+    def start_interruptible(self, command: list[str]) -> subprocess.Popen:
+        """``command`` started with SIGINT as a terminal delivers it, whatever this test inherits: a shell's
+        background job (`pytest &`, nohup) starts with SIGINT ignored, which Python keeps (Ctrl-C would do nothing)."""
+        return subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
 
     def start_train(self, run_dir: Path, *extra: str) -> subprocess.Popen:
         return subprocess.Popen(

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import REPO, TINY, Runner, assert_user_error
+from cli_runs import TINY, Runner, assert_user_error
 
 from data.cache import _signals_stop_workers
 
@@ -193,17 +193,7 @@ def test_signal_while_tokenizing_stops_the_workers(cli, tmp_path, signum, code):
         f"data.cache_dir={tmp_path / 'cache'}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    # Ctrl-C as a terminal delivers it, whatever this test inherits: a shell's background job (`pytest &`,
-    # nohup) starts with SIGINT ignored, which Python and train.py keep (the run would rightly finish, exit 0).
-    process = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=cli.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    process = cli.start_interruptible(command)  # SIGINT delivered even where this test inherits it ignored
     try:
         deadline = time.monotonic() + 120
         while len(workers := _children(process.pid)) < 2:

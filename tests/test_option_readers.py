@@ -28,23 +28,13 @@ from experiment.config import command_reads
 
 def declared_options() -> list[tuple[str, str, list[str]]]:
     """(option, the kind of run that reads it, a command line giving it a value away from its default)."""
-    readers = compare.parse_args.__globals__["OPTION_GROUPS"]
-    assert set(readers.values()) == {"text", "task", None}
-    parser = compare.ArgumentParser()
-    kinds = {}
-    for add, kind in ((compare.add_selection_options, "text"), (compare.add_perplexity_options, "text")):
-        before = len(parser._actions)
-        add(parser)
-        kinds.update({action.dest: kind for action in parser._actions[before:]})
-    before = len(parser._actions)
-    compare.add_task_options(parser)
-    kinds.update({action.dest: "task" for action in parser._actions[before:]})
-    options = []
-    for action in parser._actions:
-        if not action.option_strings or action.dest in compare.READ_FOR_ANY_RUN or action.dest == "help":
-            continue
-        options.append((action.option_strings[-1], kinds[action.dest], _value(action)))
-    return options
+    assert set(compare.OPTION_GROUPS.values()) == {"text", "task", None}
+    parser, kinds = compare.build_parser()
+    return [
+        (action.option_strings[-1], kinds[action.dest], _value(action))
+        for action in parser._actions
+        if action.option_strings and action.dest != "help" and kinds[action.dest] is not None
+    ]
 
 
 def _value(action: argparse.Action) -> list[str]:

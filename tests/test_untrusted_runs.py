@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import REPO, STEPS, TIMEOUT_S, assert_one_line_error, evaluated_run
+from cli_runs import STEPS, TIMEOUT_S, assert_one_line_error, evaluated_run
 from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
@@ -378,16 +378,7 @@ def test_an_interrupted_command_leaves_every_file_as_it_was_or_whole(cli, evalua
     def started(case: str) -> tuple[Path, subprocess.Popen]:
         root = tmp_path / case
         run = Path(shutil.copytree(evaluated, root / "run"))
-        process = subprocess.Popen(
-            [sys.executable, *argv(run, root / "out")],
-            cwd=REPO,
-            env=cli.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip  (Ctrl-C as a terminal delivers it: a background job inherits SIGINT ignored)
-        return root, process
+        return root, cli.start_interruptible([sys.executable, *argv(run, root / "out")])
 
     start = time.monotonic()
     root, process = started("whole")
