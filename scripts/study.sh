@@ -71,10 +71,11 @@ while [[ $# -gt 0 && "$1" == --* ]]; do
     esac
 done
 study_dir="multirun/study-$(date +%Y-%m-%d_%H-%M-%S)"
-# The first argument is the study's folder unless it reads as a Hydra override (key=value); an existing folder, or
-# a path written with a slash (./a=b), is a folder whatever its name holds.
+# The first argument is the study's folder unless it reads as a Hydra override (key=value, the value holding any
+# character, a slash too); an existing folder is a folder whatever its name holds, and a new one whose name holds
+# "=" is named so that no key reads in it (./a=b, or its absolute path).
 override_pattern='^[+~]{0,2}[A-Za-z_][A-Za-z0-9_.@]*(/[A-Za-z0-9_.@]+)*='
-if [[ $# -gt 0 && ( -d "$1" || "$1" == */* || ! "$1" =~ $override_pattern ) ]]; then
+if [[ $# -gt 0 && ( -d "$1" || ! "$1" =~ $override_pattern ) ]]; then
     study_dir="$1"
     shift
 fi

@@ -211,3 +211,10 @@ def test_study_an_existing_folder_whose_name_holds_an_equals_sign_is_the_folder(
     done = study("--schemes", "rope", "--seeds", "1", "--list", str(folder))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(folder / "rope-s1")]
+
+
+@pytest.mark.slow
+def test_study_an_override_whose_value_holds_a_slash_is_no_folder(tmp_path):
+    """With no folder given, `data.files=[/x/y.txt]` is an override (its key has no slash), not the study's folder."""
+    done = study("--schemes", "rope", "--seeds", "1", "--list", f"data.files=[{tmp_path}/no.txt]")
+    assert not (REPO / "data.files=[").exists() and all("data.files" not in line for line in done.stdout.split())
