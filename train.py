@@ -32,7 +32,13 @@ from core.cli import exit_on_user_error
 from core.errors import PosGPTError
 from core.rundir import removed_if_unused
 from core.tracking import check_wandb
-from experiment.compose import check_group_choices, compose_config, hydra_errors_as_user_errors, sweep_jobs
+from experiment.compose import (
+    check_group_choices,
+    compose_config,
+    hydra_errors_as_user_errors,
+    planned_run_dirs,
+    sweep_jobs,
+)
 from experiment.config import register_configs
 from experiment.plan import plan_each, plan_training
 from training.loop import train
@@ -49,8 +55,8 @@ def main(cfg: DictConfig) -> None:
     # job, Hydra would print its own line before ours.
     with removed_if_unused(run_dir), hydra_errors_as_user_errors():  # Hydra made run_dir before train.py's checks
         plan = plan_training(cfg, list(hydra_cfg.overrides.task))
-        check_wandb(plan.training.tracker, run_dir)  # W&B's mode, login and folder, before the run writes
-        stopped_by = train(plan.training, run_dir)
+        check_wandb(plan.tracker, run_dir)  # W&B's mode, login and folder, before the run writes
+        stopped_by = train(plan, run_dir)
     if stopped_by is not None:
         # The exit status of a process killed by that signal: `train.py && eval.py` and sweeps stop here too.
         sys.exit(128 + stopped_by)
@@ -59,7 +65,9 @@ def main(cfg: DictConfig) -> None:
 def check_sweep(argv: list[str]) -> None:
     """A multirun plans every job before the first one trains: one invalid value stops the whole sweep before any
     work, naming its job (each job plans itself again when it starts)."""
-    plan_each(sweep_jobs(argv), compose_config)
+    jobs = sweep_jobs(argv)
+    if jobs:  # a single run plans itself, in main()
+        plan_each(jobs, compose_config, planned_run_dirs(argv, len(jobs)))
 
 
 def check_only(argv: list[str]) -> None:
@@ -67,10 +75,7 @@ def check_only(argv: list[str]) -> None:
     jobs = sweep_jobs([*argv, "-m"])  # a single run is a sweep of one job
     if not jobs:
         raise PosGPTError("train.py --check plans runs composed from configs/config.yaml: drop --config-name")
-    if len(jobs) == 1:
-        plan_training(compose_config(jobs[0]), jobs[0])
-    else:
-        plan_each(jobs, compose_config)
+    plan_each(jobs, compose_config, planned_run_dirs(argv, len(jobs)))
 
 
 @exit_on_user_error

@@ -151,6 +151,25 @@ def sweep_jobs(argv: list[str]) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, max_batch_size=None) for job in batch]
 
 
+# Where a run of no named directory would write: Hydra makes a new one (its name holds the time), so nothing is there.
+NEW_RUN_DIR = Path("<a new run directory>")
+
+
+def planned_run_dirs(argv: list[str], jobs: int) -> list[Path]:
+    """The run directory of each of ``jobs`` jobs of the command line ``argv`` (one for a single run), as Hydra
+    will name it: ``hydra.run.dir``, or ``hydra.sweep.dir``/<job number> under the default subdirectory; a name
+    Hydra makes at run time (``${now:...}``, another subdirectory) is a new directory, :data:`NEW_RUN_DIR`."""
+    given = dict(argument.split("=", 1) for argument in argv if argument.startswith("hydra.") and "=" in argument)
+    multirun = bool({"-m", "--multirun"} & set(argv))
+    if not multirun:
+        named = given.get("hydra.run.dir")
+        return [NEW_RUN_DIR if named is None or "${" in named else Path(named)]
+    sweep = given.get("hydra.sweep.dir")
+    if sweep is None or "${" in sweep or "hydra.sweep.subdir" in given:
+        return [NEW_RUN_DIR] * jobs
+    return [Path(sweep) / str(number) for number in range(jobs)]
+
+
 def check_group_choices(argv: list[str]) -> None:
     """A config group (``pe=``, ``model=``, ...) is chosen by the name of one of its files (or a list of names).
     Hydra meets a number, a bool or null there with a bare ValueError (a traceback) and a mapping (``model={}``)

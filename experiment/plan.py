@@ -1,6 +1,6 @@
 """The plan of a training run: the composed config, checked, turned into the settings of each stage.
 
-    config (Hydra) --plan_training--> TrainPlan --train.py--> training.loop.train(plan.training, run_dir)
+    config (Hydra) --plan_training--> TrainingPlan --train.py--> training.loop.train(plan, run_dir)
 
 Every check of a config runs here, before anything is written or trained: the schema's domains, the data's and
 the evaluation's settings, the model built on the meta device (its parameter count, a scheme's refusals), and a
@@ -40,7 +40,7 @@ from experiment.settings import changed_settings, overridden_keys, trained_confi
 from model.pe import SCHEMES
 from training.checkpointing import CheckpointSettings
 from training.init_from import Parent
-from training.loop import LoopSettings, ModelSpec, TrainingPlan
+from training.loop import LoopSettings, ModelSpec, TrainingPlan, rehearse
 from training.metrics import MetricsSettings
 from training.optim import OptimizerSettings
 
@@ -49,15 +49,6 @@ from training.optim import OptimizerSettings
 CHANGEABLE_MODEL_KEYS = ("model.dropout", *(key for key in RUNTIME_SETTINGS if key.startswith("model.")))
 
 Settings = TypeVar("Settings")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainPlan:
-    """A training run as planned: the config it trains with (what it inherits from a parent included; the
-    checkpoints record it) and the training's part, which the loop takes."""
-
-    config: DictConfig
-    training: TrainingPlan
 
 
 def section_settings(kind: type[Settings], section: DictConfig, **others: Any) -> Settings:
@@ -84,7 +75,7 @@ def tracker_settings(cfg: DictConfig) -> TrackerSettings:
     )
 
 
-def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainPlan:
+def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainingPlan:
     """The plan of training ``cfg`` (composed from ``overrides``, of which none may be a setting only another
     command reads); PosGPTError for anything that would refuse it, before anything is written. Sets the task's
     vocabulary in ``cfg``."""
@@ -109,7 +100,7 @@ def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainPlan:
         explicit_positions=explicit,
         progress=cfg.logging.progress,
     )
-    training = TrainingPlan(
+    return TrainingPlan(
         loop=section_settings(
             LoopSettings,
             t,
@@ -127,7 +118,6 @@ def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainPlan:
         parent=parent,
         evaluation=EndOfTrainingEvaluation(cfg, model) if t.eval_after else None,
     )
-    return TrainPlan(cfg, training)
 
 
 def check_training_config(cfg: DictConfig) -> None:
@@ -242,13 +232,24 @@ class EndOfTrainingEvaluation:
                 "data, or set train.eval_after=false"
             )
 
-    def done(self, run_dir: Path, step: int) -> bool:
-        """Whether every results file the evaluators write records this step (a run stopped between them: not)."""
+    def done(self, run_dir: Path, step: int, trained: dict) -> bool:
+        """Whether every results file the evaluators write records this step (a run stopped between them: not), and
+        this evaluation: the one the run was trained with (``trained``'s eval settings, which its end ran), or one
+        whose every evaluator has rows at every length planned here. So eval settings given anew (other lengths,
+        say) are evaluated, not taken for done."""
         from evaluation.run import by_file
         from evaluation.store import load_document
 
-        groups = by_file(self._evaluators).values()
-        return all((load_document(run_dir / EVAL_DIR, group[0].rows) or {}).get("step") == step for group in groups)
+        as_trained = OmegaConf.to_container(trained_config(trained).eval) == OmegaConf.to_container(self._cfg.eval)
+        lengths = set(eval_lengths(self._cfg))
+        for group in by_file(self._evaluators).values():
+            document = load_document(run_dir / EVAL_DIR, group[0].rows) or {}
+            if document.get("step") != step:
+                return False
+            scored = {(group[0].rows.evaluator_of(row), row["length"]) for row in document.get("results", [])}
+            if not as_trained and any((e.name, n) not in scored for e in group for n in lengths):
+                return False
+        return True
 
     def run(
         self,
@@ -325,13 +326,17 @@ def eval_context(
     )
 
 
-def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> None:
-    """Plan every job (each composed from its overrides by ``compose``) before the first one trains: one invalid
-    value stops them all, naming its job by the overrides that set it apart from the others. The plans are not
-    kept: each job plans itself again when it starts."""
-    for number, job in enumerate(jobs):
+def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig], run_dirs: list[Path]) -> None:
+    """Plan every job (each composed from its overrides by ``compose``, to run in its entry of ``run_dirs``) and make
+    every check its run makes before its first write (training.loop.rehearse: its data, its starting weights, its
+    first forward pass), before the first one trains: one invalid value or corpus stops them all, naming its job by
+    the overrides that set it apart from the others. The plans are not kept: each job plans itself again when it
+    starts."""
+    for number, (job, run_dir) in enumerate(zip(jobs, run_dirs, strict=True)):
         try:
-            plan_training(compose(job), job)
+            rehearse(plan_training(compose(job), job), run_dir)
         except PosGPTError as error:
+            if len(jobs) == 1:
+                raise
             swept = [override for override in job if any(override not in other for other in jobs)]
             raise type(error)(f"job {number} of the sweep ({' '.join(swept)}): {error}") from None

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import _repo  # noqa: F401  (the repository's packages on sys.path)
 
+import argparse
 import importlib
 import json
 import math
@@ -74,7 +75,7 @@ from core.errors import PosGPTError
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from experiment.plan import TrainPlan
+    from training.loop import TrainingPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN: dict[str, Any] = json.loads(Path(__file__).with_name("extension_study.json").read_text())
@@ -309,7 +310,7 @@ def study_jobs(study: Study) -> list[Job]:
     return [*parent_jobs(study, train_len), *extension_jobs(study, train_len, values)]
 
 
-def plan_stage(jobs: list[Job]) -> dict[str, TrainPlan]:
+def plan_stage(jobs: list[Job]) -> dict[str, TrainingPlan]:
     """Plan every job of a stage as its command would (train.py's planner, eval.py's), in this process and
     writing nothing: one refusal stops the stage before anything of it runs, naming its job. The training plans,
     by job name."""
@@ -351,7 +352,7 @@ def zero_shot_done(job: Job) -> bool:
     return job.marker.read_text().strip() == str(load_checkpoint(path)["step"])
 
 
-def check_existing_run(job: Job, plan: TrainPlan) -> None:
+def check_existing_run(job: Job, plan: TrainingPlan) -> None:
     """PosGPTError when the job's directory holds a run trained with settings other than the job's (a run of an
     earlier design under the same name: DroPE recalibrated at factor x L is the method drope_4l now): it would be
     skipped as done, or refused when resumed."""
@@ -360,7 +361,7 @@ def check_existing_run(job: Job, plan: TrainPlan) -> None:
     path = last_checkpoint_path(job.run_dir)
     if not path.exists():
         return
-    changed = plan.training.checkpoint.resume_changes(load_checkpoint(path)["config"])
+    changed = plan.checkpoint.resume_changes(load_checkpoint(path)["config"])
     # the parent's path is absolute: a study directory moved elsewhere holds the same runs
     changed = [change for change in changed if not change.startswith("train.init_from=")]
     if changed:
@@ -377,7 +378,7 @@ def missing_variations(job: Job) -> list[str]:
     return [variation for variation in job.variations if variation not in done]
 
 
-def run_state(job: Job, plan: TrainPlan) -> str:
+def run_state(job: Job, plan: TrainingPlan) -> str:
     """ "done" (the checkpoint at train.max_steps, and every results file of its end-of-training evaluation records
     that step), "resume" (a checkpoint short of that), or "new" (no checkpoint)."""
     from core.checkpoint_io import last_checkpoint_path, load_checkpoint
@@ -385,9 +386,10 @@ def run_state(job: Job, plan: TrainPlan) -> str:
     path = last_checkpoint_path(job.run_dir)
     if not path.exists():
         return "new"
-    step = load_checkpoint(path)["step"]
-    evaluation = plan.training.evaluation
-    if step >= plan.training.loop.max_steps and (evaluation is None or evaluation.done(job.run_dir, step)):
+    checkpoint = load_checkpoint(path)
+    step, evaluation = checkpoint["step"], plan.evaluation
+    done = evaluation is None or evaluation.done(job.run_dir, step, checkpoint["config"])
+    if step >= plan.loop.max_steps and done:
         return "done"
     return "resume"
 
@@ -401,7 +403,7 @@ def run_command(job: Job, argv: list[str]) -> None:
         sys.exit(status)
 
 
-def run_stage(jobs: list[Job], plans: dict[str, TrainPlan]) -> None:
+def run_stage(jobs: list[Job], plans: dict[str, TrainingPlan]) -> None:
     """Run each planned job that has work left: train (or resume) a run, or evaluate a parent's missing
     variations and note them in its marker."""
     for job in jobs:
@@ -471,6 +473,25 @@ def comma_list(kind: type, minimum: int) -> Any:
     return parse
 
 
+def check_options_read(args: argparse.Namespace) -> None:
+    """An option that no job of the stages and methods asked for reads is refused, naming what would read it:
+    --budgets is read by the fine-tunes, --factor by the fine-tunes and the training-free methods, --methods by the
+    extensions stage (--part parents runs only the parents)."""
+    extending = "extensions" in PARTS[args.part]
+    fine_tuning = args.methods is None or any(method != TRAINING_FREE for method in args.methods)
+    readers = {
+        "--budgets": (
+            extending and fine_tuning,
+            f"the fine-tunes (--part extensions or all, a method besides {TRAINING_FREE})",
+        ),
+        "--factor": (extending, "the fine-tunes and the training-free methods (--part extensions or all)"),
+        "--methods": (extending, "the extensions stage (--part extensions or all)"),
+    }
+    for option, (read, by) in readers.items():
+        if getattr(args, option[2:]) is not None and not read:
+            raise PosGPTError(f"{option} is read only by {by}; nothing this command runs reads it: drop it")
+
+
 def parse_study(argv: list[str]) -> tuple[Study, bool, str]:
     """(the study, --list, --part) from the command line; PosGPTError for anything invalid."""
     parser = ArgumentParser(prog="scripts/extension_study.py", description=__doc__.split("\n\n")[0])
@@ -478,14 +499,18 @@ def parse_study(argv: list[str]) -> tuple[Study, bool, str]:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     parser.add_argument("--seeds", type=count(1), default=3, help="seeds 1..N (default 3)")
     parser.add_argument("--seed-list", type=comma_list(int, 0), help="these seeds instead, e.g. 4,5")
-    parser.add_argument("--budgets", type=comma_list(int, 1), default=(20, 200), help="fine-tuning steps (20,200)")
-    parser.add_argument("--factor", type=count(2), default=4, help="fine-tune to factor x L (default 4)")
+    parser.add_argument("--budgets", type=comma_list(int, 1), help="fine-tuning steps (20,200)")
+    parser.add_argument("--factor", type=count(2), help="fine-tune to factor x L (default 4)")
     parser.add_argument("--task", default="none", help="none (language modelling) or a task of configs/task/")
     methods = (*DESIGN["fine_tunes"], TRAINING_FREE)
-    parser.add_argument("--methods", type=comma_list(str, 0), default=methods, help=f"of {','.join(methods)} (all)")
+    parser.add_argument("--methods", type=comma_list(str, 0), help=f"of {','.join(methods)} (all)")
     parser.add_argument("--part", choices=tuple(PARTS), default="all", help="the stages run (all)")
     parser.add_argument("--list", action="store_true", help="print the jobs, run none")
     args = parser.parse_intermixed_args(argv)
+    check_options_read(args)
+    args.budgets = (20, 200) if args.budgets is None else args.budgets
+    args.factor = 4 if args.factor is None else args.factor
+    args.methods = methods if args.methods is None else args.methods
     unknown = [method for method in args.methods if method not in methods]
     if unknown or not args.methods:
         raise PosGPTError(f"--methods takes some of {','.join(methods)}, got {','.join(args.methods)}")

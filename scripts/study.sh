@@ -61,7 +61,7 @@ value_of() {
 }
 while [[ $# -gt 0 && "$1" == --* ]]; do
     case "$1" in
-        --seeds) value_of "$@"; seeds="$2"; shift 2 ;;
+        --seeds) value_of "$@"; seeds="$2"; seeds_given=true; shift 2 ;;
         --seed-list) value_of "$@"; seed_list="$2"; shift 2 ;;
         --schemes) value_of "$@"; schemes="$2"; shift 2 ;;
         --tasks) value_of "$@"; tasks="$2"; shift 2 ;;
@@ -89,6 +89,10 @@ fi
 
 if [[ -z "$schemes" ]]; then  # every scheme with a config
     schemes=$(find configs/pe -maxdepth 1 -name '*.yaml' -exec basename {} .yaml \; | sort | paste -sd, -)
+fi
+if [[ -n "$seed_list" && -n "$seeds_given" ]]; then  # one of them would be read, the other ignored
+    echo "error: --seeds is not read when --seed-list gives the seeds: drop one of them" >&2
+    exit 2
 fi
 if [[ -z "$seed_list" ]]; then
     if [[ ! "$seeds" =~ ^[1-9][0-9]*$ ]]; then

@@ -1,6 +1,8 @@
 """A check that needs the model or the data runs before the run directory is written: the first step's overflow
 (one forward pass of the first micro-batch), what an attention path cannot do on this machine, and a property of
-the corpus that a setting depends on. Each is refused in one line, exit 2, and the run directory is never made."""
+the corpus that a setting depends on. Each is refused in one line, exit 2, and the run directory is never made;
+``train.py --check`` refuses each alike (training.loop.rehearse makes the same checks), and so does a sweep before its
+first job trains, when a later job is the one refused."""
 
 from __future__ import annotations
 
@@ -9,22 +11,48 @@ from cli_runs import assert_one_line_error, train_losses
 
 import training.loop
 
+# Each case: its settings (the last one refused, with the others), what the refusal says, and a value of that last
+# setting that trains.
 CASES = {
-    "overflow": (["pe=fire", "pe.init_c=1e300"], "non-finite at step 1"),
-    "a sink without a softmax": (["pe=stickbreaking", "model.attn_sink=true"], "model.attn_sink"),
-    "FlexAttention's backward on a CPU": (["model.attn_backend=flex"], "cannot train on CPU"),
-    "documents in a corpus of one": (["data.document_aware=true"], "is one document"),
+    "overflow": (["pe=fire", "pe.init_c=1e300"], "non-finite at step 1", "0.1"),
+    "a sink without a softmax": (["pe=stickbreaking", "model.attn_sink=true"], "model.attn_sink", "false"),
+    "FlexAttention's backward on a CPU": (["model.attn_backend=flex"], "cannot train on CPU", "auto"),
+    "documents in a corpus of one": (["data.document_aware=true"], "is one document", "false"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_refused_before_the_run_directory_is_written(cli, tmp_path, case):
-    settings, message = CASES[case]
+    settings, message, _ = CASES[case]
     run = tmp_path / "run"
     done = cli.train_here(run, "train.max_steps=2", *settings)
     assert_one_line_error(done, message)
     assert not run.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_check_refuses_what_the_run_refuses(cli, tmp_path, case):
+    settings, message, _ = CASES[case]
+    run = tmp_path / "run"
+    done = cli.here("train.py", "--check", *cli.overrides(run, "train.max_steps=2", *settings))
+    assert_one_line_error(done, message)
+    assert not run.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_sweep_refuses_a_later_job_before_the_first_trains(cli, tmp_path, case):
+    """The sweep's second job holds the case's settings; its first, the refused setting's value that trains."""
+    settings, message, trains = CASES[case]
+    key, refused = settings[-1].split("=", 1)
+    swept = f"{key}={trains},{refused}"
+    sweep = tmp_path / "sweep"
+    overrides = [o for o in cli.overrides(tmp_path / "run", "train.max_steps=2", *settings[:-1]) if "hydra" not in o]
+    done = cli.here("train.py", "-m", *overrides, swept, f"hydra.sweep.dir={sweep}")
+    assert_one_line_error(done, "job 1 of the sweep", message)
+    assert not sweep.exists()
 
 
 @pytest.mark.slow

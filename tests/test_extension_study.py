@@ -206,3 +206,31 @@ def test_a_tiny_study_trains_fine_tunes_evaluates_compares_and_then_skips_it_all
     rope = jobs_of(directory, *argv[1:])[0]
     assert study_script.run_state(rope, longer) == "resume"
     assert study_script.run_state(rope, study_script.plan_stage([rope])[rope.name]) == "done"
+
+
+def staged_jobs(directory: Path, part: str, *argv: str) -> list[tuple] | None:
+    """The jobs the stages of ``part`` would run, each (name, command, variations); None where it is refused."""
+    try:
+        jobs = jobs_of(directory, "--part", part, *argv)
+    except PosGPTError:
+        return None
+    stages = study_script.PARTS[part]
+    return [(job.name, tuple(job.command()), getattr(job, "variations", ())) for job in jobs if job.stage in stages]
+
+
+@pytest.mark.parametrize("part", sorted(study_script.PARTS))
+@pytest.mark.parametrize("methods", [(), ("--methods", "training-free")], ids=["all-methods", "training-free"])
+@pytest.mark.parametrize("option", [("--budgets", "7"), ("--factor", "3"), ("--methods", "plain")])
+def test_an_option_is_read_or_refused(cli, tmp_path, part, methods, option):
+    """Each option either changes a job the command runs or is refused in one line: never accepted and ignored."""
+    if option[0] in methods:
+        pytest.skip("the option is the base's own")
+    base = [*methods, "--seed-list", "1", *tiny(cli)]
+    without, given = staged_jobs(tmp_path, part, *base), staged_jobs(tmp_path, part, *option, *base)
+    if without is None:
+        pytest.skip("the base itself is refused (--methods without the extensions stage)")
+    if given is None:
+        with pytest.raises(PosGPTError, match=f"{option[0]} is read only by"):
+            jobs_of(tmp_path, "--part", part, *option, *base)
+    else:
+        assert given != without, f"{option} accepted but changes no job of --part {part}"

@@ -40,3 +40,21 @@ def test_check_refuses_exactly_what_the_end_of_training_evaluation_would(cli, tm
     else:
         document = json.loads((run / "eval" / "extrapolation.json").read_text())
         assert len({row.get("variation") for row in document["results"]}) == 2, "the variation was not scored"
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_with_other_lengths_evaluates_them(cli, tmp_path):
+    """``train.resume=true eval.lengths=[...]`` on a finished run scores the lengths it lacks; given once more, it has
+    them and there is nothing to do."""
+    run = tmp_path / "run"
+    given = ["pe=rope", "train.max_steps=2", "train.eval_after=true", "eval.max_tokens=256"]
+    first = cli.train_here(run, *given, "eval.lengths=[16]")
+    assert first.returncode == 0, first.stderr
+    again = cli.train_here(run, *given, "eval.lengths=[16]", "train.resume=true")
+    assert "nothing to do" in again.stdout, again.stderr
+    longer = cli.train_here(run, *given, "eval.lengths=[16,32]", "train.resume=true")
+    assert longer.returncode == 0, longer.stderr
+    rows = json.loads((run / "eval" / "extrapolation.json").read_text())["results"]
+    assert {row["length"] for row in rows} == {16, 32}
+    once_more = cli.train_here(run, *given, "eval.lengths=[16,32]", "train.resume=true")
+    assert "nothing to do" in once_more.stdout, once_more.stderr

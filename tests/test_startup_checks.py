@@ -192,6 +192,13 @@ def test_study_an_option_without_its_value_is_one_line_and_makes_nothing(tmp_pat
     assert not (tmp_path / "study").exists()
 
 
+def test_study_seeds_given_twice_is_refused_not_half_read(tmp_path):
+    """--seed-list gives the seeds, so a --seeds beside it would be ignored: refused, nothing listed or made."""
+    done = study("--seeds", "2", "--seed-list", "1,2", "--list", str(tmp_path / "study"))
+    assert_one_line_error(done, "--seeds is not read when --seed-list gives the seeds")
+    assert done.stdout == "" and not (tmp_path / "study").exists()
+
+
 def test_study_reads_its_options_from_its_parser():
     assert {"--seeds", "--seed-list", "--schemes", "--tasks"} <= set(STUDY_VALUE_OPTIONS)
 

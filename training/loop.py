@@ -101,8 +101,9 @@ class EndEvaluation(Protocol):
     def check_split(self, val_tokens: TokenArray) -> None:
         """PosGPTError when it would score nothing of ``val_tokens``: checked before the run directory is written."""
 
-    def done(self, run_dir: Path, step: int) -> bool:
-        """Whether ``run_dir`` holds this evaluation of ``step``."""
+    def done(self, run_dir: Path, step: int, trained: dict) -> bool:
+        """Whether ``run_dir`` holds this evaluation of ``step``, the run having been trained (and so evaluated at
+        its end) with the config ``trained``."""
 
     def run(
         self,
@@ -264,28 +265,71 @@ def _check_batch(settings: LoopSettings, dist: distributed.DistInfo) -> None:
         )
 
 
-def _train(plan: TrainingPlan, run_dir: Path, dist: distributed.DistInfo) -> int | None:
+@dataclasses.dataclass
+class _Prepared:
+    """What every check before the run's first write has built: the model with the weights it starts from, the
+    checkpoint it resumes (None: none), the data it trains on or evaluates."""
+
+    device: torch.device
+    dtype: torch.dtype
+    raw_model: GPT
+    checkpoint: dict | None
+    finished: bool  # every step trained: the run only evaluates, if its evaluation has not finished
+    idle: bool  # finished and evaluated: nothing to do
+    splits: dict | None  # None when idle
+    checkpointer: Checkpointer
+    console: str  # what the data's loading printed, for the run's log
+
+
+def _prepare(plan: TrainingPlan, run_dir: Path, dist: distributed.DistInfo) -> _Prepared:
+    """Every check that needs the processes, the run directory's checkpoint, the model or the data, in the order
+    the run makes them, writing nothing: the run then writes only once they have all passed, and
+    ``train.py --check`` (:func:`rehearse`) makes the same checks."""
     _check_batch(plan.loop, dist)
     device, dtype = set_up_runtime(plan.loop, local_rank=dist.local_rank if dist.enabled else None)
     raw_model, checkpoint = _initial_model(plan, run_dir, device)
     finished = checkpoint is not None and checkpoint["step"] >= plan.loop.max_steps
     if not finished:  # a finished run only evaluates: no gradients or optimizer states
         _check_memory_for_training(raw_model, device)
-    if finished and _nothing_to_do(plan, run_dir, checkpoint, dist):
-        return None  # and nothing was written
+    idle = finished and _nothing_to_do(plan, run_dir, checkpoint)
+    splits = None
     with kept_console() as earlier:  # the data's lines, for the run's log once the data has passed its checks
-        splits = None if finished else _load_data(plan, dist)
+        if not idle:  # a finished run's evaluation scores its validation split
+            splits = _load_data(plan, dist)
     checkpointer = Checkpointer(plan.checkpoint, plan.optimizer, run_dir, checkpoint, dist, device)
     if not finished and plan.task.name == NO_TASK:  # a resumed run's corpus is its checkpoint's, or refused
         checkpointer.track_corpus(splits, checkpoint, plan.data)
     if not finished:
         _check_first_forward(plan.loop, raw_model, splits["train"], checkpoint, dist, (device, dtype), checkpointer)
+    return _Prepared(device, dtype, raw_model, checkpoint, finished, idle, splits, checkpointer, earlier.getvalue())
+
+
+def rehearse(plan: TrainingPlan, run_dir: Path) -> None:
+    """Every check the run would make before its first write, in one process, writing nothing
+    (``train.py --check``): the data loaded and checked, the model built with its starting weights, and the first
+    micro-batch's forward pass. PosGPTError where the run would refuse. Quiet: what the data's loading says is the
+    run's to print."""
+    dist = distributed.init_distributed(plan.loop.device)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            _prepare(plan, run_dir, dist)
+    finally:
+        distributed.shutdown(dist)
+
+
+def _train(plan: TrainingPlan, run_dir: Path, dist: distributed.DistInfo) -> int | None:
+    ready = _prepare(plan, run_dir, dist)
+    if ready.idle:
+        _say_nothing_to_do(plan, run_dir, ready.checkpoint["step"], dist)
+        return None  # and nothing was written
+    device, dtype, raw_model, checkpoint = ready.device, ready.dtype, ready.raw_model, ready.checkpoint
+    checkpointer, splits = ready.checkpointer, ready.splits
     # Every check has passed: only now does this command write into the run directory.
     checkpointer.record_run()
     if dist.is_main:
-        tee_console(run_dir / CONSOLE_LOG, earlier.getvalue())
-    if finished:
-        return _finish_trained(plan, run_dir, checkpoint, raw_model, dist, device, dtype)
+        tee_console(run_dir / CONSOLE_LOG, ready.console)
+    if ready.finished:
+        return _finish_trained(plan, run_dir, checkpoint, raw_model, splits["val"], dist, (device, dtype))
 
     loop = _set_up_loop(plan, run_dir, raw_model, checkpoint, checkpointer, splits, dist, device, dtype)
     with reused_freed_memory():  # each step's large tensors reuse the last step's memory (core/host_memory.py)
@@ -532,19 +576,20 @@ def _finish_trained(
     run_dir: Path,
     checkpoint: dict,
     model: torch.nn.Module,
+    val_tokens,
     dist: distributed.DistInfo,
-    device: torch.device,
-    dtype: torch.dtype,
+    runtime: tuple[torch.device, torch.dtype],
 ) -> None:
     """Resuming a run that has trained all its steps, and whose end-of-training evaluation never finished (it was
     stopped, or it was stopped at the last step): run that evaluation."""
     step = checkpoint["step"]
     if dist.is_main:
         print(
-            f"train: {run_dir} has trained {step} steps, but its end-of-training evaluation did not finish: running it",
+            f"train: {run_dir} has trained {step} steps, but its end-of-training evaluation did not finish, or not at "
+            "every length and evaluator this command asks for: running it",
             flush=True,
         )
-    val_tokens = _load_data(plan, dist)["val"]  # the model holds the checkpoint's weights (_initial_model)
+    device, dtype = runtime  # the model holds the checkpoint's weights (_initial_model)
     if dist.is_main:
         wandb_run = init_wandb(plan.tracker, run_dir, checkpoint.get("wandb_run_id"))
         plan.evaluation.run(model, run_dir, device, dtype, val_tokens, step, checkpoint["config"], wandb_run)
@@ -553,19 +598,19 @@ def _finish_trained(
     return None
 
 
-def _nothing_to_do(plan: TrainingPlan, run_dir: Path, checkpoint: dict, dist: distributed.DistInfo) -> bool:
-    """Whether a run that has trained all its steps has also been evaluated (or is not to be): then the command
-    says so and changes nothing, not even the run's record of its latest start or its console log."""
-    step = checkpoint["step"]
-    if plan.evaluation is not None and not plan.evaluation.done(run_dir, step):
-        return False
+def _nothing_to_do(plan: TrainingPlan, run_dir: Path, checkpoint: dict) -> bool:
+    """Whether a run that has trained all its steps has also been evaluated as planned (or is not to be)."""
+    return plan.evaluation is None or plan.evaluation.done(run_dir, checkpoint["step"], checkpoint["config"])
+
+
+def _say_nothing_to_do(plan: TrainingPlan, run_dir: Path, step: int, dist: distributed.DistInfo) -> None:
+    """The command says so and changes nothing, not even the run's record of its latest start or its console log."""
     if dist.is_main:
         print(
             f"train: {run_dir} has already trained {step} steps (train.max_steps={plan.loop.max_steps}); nothing to "
             "do. Raise train.max_steps to train longer",
             flush=True,
         )
-    return True
 
 
 def _evaluate(
