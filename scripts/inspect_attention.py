@@ -100,9 +100,12 @@ def plan_inspection(run_dir: Path, overrides: list[str]) -> Inspection:
     check_matplotlib_folders()
     tracker = tracker_settings(cfg)
     check_wandb(tracker, run.dir)
+    lengths = sorted({m * cfg.train.seq_len for m in multipliers})
+    reasons = [run.model.pe.beyond_reach(length) for length in lengths]
+    if all(reasons):  # what the scheme alone refuses is refused before the data is read
+        raise PosGPTError(f"no length could be inspected: {reasons[0]}")
     checkpoint = run.checkpoint
     tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
-    lengths = sorted({m * cfg.train.seq_len for m in multipliers})
     return Inspection(run, tokens, lengths, suffix, paths, tracker)
 
 

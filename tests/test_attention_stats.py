@@ -216,3 +216,15 @@ def test_compare_overlays_the_entropy_of_several_runs(inspected, tmp_path):
 def test_compare_entropy_needs_inspected_runs(inspected, tmp_path):
     with pytest.raises(PosGPTError, match="inspect_attention.py"):
         read_attention([inspected["alibi"], tmp_path])
+
+
+def test_a_scheme_that_reaches_no_length_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
+    """pe=learned at 2x and 4x its table: every length is past its reach, which the model alone tells, so the
+    command refuses before reading the corpus (it read it first, then refused)."""
+    inspect_attention = load_script("inspect_attention")
+    run_dir = make_run(tmp_path / "learned", Runner(tmp_path).corpus, "pe=learned")
+    read = []
+    monkeypatch.setattr(inspect_attention, "eval_tokens", lambda *args: read.append(args))
+    with pytest.raises(PosGPTError, match="no length could be inspected: pe=learned encodes at most 16"):
+        inspect_attention.plan_inspection(run_dir, ["inspect.length_multipliers=[2,4]"])
+    assert read == []
