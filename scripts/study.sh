@@ -47,6 +47,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seeds=3
+seeds_given=""
 seed_list=""
 schemes=""
 tasks=""
