@@ -54,7 +54,7 @@ def main(cfg: DictConfig) -> None:
     # Hydra's errors in the job itself (an interpolation that does not resolve) are ours to print: escaping the
     # job, Hydra would print its own line before ours.
     with removed_if_unused(run_dir), hydra_errors_as_user_errors():  # Hydra made run_dir before train.py's checks
-        plan = plan_training(cfg, list(hydra_cfg.overrides.task))
+        plan = plan_training(cfg, list(hydra_cfg.overrides.task), run_dir)
         check_wandb(plan.tracker, run_dir)  # W&B's mode, login and folder, before the run writes
         stopped_by = train(plan, run_dir)
     if stopped_by is not None:

@@ -61,8 +61,11 @@ gpt2=(model=gpt2 train.seq_len=1024 train.batch_size=16 --warmup 5 --steps 10 --
 # Part 1's bias schemes: the two whose FlexAttention kernels asked for more shared memory than an H200 has on
 # 2026-11-27 (part 2 takes the rest).
 PART1_BIAS=t5,kerple
-registry() {  # registry EXPRESSION: the registered schemes whose class satisfies it (c), comma-separated
-  python -c "from model.pe import SCHEMES; from model.pe.capabilities import *; print(','.join(sorted(n for n, c in SCHEMES.items() if $1)))"
+registry() {  # registry EXPRESSION: the registered schemes whose class satisfies it (c), comma-separated; mods(c):
+  # what the scheme hands attention (model/pe/capabilities.py, ModifiesAttention)
+  python -c "from model.pe import SCHEMES; from model.pe.capabilities import *; from model.kernels import WRITTEN_OUT_MODS
+mods = lambda c: set(getattr(c, 'modifies', ()))
+print(','.join(sorted(n for n, c in SCHEMES.items() if $1)))"
 }
 limit_for() {  # limit_for LIMIT: LIMIT, or less where --budget leaves less; 0 when under 30 s would be left
   local limit=$1 left
@@ -142,7 +145,7 @@ part2() {
   # again with less shared memory per kernel (its kernels asked for 245,760 bytes of an H200's 232,448 on
   # 2026-11-27, forward included): 2 pipeline stages instead of 3 in both passes, then the forward's tiles halved.
   local rest retry
-  rest=$(registry "(issubclass(c, ScoreBias) or issubclass(c, CumulativeBias)) and n not in '$PART1_BIAS'.split(',')")
+  rest=$(registry "(issubclass(c, ScoreBias) or 'pair_term' in mods(c)) and n not in '$PART1_BIAS'.split(',')")
   bench 320 bench_compiled_bias scripts/speed.py "${gpt2[@]}" pe="rope,$rest" train.compile=true --eval-length 16384
   retry=$(python - "$F" "$(registry "issubclass(c, DistanceBias)")" <<'PY'
 import json, sys
@@ -169,7 +172,7 @@ part3() {
   # blocks of queries recomputed in the backward pass; its eager run is part 5's, beside RoPE's).
   bench 300 bench_fused_compiled scripts/speed.py "${gpt2[@]}" pe="rope,$(registry "issubclass(c, FusedKernel)")" \
     train.compile=true --eval-length 16384
-  bench 150 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "issubclass(c, ContentBias)")" train.compile=true
+  bench 150 bench_cope_compiled scripts/speed.py "${gpt2[@]}" pe="$(registry "'score_mod' in mods(c)")" train.compile=true
 }
 
 part4() {
@@ -193,10 +196,10 @@ part5() {
   # own), then the rest; the memory model's prediction beside the measured peak (RoPE, CoPE); the bias schemes
   # through SDPA with a blockwise mask instead of FlexAttention, scoring 16K too.
   local pe own written
-  written=$(registry "issubclass(c, ContentBias) or issubclass(c, AttentionWeights) or issubclass(c, TransportedScores)")
-  own=$(registry "n != 'rope' and not (issubclass(c, ContentBias) or issubclass(c, AttentionWeights) or issubclass(c, TransportedScores))")
+  written=$(registry "mods(c) & WRITTEN_OUT_MODS")
+  own=$(registry "n != 'rope' and not mods(c) & WRITTEN_OUT_MODS")
   bench 150 bench_eager scripts/speed.py "${gpt2[@]}" pe="rope,$written,$own" train.compile=false
-  for pe in rope "$(registry "issubclass(c, ContentBias)")"; do
+  for pe in rope "$(registry "'score_mod' in mods(c)")"; do
     bench 60 "estimate_$pe" scripts/estimate.py model=gpt2 train.seq_len=1024 train.batch_size=16 pe="$pe" --measure \
       --record "$F"
   done

@@ -5,6 +5,7 @@ A config dataclass declares a numeric field with :func:`domain` instead of a bar
     beta1: float = domain(0.9, ge=0, lt=1)
     lengths: list[int] | None = domain(None, ge=1)  # a list: each element; None is always allowed
     beta_fast: float = domain(32.0, gt=0, used_with=("type", ("yarn",)))  # read only when type is yarn
+    dtype: str = choice("auto", ("auto", "float32", "bfloat16"))  # one of a few words
 
 and :func:`check_domains` walks a config (nested dataclass instances, e.g. ``OmegaConf.to_object`` of a
 composed config) and raises PosGPTError naming the first value outside its field's domain, e.g.
@@ -35,6 +36,7 @@ _KEY = "domain"  # the metadata key of a dataclass field that holds its Interval
 _OWNER = "used_with"  # the metadata key of a field's (selector, values): the settings that read it
 _RUNS = "runs"  # the metadata key of a field's kinds of run that read it
 _COMMANDS = "commands"  # the metadata key of a field's commands that read it
+_CHOICES = "choices"  # the metadata key of a field's values, where it takes one of a few
 RUN_KINDS = {"text": "a language-model run", "task": "a task run"}
 # The commands that read a config, by the name a declaration gives them, and the script each is.
 COMMANDS = {
@@ -105,12 +107,28 @@ def read_with(
     used_with: tuple[str, tuple[Any, ...]] | None = None,
     runs: tuple[str, ...] | None = None,
     commands: tuple[str, ...] | None = None,
+    choices: Collection[Any] | None = None,
 ) -> Any:
     """A dataclass field of any type (no numeric domain) that only the given values of its sibling read, or only
     runs of the given kinds, or only the given commands, as :func:`domain`'s ``used_with``, ``runs`` and
-    ``commands``."""
+    ``commands``; with ``choices``, it takes one of those values (:func:`choice`)."""
     metadata = _readers(used_with, runs, commands)
+    if choices is not None:
+        metadata[_CHOICES] = tuple(choices)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def choice(default: Any, choices: Collection[Any], **readers: Any) -> Any:
+    """A dataclass field that takes one of ``choices`` (a word of a few, such as ``train.dtype``'s), checked by
+    :func:`check_domains` with the other domains; ``readers`` as :func:`read_with`'s."""
+    if default not in choices:
+        raise ValueError(f"the default {default!r} is not one of its choices {list(choices)}")
+    return read_with(default, choices=choices, **readers)
+
+
+def choices_of(field: dataclasses.Field) -> tuple[Any, ...] | None:
+    """The values a field takes, where it declares them (:func:`choice`), or None."""
+    return field.metadata.get(_CHOICES)
 
 
 def section(
@@ -267,12 +285,16 @@ def as_typed(value: Any) -> Any:
 def check_domains(config: Any, prefix: str = "") -> None:
     """PosGPTError naming the first value of a config dataclass instance (nested ones included) outside its
     field's domain: ``<prefix><key>=<value> is out of its domain <interval>``, a list's element as
-    ``<key>[i]=<value>``. None values pass: the schema's types say where None is allowed."""
+    ``<key>[i]=<value>``, or not one of its field's choices. None values pass a domain: the schema's types say where
+    None is allowed."""
     for field in dataclasses.fields(config):
         value, key = getattr(config, field.name), prefix + field.name
         if dataclasses.is_dataclass(value):
             check_domains(value, key + ".")
             continue
+        choices = choices_of(field)
+        if choices is not None and value not in choices:
+            raise PosGPTError(f"{key}={value!r} is not one of its choices: {', '.join(map(str, choices))}")
         interval = domain_of(field)
         if interval is None or value is None:
             continue

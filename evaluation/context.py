@@ -93,6 +93,53 @@ class EvalContext:
                 yield label, variation_fields(label, settings, self.attn_temperature)
 
 
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """What an evaluation reads of a run's config, planned once (experiment/plan.py: evaluation_plan), typed; the
+    :class:`EvalContext` of each evaluation adds to it what only the evaluation has (the model, the device, the
+    trained config, the step scored, W&B's run). ``step``: the step a run that has just trained reaches."""
+
+    step: int
+    lengths: tuple[int, ...]
+    scheme: str
+    train_len: int
+    train_seed: int
+    data: Any = None
+    task: Any = None
+    variation_names: tuple[str, ...] = ()
+    attn_temperature: Any = None
+    attn_backend: str = "auto"
+    attn_sink: bool = False
+    train_random_positions: int | None = None
+    progress: bool = False
+
+    def context(
+        self,
+        model: torch.nn.Module | None,
+        run_dir: str | Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        trained: dict[str, Any],
+        step: int | None = None,
+        wandb_run: Any = None,
+        open_run: OpenRun | None = None,
+    ) -> EvalContext:
+        """The context of one evaluation of ``model`` (``step`` None: the step training reaches)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields.update(lengths=list(self.lengths), variation_names=list(self.variation_names))
+        fields["step"] = self.step if step is None else step
+        return EvalContext(
+            model=model,
+            run_dir=Path(run_dir),
+            device=device,
+            dtype=dtype,
+            trained_config=trained,
+            wandb_run=wandb_run,
+            open_run=open_run,
+            **fields,
+        )
+
+
 def evaluated_lengths(lengths: Sequence[int] | None, multipliers: Sequence[float], train_len: int) -> list[int]:
     """The evaluation lengths: ``lengths`` (eval.lengths) if given, else the ``multipliers`` times the training
     length, rounded to the nearest whole token (0.75 x 64 = 48)."""

@@ -24,8 +24,7 @@ the first copy; one that does not can only guess (1 in K, a mean log-probability
 Distances: d = l - S for each evaluated length l <= L (so at d = L - S the first copy opens the window). The
 windows and spans are drawn once a length (seeded by the run's seed and L), and every distance writes its first
 copy into the same ones: the distances of a length are compared on the same text, and the control, the same for
-all of them, is scored once. (Before 2026-11-26 each cell drew its own windows and scored its own control: the
-same measure, scoring 1.6x the tokens at lengths 1x-16x; rows made then differ by their draws.)
+all of them, is scored once.
 Rows go to eval/tasks.json as ``task: copy_probe`` with a ``distance`` (evaluation/task_accuracy.py writes them), and
 record the span, eval.copy_min_count and K (``copy_candidates``): probes of other settings stay beside them.
 """

@@ -46,7 +46,7 @@ from core.runtime import autocast
 from evaluation.memory import PeakMemory
 from evaluation.streaming import DEFAULT_SINKS, stream_losses
 
-if TYPE_CHECKING:  # importing the data package pulls in `datasets` (~1 s): annotations only
+if TYPE_CHECKING:  # importing the data package pulls in `datasets`, slow to import: annotations only
     from data import TokenArray
 
 PROTOCOLS = ("nonoverlapping", "sliding", "streaming")

@@ -46,7 +46,7 @@ from evaluation.context import EvalContext
 from evaluation.extrapolation import effective_stride, scored_range, summarize, target_losses, window_plan
 from evaluation.results import KEY_TOKENS
 
-if TYPE_CHECKING:  # importing the data package pulls in `datasets` (~1 s): annotations only
+if TYPE_CHECKING:  # importing the data package pulls in `datasets`, slow to import: annotations only
     from data import TokenArray
 
 # The protocols whose targets' context is the contiguous run of tokens before them, of which the short context is

@@ -71,7 +71,7 @@ class PeakMemory:
     def __enter__(self) -> PeakMemory:
         gc.collect()  # what earlier work left for the collector should not count
         # Everything still tracked is alive: set it apart, so that the next block's collection walks only what
-        # is newer instead of the libraries' hundreds of thousands of objects again (~0.1-0.2 s each time).
+        # is newer instead of the libraries' hundreds of thousands of objects again each time.
         # Reference counting still frees these objects; only a cycle among them would now be kept.
         gc.freeze()
         if self.device.type == "cuda":

@@ -15,7 +15,6 @@ from evaluation.results import (
     CSV_COLUMNS,
     KEY_SETTINGS,
     KEY_TOKENS,
-    LEGACY_SETTING_FIELDS,
     ROW_REQUIRED,
     format_ppl,
     group_by_scored,
@@ -26,7 +25,6 @@ from evaluation.results import (
     scored_identity,
 )
 from evaluation.store import RowFormat, load_document
-from model.pe import SCHEMES, PositionalEncoding
 
 PPL_PLOT = "ppl_vs_length.png"
 PER_POSITION_PLOT = "per_position.png"
@@ -34,7 +32,7 @@ PER_POSITION_PLOT = "per_position.png"
 
 def per_position_rows(document: dict[str, Any], lengths: list[int] | None = None) -> list[dict[str, Any]]:
     """The rows per_position.png draws: nonoverlapping (where evaluated), at ``lengths`` or the longest scored.
-    Rows without position bins (written by an older posgpt, before bins were stored) are not drawn."""
+    Rows without position bins are not drawn."""
     scored = [row for row in document["results"] if row_ppl(row) is not None and "per_position_bins" in row]
     protocol = "nonoverlapping" if any(r["protocol"] == "nonoverlapping" for r in scored) else "sliding"
     scored = [row for row in scored if row["protocol"] == protocol]
@@ -103,28 +101,18 @@ def _identity(row: dict[str, Any]) -> tuple:
 
 
 def _evaluator_of(row: dict[str, Any]) -> str:
-    """The evaluator of a perplexity row (rows written before rows recorded one included): key-token rows say so in
-    "measure", the streaming protocol's rows are the streaming evaluator's."""
+    """The evaluator of a perplexity row, from what the row measured: key-token rows say so in "measure", the
+    streaming protocol's rows are the streaming evaluator's."""
     if row.get("measure") == KEY_TOKENS:
         return KEY_TOKENS
     return "streaming" if row["protocol"] == "streaming" else "perplexity"
 
 
-def _upgraded_row(document: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
-    """A row as written today: an older row's setting fields (LEGACY_SETTING_FIELDS) become its variation."""
+def _checked_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The row, refused where its ppl is neither a number nor null."""
     if not (row["ppl"] is None or isinstance(row["ppl"], (int, float))):
         raise PosGPTError(f"a row at length {row['length']} has a non-numeric ppl ({row['ppl']!r})")
-    if "variation" in row:
-        return row
-    scheme = SCHEMES.get(document["pe"], PositionalEncoding)
-    settings = {name: row[name] for name in LEGACY_SETTING_FIELDS if row.get(name) is not None}
-    upgraded: dict[str, Any] = {}
-    for key, value in row.items():
-        if key not in LEGACY_SETTING_FIELDS:
-            upgraded[key] = value
-        elif "variation" not in upgraded:  # where the old fields were
-            upgraded.update(variation=scheme.variation_label(settings), variation_settings=settings)
-    return upgraded
+    return row
 
 
 def _describe(row: dict[str, Any]) -> str:
@@ -175,7 +163,7 @@ PERPLEXITY_ROWS = RowFormat(
     values=lambda row: {"ppl": row_ppl(row)},
     describe=_describe,
     required=ROW_REQUIRED,
-    upgrade=_upgraded_row,
+    check=_checked_row,
 )
 
 

@@ -1,8 +1,9 @@
 """Extrapolation results as files: ``extrapolation.json`` (accumulated), ``extrapolation.csv``, text tables.
 
-The JSON document describes one checkpoint:
+The JSON document describes one checkpoint (``"format"``: the version of the format, evaluation/migrate.py):
 
-    {"pe": "rope", "train_seq_len": 64, "step": 1500, "data": "python_stdlib", "config": {"model": {...}, ...},
+    {"format": 2, "pe": "rope", "train_seq_len": 64, "step": 1500, "data": "python_stdlib",
+     "config": {"model": {...}, ...},
      "results": [{"length": 512, "protocol": "sliding", "stride": 256, "variation": "yarn:8",
                   "variation_settings": {"scaling": {"type": "yarn", ...}}, "data": "python_stdlib",
                   "tokens": 32768, "loss": 3.1, "ppl": 22.2,
@@ -11,21 +12,20 @@ The JSON document describes one checkpoint:
 
 The top-level "data" is the latest evaluation's; each row names its own. "config" is the checkpoint's: the
 resolved configuration the model was trained with (model, scheme, data, seed, ...), so that the file says
-what produced its numbers without the checkpoint (absent in files written before 2026-11-23). A row that
+what produced its numbers without the checkpoint (null where the document never recorded it). A row that
 could not be scored (learned beyond its table, too little data, a loss that is not finite) has ``"ppl"``
 null and a ``"reason"``; a row whose loss is finite but whose perplexity exp(loss) is too large for a float
 (a diverged model) keeps its ``"loss"``, has ``"ppl"`` null and a reason, and is read as ppl = inf
 (row_ppl). ``"variation"`` labels the scheme's evaluation-time variation ("" for none: the run as
-configured) and ``"variation_settings"`` holds its settings (model/pe/base.py); rows written before 2026-11-24
-held these settings as fields of their own (``"scaling"``), and are read as today's (:func:`load_results`).
+configured) and ``"variation_settings"`` holds its settings (model/pe/base.py).
 
 What a row scored (its identity, beyond length and setting): ``"data"`` (the corpus's name), ``"corpus"``
 (where it comes from, in words), ``"split"`` (val, train or all), ``"split_digest"`` (sha256 of the scored
 split's token shards and range, from the token cache's checksums: the content itself) and
 ``"target_range"`` (the targets [F, F + N) of the split every length is scored on); and what computed it:
-``"attn_backend"`` (the backend that ran, model/attention.py's resolve_backend) and ``"dtype"``. Rows
-written before 2026-11-24 lack the digest, backend and dtype: their content is "unrecorded", identified by
-their data name and corpus description, and never taken to equal a row whose digest is known.
+``"attn_backend"`` (the backend that ran, the model's attention_backend) and ``"dtype"``. A row
+without the digest, backend or dtype has them "unrecorded": its content is identified by its data name and corpus
+description, and never taken to equal a row whose digest is known.
 
 Accumulation: each evaluation of the same checkpoint replaces the rows with the same key (row_key: what
 they scored, by content, split and targets; backend and dtype; length, protocol, stride and variation settings)
@@ -48,7 +48,6 @@ from typing import Any
 
 from evaluation.extrapolation import effective_stride, perplexity
 from evaluation.stats import Estimate
-from model.pe import SCHEMES
 from model.temperature import temperature_label
 
 # What a key-token row was selected with: a row of other settings is another measurement (row_key, key_label).
@@ -91,15 +90,12 @@ KEY_TOKENS = "key_tokens"
 JSON_FILE = "extrapolation.json"
 CSV_FILE = "extrapolation.csv"
 ROW_REQUIRED = frozenset({"length", "protocol", "stride", "ppl"})  # what every reader of a row relies on
-# Before "variation" and "variation_settings", a row held each evaluation-time setting of its scheme as a field of
-# its own (null where the scheme had none): the fields every scheme declares.
-LEGACY_SETTING_FIELDS = sorted({name for scheme in SCHEMES.values() for name in scheme.eval_time_settings})
 
 
 def scored_identity(row: dict[str, Any]) -> tuple:
     """What a row measured beyond its length and setting: (content, split, backend, dtype, targets).
 
-    The content is the split's digest; without one (a row from before 2026-11-24) it is "unrecorded",
+    The content is the split's digest; without one (a row that never recorded it) it is "unrecorded",
     named by the row's data name and corpus description, and so never equal to a recorded one. The targets
     are the row's target_range, None for a row that scored nothing (not evaluable at its length)."""
     digest = row.get("split_digest")

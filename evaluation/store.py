@@ -1,7 +1,8 @@
 """A run's results files: one reader, one merger and one writer for every evaluator's rows.
 
 Each evaluator's rows go to the file its RowFormat names (``eval/<file>.json``, one document per checkpoint: the
-run's scheme, training length and step, the trained config, and a list of rows). A row is one measurement; the
+version of its format, the run's scheme, training length and step, the trained config, and a list of rows). A
+document of an older format version is upgraded on read, by evaluation/migrate.py alone. A row is one measurement; the
 RowFormat says what identifies it beyond the common parts of :func:`row_key`, how rows are ordered, which fields
 every row must hold, and how the renderer (evaluation/render.py) shows them.
 
@@ -22,6 +23,7 @@ from typing import Any
 from core.errors import PosGPTError
 from core.files import atomic_write, read_json
 from core.stored import check_literal
+from evaluation.migrate import FORMAT, to_current
 
 Row = dict[str, Any]
 
@@ -31,12 +33,12 @@ class RowFormat:
     """The rows of one results file: where they go, what identifies them, and how they are shown.
 
     ``identity``: what tells two measurements apart besides their evaluator, length, variation and attention
-    temperature; ``evaluator_of``: the evaluator of a row (of rows written before rows recorded it, inferred);
-    ``required``: the fields every row holds. The rest is the renderer's (evaluation/render.py): ``columns`` of
-    the CSV and the W&B table and ``values`` computed for them; the console table's ``title``, ``labels`` (each
-    row's line), ``cell`` text and ``notes`` below it; ``plots``; the W&B ``summary``; ``describe``, a row's
-    provenance in words for the console's account of replaced rows; ``higher_is_better``: which end of a column of
-    ``value`` is best (compare.py's mark)."""
+    temperature; ``evaluator_of``: the evaluator of a row; ``required``: the fields every row holds; ``check``: a
+    row's own check (a PosGPTError for a malformed one), on a row of the current format. The rest is the
+    renderer's (evaluation/render.py): ``columns`` of the CSV and the W&B table and ``values`` computed for them;
+    the console table's ``title``, ``labels`` (each row's line), ``cell`` text and ``notes`` below it; ``plots``;
+    the W&B ``summary``; ``describe``, a row's provenance in words for the console's account of replaced rows;
+    ``higher_is_better``: which end of a column of ``value`` is best (compare.py's mark)."""
 
     file: str
     value: str
@@ -53,7 +55,7 @@ class RowFormat:
     values: Callable[[Row], dict[str, Any]] = lambda row: {}
     describe: Callable[[Row], str] = lambda row: ""
     required: frozenset[str] = field(default_factory=lambda: frozenset({"length"}))
-    upgrade: Callable[[dict[str, Any], Row], Row] = lambda document, row: row
+    check: Callable[[Row], Row] = lambda row: row
     higher_is_better: bool = False
 
     @property
@@ -78,16 +80,16 @@ def settings_identity(row: Row) -> str:
 
 
 def row_key(row: Row, rows: RowFormat) -> tuple:
-    """What identifies a measurement: a later row with the same key replaces it. The attention temperature is
-    None in rows from before it existed."""
+    """What identifies a measurement: a later row with the same key replaces it. A row without an attention
+    temperature was evaluated without one (None)."""
     temperature = json.dumps(row.get("attn_temperature"), sort_keys=True)
     return (rows.evaluator_of(row), row["length"], settings_identity(row), temperature, *rows.identity(row))
 
 
 def new_document(header: dict[str, Any], rows: list[Row]) -> dict[str, Any]:
-    """A results document: ``header`` (the scheme, training length, step, the evaluator's fields, the trained
-    config) and the rows."""
-    return {**header, "results": rows}
+    """A results document of the current format (evaluation/migrate.py's FORMAT): ``header`` (the scheme, training
+    length, step, the evaluator's fields, the trained config) and the rows."""
+    return {"format": FORMAT, **header, "results": rows}
 
 
 def merge_documents(
@@ -116,7 +118,8 @@ def merge_documents(
 
 def load_document(eval_dir: str | Path, rows: RowFormat) -> dict[str, Any] | None:
     """The document of ``rows``' file in ``eval_dir``, or None when there is none; a damaged or malformed one is a
-    PosGPTError that names the file. Rows written by older versions are read as today's (``rows.upgrade``)."""
+    PosGPTError that names the file. A document of an older format is returned upgraded to the current one
+    (evaluation/migrate.py); the file is left as it is."""
     path = Path(eval_dir) / rows.json_file
     document = read_json(path)  # a damaged file (cut short, not JSON) is refused, naming it
     if document is None:
@@ -126,7 +129,8 @@ def load_document(eval_dir: str | Path, rows: RowFormat) -> dict[str, Any] | Non
         raise PosGPTError(f"{path} is malformed: {problem}")
     check_literal(document.get("config"), str(path))
     try:
-        return {**document, "results": [rows.upgrade(document, row) for row in document["results"]]}
+        document = to_current(document, rows.file)
+        return {**document, "results": [rows.check(row) for row in document["results"]]}
     except PosGPTError as error:
         raise PosGPTError(f"{path} is malformed: {error}") from None
 

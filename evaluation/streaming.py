@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from core.runtime import autocast
 from model.gpt import KVCache
 
-if TYPE_CHECKING:  # importing the data package pulls in `datasets` (~1 s): annotations only
+if TYPE_CHECKING:  # importing the data package pulls in `datasets`, slow to import: annotations only
     from data import TokenArray
 
 DEFAULT_SINKS = 4  # StreamingLLM's choice: "four initial tokens as attention sinks suffice"

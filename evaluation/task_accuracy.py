@@ -388,7 +388,7 @@ def _summary(document: dict[str, Any]) -> dict[str, Any]:
 NUMERIC_FIELDS = ("accuracy", "mean_logprob", "copy_gain", *GRIDS)
 
 
-def _checked_row(document: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+def _checked_row(row: dict[str, Any]) -> dict[str, Any]:
     """A row whose task, length, count and values have the types every reader relies on; else a PosGPTError."""
     number = (int, float, type(None))
     if not (
@@ -414,7 +414,7 @@ TASK_ROWS = RowFormat(
     summary=_summary,
     evaluator_of=lambda row: "copy_probe" if row["task"] == "copy_probe" else "task_accuracy",
     required=frozenset({"task", "length"}),
-    upgrade=_checked_row,
+    check=_checked_row,
     higher_is_better=True,
 )
 JSON_FILE, CSV_FILE = TASK_ROWS.json_file, TASK_ROWS.csv_file

@@ -25,6 +25,7 @@ from core.domain import (
     check_domains,
     check_run_kind,
     check_used,
+    choice,
     domain,
     is_set,
     read_with,
@@ -52,8 +53,8 @@ BENCHMARKS = ("speed", "estimate")
 class TrainConfig:
     # training context length: the "1x" of every extrapolation result, and the length a learned table holds
     seq_len: int = domain(64, ge=1, commands=EVERY_COMMAND)
-    # sequences per optimizer step, over all processes and accumulation steps; 4 keeps the default job within
-    # ten minutes on a 2-core CPU (scripts/study.sh trains its studies at 8)
+    # sequences per optimizer step, over all processes and accumulation steps; 4 keeps the default job small enough
+    # for a CPU (scripts/study.sh trains its studies at 8)
     batch_size: int = domain(4, ge=1)
     grad_accum_steps: int = domain(1, ge=1)
     max_steps: int = domain(1200, ge=1)
@@ -73,16 +74,18 @@ class TrainConfig:
     init_from: str | None = None  # a run directory (or .pt) whose weights start this run: training/init_from.py
     # keep: the run has its parent's scheme; replace: another pe=, whose parameters start afresh while every other
     # weight is the parent's (the parent's position parameters are dropped: DroPE, Sakana AI 2025)
-    init_from_pe: str = "keep"
+    init_from_pe: str = choice("keep", ("keep", "replace"))
     # every command sets up its runtime from these (core.runtime.set_up_runtime), all but compile, which training
     # alone reads
     seed: int = domain(1337, ge=0, le=MAX_SEED, commands=EVERY_COMMAND)
     device: str = read_with("auto", commands=EVERY_COMMAND)  # auto | cpu | cuda | cuda:N
-    dtype: str = read_with("auto", commands=EVERY_COMMAND)  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    dtype: str = choice(
+        "auto", ("auto", "float32", "bfloat16"), commands=EVERY_COMMAND
+    )  # auto: bf16 on CUDA, fp32 on CPU
     compile: str = "auto"  # auto (on for CUDA) | true | false (typed true/false, Hydra passes "True"/"False")
     num_threads: int = domain(0, ge=0, commands=EVERY_COMMAND)  # CPU threads for torch; 0 keeps torch's default
     skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
-    distributed: str = "ddp"  # ddp | fsdp (only used under torchrun)
+    distributed: str = choice("ddp", ("ddp", "fsdp"))  # only used under torchrun
     eval_after: bool = True  # run the extrapolation eval when training ends
     # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N) (and evaluate a task
     # run there: eval.random_positions)
@@ -152,7 +155,7 @@ WANDB_ON = ("mode", ("offline", "online"))  # the run's identity in W&B: read on
 
 @dataclass
 class WandbConfig:
-    mode: str = "offline"  # offline | online | disabled
+    mode: str = choice("offline", ("offline", "online", "disabled"))
     project: str = read_with("posgpt", used_with=WANDB_ON)
     entity: str | None = read_with(None, used_with=WANDB_ON)
     group: str | None = read_with(None, used_with=WANDB_ON)
@@ -214,7 +217,7 @@ def register_configs() -> None:
     """Register the schema (``posgpt_schema``), each scheme's dataclass (``schema/pe/<name>``) and each task's
     (``schema/task/<name>``) with Hydra. Hydra's ConfigStore lives as long as the process, so once per process is
     enough; a command run again in the same process (tests run commands in-process) does not convert every
-    dataclass to a config again (~0.15 s a time)."""
+    dataclass to a config again."""
     store = ConfigStore.instance()
     store.store(name="posgpt_schema", node=Config)
     for name, scheme in SCHEMES.items():
@@ -233,8 +236,8 @@ def schema(pe_name: str, task_name: str = NO_TASK) -> DictConfig:
 
 @functools.cache
 def _typed_schema(pe_name: str, task_name: str) -> DictConfig:
-    """schema()'s config, built once per (scheme, task): converting the dataclasses costs ~6x copying the result,
-    and a comparison reads it for every run it loads."""
+    """schema()'s config, built once per (scheme, task): converting the dataclasses costs several times copying the
+    result, and a comparison reads it for every run it loads."""
     cfg = OmegaConf.structured(Config)
     cfg.pe = OmegaConf.structured(SCHEMES[pe_name].config_class)
     cfg.task = OmegaConf.structured(task_config_class(task_name))
@@ -338,8 +341,6 @@ def validate(
     validate_model_config(config.model)
     check_temperature(config.model.attn_temperature, config.train.seq_len)
     t = cfg.train
-    if t.dtype not in ("auto", "float32", "bfloat16"):
-        raise PosGPTError(f"train.dtype must be auto, float32 or bfloat16 (got {t.dtype!r})")
     if str(t.compile).lower() not in COMPILE_SETTINGS:
         raise PosGPTError(f"train.compile must be auto, true or false (got {t.compile!r})")
     if t.lr * t.weight_decay >= 1:  # AdamW scales each decayed weight by 1 - lr_t * weight_decay at every step
@@ -348,15 +349,11 @@ def validate(
             "AdamW's decoupled decay would zero or flip the sign of every decayed weight each step; lower one"
         )
     _validate_positions(config)
-    if t.init_from_pe not in ("keep", "replace"):
-        raise PosGPTError(f"train.init_from_pe must be keep or replace (got {t.init_from_pe!r})")
     if t.init_from_pe == "replace" and t.init_from is None:
         raise PosGPTError(
             "train.init_from_pe=replace starts this run's scheme afresh on a parent's other weights: "
             "set train.init_from"
         )
-    if t.distributed not in ("ddp", "fsdp"):
-        raise PosGPTError(f"train.distributed must be ddp or fsdp (got {t.distributed!r})")
     _validate_eval(cfg)
     # settings read by the other kind of run only (a task run has no perplexity protocols, and no corpus)
     kind, what = ("text", f"data={cfg.data.name}") if cfg.task.name == NO_TASK else ("task", f"task={cfg.task.name}")
@@ -364,8 +361,6 @@ def validate(
     _validate_documents(cfg, keys)
     _validate_scheme(cfg, config, keys)
     _validate_task(cfg, reads_data, keys)
-    if cfg.logging.wandb.mode not in ("offline", "online", "disabled"):
-        raise PosGPTError(f"logging.wandb.mode must be offline, online or disabled (got {cfg.logging.wandb.mode!r})")
 
 
 def _validate_positions(config: Config) -> None:

@@ -26,18 +26,11 @@ import torch
 from omegaconf import DictConfig
 
 from experiment.build import build_model, model_flops_per_token
-from model import attention
+from model import attention, kernels
 from model.gpt import padded_vocab_size
 from model.loss import FUSED_CHUNK, NO_GRAD_CHUNK, use_fused
 from model.pe import PositionalEncoding
-from model.pe.capabilities import (
-    AttentionWeights,
-    ContentBias,
-    FusedKernel,
-    Rotation,
-    ScoreBias,
-    TransportedScores,
-)
+from model.pe.capabilities import WRITTEN_OUT_MODS, FusedKernel, ModifiesAttention, Rotation, ScoreBias
 
 MiB = 2**20
 # Tensors of B x H x T^2 the math path of a position-counting scheme keeps per layer for backward: scores,
@@ -108,11 +101,16 @@ def _head_bytes(tokens: int, vocab: int, width: int, fused: bool, grad: bool, ac
     return tokens * vocab * (act_bytes + 4 + 4 + 4)
 
 
+def _modified(scheme: PositionalEncoding) -> frozenset[str]:
+    """The fields of model/pe/capabilities.py's AttentionMods that the scheme hands attention."""
+    return scheme.modifies if isinstance(scheme, ModifiesAttention) else frozenset()
+
+
 def transported_bytes(scheme: PositionalEncoding, rows: int, heads: int, T: int, head_size: int, whole: bool) -> float:
-    """What a layer with transported logits (model/pe/base.py, hook 7) keeps beyond the written-out path's own: with
+    """What a layer with transported logits (AttentionMods.logits) keeps beyond the written-out path's own: with
     its queries in one block (``whole``), that block's logits and the products behind them; otherwise what every
     block computes its rows from, O(T) per head."""
-    if not isinstance(scheme, TransportedScores):
+    if "logits" not in _modified(scheme):
         return 0
     if whole:
         return TRANSPORTED_KEPT_COPIES * rows * heads * T * T * 4
@@ -137,7 +135,7 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
     explicit = t.random_positions is not None or t.pose.target_len is not None
 
     def backend(scheme: PositionalEncoding) -> str:
-        return attention.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit, m.attn_sink)
+        return kernels.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit, m.attn_sink)
 
     def layer_bytes(scheme: PositionalEncoding) -> float:
         math_kept = 0 if recomputed else MATH_SCORE_COPIES * scores * 4
@@ -181,10 +179,10 @@ def scoring_memory(cfg: DictConfig, length: int, backend: str, dtype: torch.dtyp
         """(attention layer's activations, attention's own) of a layer that runs ``scheme``."""
         if isinstance(scheme, FusedKernel) and backend == scheme.fused_backend:
             attention_bytes = 0  # the scheme's own kernel (model/pe/base.py, hook 8): no T x T, as flash sdpa
-        elif backend == "math" or isinstance(scheme, (ContentBias, AttentionWeights, TransportedScores)):
+        elif backend == "math" or _modified(scheme) & WRITTEN_OUT_MODS:
             attention_bytes = min(scores, budget) * 4 * 4  # scores, bias, fp32 softmax, probabilities
             # a block's rows of logits stand for its q . k; what every block needs
-            if isinstance(scheme, TransportedScores):
+            if "logits" in _modified(scheme):
                 attention_bytes += transported_bytes(scheme, rows, m.n_head, length, m.n_embd // m.n_head, whole=False)
         elif backend == "sdpa" and isinstance(scheme, ScoreBias):
             # A block's mask, per row (CPU), cut from a per-head block: at most the budget, and 1/rows more.

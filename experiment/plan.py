@@ -16,7 +16,6 @@ that stage's settings, filled here.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,15 +23,15 @@ from typing import Any, TypeVar
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from core.checkpoint_io import load_checkpoint
+from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.config_keys import RESUME_SETTINGS, RUNTIME_SETTINGS, flatten_config
 from core.domain import changed_keys
 from core.errors import PosGPTError
-from core.rundir import EVAL_DIR
 from core.tracking import TrackerSettings
 from data import validate_data_config
 from data.tasks import NO_TASK
-from evaluation.extrapolation import scored_range
+from evaluation.context import EvaluationPlan
+from evaluation.end_of_training import EndOfTrainingEvaluation
 from experiment.build import build_model, model_flops_per_token, open_trained_model
 from experiment.config import check_command_reads, eval_lengths, set_task_vocabulary, validate
 from experiment.eval_checks import check_eval_settings
@@ -75,10 +74,10 @@ def tracker_settings(cfg: DictConfig) -> TrackerSettings:
     )
 
 
-def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainingPlan:
+def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> TrainingPlan:
     """The plan of training ``cfg`` (composed from ``overrides``, of which none may be a setting only another
-    command reads); PosGPTError for anything that would refuse it, before anything is written. Sets the task's
-    vocabulary in ``cfg``."""
+    command reads) in ``run_dir``; PosGPTError for anything that would refuse it, before anything is written. Sets
+    the task's vocabulary in ``cfg``. A resume is checked against the checkpoint ``run_dir`` holds."""
     check_training_config(cfg)
     config = OmegaConf.to_object(cfg)
     # what the command line gives, and what a config file gives (a setting away from its default)
@@ -110,13 +109,13 @@ def plan_training(cfg: DictConfig, overrides: list[str]) -> TrainingPlan:
         ),
         model=ModelSpec(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), t.seq_len, model.num_params()),
         optimizer=optimizer_settings(cfg),
-        checkpoint=_checkpoint_settings(cfg, overrides),
+        checkpoint=_checkpoint_settings(cfg, overrides, run_dir),
         metrics=metrics,
         tracker=tracker_settings(cfg),
         data=OmegaConf.to_object(cfg.data),
         task=OmegaConf.to_object(cfg.task),
         parent=parent,
-        evaluation=EndOfTrainingEvaluation(cfg, model) if t.eval_after else None,
+        evaluation=plan_end_of_training(cfg, model) if t.eval_after else None,
     )
 
 
@@ -135,7 +134,7 @@ def check_training_config(cfg: DictConfig) -> None:
             probe_candidates(data, cfg.eval.copy_min_count, cfg.model.vocab_size, cfg.logging.progress)
 
 
-def _checkpoint_settings(cfg: DictConfig, overrides: list[str]) -> CheckpointSettings:
+def _checkpoint_settings(cfg: DictConfig, overrides: list[str], run_dir: Path) -> CheckpointSettings:
     config = OmegaConf.to_container(cfg, resolve=True)
     return CheckpointSettings(
         resume=cfg.train.resume,
@@ -143,8 +142,25 @@ def _checkpoint_settings(cfg: DictConfig, overrides: list[str]) -> CheckpointSet
         config=config,
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
         overrides=tuple(overrides),
-        resume_changes=functools.partial(resume_changes, config),
+        planned_step=_checked_resume(config, run_dir) if cfg.train.resume else None,
     )
+
+
+def _checked_resume(config: dict, run_dir: Path) -> int | None:
+    """The step of the checkpoint a resume in ``run_dir`` continues (None where there is none: the loop refuses
+    that), once its settings are checked against ``config``'s: a resume may not change how the run trains."""
+    path = last_checkpoint_path(run_dir)
+    if not path.is_file():
+        return None
+    checkpoint = load_checkpoint(path)
+    changed = resume_changes(config, checkpoint["config"])
+    if changed:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise PosGPTError(
+            f"cannot resume {run_dir}: it was trained with {', '.join(changed[:3])}{more}. Resume with the run's own "
+            "settings, or start a new run in another hydra.run.dir"
+        )
+    return checkpoint["step"]
 
 
 def resume_changes(now: dict, saved_config: dict) -> list[str]:
@@ -204,69 +220,22 @@ def check_same_architecture(now: dict, parent: dict, where: str, replaces_scheme
         )
 
 
-class EndOfTrainingEvaluation:
-    """The evaluation at the end of training (train.eval_after), handed to the loop (training.loop.EndEvaluation).
-    It takes the run's config as eval.py's evaluation does (evaluation.context.EvalContext).
-
-    It is planned with the run, before the first step: its evaluators are selected and checked, and every variation
-    (eval.variations) is applied once to the model planned on the meta device, so that what the evaluation would
-    refuse (a ReRoPE window past the training length, a scaling without its factors, a remap the model's sink
-    cannot take) refuses the training run, and ``train.py --check``, instead of a trained run's last step."""
-
-    def __init__(self, cfg: DictConfig, model: torch.nn.Module) -> None:
-        self._cfg = cfg
-        self._evaluators = plan_evaluators(cfg)
-        context = eval_context(cfg, model, Path("."), torch.device("meta"), torch.float32, {}, open_run=_no_run)
-        for _ in context.variations():  # each applied once, and taken off again
-            pass
-        for evaluator in self._evaluators:
-            evaluator.check(context)
-
-    def check_split(self, val_tokens) -> None:
-        lengths, e = eval_lengths(self._cfg), self._cfg.eval
-        if scored_range(len(val_tokens), lengths, e.max_tokens) is None:
-            raise PosGPTError(
-                f"the evaluation after training would score nothing: the {val_tokens.name} split has "
-                f"{len(val_tokens):,} tokens and each evaluation length needs twice its own (the shortest, "
-                f"{min(lengths)}, needs {2 * min(lengths)}); lower eval.lengths (or eval.length_multipliers), add "
-                "data, or set train.eval_after=false"
-            )
-
-    def done(self, run_dir: Path, step: int, trained: dict) -> bool:
-        """Whether every results file the evaluators write records this step (a run stopped between them: not), and
-        this evaluation: the one the run was trained with (``trained``'s eval settings, which its end ran), or one
-        whose every evaluator has rows at every length planned here. So eval settings given anew (other lengths,
-        say) are evaluated, not taken for done."""
-        from evaluation.run import by_file
-        from evaluation.store import load_document
-
-        as_trained = OmegaConf.to_container(trained_config(trained).eval) == OmegaConf.to_container(self._cfg.eval)
-        lengths = set(eval_lengths(self._cfg))
-        for group in by_file(self._evaluators).values():
-            document = load_document(run_dir / EVAL_DIR, group[0].rows) or {}
-            if document.get("step") != step:
-                return False
-            scored = {(group[0].rows.evaluator_of(row), row["length"]) for row in document.get("results", [])}
-            if not as_trained and any((e.name, n) not in scored for e in group for n in lengths):
-                return False
-        return True
-
-    def run(
-        self,
-        model: torch.nn.Module,
-        run_dir: Path,
-        device: torch.device,
-        dtype: torch.dtype,
-        val_tokens,
-        step: int,
-        trained: dict,
-        wandb_run: Any,
-    ) -> None:
-        from evaluation.run import check_evaluators, evaluate_run
-
-        context = eval_context(self._cfg, model, run_dir, device, dtype, trained, step, wandb_run, open_trained_model)
-        check_evaluators(context, self._evaluators)  # what needs the trained model and the run's results files
-        evaluate_run(context, val_tokens, self._evaluators)
+def plan_end_of_training(cfg: DictConfig, model: torch.nn.Module) -> EndOfTrainingEvaluation:
+    """The evaluation at the end of training (train.eval_after), planned with the run, before the first step: its
+    evaluators are selected and checked, and every variation (eval.variations) is applied once to the model planned
+    on the meta device, so that what the evaluation would refuse (a ReRoPE window past the training length, a
+    scaling without its factors, a remap the model's sink cannot take) refuses the training run, and
+    ``train.py --check``, instead of a trained run's last step. It takes the run's config as eval.py's evaluation
+    does (evaluation.context.EvaluationPlan)."""
+    evaluators = plan_evaluators(cfg)
+    planned = evaluation_plan(cfg)
+    context = planned.context(model, Path("."), torch.device("meta"), torch.float32, {}, open_run=_no_run)
+    for _ in context.variations():  # each applied once, and taken off again
+        pass
+    for evaluator in evaluators:
+        evaluator.check(context)
+    settings = OmegaConf.to_container(cfg.eval, resolve=True)
+    return EndOfTrainingEvaluation(planned, evaluators, settings, cfg.eval.max_tokens, open_trained_model)
 
 
 def _no_run(run_dir: str | Path):
@@ -286,6 +255,26 @@ def plan_evaluators(cfg: DictConfig) -> list:
     return select_evaluators(cfg.eval, run_kind(cfg))
 
 
+def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:
+    """What an evaluation of the run of ``cfg`` reads of it (evaluation/context.py), typed, the lengths resolved."""
+    text = cfg.task.name == NO_TASK
+    return EvaluationPlan(
+        step=cfg.train.max_steps,
+        lengths=tuple(eval_lengths(cfg)),
+        scheme=cfg.pe.name,
+        train_len=cfg.train.seq_len,
+        train_seed=cfg.train.seed,
+        data=OmegaConf.to_object(cfg.data) if text else None,
+        task=None if text else OmegaConf.to_object(cfg.task),
+        variation_names=tuple(cfg.eval.variations or ()),
+        attn_temperature=cfg.model.attn_temperature,
+        attn_backend=cfg.model.attn_backend,
+        attn_sink=cfg.model.attn_sink,
+        train_random_positions=cfg.train.random_positions,
+        progress=bool(cfg.logging.progress),
+    )
+
+
 def eval_context(
     cfg: DictConfig,
     model: torch.nn.Module | None,
@@ -299,31 +288,7 @@ def eval_context(
 ):
     """What the evaluators of a run are handed (evaluation/context.py), from its config: ``step`` None, training
     just ended at ``train.max_steps``; ``open_run``: how an evaluator opens another run (eval.key_evaluator)."""
-    from evaluation.context import EvalContext
-
-    text = cfg.task.name == NO_TASK
-    return EvalContext(
-        model=model,
-        run_dir=Path(run_dir),
-        device=device,
-        dtype=dtype,
-        trained_config=trained,
-        step=cfg.train.max_steps if step is None else step,
-        lengths=eval_lengths(cfg),
-        scheme=cfg.pe.name,
-        train_len=cfg.train.seq_len,
-        train_seed=cfg.train.seed,
-        data=OmegaConf.to_object(cfg.data) if text else None,
-        task=None if text else OmegaConf.to_object(cfg.task),
-        variation_names=list(cfg.eval.variations or []),
-        attn_temperature=cfg.model.attn_temperature,
-        attn_backend=cfg.model.attn_backend,
-        attn_sink=cfg.model.attn_sink,
-        train_random_positions=cfg.train.random_positions,
-        progress=bool(cfg.logging.progress),
-        wandb_run=wandb_run,
-        open_run=open_run,
-    )
+    return evaluation_plan(cfg).context(model, run_dir, device, dtype, trained, step, wandb_run, open_run)
 
 
 def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig], run_dirs: list[Path]) -> None:
@@ -334,7 +299,7 @@ def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig],
     starts."""
     for number, (job, run_dir) in enumerate(zip(jobs, run_dirs, strict=True)):
         try:
-            rehearse(plan_training(compose(job), job), run_dir)
+            rehearse(plan_training(compose(job), job, run_dir), run_dir)
         except PosGPTError as error:
             if len(jobs) == 1:
                 raise

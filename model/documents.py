@@ -6,11 +6,11 @@ attends key j only where j <= i and both lie in one document, a block-diagonal c
 token's position is its index within its document (0 at a document's first token). Each document is then computed
 as if it were alone in the row, whatever the scheme.
 
-Every attention path takes the mask (model/attention.py): the written-out path and sdpa's blockwise masks put -inf
-across documents (:func:`same_document`), the windowed path of RoPE's remaps leaves those pairs out, and
-FlexAttention gets a block mask whose mask_mod compares the two tokens' documents (:func:`document_block_mask`).
-The paths that run without a mask (sdpa's fused causal kernel, the cumulative bias folded into q and k, the CPU sink
-kernel) are not taken.
+Every attention kernel takes the mask (model/attention.py, model/kernels.py): the written-out path and sdpa's
+blockwise masks put -inf across documents (:func:`same_document`), the windowed path of remapped distances leaves
+those pairs out, and FlexAttention gets a block mask whose mask_mod compares the two tokens' documents
+(:func:`document_block_mask`). The paths that run without a mask (sdpa's fused causal kernel, a pair term folded into
+q and k, the CPU sink kernel) are not taken.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def document_block_mask(documents: torch.Tensor, window: int | None = None) -> B
     """FlexAttention's BlockMask of the block-diagonal causal mask of (B, T) document ids, within a sliding window of
     ``window`` keys if not None (i - W < j <= i): key blocks wholly in another document (or outside the window) are
     skipped. create_block_mask evaluates the mask at every (row, query, key), B x T x T: the
-    price of masks that differ by row (the causal one alone is built from its block structure, model/attention.py)."""
+    price of masks that differ by row (the causal one alone is built from its block structure, model/kernels.py)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def mask_mod(b, h, q_idx, kv_idx):

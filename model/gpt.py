@@ -3,7 +3,8 @@
     tokens -> token embedding (+ pe.embed) -> n_layer x [x += attn(LN(x)); x += mlp(LN(x))] -> LN -> head
 
 Pre-LayerNorm blocks, causal multi-head self-attention (q/k may be rotated by pe.rotate, scores may get
-pe.score_bias, or c_i - c_j from the cumulative sums of pe.cumulative_bias of the layer's input), GELU MLP,
+pe.score_bias, and what pe.attention_mods computes from the layer's input; each layer runs the kernel chosen for it
+when the model is built, model/kernels.py), GELU MLP,
 output head tied to the token embedding, vocabulary padded to a multiple of 64
 (GPT-2's 50257 -> 50304) so the head's matmul has friendly shapes; the padding rows never receive probability
 (model/loss.py). Initialisation follows GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),
@@ -22,8 +23,8 @@ except the token embedding, which follows ``model.embedding``:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,18 +34,13 @@ from torch import nn
 
 from core.domain import check_domains, domain, read_with
 from core.errors import PosGPTError
-from model.attention import (
-    BACKENDS,
-    AttentionPath,
-    attend,
-    check_kernel_options,
-    default_state,
-    fused_attention,
-    resolve_path,
-)
+from model.attention import AttentionCall, AttentionPath, default_state
 from model.documents import within_document_index
+from model.fallback import Fallback
+from model.kernels import BACKENDS, LayerKernel, check_kernel_options, choose_kernel
 from model.loss import FUSED_MODES, lm_head_cross_entropy
 from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
+from model.pe.capabilities import CacheSlot, ModifiesAttention
 from model.temperature import AttentionTemperature, TemperatureConfig
 
 
@@ -58,12 +54,12 @@ class ModelConfig:
     dropout: float = domain(0.0, ge=0, lt=1, commands=("train", "speed", "estimate"))
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
     init_std: float = domain(0.02, gt=0)
-    attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/attention.py)
+    attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/kernels.py)
     embedding: str = "fairseq"  # token-embedding convention, shared by every scheme: fairseq | gpt2 (see above)
     # the fused chunked loss: auto (on CPU) | always | never (see model/loss.py); sampling computes no loss
     fused_ce: str = read_with("auto", commands=("train", "eval", "speed", "estimate"))
     # FlexAttention's kernel options, given to its kernels as they are (block sizes, stages, warps; fwd_/bwd_ for one
-    # pass only): a speed setting, same result; empty: FlexAttention's own choice (see model/attention.py)
+    # pass only): a speed setting, same result; empty: FlexAttention's own choice (see model/kernels.py)
     flex_kernel_options: dict[str, Any] = read_with(default_factory=dict, used_with=("attn_backend", ("auto", "flex")))
     # Length-dependent attention temperature (model/temperature.py) and a learned sink logit per head (model/sink.py)
     attn_temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
@@ -125,16 +121,16 @@ class KVCache:
 
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
-    # Per layer, c of every cached token for a scheme with a cumulative bias (pe.cumulative_bias), (B, H, T):
-    # the sums go on from the last one.
-    sums: list[torch.Tensor | None] = field(default_factory=list)
+    # Per layer, what the scheme's attention_mods keeps between steps (model/pe/capabilities.py, CacheSlot).
+    layer_memo: list[dict] = field(default_factory=list)
     pe_memo: dict = field(default_factory=dict)  # the scheme's values fixed for the whole sequence
     # Keys kept unrotated and rotated anew at every step at their positions in the cache, whatever the scheme
     # (a cache that drops tokens, evaluation/streaming.py, re-indexes the positions of those it keeps).
     unrotated: bool = False
 
     def kept(self, t: torch.Tensor, dim: int = -2) -> torch.Tensor:
-        """What the cache keeps of a layer's keys, values (tokens along ``dim``) or sums after a step: all."""
+        """What the cache keeps of a layer's keys, values or a scheme's values (tokens along ``dim``) after a step:
+        all."""
         return t
 
     @property
@@ -172,19 +168,17 @@ class CausalSelfAttention(nn.Module):
         state: PositionState,
         cache: KVCache | None,
         layer: int,
+        layer_kernel: LayerKernel,
         capture: list[torch.Tensor] | None = None,
         pe_layer: int | None = None,
-        path: AttentionPath | None = None,
     ) -> torch.Tensor:
-        """``layer``: the model's layer (its KV cache slot); ``pe_layer``: the scheme's own index of it, which
-        selects its per-layer parameters (None: ``layer``); ``path``: the layer's attention path, resolved when the
-        model was built (None: resolved here)."""
+        """``layer``: the model's layer (its KV cache slot); ``layer_kernel``: its attention kernel, chosen when the
+        model was built; ``pe_layer``: the scheme's own index of the layer, which selects its per-layer parameters
+        (None: ``layer``)."""
         pe_layer = layer if pe_layer is None else pe_layer
-        if path is None:
-            path = resolve_path(pe, self.backend, x.device, self.sink is not None)
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
-        if cache is not None and (cache.unrotated or path.rotate_cached_keys):
+        if cache is not None and (cache.unrotated or layer_kernel.path.rotate_cached_keys):
             # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
             # them are rotated for the current length at every step, so each new token sees every key rotated
             # as a full forward of its length would (docs/sampling.md, "Dynamic NTK with a cache"). Hugging Face reuses
@@ -196,57 +190,20 @@ class CausalSelfAttention(nn.Module):
             q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
             if cache is not None:
                 k, v = self._extend_cache(k, v, cache, layer)
-        full = cache is None and capture is None  # a full causal pass: the scheme's own kernel may run it
-        own = fused_attention(pe, path, state) if full else None
-        y = None if own is None else own(self.temperature(q, 0, None), k, v, x, pe_layer)
-        if y is None:  # no kernel of the scheme's own runs this pass (or it has just failed)
-            y = self._attend(x, q, k, v, pe, path, state, cache, layer, capture, pe_layer)
-        if self.gate is not None:
-            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
-        return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
-
-    def _attend(self, x, q, k, v, pe, path, state, cache, layer, capture, pe_layer) -> torch.Tensor:
-        """model/attention.py's ``attend`` of the rotated q, k (the cache's keys included) and v, with the scheme's
-        data-dependent terms of this layer's input x, and the attention temperature, on the layer's ``path``."""
-        sums = self._cumulative_sums(x, pe, cache, layer, pe_layer) if path.cumulative_bias else None
         # documents packed into the row: a query attends the keys of its own document so far
         attended = None if state.documents is None else within_document_index(state.documents) + 1
         q = self.temperature(q, state.q_offset, attended)
-        logits = self._transported_logits(x, q, k, pe, cache, layer, pe_layer) if path.transported else None
-        options = self.kernel_options
-        return attend(q, k, v, pe, self.backend, state, pe_layer, capture, sums, self.sink, options, logits, path)
-
-    @staticmethod
-    def _cumulative_sums(
-        x: torch.Tensor, pe: PositionalEncoding, cache: KVCache | None, layer: int, pe_layer: int
-    ) -> torch.Tensor:
-        """c = cumsum(g) over every key, cached ones first, for the scheme's cumulative bias: (B, H, Tk) float32.
-        ``layer`` is the model's (the cache slot), ``pe_layer`` the scheme's own index of it (its parameters)."""
-        sums = pe.cumulative_bias(x, pe_layer).float().cumsum(dim=-1)
-        if cache is not None:
-            previous = cache.sums[layer]
-            if previous is not None:
-                sums = torch.cat((previous, previous[..., -1:] + sums), dim=-1)
-            cache.sums[layer] = cache.kept(sums, dim=-1)
-        return sums
-
-    @staticmethod
-    def _transported_logits(
-        x: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        pe: PositionalEncoding,
-        cache: KVCache | None,
-        layer: int,
-        pe_layer: int,
-    ) -> Callable[[int, int], torch.Tensor]:
-        """The scheme's logits of the new queries over every key through the transitions of the tokens between them
-        (model/pe/base.py, hook 7), computed from the layer's input, as a function of a block of queries. The cache
-        then keeps the keys carried through the new tokens' transitions, in place of the keys as they came."""
-        logits, carried = pe.transported_scores(q, k, pe.transitions(x, pe_layer), carry=cache is not None)
-        if cache is not None:
-            cache.keys[layer] = cache.kept(carried)
-        return logits
+        slot = None if cache is None else CacheSlot(cache.layer_memo[layer], cache.kept)
+        mods = None
+        if isinstance(pe, ModifiesAttention):  # computed when a kernel first reads them (a scheme's own needs none)
+            mods = functools.partial(pe.attention_mods, x, q, k, pe_layer, slot)
+        call = AttentionCall(pe, layer_kernel.path, state, pe_layer, x, self.sink, mods, self.kernel_options, slot)
+        y = layer_kernel(q, k, v, call, capture)
+        if cache is not None and call.mods.cached_keys is not None:  # what the scheme's cache keeps of the keys
+            cache.keys[layer] = cache.kept(call.mods.cached_keys)
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
+        return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     @staticmethod
     def _extend_cache(
@@ -280,8 +237,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, pe, state, cache, layer, capture=None, pe_layer=None, path=None):
-        x = x + self.attn(self.ln_1(x), pe, state, cache, layer, capture, pe_layer, path)
+    def forward(self, x, pe, state, cache, layer, layer_kernel, capture=None, pe_layer=None):
+        x = x + self.attn(self.ln_1(x), pe, state, cache, layer, layer_kernel, capture, pe_layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -295,7 +252,7 @@ class GPT(nn.Module):
         dims = model_dims(cfg, train_seq_len)
         self.pe = build_positional_encoding(pe_cfg, dims)
         # The scheme each layer runs, with its own index of the layer: self.pe in every layer, or one of its parts
-        # (a per-layer pattern, model/pe/hybrid.py). The parts are submodules of self.pe, registered there once.
+        # (a per-layer pattern of schemes). The parts are submodules of self.pe, registered there once.
         self.layer_pe = self.pe.layer_schemes()
         self.pe_parts = list(dict.fromkeys(scheme for scheme, _ in self.layer_pe))
         self.layer_part = [self.pe_parts.index(scheme) for scheme, _ in self.layer_pe]
@@ -305,29 +262,50 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self._init_weights()
         self.resolve_attention_paths()
-        for part in self.pe_parts:  # an evaluation-time variation may change a layer's path (RoPE's remaps)
+        for part in self.pe_parts:  # an evaluation-time variation may change a layer's kernel
             part.on_settings_change(self.resolve_attention_paths)
 
     def resolve_attention_paths(self) -> None:
-        """Each layer's attention path (model/attention.py), for a CPU and for a CUDA device: chosen here, once, from
-        its scheme, the backend and the sink, and again whenever a scheme's settings change; the forward pass follows
-        the one of its device's kind."""
-        sink = self.cfg.attn_sink
-        self.attention_paths = {
-            kind: [resolve_path(scheme, self.cfg.attn_backend, kind, sink) for scheme, _ in self.layer_pe]
+        """Each layer's attention kernel (model/kernels.py), for a CPU and for a CUDA device: chosen here, once, from
+        its scheme, the backend and the sink, and again whenever a scheme's settings change; the forward pass runs
+        the one of its device's kind. A kernel that may fail at its first use gets the model's Fallback for it, kept
+        across these choices, so that a kernel given up stays given up and the records name what runs."""
+        cfg = self.cfg
+        self.attention_fallbacks: dict[str, dict[str, Fallback]] = getattr(self, "attention_fallbacks", {})
+        self.attention_kernels = {
+            kind: [
+                choose_kernel(
+                    scheme,
+                    cfg.attn_backend,
+                    kind,
+                    cfg.attn_sink,
+                    self.attention_fallbacks.setdefault(kind, {}),
+                )
+                for scheme, _ in self.layer_pe
+            ]
             for kind in ("cpu", "cuda")
         }
 
+    def kernels_on(self, device: torch.device) -> list[LayerKernel]:
+        """The layers' attention kernels on ``device`` (any device but CUDA takes the CPU's)."""
+        return self.attention_kernels["cuda" if device.type == "cuda" else "cpu"]
+
     def paths_on(self, device: torch.device) -> list[AttentionPath]:
-        """The layers' attention paths on ``device`` (any device but CUDA takes the CPU's)."""
-        return self.attention_paths["cuda" if device.type == "cuda" else "cpu"]
+        """The layers' attention paths on ``device``."""
+        return [layer_kernel.path for layer_kernel in self.kernels_on(device)]
+
+    def attention_backend(self, device: torch.device, explicit: bool = False) -> str:
+        """The kernel a full pass runs on ``device``, as the runs' records name it (a kernel given up names its
+        fallback): one name, or the distinct ones in layer order joined by ``+``. ``explicit``: positions are given per
+        token (training's random positions, documents)."""
+        return "+".join(dict.fromkeys(layer_kernel.backend(explicit) for layer_kernel in self.kernels_on(device)))
 
     def describe_attention(self, device: torch.device) -> list[str]:
         """One line per layer: its scheme and the attention path it takes on ``device`` (the model summary); and one
         for the attention output gate, with its parameters (counted in ``num_params`` too), where the model has it."""
         lines = [
             f"layer {layer}: {scheme.name}: {path.describe()}"
-            for layer, ((scheme, _), path) in enumerate(zip(self.layer_pe, self.paths_on(device)))
+            for layer, ((scheme, _), path) in enumerate(zip(self.layer_pe, self.paths_on(device), strict=True))
         ]
         gates = self.gate_params()
         if gates:
@@ -363,7 +341,7 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def no_weight_decay(self) -> list[nn.Parameter]:
-        """Matrices AdamW must not decay: the scheme declares them (e.g. T5's bias table)."""
+        """Matrices AdamW must not decay: the scheme declares them (a table of biases)."""
         return self.pe.no_weight_decay()
 
     def _position_state(
@@ -447,15 +425,16 @@ class GPT(nn.Module):
         state = self._position_state(idx, cache, positions, documents)
         states = self._part_states(state, cache)
         if cache is not None and not cache.keys:
-            cache.keys, cache.values, cache.sums = ([None] * len(self.blocks) for _ in range(3))
+            cache.keys, cache.values = [None] * len(self.blocks), [None] * len(self.blocks)
+            cache.layer_memo = [{} for _ in self.blocks]
         x = self.token_embedding(idx) * self.token_scale
         position_vectors = self.pe.embed(state.positions.reshape(-1))
         if position_vectors is not None:
             x = x + position_vectors.view(*state.positions.shape, -1).to(x.dtype)
         x = self.dropout(x)
-        paths = self.paths_on(idx.device)
+        kernels = self.kernels_on(idx.device)
         for layer, (block, (scheme, pe_layer)) in enumerate(zip(self.blocks, self.layer_pe)):
-            x = block(x, scheme, states[self.layer_part[layer]], cache, layer, capture, pe_layer, paths[layer])
+            x = block(x, scheme, states[self.layer_part[layer]], cache, layer, kernels[layer], capture, pe_layer)
         return self.ln_f(x)
 
     def forward(

@@ -6,9 +6,9 @@ Each query's content logits are multiplied by a factor tau(n) of n, the number o
 
 It is applied as a scale of the query, q_i <- tau(n_i) q_i, after the scheme's rotation and before attention:
 a per-row scale of q . k, so every attention path (sdpa's fused causal kernel, FlexAttention, the written-out
-one) runs unchanged and as fast. A scheme's score bias (ALiBi, T5, ...) and the sink logit (``model.attn_sink``)
+one) runs unchanged and as fast. A scheme's score bias and the sink logit (``model.attn_sink``)
 are added unscaled, as Llama 4 scales its query states; so is anything a scheme computes from the scaled query
-(CoPE's gates see tau q).
+(gates computed from the scores see tau q).
 
 Types (``model.attn_temperature.type``), L = train.seq_len, the length the weights were trained at:
 
@@ -40,7 +40,7 @@ Types (``model.attn_temperature.type``), L = train.seq_len, the length the weigh
   temperature there multiplies the content logits, one constant for the loaded model, i.e. for the sequence length
   it is evaluated at; the scale of q here is the same per-row scale of those logits. The form 1 + c ln s is the
   paper's as reported; the paper's text on it (and its value of c) could not be read from the stored copies
-  available here (only its opening), so c's default, 0.1, is YaRN's coefficient of the same form (rope_scaling.py:
+  available here (only its opening), so c's default, 0.1, is YaRN's coefficient of the same form (its
   sqrt(1/t) = 0.1 ln s + 1), not a value taken from the DroPE paper: set ``c`` to the paper's. With a KV cache each
   decoding step takes the s of the keys so far, so decoding step by step differs from a full forward of the same
   tokens, where every query takes the window's s (as the reference's model loaded with one scale would give).

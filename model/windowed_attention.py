@@ -1,5 +1,5 @@
 """Attention whose scores come from two rotations of q and k, chosen by distance (model/pe/base.py, "Scores merged
-by distance"; RoPE's Self-Extend, ReRoPE and STRING, model/pe/rope_remap.py):
+by distance": a rotation's remapped distances):
 
     s(i, j) = q_near_i . k_near_j / sqrt(d)   where 0 <= pos_i - pos_j < W
               q_far_i  . k_far_j  / sqrt(d)   where pos_i - pos_j >= W
@@ -26,8 +26,8 @@ from model.documents import same_document
 from model.pe.base import PositionState
 
 # Scores per block of queries, all heads and batch rows together: 8 MiB in fp32. Written-out blocks this small stay
-# in cache: at 1024 tokens on one CPU thread, 1.5x faster than blocks of model/attention.py's 1 << 24 (measured), and
-# the memory beyond the model's activations is a few such blocks.
+# in cache (docs/speed.md, "Measurements behind the attention kernels"), and the memory beyond the model's
+# activations is a few such blocks.
 _BLOCK_SCORES = 1 << 21
 
 

@@ -33,7 +33,7 @@ def validation_curves(groups: list[list[Run]]) -> list[ValidationCurve]:
             logged = {
                 record["step"]: record["val_loss"] for record in records if record.get("val_loss") is not None
             }  # a resumed run's repeated step: its last record
-            # each start of a run records its backend and dtype (training/metrics.py); none before 2026-11-24
+            # each start of a run records its backend and dtype (training/metrics.py); a record without them names none
             runtimes.update({f"{r['attn_backend']}, {r['dtype']}": None for r in records if "attn_backend" in r})
             if not logged:
                 raise PosGPTError(

@@ -105,7 +105,7 @@ def tag_entries(entries: list[Entry]) -> None:
 
 def runtime_note(entries: list[Entry]) -> str | None:
     """Which attention backend and dtype computed the rows, by setting where they differ; None when no row
-    records them (results written before 2026-11-24)."""
+    records them."""
     by_runtime: dict[str, list[str]] = {}
     for entry in entries:
         example = entry.example()

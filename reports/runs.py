@@ -49,8 +49,8 @@ def run_config(run_dir: Path, document: dict[str, Any], typed_by: TypeConfig) ->
     """The resolved config of the checkpoint whose results ``document`` holds, and the step of the run's last
     checkpoint (None without checkpoints). The document records the config of the checkpoint that scored it
     (evaluation/run.py): a run resumed since with other settings has a last checkpoint that did not score these
-    rows, so its config would label them with settings they were not scored with. Only a document written before
-    posgpt recorded the config there (before 2026-11-23) is read through the checkpoint, which must then be the
+    rows, so its config would label them with settings they were not scored with. Only a document whose config is
+    null (one that never recorded it: evaluation/migrate.py) is read through the checkpoint, which must then be the
     one that scored it. compare reads configs only here.
 
     The config is typed by today's schema (``typed_by``), so that a setting added since a run was trained (absent
@@ -61,8 +61,8 @@ def run_config(run_dir: Path, document: dict[str, Any], typed_by: TypeConfig) ->
         return typed_config(document["config"], typed_by), latest
     if checkpoint is None:
         raise PosGPTError(
-            f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json (written before "
-            "posgpt recorded the trained config there) does not say how the run was trained"
+            f"{run_dir} has no checkpoint, and its {EVAL_DIR}/extrapolation.json records no trained config, so it "
+            "does not say how the run was trained"
         )
     if latest != document["step"]:
         raise PosGPTError(
@@ -76,7 +76,7 @@ _TYPED: dict[str, dict[str, Any]] = {}
 
 
 def typed_config(saved: dict[str, Any], typed_by: TypeConfig) -> dict[str, Any]:
-    """typed_by(saved) as a plain resolved dict. Typing a config by the schema takes ~40 ms, most of a
+    """typed_by(saved) as a plain resolved dict. Typing a config by the schema is most of a
     comparison's time, and the seeds of one setting differ only in ``train.seed``: they share one typing (keyed by
     the config less its seed, and whether it has one), the seed put back. A config with an interpolation left in
     it, or a seed that is not an int, is typed on its own."""

@@ -30,8 +30,8 @@ Otherwise they are separate table rows, each with only its own seeds, and labell
 "rope [corpus 3fa2c1d9e0]", "rope [split all]", "rope [targets [2048, 34816))", "rope [math float32]"
 (backend and dtype are named when they differ within a setting; across settings, a note lists them, since
 the default attention path on a GPU depends on how a scheme enters attention). Differences and paired ratios
-are computed only between rows that scored the same tokens. Rows written before posgpt recorded the corpus's
-digest, backend and dtype (before 2026-11-24) read as "unrecorded": they pool with each other when their data
+are computed only between rows that scored the same tokens. Rows that do not record the corpus's digest, backend
+and dtype read as "unrecorded": they pool with each other when their data
 name, corpus description, split and targets agree (a study evaluated alike, as before), never with rows whose digest is
 recorded. A seed whose perplexity overflows (a diverged run: ppl inf) makes its cell inf, with no interval.
 

@@ -39,7 +39,6 @@ from experiment.config import validate
 from experiment.estimate import count_parameters, flops_per_token, scoring_memory, training_memory
 from experiment.plan import optimizer_settings
 from experiment.settings import overridden_keys
-from model.attention import resolve_backend
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 
@@ -68,7 +67,7 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
             for _ in range(2):
                 step(x, x)
             what = {"work": "training", "seq_len": t.seq_len, "batch_size": t.batch_size}
-    backend = resolve_backend(cfg.model.attn_backend, model.pe, device, sink=cfg.model.attn_sink)
+    backend = model.attention_backend(device)
     what |= {
         "backend": backend,
         "dtype": dtype,

@@ -326,7 +326,9 @@ def plan_stage(jobs: list[Job]) -> dict[str, TrainingPlan]:
                     if settings:
                         importlib.import_module("eval").plan_evaluation(job.run_dir, settings)
                 else:
-                    plans[job.name] = plan_training(compose_config(list(job.overrides)), list(job.overrides))
+                    plans[job.name] = plan_training(
+                        compose_config(list(job.overrides)), list(job.overrides), job.run_dir
+                    )
                     check_existing_run(job, plans[job.name])
         except PosGPTError as error:
             raise type(error)(f"job {job.name} of the extension study: {error}") from None
@@ -357,11 +359,12 @@ def check_existing_run(job: Job, plan: TrainingPlan) -> None:
     earlier design under the same name: DroPE recalibrated at factor x L is the method drope_4l now): it would be
     skipped as done, or refused when resumed."""
     from core.checkpoint_io import last_checkpoint_path, load_checkpoint
+    from experiment.plan import resume_changes
 
     path = last_checkpoint_path(job.run_dir)
     if not path.exists():
         return
-    changed = plan.checkpoint.resume_changes(load_checkpoint(path)["config"])
+    changed = resume_changes(plan.checkpoint.config, load_checkpoint(path)["config"])
     # the parent's path is absolute: a study directory moved elsewhere holds the same runs
     changed = [change for change in changed if not change.startswith("train.init_from=")]
     if changed:

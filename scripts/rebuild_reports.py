@@ -1,5 +1,5 @@
 """Rebuild every committed report under results/ from its raw results, and every table the README,
-docs/results.md and docs/fine-tuning.md quote from those reports (DOCS).
+docs/results.md and docs/fine-tuning.md quote from those reports (DOCS), and docs/design.md's map of the modules.
 
     python scripts/rebuild_reports.py              # rewrite the reports, their plots and the quoted tables
     python scripts/rebuild_reports.py --check      # write nothing; exit 1 naming each stale report or table
@@ -36,6 +36,10 @@ best may be a row the block leaves out); ``main-bold: heading | ...`` drops it i
 another report (the bold left marks the best of the marker's own report); ``minus: −`` prints a negative number's
 sign as that character; ``dash: n/a`` prints a cell without a value (``-``) as that text. Values are separated by
 `` | ``; a line not starting with a key continues the previous key's value.
+
+The map of the modules. A marker whose source is ``modules`` (MODULES) holds no report's table but one generated
+from the code: every module of the packages and scripts/, by path, with the first sentence of its docstring
+(:func:`module_map`); tests/test_docs_map.py fails when docs/design.md's block is stale.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import _repo
 from core.interrupts import unwind_on_sigterm
 
 import argparse
+import ast
 import contextlib
 import io
 import json
@@ -63,7 +68,9 @@ from core.files import atomic_write, read_user_text
 ROOT = _repo.ROOT
 RESULTS = ROOT / "results"
 REGISTRY = RESULTS / "reports.json"
-DOCS = ("README.md", "docs/results.md", "docs/fine-tuning.md")
+DOCS = ("README.md", "docs/results.md", "docs/fine-tuning.md", "docs/design.md")
+MODULES = "modules"  # a marker's source that is no report: the map of the modules (module_map)
+PACKAGES = ("core", "data", "model", "experiment", "training", "evaluation", "reports", "scripts")
 # a marker is a comment opening a line: a page may mention one in its text
 MARKER = re.compile(r"^<!-- table: (?P<spec>.*?)-->\n(?P<body>.*?)^<!-- /table -->", re.S | re.M)
 OPENING = re.compile(r"^<!-- table:", re.M)
@@ -183,7 +190,7 @@ def parse_spec(spec: str, where: str) -> Spec:
         elif key is None:
             raise PosGPTError(f"{where}: {line!r} in a table marker is not a key; the keys: {', '.join(KEYS)}")
         values[key] = f"{values[key]} {line}".strip()
-    if not (ROOT / source).is_file():
+    if source != MODULES and not (ROOT / source).is_file():
         raise PosGPTError(f"{where}: the table marker names {source}, which is not a file of the repository")
     return Spec(source, {k: [item.strip() for item in v.split(" | ")] for k, v in values.items()}, where)
 
@@ -264,12 +271,34 @@ def selection(spec: Spec) -> str:
 
 
 def block_text(spec: Spec) -> str:
-    """What the marker's block holds: a whole report, one of its tables verbatim, or a selection."""
+    """What the marker's block holds: a whole report, one of its tables verbatim, a selection, or the map of the
+    modules."""
+    if spec.source == MODULES:
+        return module_map()
     if "columns" in spec.keys or "rows" in spec.keys:
         return selection(spec)
     if "table" in spec.keys or "section" in spec.keys:
         return pick_table(spec.source, spec, table_number(spec.one("table") or "1", spec)).text
     return report_text(spec.source, spec).rstrip("\n")
+
+
+def first_sentence(docstring: str) -> str:
+    """A docstring's first sentence (to the first full stop that ends a word, not e.g., i.e. or et al.), on one line,
+    ``|`` escaped for a table cell."""
+    paragraph = " ".join(docstring.split("\n\n", 1)[0].split())
+    match = re.search(r"(?<!e\.g)(?<!i\.e)(?<! al)(?<=[\w)`'\"])\.(\s|$)", paragraph)
+    return (paragraph[: match.start() + 1] if match else paragraph).replace("|", "\\|")
+
+
+def module_map(root: Path = ROOT) -> str:
+    """A table of every module of PACKAGES (their subpackages too), by path, and its docstring's first sentence."""
+    lines = ["| module | what it holds |", "|---|---|"]
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+                lines.append(f"| `{path.relative_to(root).as_posix()}` | {first_sentence(docstring)} |")
+    return "\n".join(lines)
 
 
 def shown_path(path: Path) -> str:

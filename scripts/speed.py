@@ -45,7 +45,6 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-import model.attention as attention
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import PosGPTError, first_line
 from core.files import atomic_write, check_outputs, read_user_text
@@ -57,7 +56,6 @@ from experiment.compose import compose_config
 from experiment.config import validate
 from experiment.plan import optimizer_settings
 from experiment.settings import overridden_keys
-from model.attention import resolve_layer_backends
 from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
@@ -217,7 +215,7 @@ def recorded_settings(
         "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
         "compile_mode": args.compile_mode,
         "sdpa_backend": args.sdpa_backend,
-        "attn_backend": resolve_layer_backends(m.attn_backend, raw_model.pe, device, sink=m.attn_sink),
+        "attn_backend": raw_model.attention_backend(device),
         "fused_ce": use_fused(m.fused_ce, device),
         "flex_kernel_options": dict(m.flex_kernel_options),
         "threads": torch.get_num_threads(),
@@ -365,7 +363,6 @@ def main(argv: list[str]) -> None:
         if args.record:  # after each scheme: a run stopped outright (SIGKILL) keeps the schemes it measured
             run = save_run(args.record, "scripts/speed.py", argv, records, run)
         torch._dynamo.reset()  # each scheme compiles its own model
-        attention.flex_failure = None  # and tries FlexAttention afresh: one scheme's failure is not the next's
     failed = [record["pe"] for record in records if "error" in record]
     if failed:  # recorded, and still not a success
         print(

@@ -51,17 +51,6 @@ def _fresh_state():
 from cli_runs import cli, reference  # noqa: E402, F401  (the session fixtures, for every test module)
 
 
-@pytest.fixture(autouse=True)
-def _kernels_not_given_up():
-    """Each test starts with FlexAttention and the schemes' own kernels usable: a kernel one test made fail is given
-    up for the rest of the process (model/attention.py), which would change the path a later test in the same
-    worker takes."""
-    import model.attention as attention
-
-    attention.flex_failure = attention.fused_failure = None
-    yield
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that hold the longest tests run first: files with an e2e test, then files with a slow one, then the
     rest, each group in its collected order. With ``--dist loadfile`` a file goes whole to whichever worker is free,

@@ -56,9 +56,9 @@ def compare(name: str, settings: dict, idx: torch.Tensor) -> dict:
     wrapper = type(fused.pe).fused_attention(fused.pe, torch.device("cuda"))  # the device only gates CUDA
     calls = []
 
-    def counted(q, k, v, x, layer):
-        calls.append(layer)
-        return wrapper(q, k, v, x, layer)
+    def counted(q, k, v, call):
+        calls.append(call.layer)
+        return wrapper(q, k, v, call)
 
     fused.pe.fused_attention = lambda device: counted  # this instance, on the CPU
     fused.resolve_attention_paths()  # resolved when it was built, without the kernel

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from model.attention import attend
+from model.kernels import attend
 from model.pe import ModelDims, PositionState
 from model.pe.rope import RoPEConfig, RotaryPositionalEncoding
 from model.pe.rope_remap import RoPERemapConfig

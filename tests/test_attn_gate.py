@@ -14,6 +14,7 @@ from experiment.settings import trained_config
 from model import GPT, KVCache, ModelConfig
 from model.attention import default_state
 from model.gpt import CausalSelfAttention
+from model.kernels import choose_kernel
 from model.pe import SCHEMES, ModelDims, build_positional_encoding
 
 B, T, H, D = 2, 13, 4, 8
@@ -51,7 +52,7 @@ def test_the_layer_is_the_reference_formula_with_the_same_weights(bias):
     dims = ModelDims(n_embd=C, n_head=H, head_dim=D, train_seq_len=T, init_std=0.02)
     pe = build_positional_encoding(SCHEMES["none"].config_class(), dims)
     x = torch.randn(B, T, C)
-    ours = layer(x, pe, default_state(pe, T, T, x.device), None, 0)
+    ours = layer(x, pe, default_state(pe, T, T, x.device), None, 0, choose_kernel(pe, "auto", x.device))
 
     # The reference's q_proj: per head h, the rows of our query for h, then the rows of our gate for h.
     w_q, w_k, w_v = layer.qkv.weight.split(C)

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from model import GPT, ModelConfig
-from model.attention import attend
+from model.kernels import attend
 from model.pe import SCHEMES
 from model.pe import capabilities as cap
 

@@ -118,8 +118,7 @@ def test_recompilations_under_evaluation_are_bounded(name):
             x, y = batches(1, length)[0]
             torch.testing.assert_close(compiled(x, y, reduction="none"), model(x, y, reduction="none"))
     # loops over blocks (a bias, a window of keys), or over chunks too, in some layer
-    looped = (cap.ScoreBias, cap.ContentBias, cap.CumulativeBias, cap.SlidingWindow)
-    looped += (cap.AttentionWeights, cap.TransportedScores)
+    looped = (cap.ScoreBias, cap.SlidingWindow, cap.ModifiesAttention)
     blockwise = any(isinstance(scheme, looped) for scheme, _ in model.pe.layer_schemes())
     bound = len(lengths) if blockwise else 2
     assert counter.frame_count <= bound

@@ -33,7 +33,7 @@ from tiny_checkpoint import make_run
 
 from core.config_keys import may_change
 from core.domain import COMMANDS as DECLARED_COMMANDS
-from core.domain import Interval, check_domains, domain, readers_of
+from core.domain import Interval, check_domains, choices_of, domain, leaves, readers_of
 from core.errors import PosGPTError
 from data.tasks import TASKS
 from experiment.compose import CONFIG_DIR
@@ -104,6 +104,38 @@ def test_the_walk_sees_the_keys_of_every_section_and_scheme():
         assert expected in keys
     assert {"data.val_fraction", "pe.npos", "pe.num_buckets", "pe.scaling.factor", "pe.init_L"} <= keys
     assert "train.resume" not in keys  # a bool is no number
+
+
+def declared_choices() -> dict[str, tuple[str, tuple]]:
+    """Every key that declares its choices (core.domain.choice), over every scheme's schema: key -> (a scheme whose
+    schema has it, its choices)."""
+    found = {}
+    for pe in SCHEMES:
+        for leaf in leaves(OmegaConf.to_object(schema(pe))):
+            if choices_of(leaf.field) is not None:
+                found.setdefault(leaf.key, (pe, choices_of(leaf.field)))
+    return found
+
+
+@pytest.mark.parametrize("key", sorted(declared_choices()))
+def test_a_value_outside_a_declared_choice_is_refused_in_one_line(key):
+    """Each key of a few words, read from the schema: each of its choices passes the check, a word outside them is
+    refused naming the key, the value and the choices."""
+    pe, choices = declared_choices()[key]
+    config = OmegaConf.to_object(schema(pe))
+    section_path, _, name = key.rpartition(".")
+    section = functools.reduce(getattr, section_path.split("."), config)
+    for value in choices:
+        setattr(section, name, value)
+        check_domains(config)
+    setattr(section, name, "no-such-choice")
+    with pytest.raises(PosGPTError) as refused:
+        check_domains(config)
+    assert str(refused.value) == f"{key}='no-such-choice' is not one of its choices: {', '.join(map(str, choices))}"
+
+
+def test_the_choices_walk_finds_the_declared_ones():
+    assert {"train.dtype", "train.init_from_pe", "train.distributed", "logging.wandb.mode"} <= set(declared_choices())
 
 
 # --- the domain itself --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from experiment.compose import compose_config
 from model import GPT, KVCache, ModelConfig
-from model.attention import resolve_layer_backends
+from model.kernels import resolve_layer_backends
 
 PRESETS = sorted(path.stem for path in (Path(__file__).parents[1] / "configs" / "pe").glob("*.yaml"))
 BACKENDS = ("sdpa", "math", "flex")  # flex: FlexAttention forward, eager, on a CPU

@@ -2,23 +2,24 @@
 through the registry so that a scheme added later is covered: at lengths that are not multiples of its block
 size (128), while decoding with a KV cache, with per-row positions, and through the whole model (there also
 every scheme with a cumulative bias, which only the model computes). And if
-FlexAttention fails at first use, attention warns once and runs sdpa, which resolve_backend then reports."""
+FlexAttention fails at first use, the layer's kernel warns once and runs sdpa, which its records then name."""
 
 import pytest
 import torch
 from test_backends import B, D, H, attend_at, qkv, scheme
 from torch._dynamo.testing import CompileCounterWithBackend
 
-import model.attention as attention
+import model.kernels as kernels
 from data.windows import random_positions
 from model import GPT, KVCache, ModelConfig
-from model.attention import attend, resolve_backend
+from model.attention import AttentionCall, default_state
+from model.kernels import attend, choose_kernel, resolve_backend
 from model.pe import SCHEMES
 from model.pe import capabilities as cap
 
 BIAS = sorted(name for name, cls in SCHEMES.items() if issubclass(cls, cap.ScoreBias))
 CUMULATIVE = sorted(
-    name for name, cls in SCHEMES.items() if issubclass(cls, cap.CumulativeBias)
+    name for name, cls in SCHEMES.items() if "pair_term" in getattr(cls, "modifies", ())
 )  # its data: the model's
 AWKWARD = [1, 127, 129, 300]  # FlexAttention's blocks hold 128 queries and 128 keys
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
@@ -27,12 +28,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without to
 
 @pytest.mark.parametrize("length", [*AWKWARD, 128, 256, 1000])
 def test_the_causal_block_mask_is_create_block_masks_without_its_dense_mask(length):
-    """model/attention.py builds the causal BlockMask from its block structure (create_block_mask materialises
+    """model/kernels.py builds the causal BlockMask from its block structure (create_block_mask materialises
     the whole length x length mask first: 2.6 GB at 16K tokens); every field must be create_block_mask's."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    ours = attention._make_causal_block_mask(length, "cpu")
-    theirs = create_block_mask(attention._causal, B=None, H=None, Q_LEN=length, KV_LEN=length, device="cpu")
+    ours = kernels._make_causal_block_mask(length, "cpu")
+    theirs = create_block_mask(kernels._causal, B=None, H=None, Q_LEN=length, KV_LEN=length, device="cpu")
     assert ours.seq_lengths == theirs.seq_lengths == (length, length)
     for field in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
         assert torch.equal(getattr(ours, field), getattr(theirs, field)), field
@@ -100,63 +101,87 @@ def test_flex_with_a_kv_cache_matches_math(name):
 
 @torch.no_grad()
 def test_a_failing_flex_falls_back_to_sdpa_once_with_one_warning(monkeypatch, capsys):
-    monkeypatch.setattr(attention, "flex_failure", None)  # restored after the test
     calls = []
 
     def broken(*args):
         calls.append(1)
         raise RuntimeError("triton: no kernel for this GPU\nlong traceback")
 
-    monkeypatch.setattr(attention, "_flex_attention", broken)
+    monkeypatch.setattr(kernels, "_flex_attention", broken)
     pe, (q, k, v) = scheme("alibi"), qkv(requires_grad=False)
     cuda = torch.device("cuda")
-    assert resolve_backend("auto", pe, cuda) == "flex"
+    kernel = choose_kernel(pe, "flex", cuda)  # a layer's, as the model chooses it for CUDA
+    assert kernel.backend() == resolve_backend("auto", pe, cuda) == "flex"
+    call = AttentionCall(pe, kernel.path, default_state(pe, q.shape[-2], k.shape[-2], q.device))
     for _ in range(2):
-        torch.testing.assert_close(attend(q, k, v, pe, "flex"), attend(q, k, v, pe, "math"), **TOLERANCE)
+        torch.testing.assert_close(kernel(q, k, v, call), attend(q, k, v, pe, "math"), **TOLERANCE)
     assert calls == [1]  # given up after the first failure
     assert capsys.readouterr().err == (
         "warning: FlexAttention failed (RuntimeError: triton: no kernel for this GPU); attention runs sdpa "
         "(bias as a blockwise mask) from now on\n"
     )
-    assert attention.flex_failure == "RuntimeError: triton: no kernel for this GPU"
-    assert resolve_backend("auto", pe, cuda) == resolve_backend("flex", pe, cuda) == "sdpa"
+    assert kernel.fallback.failure == "RuntimeError: triton: no kernel for this GPU"
+    assert kernel.backend() == "sdpa"  # what the runs' records name
+    assert choose_kernel(pe, "flex", cuda).backend() == "flex"  # another model's kernel is its own
+
+
+def test_a_models_layers_share_one_fallback_and_record_what_runs(monkeypatch, capsys):
+    """Every layer of a model that runs flex gives it up at the model's first failure (one warning), and the model's
+    backend, which the runs' records read, is then sdpa; another model starts afresh."""
+
+    def broken(*args):
+        raise RuntimeError("triton: no kernel for this GPU")
+
+    monkeypatch.setattr(kernels, "_flex_attention", broken)
+    cfg = ModelConfig(n_layer=3, n_head=H, n_embd=H * D, vocab_size=50, attn_backend="flex")
+    model = GPT(cfg, SCHEMES["alibi"].config_class(), train_seq_len=16)
+    assert model.attention_backend(torch.device("cpu")) == "flex"
+    with torch.no_grad():
+        model(torch.randint(0, 50, (1, 16)))
+    assert model.attention_backend(torch.device("cpu")) == "sdpa"
+    assert capsys.readouterr().err.count("warning: FlexAttention failed") == 1
+    model.resolve_attention_paths()  # chosen again (an evaluation-time variation): still given up
+    assert model.attention_backend(torch.device("cpu")) == "sdpa"
+    assert GPT(cfg, SCHEMES["alibi"].config_class(), train_seq_len=16).attention_backend(torch.device("cpu")) == "flex"
 
 
 @pytest.mark.slow
 @torch.no_grad()
 def test_the_compiled_flex_kernel_serves_many_shapes_and_never_runs_unfused_silently(monkeypatch, capsys):
-    """The compiled flex_attention that CUDA runs, through attend (traced by dynamo as on CUDA; aot_eager in place of
-    inductor, whose CPU template does not compile size-generic flex kernels): a task's lengths and evaluation's batch
-    sizes compile a few size-generic graphs, not one per shape (dynamo's recompile limit, 8, would otherwise be
-    reached, and dynamo would then run flex_attention unfused without a word); past the limit it raises, and attend
-    gives FlexAttention up with one warning and runs sdpa, which the run records."""
-    monkeypatch.setattr(attention, "flex_failure", None)
+    """The compiled flex_attention that CUDA runs, through a layer's kernel (traced by dynamo as on CUDA; aot_eager in
+    place of inductor, whose CPU template does not compile size-generic flex kernels): a task's lengths and
+    evaluation's batch sizes compile a few size-generic graphs, not one per shape (dynamo's recompile limit, 8, would
+    otherwise be reached, and dynamo would then run flex_attention unfused without a word); past the limit it raises,
+    and the kernel gives FlexAttention up with one warning and runs sdpa, which the run records."""
     counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setattr(attention, "_flex_kernel", lambda device: attention._compiled_flex_attention(counter))
+    monkeypatch.setattr(kernels, "_flex_function", lambda device: kernels._compiled_flex_attention(counter))
     pe = scheme("alibi")
+    kernel = choose_kernel(pe, "flex", "cuda")
     shapes = [(2, 64), (1, 64), (3, 100), (2, 128), (1, 200), (4, 33), (2, 256), (5, 77), (2, 300), (3, 129)]
 
     def check(batch, length):
         generator = torch.Generator().manual_seed(length)
         q, k, v = (torch.randn(batch, H, length, D, generator=generator) for _ in range(3))
-        torch.testing.assert_close(attend(q, k, v, pe, "flex"), attend(q, k, v, pe, "math"), **TOLERANCE)
+        call = AttentionCall(pe, kernel.path, default_state(pe, length, length, q.device))
+        torch.testing.assert_close(kernel(q, k, v, call), attend(q, k, v, pe, "math"), **TOLERANCE)
 
     torch._dynamo.reset()
     for shape in shapes:
         check(*shape)
-    assert attention.flex_failure is None and capsys.readouterr().err == ""
+    assert kernel.fallback.failure is None and capsys.readouterr().err == ""
     assert counter.frame_count <= 5  # the first shape; then size-generic, with or without sizes of 1
     torch._dynamo.reset()
-    monkeypatch.setattr(attention, "FLEX_RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(kernels, "FLEX_RECOMPILE_LIMIT", 1)
     for shape in shapes[:3]:
         check(*shape)
     torch._dynamo.reset()
-    assert attention.flex_failure is not None and "recompile" in attention.flex_failure.lower()
+    assert kernel.fallback.failure is not None and "recompile" in kernel.fallback.failure.lower()
     assert capsys.readouterr().err.count("warning: FlexAttention failed") == 1
 
 
-def test_user_errors_from_flex_are_not_swallowed(monkeypatch):
-    monkeypatch.setattr(attention, "flex_failure", None)
-    with pytest.raises(attention.PosGPTError, match="cannot train on CPU"):
-        attend(*qkv(), scheme("alibi"), "flex")
-    assert attention.flex_failure is None
+def test_user_errors_from_flex_are_not_swallowed(capsys):
+    pe, (q, k, v) = scheme("alibi"), qkv()
+    kernel = choose_kernel(pe, "flex", "cpu")
+    with pytest.raises(kernels.PosGPTError, match="cannot train on CPU"):
+        kernel(q, k, v, AttentionCall(pe, kernel.path, default_state(pe, q.shape[-2], k.shape[-2], q.device)))
+    assert kernel.fallback.failure is None and capsys.readouterr().err == ""

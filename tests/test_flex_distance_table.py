@@ -15,11 +15,12 @@ import torch
 import torch.nn.attention.flex_attention  # noqa: F401  (loads torch._higher_order_ops.flex_attention)
 from test_backends import B, D, H, assert_all_close, output_and_grads, qkv, scheme
 
-import model.attention as attention
+import model.kernels as kernels
 from core.errors import PosGPTError
 from experiment.compose import compose_config
 from experiment.config import validate
-from model.attention import attend, default_state
+from model.attention import AttentionCall, default_state
+from model.kernels import attend, choose_kernel, resolve_path
 from model.pe import SCHEMES
 from model.pe import capabilities as cap
 
@@ -39,12 +40,15 @@ def test_the_registry_has_relative_schemes():
 def test_a_score_mod_that_compiles_computes_its_bias_in_the_kernel(name, monkeypatch):
     """The table is a gather in the kernel, which costs shared memory; a scheme whose own score_mod compiles runs it."""
     pe = scheme(name)
-    monkeypatch.setattr(attention, "_distance_bias", lambda *args: pytest.fail("the score_mod read the table"))
-    score_mod = attention._score_mod(
-        pe, attention.resolve_path(pe, "flex", "cpu"), default_state(pe, 9, 9, torch.device("cpu")), 1, None
-    )
+    monkeypatch.setattr(kernels, "distance_bias", lambda *args: pytest.fail("the score_mod read the table"))
+    score_mod = score_mod_of(pe, default_state(pe, 9, 9, torch.device("cpu")), 1)
     i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
     torch.testing.assert_close(score_mod(torch.zeros(9, 9), 0, 1, i, j), pe.score_bias(i, j, 1, 1))
+
+
+def score_mod_of(pe, state, layer):
+    """The FlexAttention score_mod a layer of ``pe`` runs."""
+    return kernels._score_mod(AttentionCall(pe, resolve_path(pe, "flex", "cpu"), state, layer))
 
 
 def dense_attention(q, k, v, bias):
@@ -73,9 +77,7 @@ def test_the_table_score_mod_gives_the_direct_bias_and_its_gradients(name, dtype
     that FlexAttention gets against score_bias at every pair; and the score_mod never calls score_bias itself."""
     pe = scheme(name).to(dtype)
     q, k, v = (t.detach().to(dtype).requires_grad_() for t in qkv(tq=75, tk=75))
-    score_mod = attention._score_mod(
-        pe, attention.resolve_path(pe, "flex", "cpu"), default_state(pe, 75, 75, q.device), 1, None
-    )
+    score_mod = score_mod_of(pe, default_state(pe, 75, 75, q.device), 1)
     want = grads_through(pe, q, k, v, lambda s, b, h, i, j: s + pe.score_bias(i, j, h, 1))
     monkeypatch.setattr(pe, "score_bias", lambda *args: pytest.fail("the score_mod ran score_bias"))
     got = grads_through(pe, q, k, v, score_mod)
@@ -88,9 +90,7 @@ def test_the_table_score_mod_gives_the_direct_bias_and_its_gradients(name, dtype
 def test_the_score_mod_gradients_equal_the_math_paths(name):
     """The same score_mod's gradients against the written-out path's (its softmax in float32)."""
     pe, (q, k, v) = scheme(name), qkv(tq=75, tk=75)
-    score_mod = attention._score_mod(
-        pe, attention.resolve_path(pe, "flex", "cpu"), default_state(pe, 75, 75, q.device), 1, None
-    )
+    score_mod = score_mod_of(pe, default_state(pe, 75, 75, q.device), 1)
     got = grads_through(pe, q, k, v, score_mod)
     assert_all_close(got, output_and_grads("math", pe, q, k, v, layer=1), rtol=1e-4, atol=1e-5)
 
@@ -104,10 +104,8 @@ def test_gradients_through_flex_attentions_own_reference(name):
     if reference is None:
         pytest.skip("this torch has no FlexAttention math_attention")
     pe, (q, k, v) = scheme(name), qkv(tq=129, tk=129)
-    score_mod = attention._score_mod(
-        pe, attention.resolve_path(pe, "flex", "cpu"), default_state(pe, 129, 129, q.device), 1, None
-    )
-    block_mask = attention._make_causal_block_mask(129, "cpu").as_tuple()
+    score_mod = score_mod_of(pe, default_state(pe, 129, 129, q.device), 1)
+    block_mask = kernels._make_causal_block_mask(129, "cpu").as_tuple()
     tensors = [q, k, v, *pe.parameters()]
     out = reference(q, k, v, score_mod, block_mask, D**-0.5, {})[0]
     out.square().sum().backward()
@@ -145,16 +143,16 @@ def test_the_table_is_built_once_per_forward_pass_and_layer(name, monkeypatch):
     monkeypatch.setattr(pe, "bias_block", counted)
     state = default_state(pe, 50, 50, torch.device("cpu"))
     for layer in (0, 1, 0, 1):
-        attention._score_mod(pe, attention.resolve_path(pe, "flex", "cpu"), state, layer, None)
+        score_mod_of(pe, state, layer)
     layers = [0, 1] if isinstance(pe, cap.LayerwiseBias) else [0]
     assert calls == [((50,), (1,), layer) for layer in layers]
 
 
 @torch.no_grad()
 def test_kernel_options_reach_flex_attention(monkeypatch):
-    """attend hands model.flex_kernel_options to FlexAttention's kernel as given (none when empty)."""
+    """The layer hands model.flex_kernel_options to FlexAttention's kernel as given (none when empty)."""
     seen = []
-    flex = attention._flex_kernel
+    flex = kernels._flex_function
 
     def spy(device):
         def kernel(*args, **kwargs):
@@ -163,7 +161,7 @@ def test_kernel_options_reach_flex_attention(monkeypatch):
 
         return kernel
 
-    monkeypatch.setattr(attention, "_flex_kernel", spy)
+    monkeypatch.setattr(kernels, "_flex_function", spy)
     pe, (q, k, v) = scheme("alibi"), qkv(requires_grad=False)
     attend(q, k, v, pe, "flex")
     attend(q, k, v, pe, "flex", kernel_options={})
@@ -192,5 +190,10 @@ def test_the_score_mod_compiles_as_one_graph(name):
     break; aot_eager: no code generation on CPU), and it computes what the math path does."""
     torch._dynamo.reset()
     pe, (q, k, v) = scheme(name), qkv(129, 129, requires_grad=False)
-    compiled = torch.compile(lambda q, k, v: attend(q, k, v, pe, "flex", layer=1), backend="aot_eager", fullgraph=True)
+    kernel = choose_kernel(pe, "flex", "cpu")
+
+    def layer(q, k, v):
+        return kernel(q, k, v, AttentionCall(pe, kernel.path, default_state(pe, 129, 129, q.device), 1))
+
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), attend(q, k, v, pe, "math", layer=1), rtol=1e-4, atol=1e-5)

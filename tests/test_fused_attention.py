@@ -20,11 +20,11 @@ import pytest
 import torch
 from cli_runs import REPO
 
-import model.attention as attention
 from experiment.compose import compose_config
 from experiment.estimate import scoring_memory, training_memory
 from model import GPT, KVCache, ModelConfig
-from model.attention import attend, resolve_backend, resolve_layer_backends
+from model.attention import written_out_attention
+from model.kernels import resolve_backend, resolve_layer_backends
 from model.pe import SCHEMES
 from model.pe import capabilities as cap
 from model.pe.path import PaTHConfig
@@ -55,12 +55,9 @@ def written_out(pe):
     """The written-out path as a kernel of hook 8's signature, and the list of the calls it gets."""
     calls = []
 
-    def kernel(q, k, v, x, layer):
+    def kernel(q, k, v, call):
         calls.append(q.shape)
-        logits = None
-        if isinstance(pe, cap.TransportedScores):
-            logits, _ = pe.transported_scores(q, k, pe.transitions(x, layer), carry=False)
-        return attend(q, k, v, pe, "math", layer=layer, logits=logits)
+        return written_out_attention(q, k, v, call)[0]  # with the scheme's changes of the layer's input
 
     return kernel, calls
 
@@ -76,7 +73,6 @@ def stand_in(monkeypatch):
         model.resolve_attention_paths()  # the paths were resolved when the model was built, without a kernel on CPU
         return calls[name]
 
-    monkeypatch.setattr(attention, "fused_failure", None)
     return install
 
 
@@ -107,7 +103,7 @@ def test_the_layer_outputs_what_the_kernel_computes(monkeypatch):
     model = tiny("stickbreaking")
     with torch.no_grad():
         want = model(tokens(2, 40))
-        monkeypatch.setattr(type(model.pe), "fused_attention", lambda self, device: lambda q, k, v, x, layer: 0 * v)
+        monkeypatch.setattr(type(model.pe), "fused_attention", lambda self, device: lambda q, k, v, call: 0 * v)
         model.resolve_attention_paths()  # resolved when it was built, without a kernel on the CPU
         assert not torch.allclose(model(tokens(2, 40)), want)  # attention's output is no longer the scheme's
 
@@ -126,19 +122,18 @@ def test_a_kernel_failing_at_its_first_use_is_given_up_said_once_and_recorded(mo
         want = model(tokens(2, 40))
     calls = []
 
-    def failing(q, k, v, x, layer):
-        calls.append(layer)
+    def failing(q, k, v, call):
+        calls.append(call.layer)
         raise RuntimeError("triton: no kernel for this GPU\nlong log")
 
-    monkeypatch.setattr(attention, "fused_failure", None)
     monkeypatch.setattr(type(model.pe), "fused_attention", lambda self, device: failing)
     model.resolve_attention_paths()  # resolved when it was built, without a kernel on the CPU
     with torch.no_grad():
         torch.testing.assert_close(model(tokens(2, 40)), want, rtol=0, atol=0)
         model(tokens(2, 40))
     assert calls == [0]  # given up at the first failure: the second layer and the next pass run the written-out path
-    assert attention.fused_failure == "RuntimeError: triton: no kernel for this GPU"
-    assert resolve_layer_backends("auto", model.pe, torch.device("cpu")) == "math"
+    assert model.attention_fallbacks["cpu"]["fla"].failure == "RuntimeError: triton: no kernel for this GPU"
+    assert model.attention_backend(torch.device("cpu")) == "math"  # what the runs' records name
     err = capsys.readouterr().err
     assert err.count("warning: fla attention failed (RuntimeError: triton: no kernel for this GPU)") == 1
 
@@ -170,7 +165,7 @@ def outputs_and_gradients(model: GPT, idx: torch.Tensor, dtype: torch.dtype) -> 
     ],
     ids=["stickbreaking", "stickbreaking-current", "path", "path-fox"],
 )
-def test_the_cuda_kernel_equals_the_written_out_path_forward_and_backward(name, settings, dtype):
+def test_the_cuda_kernel_equals_the_written_out_path_forward_and_backward(name, settings, dtype, capsys):
     fused, math = (tiny(name, "cuda", backend, **settings) for backend in ("auto", "math"))
     assert resolve_layer_backends("auto", fused.pe, torch.device("cuda")) == "fla"  # installed: no silent fallback
     idx = tokens(4, 101, "cuda")  # 100 positions: not a whole number of the kernels' 64-token blocks
@@ -181,7 +176,7 @@ def test_the_cuda_kernel_equals_the_written_out_path_forward_and_backward(name, 
     bound = 1e-2 if dtype == torch.float32 else 5e-2
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert a.shape == b.shape and ((a - b).norm() / b.norm()).item() < bound, "losses" if i == 0 else f"grad {i}"
-    assert attention.fused_failure is None
+    assert "attention failed" not in capsys.readouterr().err
 
 
 def test_every_scheme_with_a_kernel_of_its_own_names_its_backend():
@@ -198,7 +193,7 @@ def test_the_memory_model_keeps_no_length_squared_term_for_the_schemes_kernel(na
     attention keeps what flash sdpa keeps, not the written-out path's scores."""
     cfg = compose_config([f"pe={name}", "train.seq_len=1024"])
     written = training_memory(cfg, "cuda"), scoring_memory(cfg, 8192, "math")
-    monkeypatch.setattr(SCHEMES[name], "fused_attention", lambda self, device: lambda q, k, v, x, layer: v)
+    monkeypatch.setattr(SCHEMES[name], "fused_attention", lambda self, device: lambda q, k, v, call: v)
     fused = training_memory(cfg, "cuda"), scoring_memory(cfg, 8192, "fla")
     assert fused[0].parts["recomputed_block"] == 0 < written[0].parts["recomputed_block"]  # no block of T x T
     assert fused[1].parts["attention"] == 0 < written[1].parts["attention"]
@@ -212,10 +207,9 @@ def test_a_run_whose_kernel_fails_at_its_first_step_records_the_path_that_runs(c
     step 0 (here the stand-in fails, and math ran). A kernel that failed only in training's first step would be
     recorded again after it."""
 
-    def failing(q, k, v, x, layer):
+    def failing(q, k, v, call):
         raise RuntimeError("triton: no kernel for this GPU")
 
-    monkeypatch.setattr(attention, "fused_failure", None)
     monkeypatch.setattr(SCHEMES["stickbreaking"], "fused_attention", lambda self, device: failing)
     run_dir = tmp_path / "run"
     done = cli.train_here(run_dir, "pe=stickbreaking", "train.max_steps=3")

@@ -125,7 +125,10 @@ def test_a_child_may_replace_its_parents_scheme_which_then_starts_afresh(cli, pa
 def test_replacing_a_scheme_needs_a_parent(cli, tmp_path):
     done = cli.train_here(tmp_path / "run", "pe=none", "train.init_from_pe=replace")
     assert_user_error(done, "train.init_from_pe=replace", "set train.init_from")
-    assert_user_error(cli.train_here(tmp_path / "run", "train.init_from_pe=swap"), "must be keep or replace")
+    assert_user_error(
+        cli.train_here(tmp_path / "run", "train.init_from_pe=swap"),
+        "train.init_from_pe='swap' is not one of its choices: keep, replace",
+    )
 
 
 @pytest.mark.slow

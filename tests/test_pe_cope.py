@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from model.attention import attend
+from model.kernels import attend
 from model.pe import SCHEMES, ModelDims
 from model.pe.cope import CoPEConfig
 

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from core.errors import PosGPTError
 from model import GPT
-from model.attention import attend, default_state
+from model.attention import default_state
 from model.gpt import ModelConfig
+from model.kernels import attend
 from model.pe import SCHEMES, ModelDims
 from model.pe.dape import DAPEConfig, index_distances
 

@@ -14,13 +14,16 @@ from omegaconf import OmegaConf
 from test_compile import assert_same_training
 
 import model.attention as attention
+import model.kernels as kernels
 from core.errors import PosGPTError
 from experiment.config import TrainConfig
 from experiment.plan import section_settings
 from model import GPT, KVCache, ModelConfig
-from model.attention import default_state
+from model.attention import AttentionCall, default_state, written_out_attention
+from model.kernels import blockwise_sdpa, resolve_backend, resolve_path
 from model.pe import SCHEMES
-from model.pe.fox import FoXConfig
+from model.pe.capabilities import AttentionMods
+from model.pe.fox import CumulativeTerm, FoXConfig
 from model.sampling import generate
 from training.optim import OptimizerSettings, build_optimizer
 
@@ -85,7 +88,8 @@ def test_one_layer_equals_the_paper_by_loops_and_the_reference_formulation(backe
     model = tiny(backend)
     x = torch.randn(B, 6, C, generator=torch.Generator().manual_seed(1))
     attn, layer = model.blocks[1].attn, 1
-    got = attn(x, model.pe, default_state(model.pe, 6, 6, x.device), None, layer)
+    kernel = model.kernels_on(x.device)[layer]
+    got = attn(x, model.pe, default_state(model.pe, 6, 6, x.device), None, layer, kernel)
     torch.testing.assert_close(got, layer_by_loops(attn, model.pe, layer, x), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got, layer_by_the_reference(attn, model.pe, layer, x), rtol=1e-5, atol=1e-6)
 
@@ -101,7 +105,7 @@ def test_a_case_by_hand():
     attn.qkv.weight[2 * C :] = torch.eye(C)  # v = x
     attn.proj.weight.copy_(torch.eye(C)), attn.proj.bias.zero_()
     x = torch.randn(1, 3, C, generator=torch.Generator().manual_seed(2))
-    out = attn(x, pe, default_state(pe, 3, 3, x.device), None, 0)[0]
+    out = attn(x, pe, default_state(pe, 3, 3, x.device), None, 0, model.kernels_on(x.device)[0])[0]
     torch.testing.assert_close(out[1], (x[0, 0] + 2 * x[0, 1]) / 3)
     torch.testing.assert_close(out[2], (x[0, 0] + 2 * x[0, 1] + 4 * x[0, 2]) / 7)
 
@@ -116,14 +120,15 @@ def test_both_sdpa_paths_equal_math_forward_and_backward(path, monkeypatch):
     q, k, v = (torch.randn(B, H, length, 4, generator=generator).requires_grad_() for _ in range(3))
     sums = F.logsigmoid(torch.randn(B, H, length, generator=generator)).cumsum(-1).requires_grad_()
     pe = tiny().pe
-    state, route = default_state(pe, length, length, q.device), attention.resolve_path(pe, "sdpa", q.device)
+    state, route = default_state(pe, length, length, q.device), resolve_path(pe, "sdpa", q.device)
+    call = AttentionCall(pe, route, state, mods=AttentionMods(pair_term=CumulativeTerm(sums)))
     if path == "folded":
-        got = attention._folded_causal_sdpa(q, k, v, sums)
+        got = call.mods.pair_term.folded(q, k, v)
     else:
         if path == "blockwise-one-block":
             monkeypatch.setattr(attention, "_MAX_BLOCK_SCORES", 1 << 24)
-        got = attention._blockwise_sdpa(q, k, v, pe, route, state, 0, sums)
-    want = attention._math_attention(q, k, v, pe, route, state, 0, sums)[0]
+        got = blockwise_sdpa(q, k, v, call)
+    want = written_out_attention(q, k, v, call)[0]
     gradients = [torch.autograd.grad(out.square().sum(), (q, k, v, sums)) for out in (got, want)]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     for g, w in zip(*gradients):
@@ -150,16 +155,15 @@ def test_the_model_on_sdpa_equals_math_forward_and_backward():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["flex", "sdpa"])
-def test_cuda_paths_equal_math_forward_and_backward(backend, monkeypatch):
+def test_cuda_paths_equal_math_forward_and_backward(backend, monkeypatch, capsys):
     """FlexAttention's score_mod reads c through its closure: the gradients reaching the gates through it must
     equal the written-out path's (head size 16, FlexAttention's smallest)."""
-    monkeypatch.setattr(attention, "flex_failure", None)  # an earlier failure would have turned flex into sdpa
-    monkeypatch.setattr(attention, "FLEX_RECOMPILE_LIMIT", 10_000)  # a run's limit; this process compiles many
+    monkeypatch.setattr(kernels, "FLEX_RECOMPILE_LIMIT", 10_000)  # a run's limit; this process compiles many
     idx = torch.randint(0, 101, (B, 256), generator=torch.Generator().manual_seed(0)).cuda()
     models = [tiny(name, n_head=4, n_embd=64).cuda().train() for name in (backend, "math")]
     for g, w in zip(*(forward_and_grads(model, idx) for model in models)):
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4)
-    assert attention.flex_failure is None, "FlexAttention failed: sdpa ran instead"
+    assert "FlexAttention failed" not in capsys.readouterr().err, "sdpa ran instead"
 
 
 @pytest.mark.parametrize("backend", ["math", "sdpa"])
@@ -172,7 +176,7 @@ def test_cached_decoding_equals_the_full_forward(backend):
     cache = KVCache()
     pieces = [model(idx[:, :5], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(5, 20)]
     torch.testing.assert_close(torch.cat(pieces, dim=1), model(idx), rtol=1e-4, atol=1e-5)
-    assert [s.shape for s in cache.sums] == [(B, H, 20)] * 2
+    assert [memo["sums"].shape for memo in cache.layer_memo] == [(B, H, 20)] * 2
 
 
 def test_sampling_with_the_cache_equals_greedy_full_forwards():
@@ -207,11 +211,11 @@ def test_auto_runs_flex_on_cuda_and_the_fused_causal_kernel_on_cpu(monkeypatch):
     """On CPU in float32, training's full-length forward folds the bias into q and k: SDPA with is_causal and no
     mask, once per layer; decoding from a cache takes the blockwise mask path."""
     pe = tiny().pe
-    assert attention.resolve_backend("auto", pe, torch.device("cuda")) == "flex"
-    assert attention.resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
+    assert resolve_backend("auto", pe, torch.device("cuda")) == "flex"
+    assert resolve_backend("auto", pe, torch.device("cpu")) == "sdpa"
     calls, sdpa = [], F.scaled_dot_product_attention
     spy = lambda *args, **kwargs: calls.append(kwargs) or sdpa(*args, **kwargs)  # noqa: E731
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     model, cache = tiny("auto"), KVCache()
     model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
     assert [sorted(kw) for kw in calls] == [["is_causal", "scale"]] * 2

@@ -13,7 +13,7 @@ from core.errors import PosGPTError
 from experiment.compose import compose_config
 from experiment.config import validate
 from model import GPT
-from model import attention as attention_module
+from model import kernels as kernels_module
 from model.attention import default_state
 from model.gpt import KVCache, ModelConfig
 from model.pe import SCHEMES
@@ -76,23 +76,22 @@ def test_each_layer_runs_its_own_scheme():
     x = model.token_embedding(idx) * model.token_scale
     for layer, name in enumerate(["rope", "alibi"]):
         scheme = SCHEMES[name](SCHEMES[name].config_class(), model.pe.dims)
-        x = model.blocks[layer](x, scheme, default_state(scheme, 16, 16, idx.device), None, layer)
+        kernel = kernels_module.choose_kernel(scheme, "auto", idx.device)
+        x = model.blocks[layer](x, scheme, default_state(scheme, 16, 16, idx.device), None, layer, kernel)
     torch.testing.assert_close(model(idx), (model.ln_f(x) @ model.head_weight.t())[..., :VOCAB])
 
 
 def test_a_bias_scheme_takes_the_bias_path_in_its_own_layers_only(monkeypatch):
     calls: list[str] = []
-    blockwise = attention_module._blockwise_sdpa
+    blockwise = kernels_module.blockwise_sdpa
     monkeypatch.setattr(
-        attention_module,
-        "_blockwise_sdpa",
-        lambda q, k, v, pe, *args: calls.append(pe.name) or blockwise(q, k, v, pe, *args),
+        kernels_module, "blockwise_sdpa", lambda q, k, v, call: calls.append(call.pe.name) or blockwise(q, k, v, call)
     )
     model = hybrid(["rope", "rope", "rope", "alibi"], n_layer=4)
     with torch.no_grad():
         model(torch.randint(0, VOCAB, (1, 16)))
     assert calls == ["alibi"]  # the RoPE layers ran the fused causal kernel
-    assert attention_module.resolve_layer_backends("auto", model.pe, torch.device("cpu")) == "sdpa"
+    assert model.attention_backend(torch.device("cpu")) == "sdpa"
 
 
 def test_each_scheme_has_its_own_settings_and_the_presets_theirs():

@@ -22,8 +22,10 @@ from fla_naive import naive_reference
 import model.pe.path as path_module
 from core.errors import PosGPTError
 from model import GPT, KVCache, ModelConfig
-from model.attention import attend
+from model.kernels import attend
 from model.pe import SCHEMES, ModelDims
+from model.pe.capabilities import AttentionMods
+from model.pe.fox import CumulativeTerm
 from model.pe.path import PaTHConfig
 from model.sampling import generate
 
@@ -54,8 +56,8 @@ def ours(q, k, v, w, beta, gate=None) -> torch.Tensor:
     """The scheme's logits through attention's written-out path; the gate as PaTH-FoX's cumulative bias, divided by
     sqrt(d) (what ``cumulative_bias`` returns)."""
     logits = scheme().transported_scores(q, k, (w, beta), carry=False)[0]
-    sums = None if gate is None else (gate / math.sqrt(D)).cumsum(-1)
-    return attend(q, k, v, scheme(), "auto", logits=logits, sums=sums)
+    term = None if gate is None else CumulativeTerm((gate / math.sqrt(D)).cumsum(-1))
+    return attend(q, k, v, scheme(), "auto", mods=AttentionMods(pair_term=term, logits=logits))
 
 
 def reference(q, k, v, w, beta, gate=None) -> torch.Tensor:

@@ -25,8 +25,8 @@ from core.errors import PosGPTError
 from experiment.compose import compose_config
 from experiment.config import validate
 from model import GPT
-from model.attention import resolve_backend
 from model.gpt import KVCache, ModelConfig
+from model.kernels import resolve_backend
 from model.pe import SCHEMES, ModelDims
 from model.pe.pope import PoPEConfig, pope_frequencies
 
@@ -157,7 +157,7 @@ def test_without_a_phase_bias_the_scores_depend_on_content_and_distance_only():
 
 
 def test_the_fused_causal_kernel_runs_with_one_head_size(monkeypatch):
-    """Training's path on CPU: sdpa with is_causal and no mask, v padded to q's 2d (model/attention.py)."""
+    """Training's path on CPU: sdpa with is_causal and no mask, v padded to q's 2d (model/kernels.py)."""
     calls = []
     sdpa = F.scaled_dot_product_attention
 

@@ -29,7 +29,7 @@ from tiny_checkpoint import make_run
 from core.domain import Leaf, as_typed, domain_of, leaves, used_with
 from core.errors import PosGPTError
 from data.tasks import TASKS
-from experiment.compose import compose_config
+from experiment.compose import NEW_RUN_DIR, compose_config
 from experiment.config import set_task_vocabulary, validate
 from experiment.plan import plan_training
 from experiment.settings import check_changeable
@@ -126,7 +126,7 @@ def refusal(case: Case) -> str | None:
     try:
         if command == "train":
             OmegaConf.update(cfg, key, value, merge=False)
-            plan_training(cfg, [f"{key}={as_typed(value)}"])
+            plan_training(cfg, [f"{key}={as_typed(value)}"], NEW_RUN_DIR)
         else:
             check_changeable(cfg, [key], COMMANDS[command])
             OmegaConf.update(cfg, key, value, merge=False)

@@ -28,7 +28,7 @@ from tiny_checkpoint import make_run
 from core.errors import PosGPTError
 from experiment.compose import compose_config
 from experiment.config import validate
-from model.attention import attend
+from model.kernels import attend
 from model.pe import PositionState
 from model.pe.rope import RotaryPositionalEncoding
 from model.pe.rope_remap import RoPERemapConfig

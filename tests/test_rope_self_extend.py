@@ -31,7 +31,7 @@ from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import validate
 from experiment.plan import load_parent
-from model.attention import resolve_backend
+from model.kernels import resolve_backend
 from model.pe.rope import RotaryPositionalEncoding
 from model.pe.rope_remap import RoPERemapConfig
 from model.pe.rope_scaling import RoPEScalingConfig
@@ -123,7 +123,7 @@ def test_a_cached_step_equals_the_references(G, W, T):
     last = positions[-1:]
     state = PositionState(last, positions, T - 1, pe.prepare(last, T, {}))
     query, _ = pe.rotate(q[..., -1:, :], q[..., -1:, :], last, T, state.prepared)
-    from model.attention import attend
+    from model.kernels import attend
 
     got = attend(query, keys, v, pe, "sdpa", state)
     torch.testing.assert_close(got, self_extend_decode_reference(q, k, v, G, W))

@@ -9,7 +9,6 @@ refused command leaves the run as it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +38,9 @@ class CheckpointSettings:
     config: dict[str, Any] = field(repr=False)  # the run's resolved config, saved in every checkpoint
     config_yaml: str = field(repr=False)  # the same as .hydra/config.yaml holds it
     overrides: tuple[str, ...] = ()  # the command line's
-    # A checkpoint's config -> the settings it was trained with that a resume may not change, each as
-    # "key=saved (now value)": the planner's comparison, by today's schema (experiment/settings.py).
-    resume_changes: Callable[[dict], list[str]] = field(default=lambda saved: [], repr=False)
+    # The step of the checkpoint a resume was planned from, its settings checked against this run's by the planner
+    # (None: no checkpoint was there to resume when the run was planned).
+    planned_step: int | None = None
 
 
 def resume_checkpoint(settings: CheckpointSettings, run_dir: Path) -> dict | None:
@@ -66,12 +65,11 @@ def resume_checkpoint(settings: CheckpointSettings, run_dir: Path) -> dict | Non
             f"cannot resume {run_dir}: {path} holds no {lacking} state, only what evaluation needs; start a new run "
             f"from its weights with train.init_from={run_dir} in another hydra.run.dir"
         )
-    changed = settings.resume_changes(checkpoint["config"])
-    if changed:
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    if checkpoint["step"] != settings.planned_step:  # another command trained it between the plan and the lock
         raise PosGPTError(
-            f"cannot resume {run_dir}: it was trained with {', '.join(changed[:3])}{more}. Resume with the run's own "
-            "settings, or start a new run in another hydra.run.dir"
+            f"cannot resume {run_dir}: its checkpoint is at step {checkpoint['step']}, but the run was planned from "
+            f"{'no checkpoint' if settings.planned_step is None else f'step {settings.planned_step}'}; run the "
+            "command again"
         )
     return checkpoint
 

@@ -157,7 +157,7 @@ def shutdown(info: DistInfo) -> None:
 def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """Unsharded model and optimizer state on CPU, keyed by parameter name (rank 0 gets them; under torchrun
     every rank must call). The same format for one process, DDP and FSDP2."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # 1 s to import
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # slow to import
 
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 

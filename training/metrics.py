@@ -15,7 +15,6 @@ from tqdm.auto import tqdm
 from core.runtime import peak_flops
 from core.tracking import MetricsFile, TrackerSettings, init_wandb
 from model import GPT
-from model.attention import resolve_layer_backends
 from training import distributed
 
 
@@ -49,13 +48,13 @@ class MetricsWindow:
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
-        m, explicit = model.cfg, settings.explicit_positions
+        explicit = settings.explicit_positions
         self.dist, self.device = dist, device
         self.tokens_per_step, self.peak = settings.tokens_per_step, peak_flops(device)
         self.flops_per_token = settings.flops_per_token
         self.wandb_run, self.metrics = None, None
         # What computes this run (a resumed run may change either): recorded by record_runtime.
-        self._backends = lambda: resolve_layer_backends(m.attn_backend, model.pe, device, explicit, m.attn_sink)
+        self._backends = lambda: model.attention_backend(device, explicit)
         self.runtime = {"attn_backend": self._backends(), "dtype": str(dtype).removeprefix("torch.")}
         if dist.is_main:
             self.wandb_run = init_wandb(tracker, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)

@@ -1,8 +1,9 @@
 """One optimizer step: gradient accumulation, clipping, AdamW, schedule. No host-device sync inside.
 
 A compiled model comes with its eager original (``eager``): if the first step fails (torch.compile's tracing,
-inductor or triton raise on a machine they do not support), the step warns once and is redone eagerly, and
-the run goes on uncompiled (``TrainStep.compiled`` says which ran) instead of dying at the top of a queue.
+inductor or triton raise on a machine they do not support), the step warns once and is redone eagerly
+(model/fallback.py), and the run goes on uncompiled (``TrainStep.compiled`` says which ran) instead of dying at
+the top of a queue.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import warnings
 import torch
 from torch import nn
 
-from core.errors import PosGPTError, first_line, warn
 from core.runtime import autocast
+from model.fallback import Fallback
 from training.distributed import local_tensor, no_grad_sync
 
 
@@ -35,6 +36,7 @@ class TrainStep:
         self.device, self.dtype = device, dtype
         self.eager = eager
         self.compiled = eager is not None  # whether the compiled model runs the steps
+        self.compile_fallback = Fallback("torch.compile failed at the first training step", "training runs eagerly")
 
     def __call__(
         self,
@@ -46,17 +48,15 @@ class TrainStep:
     ) -> tuple[torch.Tensor, torch.Tensor, bool]:
         if self.eager is None:
             return self.step(x, y, skip_nonfinite, positions, documents)
-        try:
-            result = self.step(x, y, skip_nonfinite, positions, documents)
-        except (PosGPTError, torch.OutOfMemoryError):
-            raise  # the user's mistake, or memory: eager would fail alike
-        except Exception as error:  # whatever the compilation raises (dynamo, inductor, triton)
-            warn(f"torch.compile failed at the first training step ({first_line(error)}); training runs eagerly")
-            self.optimizer.zero_grad(set_to_none=True)  # what the failed step accumulated
-            self.model, self.compiled = self.eager, False
-            result = self.step(x, y, skip_nonfinite, positions, documents)
+        result = self.compile_fallback.run(self.step, self._step_eagerly, x, y, skip_nonfinite, positions, documents)
         self.eager = None  # compiled or not, the first step has run
         return result
+
+    def _step_eagerly(self, *args) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The first step again on the eager model, which runs every step from then on."""
+        self.optimizer.zero_grad(set_to_none=True)  # what the failed step accumulated
+        self.model, self.compiled = self.eager, False
+        return self.step(*args)
 
     def step(
         self,

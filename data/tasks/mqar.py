@@ -17,7 +17,8 @@ As Zoology's reference generator (``zoology/data/associative_recall.py``, ``mult
   a vocabulary this small, repeat keys in the filler and make queries ambiguous);
 - an answer is a target only: as an input, its position holds the blank 0 (``answer_input``; Zoology's inputs
   have filler there too). Otherwise the values answered so far would tell the later queries which values
-  remain, a shortcut without recall (measured: it takes the answer loss from ln N towards ln(N!)/N);
+  remain, a shortcut without recall (it takes the answer loss from ln N towards ln(N!)/N:
+  results/task-defaults/README.md);
 - training mixture (``min_pairs``): each training batch draws its number of pairs uniformly from
   [min_pairs, n_pairs], as Zoology trains on a mixture of pair counts (its Figure 2 runs train on 4 to 64 pairs
   at once); evaluation uses n_pairs. Examples with fewer pairs let the recall circuit form sooner.

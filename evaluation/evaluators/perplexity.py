@@ -20,7 +20,6 @@ from evaluation.key_tokens import LONG_PROTOCOLS
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.results import row_ppl
 from evaluation.streaming import DEFAULT_SINKS
-from model.attention import resolve_layer_backends
 
 # What else a variation's rows are: key-token rows (evaluation/evaluators/key_tokens.py) add theirs per variation.
 MoreRows = Callable[[EvalContext, TokenArray], list[dict[str, Any]]]
@@ -94,7 +93,7 @@ def score_protocols(
     scored_what, dtype = scored_fields(ctx, tokens), str(ctx.dtype).removeprefix("torch.")
     rows = []
     for label, fields in ctx.variations():
-        backend = resolve_layer_backends(ctx.attn_backend, ctx.model.pe, ctx.device, sink=ctx.attn_sink)
+        backend = ctx.model.attention_backend(ctx.device)
         scored = []
         if protocols:
             scored = evaluate_extrapolation(

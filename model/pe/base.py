@@ -1,76 +1,57 @@
 """The base class of every positional scheme, and what position can do in a transformer.
 
-Position can enter a transformer in seven places. Each is a small interface (model/pe/capabilities.py) whose hooks
-a scheme writes; the scheme inherits the interfaces it implements, and the base class alone is no position at all
-(NoPE). Attention reads the interfaces once, when the model is built, into each layer's path (model/attention.py):
+Each place position can enter is a small interface (model/pe/capabilities.py) whose hooks a scheme writes; the scheme
+inherits the interfaces it implements, and the base class alone is no position at all. The model reads the interfaces
+once, when it is built, to choose each layer's attention kernel (model/kernels.py):
 
 1. ``PositionEmbedding.embed(positions)`` -> a vector per position, added to the token embeddings
 2. ``Rotation.rotate(q, k, positions, seq_len, prepared)`` -> q and k transformed in every attention layer
 3. ``ScoreBias.score_bias(q_pos, k_pos, head, layer)`` -> a term added to attention scores
-4. ``ContentBias.content_bias(q, scores, layer)`` -> a term computed from the scores themselves (CoPE); such a scheme
-   always runs the written-out attention path
-5. ``CumulativeBias.cumulative_bias(x, layer)`` -> a term per token and head, g_t, computed from the layer's input x (so
-   from the data, per batch row and layer); the score of query i over key j gets the sum of g over the tokens after j up
-   to i, c_i - c_j with c = cumsum(g) (FoX's log forget gates; ALiBi would be g = -slope)
-6. ``AttentionWeights.attention_weights(scores, layer)`` -> the weights that multiply the values in place of softmax
-   over the scores, computed from the scaled, causally masked scores of a block of queries (stick-breaking: order enters
-   through the weights themselves); such a scheme always runs the written-out attention path, in blocks of queries, so
-   its weights must treat each query's row on its own
-7. ``TransportedScores.transitions(x, layer)`` and ``transported_scores(q, k, transitions, carry)`` -> the logit of
-   query i over key j taken through a linear map made of one transition per token between them, q_i . T_i T_{i-1} ...
-   T_{j+1} k_j, each T_t computed from the layer's input x (so from the data, per batch row and layer; PaTH's
-   Householder-like reflections); such a scheme always runs the written-out path, which takes these logits in place of
-   q_i . k_j, one block of queries at a time
+4. ``ModifiesAttention.attention_mods(x, q, k, layer, cache)`` -> what the scheme computes from the layer's input x (so
+   from the data, per batch row and layer) and hands attention for this pass, an ``AttentionMods``: a term per (query,
+   key) in the forms every kernel takes (``PairTerm``), a modification that sees the scaled, masked scores of a block
+   of queries, the logits in place of q . k, or the weights in place of softmax; the last three run the written-out
+   path, one block of queries at a time, so each must treat each query's row on its own. A KV cache hands the scheme
+   its layer's slot (``CacheSlot``), where it keeps what its next step needs.
+5. ``SlidingWindow.sliding_window()`` -> each query attends its W most recent keys alone
 
-One more interface, hook 8, is not a place for position but a faster way to the same numbers:
-``FusedKernel.fused_attention(device)`` -> a kernel that computes a scheme's whole attention (hooks 6 and 7 above, which
-have no PyTorch kernel) in one pass, where an installed package provides it (its reference's Triton kernel on a GPU), or
-None. Attention runs it for full causal passes on ``device`` (training, scoring) and names it in the runs' records
-(``fused_backend``; ``fused_kernel`` says which package's function it is, imported when the scheme is built); anything
-it cannot take (a KV cache, captured probabilities, packed documents, a sink) runs the written-out path
-(model/attention.py).
+One more interface is not a place for position but a faster way to the same numbers: ``FusedKernel.fused_attention
+(device)`` -> a kernel of model/kernels.py's signature that computes the scheme's whole attention in one pass, where an
+installed package provides it (its reference's Triton kernel on a GPU), or None. The layer runs it for full causal
+passes on ``device`` (training, scoring) and names it in the runs' records (``fused_backend``; ``fused_kernel`` says
+which package's function it is, imported when the scheme is built); anything it cannot take (a KV cache, captured
+probabilities, packed documents, a sink) runs the written-out path.
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
 block on CPU (via ``bias_block``, which a scheme may override with a faster whole-block version); the
 scheme never knows which.
 
-Per forward pass. What does not depend on the layer (RoPE's cos/sin) is computed once by ``prepare`` and
+Per forward pass. What does not depend on the layer (a rotation's cos/sin) is computed once by ``prepare`` and
 handed to every layer in a :class:`PositionState`. A bias that depends only on the distance
 (a ``DistanceBias``) is evaluated once per distance and forward pass (per layer for a ``LayerwiseBias``), by
-``bias_block``; each block of queries is cut from that table, and
-FlexAttention's score_mod reads it (model/attention.py). Schemes
-with per-layer parameters (KERPLE, FIRE, CoPE) get ``ModelDims.n_layer`` and index them by ``layer``.
+``bias_block``; each block of queries is cut from that table, and FlexAttention's score_mod reads it
+(model/attention.py). Schemes with per-layer parameters get ``ModelDims.n_layer`` and index them by ``layer``.
 
 Per layer. The model asks the scheme which scheme runs each layer (``layer_schemes``): itself in every layer,
-unless it is composed of others per layer (hybrid.py: RoPE in some layers, NoPE in others). Each layer then
-sees only its own scheme, with its own prepared values and bias tables, and its own attention path.
+unless it is composed of others per layer (a pattern of schemes). Each layer then sees only its own scheme, with its
+own prepared values and bias tables, and its own attention kernel.
 
-A cumulative bias is data: the attention layer computes c = cumsum(g) over the sequence and hands it to
-``attend``, which adds c_i - c_j to the mask blocks (CPU), in the FlexAttention ``score_mod`` (GPU), or to the
-written-out scores; a KV cache keeps c of the cached keys so the sums continue across decoding steps. Positions
-do not enter it, so such a scheme alone does not use positions (``uses_positions``).
-
-Transported logits are data too: the attention layer hands the scheme the transitions of its new tokens and every key,
-and ``attend`` gets the logits of the new queries over all keys (model/gpt.py). A KV cache keeps each key carried
-through the transitions of every token after it (what ``carry`` returns), so that a new token only carries the cached
-keys through its own transitions.
-
-Scores merged by distance. A scheme may score near and far pairs with different rotations (RoPE's remaps, Self-Extend,
-ReRoPE and STRING): ``Rotation.score_window()`` then returns the window W, ``rotate`` returns q and k with the two
-rotations side by side on the last dimension, (near, far), and attention takes q_near . k_near where 0 <= q_pos - k_pos
+Scores merged by distance. A scheme may score near and far pairs with different rotations (remapped distances):
+``Rotation.score_window()`` then returns the window W, ``rotate`` returns q and k with the two rotations side by side
+on the last dimension, (near, far), and attention takes q_near . k_near where 0 <= q_pos - k_pos
 < W and q_far . k_far beyond (model/windowed_attention.py, on the written-out path).
 
 Wider q and k. ``rotate`` may return q and k of another head size than v's (a scheme that maps each coordinate to
 a complex number returns 2d real ones): attention scales their scores by 1 / sqrt(size of q) (scores merged by
 distance, above, by 1 / sqrt(size of v)), so the scheme folds into q the scale it means, and the kernels pad v to
-q's size (model/attention.py), so the fused causal kernel still runs.
+q's size (model/kernels.py), so the fused causal kernel still runs.
 
 Positions are (T,) for every row, or (B, T) when each row has its own (randomized positions in training,
 Ruoss et al. 2023); every hook accepts both.
 
 Evaluation-time variations. A scheme may declare fields of its config that an evaluation may change without
-changing what the trained weights compute (``eval_time_settings``; RoPE's context extension) and the entries
+changing what the trained weights compute (``eval_time_settings``; a rotation's context extension) and the entries
 of ``eval.variations`` it understands. Everything about them is the scheme's: checking them with the config
 (``check_variations``), parsing an entry (``parse_variation``), naming one in tables and files
 (``variation_label``), applying one to the built model (``evaluated_with``), and what a run fine-tuned from
@@ -160,7 +141,7 @@ class PositionalEncoding(nn.Module):
     name: ClassVar[str] = ""
     config_class: ClassVar[type[PEConfig]] = PEConfig
     # The scheme's own config fields that may change at evaluation/sampling time without changing what the
-    # trained weights compute (RoPE: ("scaling",)).
+    # trained weights compute (a rotation's ("scaling",)).
     eval_time_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: PEConfig, dims: ModelDims) -> None:
@@ -185,7 +166,7 @@ class PositionalEncoding(nn.Module):
 
     @classmethod
     def uses_positions(cls) -> bool:
-        """Whether the scheme has an interface that reads token positions (NoPE, CoPE and FoX have none)."""
+        """Whether the scheme has an interface that reads token positions (none of ModifiesAttention's do)."""
         return issubclass(cls, (PositionEmbedding, Rotation, ScoreBias))
 
     def max_positions(self) -> int | None:
@@ -305,7 +286,7 @@ class PositionalEncoding(nn.Module):
     def layer_schemes(self) -> list[tuple[PositionalEncoding, int]]:
         """The scheme each attention layer of the model runs, with that scheme's own index of the layer (which of
         its per-layer parameters it uses): this scheme in every layer, by default. A scheme composed of others
-        per layer (hybrid.py) lists its parts; the model hands each layer its part (model/gpt.py)."""
+        per layer lists its parts; the model hands each layer its part (model/gpt.py)."""
         return [(self, layer) for layer in range(self.dims.n_layer)]
 
     def no_weight_decay(self) -> list[nn.Parameter]:
@@ -313,7 +294,7 @@ class PositionalEncoding(nn.Module):
         return []
 
     def prepare(self, positions: torch.Tensor, seq_len: int, memo: dict) -> Any:
-        """Per-forward values shared by all layers (RoPE's cos/sin), for queries at ``positions`` over
+        """Per-forward values shared by all layers (a rotation's cos/sin), for queries at ``positions`` over
         ``seq_len`` keys. ``memo`` lives as long as a KV cache (one dict per generated sequence), for values
         that must stay fixed while decoding token by token."""
         return None

@@ -3,8 +3,8 @@
 
     class ALiBiPositionalEncoding(DistanceBias, PositionalEncoding): ...
 
-and attention asks ``isinstance`` once, when the model is built, to choose each layer's path (model/attention.py,
-``AttentionPath``); nothing is declared twice, as a method and as a flag. A scheme that writes one of the hooks
+and the model asks ``isinstance`` once, when it is built, to choose each layer's kernel (model/kernels.py,
+``choose_kernel``); nothing is declared twice, as a method and as a flag. A scheme that writes one of the hooks
 below without its interface is refused when its class is defined (model/pe/base.py), so a hook never goes unread.
 
 Where position enters:
@@ -16,10 +16,9 @@ Where position enters:
   as an elementwise function; refined by :class:`DistanceBias` (a function of q_pos - k_pos alone),
   :class:`LayerwiseBias` (other values in every layer) and :class:`UncompiledScoreBias` (inductor cannot compile
   it into a FlexAttention score_mod);
-- :class:`ContentBias`: a term computed from the scores themselves;
-- :class:`CumulativeBias`: terms g_t from the layer's input whose cumulative sums c give c_i - c_j;
-- :class:`AttentionWeights`: the weights that multiply the values in place of softmax;
-- :class:`TransportedScores`: logits taken through one transition per token between query and key;
+- :class:`ModifiesAttention`: what the scheme computes per forward pass from the layer's input and hands attention
+  (:class:`AttentionMods`): a term per (query, key) (:class:`PairTerm`), a modification of the written-out scores,
+  logits in place of q . k, or weights in place of softmax;
 - :class:`SlidingWindow`: each query attends its W most recent keys alone (a local layer);
 
 and one that is a faster way to the same numbers: :class:`FusedKernel`, an installed package's kernel for the
@@ -31,6 +30,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -100,52 +100,74 @@ class UncompiledScoreBias(ScoreBias):
     sdpa as a mask, block by block; a distance table is read instead where there is one, which compiles."""
 
 
-class ContentBias:
-    """Adds a term computed from the scores themselves: no fused kernel takes it, so the written-out path runs."""
+class PairTerm:
+    """An additive term t_ij on the (scaled) score of query i over key j that is data of one forward pass, not a
+    function of positions (a :class:`ScoreBias` is that): computed by a scheme's ``attention_mods`` from the layer's
+    input. Every kernel takes it: the written-out path and sdpa's mask blocks add ``block``, FlexAttention runs
+    ``score_mod``, and sdpa's causal kernel runs ``folded`` where the term has such a form."""
 
-    def content_bias(self, q: torch.Tensor, scores: torch.Tensor, layer: int) -> torch.Tensor:
-        """q (B, H, Tq, D) and the scaled, causally masked scores (B, H, Tq, Tk) -> a term added to them."""
+    def block(self, first: int, last: int, k_stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """t of the queries of index first..last-1 among the keys over keys 0..k_stop-1, (B, H, last - first, k_stop),
+        in ``dtype``."""
         raise NotImplementedError
 
-
-class CumulativeBias:
-    """Adds c_i - c_j, c = cumsum(g), with the terms g computed per token from the layer's input (data, not
-    positions): the layer computes c and attention adds it on any path."""
-
-    def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """The input of ``layer``'s attention, (B, T, C) -> the terms g, (B, H, T)."""
+    def score_mod(self) -> Callable[..., torch.Tensor]:
+        """FlexAttention's score_mod, (score, b, h, q_idx, kv_idx) -> score + t (queries are the keys: no cache)."""
         raise NotImplementedError
 
-
-class AttentionWeights:
-    """Weighs the values by its own rule in place of softmax, from the scaled, causally masked scores of a block of
-    queries, each query's row on its own: the written-out path runs, and there is no denominator for a sink."""
-
-    def attention_weights(self, scores: torch.Tensor, layer: int) -> torch.Tensor:
-        """The scaled scores (B, H, Tq, Tk) with the scheme's biases and -inf where the causal mask hides a key -> the
-        weights, same shape, float32 or wider, that multiply the values in place of softmax(scores)."""
-        raise NotImplementedError
+    def folded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+        """The full causal attention of q, k, v with the term, through a causal kernel that takes no mask (the term
+        folded into q and k); None where it has no such form (the kernel then takes the term as a mask)."""
+        return None
 
 
-class TransportedScores:
-    """Takes the logit of query i over key j through one transition per token between them, each computed from the
-    layer's input: the written-out path runs, with these logits in place of q . k, one block of queries at a time."""
+@dataclass
+class AttentionMods:
+    """What a scheme changes in one layer's attention for one forward pass (:class:`ModifiesAttention`); a field left
+    None changes nothing. Only ``pair_term`` has a form every kernel takes; the others run the written-out path."""
 
-    # Tokens per chunk of the logits' products, which each block of queries computes its rows from (memory model).
-    transition_chunk: ClassVar[int] = 0
+    pair_term: PairTerm | None = None
+    # (q of a block of queries, their scaled, causally masked scores (B, H, Tq, Tk), -inf where hidden) -> the scores
+    # the softmax (or ``weights``) takes: a modification that sees the scores themselves
+    score_mod: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # logits(start, stop): the logits of queries start..stop-1 over every key, (B, H, stop - start, Tk), unscaled, in
+    # place of q . k (so that no more rows than a block's exist at once)
+    logits: Callable[[int, int], torch.Tensor] | None = None
+    # the scaled, masked scores of a block of queries (B, H, Tq, Tk) -> the weights, float32 or wider, that multiply
+    # the values in place of softmax(scores); each query's row on its own
+    weights: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # what a KV cache keeps of this layer's keys in place of the keys themselves (None: the keys)
+    cached_keys: torch.Tensor | None = None
 
-    def transitions(self, x: torch.Tensor, layer: int) -> Any:
-        """The input of ``layer``'s attention, (B, T, C) -> the transitions of its tokens, in whatever form
-        ``transported_scores`` reads."""
-        raise NotImplementedError
 
-    def transported_scores(
-        self, q: torch.Tensor, k: torch.Tensor, transitions: Any, carry: bool
-    ) -> tuple[Callable[[int, int], torch.Tensor], torch.Tensor | None]:
-        """The new queries q (B, H, Tq, D) and every key k (B, H, Tk, D), cached ones first (already carried), with the
-        ``transitions`` of the Tq new tokens -> ``rows(start, stop)``, the logits of queries start..stop-1 over every
-        key, (B, H, stop - start, Tk), unscaled and unmasked, float32 or wider; and with ``carry``, every key carried
-        through the transitions of every token after it, (B, H, Tk, D), for the KV cache (None without)."""
+# The fields of AttentionMods that only the written-out path takes.
+WRITTEN_OUT_MODS = frozenset({"score_mod", "logits", "weights"})
+
+
+@dataclass
+class CacheSlot:
+    """A layer's part of a KV cache as ``attention_mods`` sees it: the scheme's own values kept between decoding steps
+    (``memo``, one dict per layer and sequence), and ``kept(t, dim)``, what the cache keeps of a tensor whose tokens lie
+    along ``dim`` (a cache that drops tokens keeps fewer)."""
+
+    memo: dict
+    kept: Callable[..., torch.Tensor]
+
+
+class ModifiesAttention:
+    """Changes a layer's attention with what it computes, per forward pass, from the layer's input: an
+    :class:`AttentionMods` (a term per pair, a modification of the written-out scores, logits in place of q . k,
+    weights in place of softmax). The fields it fills (``modifies``) are read when the model is built, to choose each
+    layer's kernel (model/kernels.py)."""
+
+    modifies: ClassVar[frozenset[str]] = frozenset()
+
+    def attention_mods(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, layer: int, cache: CacheSlot | None
+    ) -> AttentionMods:
+        """The layer's input x (B, T, C), its new queries q (B, H, Tq, D) and every key k (B, H, Tk, D), cached ones
+        first, for the scheme's ``layer`` -> what it changes in this pass; ``cache``: the layer's KV cache (None
+        without one)."""
         raise NotImplementedError
 
 
@@ -178,8 +200,9 @@ def installed_kernel(module: str, name: str) -> Callable[..., Any] | None:
 
 class FusedKernel:
     """Computes the scheme's whole attention in one pass with an installed package's kernel (a Triton kernel on a
-    GPU), where one applies: attention runs it for full causal passes and the written-out path for anything it
-    cannot take (a KV cache, captured probabilities, positions per token, a sink)."""
+    GPU), where one applies: a kernel of the registry's signature (model/kernels.py), which the layer runs for full
+    causal passes, and the written-out path for anything it cannot take (a KV cache, captured probabilities,
+    positions per token, a sink)."""
 
     # The attention backend the runs' records name it by, and (module, name) of the kernel in its package.
     fused_backend: ClassVar[str] = ""
@@ -191,9 +214,10 @@ class FusedKernel:
         self._kernel = installed_kernel(*self.fused_kernel) if torch.cuda.is_available() else None
 
     def fused_attention(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
-        """A kernel ``kernel(q, k, v, x, layer)`` -> the attention output (B, H, T, Dv) of a full causal pass of q, k,
-        v (B, H, T, D) (q scaled by the model's attention temperature), with x (B, T, C) the layer's input, computing
-        what the written-out path computes; None where no installed kernel applies on ``device``."""
+        """A kernel ``kernel(q, k, v, call)`` -> the attention output (B, H, T, Dv) of a full causal pass of q, k, v
+        (B, H, T, D) (q scaled by the model's attention temperature), reading the layer's input ``call.x`` (B, T, C)
+        and the scheme's index of the layer ``call.layer`` (model/attention.py's AttentionCall), computing what the
+        written-out path computes; None where no installed kernel applies on ``device``."""
         raise NotImplementedError
 
 
@@ -205,11 +229,7 @@ HOOKS: dict[str, type] = {
     "rotation_depends_on_length": Rotation,
     "score_bias": ScoreBias,
     "bias_block": ScoreBias,
-    "content_bias": ContentBias,
-    "cumulative_bias": CumulativeBias,
-    "attention_weights": AttentionWeights,
-    "transitions": TransportedScores,
-    "transported_scores": TransportedScores,
+    "attention_mods": ModifiesAttention,
     "fused_attention": FusedKernel,
     "sliding_window": SlidingWindow,
 }

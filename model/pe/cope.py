@@ -28,7 +28,7 @@ from torch import nn
 
 from core.domain import domain
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
-from model.pe.capabilities import ContentBias
+from model.pe.capabilities import AttentionMods, CacheSlot, ModifiesAttention
 
 
 @dataclass
@@ -37,9 +37,10 @@ class CoPEConfig(PEConfig):
     npos: int = domain(64, ge=2)  # integer positions with a vector; counts beyond npos - 1 are clamped
 
 
-class CoPEPositionalEncoding(ContentBias, PositionalEncoding):
+class CoPEPositionalEncoding(ModifiesAttention, PositionalEncoding):
     name = "cope"
     config_class = CoPEConfig
+    modifies = frozenset({"score_mod"})
 
     def __init__(self, cfg: CoPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -48,7 +49,14 @@ class CoPEPositionalEncoding(ContentBias, PositionalEncoding):
     def no_weight_decay(self) -> list[nn.Parameter]:
         return [self.pos_emb]
 
+    def attention_mods(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, layer: int, cache: CacheSlot | None
+    ) -> AttentionMods:
+        """The content bias added to the written-out scores of each block of queries."""
+        return AttentionMods(score_mod=lambda q, scores: scores + self.content_bias(q, scores, layer))
+
     def content_bias(self, q: torch.Tensor, scores: torch.Tensor, layer: int) -> torch.Tensor:
+        """q (B, H, Tq, D) and the scaled, causally masked scores (B, H, Tq, Tk) -> the term added to them."""
         # The counts in float32 whatever the scores' dtype: in bfloat16 (8 significant bits) a sum of gates
         # near 100 moves in steps of 0.5, so the interpolation between the integer positions would be lost.
         gates = torch.sigmoid(scores.float())  # -inf (masked) -> 0

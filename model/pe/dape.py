@@ -41,7 +41,7 @@ from core.domain import domain
 from core.errors import PosGPTError
 from model.pe.alibi import alibi_slopes
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
-from model.pe.capabilities import ContentBias
+from model.pe.capabilities import AttentionMods, CacheSlot, ModifiesAttention
 from model.pe.kerple import EPS, clamp_straight_through
 
 STATIC_BIASES = ("kerple", "alibi")
@@ -66,9 +66,10 @@ def index_distances(visible: torch.Tensor) -> torch.Tensor:
     return (visible.flip(-1).cumsum(-1).flip(-1) - 1).clamp(min=0)
 
 
-class DAPEPositionalEncoding(ContentBias, PositionalEncoding):
+class DAPEPositionalEncoding(ModifiesAttention, PositionalEncoding):
     name = "dape"
     config_class = DAPEConfig
+    modifies = frozenset({"score_mod"})
 
     def __init__(self, cfg: DAPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
@@ -100,6 +101,12 @@ class DAPEPositionalEncoding(ContentBias, PositionalEncoding):
         r1 = clamp_straight_through(self.bias_p[layer], EPS)[:, None, None]
         r2 = clamp_straight_through(self.bias_a[layer], EPS)[:, None, None]
         return -r1 * torch.log1p(r2 * n)
+
+    def attention_mods(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, layer: int, cache: CacheSlot | None
+    ) -> AttentionMods:
+        """B + f(S, B) added to the written-out scores of each block of queries."""
+        return AttentionMods(score_mod=lambda q, scores: scores + self.content_bias(q, scores, layer))
 
     def content_bias(self, q: torch.Tensor, scores: torch.Tensor, layer: int) -> torch.Tensor:
         """B + f(S, B) for the scaled, masked scores (B, H, Tq, Tk) of a block of queries."""

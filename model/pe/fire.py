@@ -28,9 +28,9 @@ from model.pe.capabilities import LayerwiseBias, UncompiledScoreBias
 @dataclass
 class FireConfig(PEConfig):
     name: str = "fire"
-    mlp_width: int = domain(32, ge=1)
-    init_c: float = domain(0.1, gt=0)
-    init_L: float = domain(512.0, gt=0)
+    mlp_width: int = domain(32, ge=1)  # f_theta: 1 -> mlp_width -> heads
+    init_c: float = domain(0.1, gt=0)  # psi(x) = ln(c x + 1), c learned from this start
+    init_L: float = domain(512.0, gt=0)  # threshold L = |multiplier x init_L|, the multiplier learned (from 1)
 
 
 class FireLayer(nn.Module):

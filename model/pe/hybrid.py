@@ -65,6 +65,7 @@ class PatternConfig(PEConfig):
     pattern may hold, named after the scheme, holding that scheme's settings."""
 
     name: str = "hybrid"
+    # layer l runs pattern[l mod len]; schemes acting in attention only (not sinusoidal, learned)
     pattern: list[str] = field(default_factory=lambda: ["rope", "none"])
 
     def __post_init__(self) -> None:

@@ -44,7 +44,7 @@ class KerplePositionalEncoding(DistanceBias, LayerwiseBias, UncompiledScoreBias,
     # UncompiledScoreBias: score_bias inside FlexAttention's score_mod failed its backward on an H200 (torch 2.11):
     # "Using multiple indexing operations on the same tensor that requires gradients in a score_mod function is not
     # currently supported" (the layer's row, then the head's entry). With positions 0..T-1 the score_mod reads the bias
-    # from its table per distance instead (one index into one tensor, model/attention.py) and CUDA runs FlexAttention;
+    # from its table per distance instead (one index into one tensor, model/kernels.py) and CUDA runs FlexAttention;
     # with positions given per token the bias goes through sdpa there, which matches the math path.
 
     def __init__(self, cfg: KerpleConfig, dims: ModelDims) -> None:

@@ -19,15 +19,15 @@ carry per layer and packed documents reset at their boundaries, for a local smoo
 need.
 
 PaTH-FoX (``pe.forget_gate=true``; off by default, as the reference's ``use_forget_gate=False``): FoX's forget gate
-added to the logits, f_t = sigmoid(v_h^T x_t + c_h) per head, through the base interface's cumulative bias (hook 5):
+added to the logits, f_t = sigmoid(v_h^T x_t + c_h) per head, through FoX's term c_i - c_j (model/pe/fox.py):
 
     A_ij / sqrt(d) + (sum_{l=j+1..i} log f_l) / sqrt(d)
 
 divided by sqrt(d) as the reference's kernels and naive code do (they add the gate before the scale), unlike FoX's own
 unscaled bias (model/pe/fox.py).
 
-How it is computed (model/pe/base.py, hook 7): the layer hands the scheme its per-token (w, beta) and the scheme
-returns A_ij of the new queries over every key as a function of a block of queries, which the written-out path calls
+How it is computed (``attention_mods``): from the layer's input the scheme computes its per-token (w, beta) and hands
+attention A_ij of the new queries over every key as a function of a block of queries, which the written-out path calls
 per block before it scales, masks and softmaxes that block's rows (so no more rows than a block's exist at once, and
 training recomputes them in the backward pass). Within chunks of 64 tokens the product of transitions has the
 compact WY (UT) form: with W the chunk's w_t as rows and L = strictly lower (diag(beta) W W^T),
@@ -45,19 +45,15 @@ so carrying the key forward is carrying the query back): a new token carries the
 its own key enters untransformed. Token positions are never read: randomized positions are refused as for NoPE.
 
 On CUDA with flash-linear-attention installed (PyPI ``fla-core``), a full causal pass (training, scoring) runs the
-reference's Triton kernel instead (``parallel_path_attn``, head sizes 16-128; base interface hook 8), recorded as
+reference's Triton kernel instead (``parallel_path_attn``, head sizes 16-128; ``fused_attention``), recorded as
 ``attn_backend=fla``; decoding from a KV cache, a sink and packed documents run the written-out path.
-tests/test_fused_attention.py compares the two, the kernel run by Triton's CPU interpreter (losses and gradients within
-6e-6 of their size) and on CUDA.
-
-Cost on CPU (``OMP_NUM_THREADS=1 python scripts/speed.py pe=rope,path train.num_threads=1 --steps 5``, the default
-width-256 model at context 64, one thread of the shared 2-core AMD EPYC, 2026-11-27, three rounds): 0.93, 0.99, 0.95x
-RoPE's tokens per CPU-second (0.92-1.03x raw tokens/s); scoring at 1,024 tokens 0.76x (docs/speed.md, "PaTH attention
-on CPU", where the memory of blocks that compute their own rows is measured).
+tests/test_fused_attention.py compares the two, the kernel run by Triton's CPU interpreter and on CUDA. Its cost on
+CPU against RoPE's is in docs/speed.md ("PaTH attention on CPU").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,7 +65,8 @@ from torch import nn
 
 from core.domain import domain
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
-from model.pe.capabilities import CumulativeBias, FusedKernel, TransportedScores
+from model.pe.capabilities import AttentionMods, CacheSlot, FusedKernel, ModifiesAttention
+from model.pe.fox import cumulative_term
 
 # Tokens per chunk of the WY form: the reference's block size on a GPU; products within a chunk are (64 x 64) matrices.
 CHUNK = 64
@@ -82,9 +79,11 @@ class PaTHConfig(PEConfig):
     forget_gate: bool = False  # true: PaTH-FoX, FoX's forget gate on the logits (divided by sqrt(d))
 
 
-class PaTHPositionalEncoding(TransportedScores, FusedKernel, PositionalEncoding):
+class PaTHPositionalEncoding(ModifiesAttention, FusedKernel, PositionalEncoding):
     name = "path"
     config_class = PaTHConfig
+    modifies = frozenset({"logits"})
+    # Tokens per chunk of the logits' products, which each block of queries computes its rows from (memory model).
     transition_chunk = CHUNK
     fused_backend = "fla"
     fused_kernel = ("fla.ops.path_attn", "parallel_path_attn")
@@ -92,7 +91,7 @@ class PaTHPositionalEncoding(TransportedScores, FusedKernel, PositionalEncoding)
     def __new__(cls, *args: Any, **kwargs: Any) -> PaTHPositionalEncoding:
         """PaTH-FoX (``pe.forget_gate``) is PaTH with FoX's cumulative bias: built as the subclass that adds it."""
         cfg = args[0] if args else kwargs.get("cfg")
-        if cfg is not None and cfg.forget_gate and not issubclass(cls, CumulativeBias):
+        if cfg is not None and cfg.forget_gate and not issubclass(cls, GatedPaTHPositionalEncoding):
             cls = GatedPaTHPositionalEncoding
         return super().__new__(cls)
 
@@ -130,7 +129,8 @@ class PaTHPositionalEncoding(TransportedScores, FusedKernel, PositionalEncoding)
         if device.type != "cuda" or kernel is None or self.dims.head_dim not in (16, 32, 64, 128):
             return None
 
-        def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:
+        def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call) -> torch.Tensor:
+            x, layer = call.x, call.layer
             w, beta = self.transitions(x, layer)
             # the kernel's (B, T, H, .) layout; w, beta and the gate in float32 (it asks for them so); the gate is
             # log f_t, which the kernel adds before the scale, as cumulative_bias's division does
@@ -142,6 +142,16 @@ class PaTHPositionalEncoding(TransportedScores, FusedKernel, PositionalEncoding)
             return out.transpose(1, 2)
 
         return attention
+
+    def attention_mods(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, layer: int, cache: CacheSlot | None
+    ) -> AttentionMods:
+        """The transported logits in place of q . k; with a KV cache, the keys carried through the new tokens, which
+        the cache keeps in place of the keys as they came."""
+        if x is None:  # attention outside a model (model/kernels.py's attend): no input, no transitions
+            return AttentionMods()
+        logits, carried = self.transported_scores(q, k, self.transitions(x, layer), carry=cache is not None)
+        return AttentionMods(logits=logits, cached_keys=carried)
 
     def transported_scores(
         self, q: torch.Tensor, k: torch.Tensor, transitions: tuple[torch.Tensor, torch.Tensor], carry: bool
@@ -174,9 +184,20 @@ class PaTHPositionalEncoding(TransportedScores, FusedKernel, PositionalEncoding)
         return rows, carried
 
 
-class GatedPaTHPositionalEncoding(CumulativeBias, PaTHPositionalEncoding):
+class GatedPaTHPositionalEncoding(PaTHPositionalEncoding):
     """PaTH-FoX: PaTH's transported logits plus FoX's forget gate, c_i - c_j with g_t = log f_t / sqrt(d) (the
-    module docstring). The registry knows PaTH alone (pe=path); ``pe.forget_gate=true`` builds this class."""
+    module docstring; the term is FoX's, model/pe/fox.py). The registry knows PaTH alone (pe=path);
+    ``pe.forget_gate=true`` builds this class."""
+
+    modifies = frozenset({"logits", "pair_term"})
+
+    def attention_mods(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, layer: int, cache: CacheSlot | None
+    ) -> AttentionMods:
+        if x is None:
+            return AttentionMods()
+        gate = cumulative_term(self.cumulative_bias(x, layer), cache)
+        return dataclasses.replace(super().attention_mods(x, q, k, layer, cache), pair_term=gate)
 
     def cumulative_bias(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         """log f_t / sqrt(d), (B, H, T) float32, from the layer's input x (B, T, C): PaTH-FoX's gate."""

@@ -17,7 +17,7 @@ As real vectors: q and k become [mu cos phi, mu sin phi], 2d coordinates per hea
 q . k is Re[q~^H k~]. Attention scales q . k by 1 / sqrt(size of q), here 2d, where the references scale by
 1 / sqrt(d): q is multiplied by sqrt(2) (folded into its cos and sin, computed once per forward pass), so every
 attention path computes a_ts unchanged. v keeps d coordinates; the fused kernels need one size for q, k and v,
-so attention pads v with zeros to 2d and drops them from the output (model/attention.py), and the causal flash
+so attention pads v with zeros to 2d and drops them from the output (model/kernels.py), and the causal flash
 kernel runs as it does for RoPE (a KV cache keeps the 2d-wide keys).
 
 References (tests/test_pe_pope.py compares posgpt with their numbers; both are test-only dependencies): PyPI
@@ -26,10 +26,7 @@ References (tests/test_pe_pope.py compares posgpt with their numbers; both are t
 serves every layer, starts at 0 (``uniform``: U(-2 pi, 0), their ``bias_uniform_init``) and is clamped in the
 forward pass (so its gradient is 0 outside [-2 pi, 0]). It is not weight-decayed: a phase, not a weight.
 
-Cost, measured 2026-11-27 on one thread of this project's 2-core AMD EPYC (``OMP_NUM_THREADS=1 python
-scripts/speed.py pe=rope,pope train.num_threads=1 --steps 5``, the default width-256 model at context 64, three
-rounds, ``cpu_share`` 0.99): training 837, 846, 841 tokens/s against RoPE's 859, 846, 853, 0.97-1.00x (median
-0.99x); scoring at 1,024 tokens (``--eval-length 1024``) 0.89-0.94x RoPE's. docs/speed.md has the rest.
+Its cost against RoPE's is in docs/speed.md ("PoPE on CPU").
 """
 
 from __future__ import annotations
@@ -53,7 +50,7 @@ PHASE_BIASES = ("zero", "uniform", "none")
 @dataclass
 class PoPEConfig(PEConfig):
     name: str = "pope"
-    base: float = domain(10000.0, gt=1)
+    base: float = domain(10000.0, gt=1)  # theta_c = base^(-c/d), one frequency per coordinate of a head
     # delta: zero | uniform (learned, starting at 0 or drawn from U(-2 pi, 0)) | none (no phase bias)
     phase_bias: str = "zero"
 

@@ -58,7 +58,7 @@ from model.pe.rope_scaling import (
 @dataclass
 class RoPEConfig(PEConfig):
     name: str = "rope"
-    base: float = domain(10000.0, gt=1)
+    base: float = domain(10000.0, gt=1)  # theta_i = base^(-2i/d)
     rotary_fraction: float = domain(1.0, gt=0, le=1)  # share of each head's dimensions that is rotated
     scaling: RoPEScalingConfig = field(default_factory=RoPEScalingConfig)
     remap: RoPERemapConfig = field(default_factory=RoPERemapConfig)  # Self-Extend, ReRoPE, STRING (rope_remap.py)

@@ -41,7 +41,7 @@ from model.pe.capabilities import PositionEmbedding
 @dataclass
 class SinusoidalConfig(PEConfig):
     name: str = "sinusoidal"
-    base: float = domain(10000.0, gt=1)
+    base: float = domain(10000.0, gt=1)  # wavelength base
     # 1.0: the paper's vectors; null: match the token signal's init RMS (see above)
     scale: float | None = domain(1.0, gt=0)
     # true: under GPT-2's unscaled token convention, match the token signal's RMS whatever ``scale`` says.

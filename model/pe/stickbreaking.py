@@ -22,23 +22,19 @@ here, as in fla's ``StickBreakingAttention`` layer. The kernels' own tests add i
 (o_i + rem_i v_i), and IBM's lm-engine adds it to a learned vector per head; neither is part of this scheme. Query 0
 (no key before it) outputs 0: the residual stream carries it.
 
-How it runs. The weights replace softmax through the base interface's ``attention_weights`` hook (model/pe/base.py,
-hook 6): attention computes the scaled scores block by block of queries, causally masked (-inf), as for CoPE, and
-multiplies the values by what this module returns (model/attention.py, the written-out path, on every device and
-backend). Rows are independent, so the blocks bound memory at long evaluation lengths (about 64 MiB of scores per
+How it runs. The weights replace softmax: this module hands attention ``attention_weights`` as the layer's
+``AttentionMods.weights`` (model/pe/capabilities.py), and the written-out path (model/attention.py, on every device and
+backend) computes the scaled scores block by block of queries, causally masked (-inf), and multiplies the values by
+what it returns. Rows are independent, so the blocks bound memory at long evaluation lengths (about 64 MiB of scores per
 block, a few copies of it while the weights are computed), and a KV cache works as for any scheme: the new queries
 see every cached key. There is no softmax denominator, so an attention sink (``model.attn_sink``) is refused. Token
 positions are never read: randomized positions are refused as for NoPE.
 
 On CUDA with flash-linear-attention installed (PyPI ``fla-core``), a full causal pass (training, scoring) runs its
-Triton kernel instead (``parallel_stickbreaking_attn``, the paper's algorithm; base interface hook 8), recorded as
-``attn_backend=fla``; decoding from a KV cache runs the written-out path. tests/test_fused_attention.py compares the
-two, the kernel run by Triton's CPU interpreter (losses and gradients within 3e-7 of their size) and on CUDA.
-
-Cost on CPU (``OMP_NUM_THREADS=1 python scripts/speed.py pe=rope,stickbreaking train.num_threads=1 --steps 5``, the
-default width-256 model at context 64, one thread of the shared 2-core AMD EPYC, 2026-11-27, three rounds): 1.00,
-1.03, 0.99x RoPE's tokens per CPU-second (0.83-1.33x raw tokens/s, as other jobs' load moved); at 1,024 tokens 0.74x
-in training and 0.54-0.93x scoring, with 1.2-1.6x RoPE's peak memory (docs/speed.md, "Stick-breaking attention").
+Triton kernel instead (``parallel_stickbreaking_attn``, the paper's algorithm; ``fused_attention``, a kernel of
+model/kernels.py's signature), recorded as ``attn_backend=fla``; decoding from a KV cache runs the written-out path.
+tests/test_fused_attention.py compares the two, the kernel run by Triton's CPU interpreter and on CUDA. Its cost
+against RoPE's is in docs/speed.md ("Stick-breaking attention").
 """
 
 from __future__ import annotations
@@ -50,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from model.pe.base import PEConfig, PositionalEncoding
-from model.pe.capabilities import AttentionWeights, FusedKernel
+from model.pe.capabilities import AttentionMods, CacheSlot, FusedKernel, ModifiesAttention
 
 
 @dataclass
@@ -61,9 +57,10 @@ class StickBreakingConfig(PEConfig):
     attend_current: bool = False
 
 
-class StickBreakingPositionalEncoding(AttentionWeights, FusedKernel, PositionalEncoding):
+class StickBreakingPositionalEncoding(ModifiesAttention, FusedKernel, PositionalEncoding):
     name = "stickbreaking"
     config_class = StickBreakingConfig
+    modifies = frozenset({"weights"})
     fused_backend = "fla"
     fused_kernel = ("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
 
@@ -74,12 +71,17 @@ class StickBreakingPositionalEncoding(AttentionWeights, FusedKernel, PositionalE
         if device.type != "cuda" or kernel is None or self.dims.head_dim > 256:
             return None
 
-        def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:
+        def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call) -> torch.Tensor:
             layout = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # the kernel's (B, T, H, D)
             out, _ = kernel(*layout, scale=q.shape[-1] ** -0.5, attend_current=self.cfg.attend_current)
             return out.transpose(1, 2)  # the rest of the stick (its second output) weighs nothing, as here
 
         return attention
+
+    def attention_mods(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, layer: int, cache: CacheSlot | None
+    ) -> AttentionMods:
+        return AttentionMods(weights=lambda scores: self.attention_weights(scores, layer))
 
     def attention_weights(self, scores: torch.Tensor, layer: int) -> torch.Tensor:
         """A_ij of the module docstring, (B, H, Tq, Tk) float32 (float64 for float64 scores), from the scaled scores
@@ -95,7 +97,7 @@ class StickBreakingPositionalEncoding(AttentionWeights, FusedKernel, PositionalE
         # log sigmoid(z) = z + log sigmoid(-z): one logsigmoid and a cumulative sum over the keys from the query
         # backwards, so the nearest keys' sums are short and exact. A hidden key (z = -inf) adds log sigmoid(inf) =
         # 0 to the sums (it breaks nothing off the stick) and gets exp(-inf) = 0, with zero gradients, not NaN.
-        # In place after the first copy: neither cumsum's nor add's backward reads its input, exp's reads its output
-        # (25% faster than fresh tensors at 1,024 keys, measured: each T x T allocation faults in new pages).
+        # In place after the first copy: neither cumsum's nor add's backward reads its input, exp's reads its output,
+        # and each fresh T x T allocation would fault in new pages (docs/speed.md, "Stick-breaking attention").
         log_rest = F.logsigmoid(-z)
         return log_rest.flip(-1).cumsum_(-1).flip(-1).add_(z).exp_()

@@ -7,7 +7,7 @@ the local layers of SWAN-GPT (Puvvada et al. 2025, "SWAN-GPT: An Efficient and S
 Language Modeling", arXiv:2504.08719; window 512 at training length 4096) and of Cohere's RNoPE-SWA, Gemma and
 Mistral. Rotations as ``pe=rope`` (rope.py; ``pe.base``, ``pe.rotary_fraction``); ``pe.window`` is W in tokens. The
 window is by index, as the causal mask (model/pe/capabilities.py, ``SlidingWindow``), and every attention path applies
-it (model/attention.py). A query never sees a distance of W or more, so RoPE's context extensions (scalings, remaps)
+it (model/kernels.py). A query never sees a distance of W or more, so RoPE's context extensions (scalings, remaps)
 have nothing to extend: they are refused, at training and as evaluation-time variations. Alone it is a local model
 whose reach grows with depth (n_layer x (W - 1) tokens); in a pattern (hybrid.py, ``pe=swan``) it is the local part.
 """

@@ -35,8 +35,8 @@ from model.pe.capabilities import DistanceBias
 @dataclass
 class T5Config(PEConfig):
     name: str = "t5"
-    num_buckets: int = domain(32, ge=2)
-    max_distance: int = domain(128, ge=2)
+    num_buckets: int = domain(32, ge=2)  # B: the first B/2 distances exact, the rest in log-spaced buckets
+    max_distance: int = domain(128, ge=2)  # D: distances >= D share the last bucket
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:

@@ -34,8 +34,8 @@ from model.pe.rope_scaling import rope_inv_freq
 @dataclass
 class XPosConfig(PEConfig):
     name: str = "xpos"
-    base: float = domain(10000.0, gt=1)
-    scale_base: float = domain(512.0, gt=0)  # gamma
+    base: float = domain(10000.0, gt=1)  # rotation frequencies, as RoPE's
+    scale_base: float = domain(512.0, gt=0)  # gamma: the decay's length scale
 
 
 def xpos_zeta(head_dim: int) -> torch.Tensor:
