@@ -109,7 +109,9 @@ def compare_argv(recipe: Recipe, markdown: Path, scratch: Path, write_plots: boo
     study = RESULTS / recipe.report.split("/")[0]
     for option, name in recipe.outputs.items():  # the rest lie beside the markdown, in the scratch folder
         suffix = ".csv" if option == "--task-csv" else ".png"
-        target = study / name if write_plots else scratch / f"{option.strip('-')}{suffix}"
+        # an output the report does not commit (None) goes to the scratch folder in either case
+        committed = write_plots and name is not None
+        target = study / name if committed else scratch / f"{option.strip('-')}{suffix}"
         outputs += [option, str(target)]
     return [*runs, *recipe.options, "--markdown", str(markdown), *outputs]
 
