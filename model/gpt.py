@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.domain import check_domains, domain, read_with
+from core.domain import check_domains, choice, domain, read_with
 from core.errors import PosGPTError
 from model.attention import AttentionCall, AttentionPath, default_state
 from model.documents import within_document_index
@@ -42,6 +42,8 @@ from model.loss import FUSED_MODES, lm_head_cross_entropy
 from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
 from model.pe.capabilities import CacheSlot, ModifiesAttention
 from model.temperature import AttentionTemperature, TemperatureConfig
+
+EMBEDDINGS = ("fairseq", "gpt2")
 
 
 @dataclass
@@ -54,10 +56,11 @@ class ModelConfig:
     dropout: float = domain(0.0, ge=0, lt=1, commands=("train", "speed", "estimate"))
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
     init_std: float = domain(0.02, gt=0)
-    attn_backend: str = "auto"  # auto | sdpa | flex | math (see model/kernels.py)
-    embedding: str = "fairseq"  # token-embedding convention, shared by every scheme: fairseq | gpt2 (see above)
-    # the fused chunked loss: auto (on CPU) | always | never (see model/loss.py); sampling computes no loss
-    fused_ce: str = read_with("auto", commands=("train", "eval", "speed", "estimate"))
+    attn_backend: str = choice("auto", BACKENDS)  # the kernels of model/kernels.py's registry, or auto
+    # the token-embedding convention, shared by every scheme (see above)
+    embedding: str = choice("fairseq", EMBEDDINGS)
+    # the fused chunked loss: auto (on CPU), always or never (see model/loss.py); sampling computes no loss
+    fused_ce: str = choice("auto", FUSED_MODES, commands=("train", "eval", "speed", "estimate"))
     # FlexAttention's kernel options, given to its kernels as they are (block sizes, stages, warps; fwd_/bwd_ for one
     # pass only): a speed setting, same result; empty: FlexAttention's own choice (see model/kernels.py)
     flex_kernel_options: dict[str, Any] = read_with(default_factory=dict, used_with=("attn_backend", ("auto", "flex")))
@@ -66,9 +69,6 @@ class ModelConfig:
     attn_sink: bool = False
     # Gated attention (Qiu et al. 2025): each head's output times a sigmoid gate of the layer's input, per channel
     attn_gate: bool = False
-
-
-EMBEDDINGS = ("fairseq", "gpt2")
 
 
 def token_embedding_convention(cfg: ModelConfig) -> tuple[float, float]:
@@ -104,12 +104,6 @@ def validate_model_config(cfg: ModelConfig) -> None:
             f"model.n_embd={cfg.n_embd} is not divisible by model.n_head={cfg.n_head}; "
             "each head gets n_embd/n_head dimensions"
         )
-    if cfg.attn_backend not in BACKENDS:
-        raise PosGPTError(f"unknown model.attn_backend={cfg.attn_backend!r}; choose one of {list(BACKENDS)}")
-    if cfg.embedding not in EMBEDDINGS:
-        raise PosGPTError(f"unknown model.embedding={cfg.embedding!r}; choose one of {list(EMBEDDINGS)}")
-    if cfg.fused_ce not in FUSED_MODES:
-        raise PosGPTError(f"model.fused_ce must be one of {list(FUSED_MODES)} (got {cfg.fused_ce!r})")
     check_kernel_options(cfg.flex_kernel_options)
 
 

@@ -75,7 +75,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.domain import domain
+from core.domain import choice, domain
 from core.errors import PosGPTError
 
 TEMPERATURES = ("none", "logn", "llama4", "ssmax", "drope")
@@ -84,7 +84,7 @@ LEARNED = ("ssmax",)  # types with parameters: fixed at training
 
 @dataclass
 class TemperatureConfig:
-    type: str = "none"  # none | logn | llama4 | ssmax | drope (model/temperature.py)
+    type: str = choice("none", TEMPERATURES)
     # llama4 only (core.domain.used_with): the step length, None: train.seq_len (Llama 4: 8192); the factor's growth
     # per step (Llama 4: 0.1)
     floor_scale: int | None = domain(None, ge=1, used_with=("type", ("llama4",)))
@@ -95,8 +95,6 @@ class TemperatureConfig:
 
 def check_temperature(cfg: TemperatureConfig, train_seq_len: int) -> None:
     """PosGPTError unless the temperature's settings can run with this training length."""
-    if cfg.type not in TEMPERATURES:
-        raise PosGPTError(f"unknown model.attn_temperature.type={cfg.type!r}; choose one of {list(TEMPERATURES)}")
     if cfg.type in ("logn", "ssmax") and train_seq_len < 2:
         raise PosGPTError(
             f"model.attn_temperature.type={cfg.type} divides by log(train.seq_len), which is 0 at "

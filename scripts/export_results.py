@@ -21,7 +21,8 @@ them, are copied as they are (they always record the config); a task run has no 
 compare.py never draws, a training loss every 100 steps): what a study commits under results/.
 
 It plans, then writes: every run's results are read and checked (a damaged file refused, naming it), and every
-exported file's path checked (not over a run, writable, not another run's export) before the first is written.
+exported file's path checked (not over a run, writable, not another run's export; with ``--slim``, no training run's
+directory below it, which slimming refuses) before the first is written.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
-from slim_results import check_task_csv, slim_folders
+from slim_results import check_task_csv, refuse_run_dirs, slim_folders
 
 from core.checkpoint_io import load_checkpoint
 from core.cli import ArgumentParser, exit_on_user_error
@@ -190,6 +191,9 @@ def main(argv: list[str] | None = None) -> None:
             inside(args.to / name, args.to / name / file)
     check_outputs(outputs, inputs=args.run_dirs)
     check_writable(outputs)
+    if args.slim:  # slimming refuses a training run's directory below an export folder: refused before the export
+        existing = [args.to / name for name in names if (args.to / name).is_dir()]
+        refuse_run_dirs(existing, instead="move it out of --to, or export into another folder")
     for run_dir, document, name in zip(args.run_dirs, documents, names):  # a folder of another run's results
         check_destination(run_dir, document, args.to / name)
     for run_dir, document, name in zip(args.run_dirs, documents, names):

@@ -23,9 +23,14 @@ Under each folder given, per run:
 
 ``python scripts/export_results.py ... --slim`` exports slimmed in one step.
 
-It plans, then writes: every training run's directory among the folders is locked first (a run still being
-written is refused, naming the command that holds it), then every file of every folder is read and checked and
-every folder it rewrites checked writable, before the first file is changed; a refusal changes nothing.
+Only exported results are slimmed: a training run's directory (core.rundir.RUN_MARKERS: its checkpoints/,
+``.hydra/``, train.log or lock file) given, or found below a folder given, is refused, naming it, in both modes;
+slimming it in place would cut the run's own log and results. Export it instead, slimmed:
+``python scripts/export_results.py RUN --to DIR --slim``.
+
+It plans, then writes: every folder is searched for training runs' directories, then every file of every folder is
+read and checked and every folder it rewrites checked writable, before the first file is changed; a refusal changes
+nothing.
 """
 
 from __future__ import annotations
@@ -34,18 +39,17 @@ import _repo
 from core.interrupts import unwind_on_sigterm
 
 import argparse
-import contextlib
 import csv
 import json
+import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write, check_folder, check_writable, inside, read_json, read_jsonl, remove
-from core.rundir import is_run_dir, lock_run
+from core.rundir import RUN_MARKERS
 from evaluation.evaluator import registered
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import csv_rows, write_csv
@@ -210,27 +214,46 @@ def plan_csvs(folder: Path) -> list[tuple[RowFormat, dict[str, Any], Path]]:
     return planned
 
 
-def run_dirs_in(folders: list[Path]) -> list[Path]:
-    """The training runs' directories among ``folders`` and below them (not exports, which have no run markers)."""
-    found = {path for folder in folders for path in (folder, *folder.rglob("*")) if path.is_dir() and is_run_dir(path)}
-    return sorted(found)
+def run_marker(path: Path) -> str | None:
+    """The first of a training run's markers (core.rundir.RUN_MARKERS) that the directory ``path`` holds, or None:
+    core.rundir.is_run_dir, also counting a marker that is a dangling link."""
+    return next((marker for marker in RUN_MARKERS if os.path.lexists(path / marker)), None)
 
 
-@contextlib.contextmanager
-def runs_locked(folders: list[Path]) -> Iterator[None]:
-    """Every training run's directory among ``folders`` locked while the block rewrites files in place: a run still
-    training (or being evaluated) is refused, naming the command that holds it, since its files would change under
-    the rewrite."""
-    with contextlib.ExitStack() as stack:
-        for run_dir in run_dirs_in(folders):
-            stack.enter_context(lock_run(run_dir))
-        yield
+def run_dirs_in(folders: list[Path]) -> list[tuple[Path, str]]:
+    """The training runs' directories among ``folders`` and below them, each with a marker it holds (exports have
+    none); links are not followed (refuse_links_out refuses one that leads out)."""
+    found: dict[Path, str] = {}
+    for folder in folders:
+        for path in (folder, *folder.rglob("*")):
+            if path.is_dir() and (path == folder or not path.is_symlink()):
+                marker = run_marker(path)
+                if marker is not None:
+                    found.setdefault(path, marker)
+    return sorted(found.items())
+
+
+def refuse_run_dirs(folders: list[Path], instead: str | None = None) -> None:
+    """Refuse (PosGPTError, before anything is written) a training run's directory among ``folders`` or below them,
+    naming it and what to do instead (``instead``; by default, export it slimmed): slimming rewrites files in place,
+    and would cut the run's own metrics.jsonl and results."""
+    found = run_dirs_in(folders)
+    if not found:
+        return
+    (run_dir, marker), more = found[0], len(found) - 1
+    others = f" (and {more} more run {'directory' if more == 1 else 'directories'})" if more else ""
+    instead = instead or f"export it instead, slimmed: python scripts/export_results.py {run_dir} --to DIR --slim"
+    raise PosGPTError(
+        f"{run_dir} is a training run's directory (it holds {marker}){others}: slim_results.py slims exported "
+        f"results in place and would cut the run's own log and results; {instead} (nothing was written)"
+    )
 
 
 def slim_folders(folders: list[Path]) -> None:
-    """Slim each folder in place, printing what it saved; every folder is checked before any is written."""
-    with runs_locked(folders):
-        _slim(folders)
+    """Slim each folder in place, printing what it saved; every folder is checked before any is written, a training
+    run's directory among them or below them refused (refuse_run_dirs)."""
+    refuse_run_dirs(folders)
+    _slim(folders)
 
 
 def refuse_links_out(folders: list[Path]) -> None:
@@ -268,13 +291,13 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         raise PosGPTError(f"no such folder: {', '.join(missing)}")
     if args.csv:
-        with runs_locked(args.folders):
-            refuse_links_out(args.folders)
-            plans = {folder: plan_csvs(folder) for folder in args.folders}  # every folder checked before any write
-            for folder, planned in plans.items():
-                for rows, document, path in planned:
-                    write_csv(document, path, rows)
-                print(f"slim_results: wrote {len(planned)} CSVs under {folder}", flush=True)
+        refuse_run_dirs(args.folders)
+        refuse_links_out(args.folders)
+        plans = {folder: plan_csvs(folder) for folder in args.folders}  # every folder checked before any write
+        for folder, planned in plans.items():
+            for rows, document, path in planned:
+                write_csv(document, path, rows)
+            print(f"slim_results: wrote {len(planned)} CSVs under {folder}", flush=True)
         return
     slim_folders(args.folders)
 

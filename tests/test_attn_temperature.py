@@ -126,7 +126,7 @@ def test_gradients_reach_ssmax_s():
 
 
 def test_refusals():
-    with pytest.raises(PosGPTError, match="unknown model.attn_temperature.type"):
+    with pytest.raises(PosGPTError, match="model.attn_temperature.type='warm' is not one of its choices"):
         tiny(type="warm")
     with pytest.raises(PosGPTError, match="divides by log"):
         AttentionTemperature(TemperatureConfig(type="logn"), 2, 1)

@@ -75,3 +75,15 @@ def test_a_slim_export_is_what_slim_results_leaves(cli, evaluated, tmp_path):
     assert "slim_results:" in done.stdout
     assert snapshot(tmp_path / "slim") == snapshot(tmp_path / "plain")
     assert not (tmp_path / "slim" / "run" / "eval" / "extrapolation.csv").exists()
+
+
+def test_a_slim_export_into_a_folder_holding_a_training_run_is_refused_and_writes_nothing(cli, evaluated, tmp_path):
+    """slim_results.py refuses a training run's directory: a run below the export's folder (a run copied there,
+    checkpoints and all) is refused before the export writes, not after it, half done."""
+    assert export(cli, evaluated, "--to", tmp_path / "exported").returncode == 0
+    nested = Path(shutil.copytree(evaluated, tmp_path / "exported" / "run" / "old" / "run"))
+    before = snapshot(tmp_path / "exported")
+    done = export(cli, evaluated, "--to", tmp_path / "exported", "--slim")
+    assert_one_line_error(done, f"{nested} is a training run's directory", "move it out of --to", "nothing was written")
+    assert snapshot(tmp_path / "exported") == before
+    assert export(cli, evaluated, "--to", tmp_path / "exported").returncode == 0  # not slimmed: the run is kept

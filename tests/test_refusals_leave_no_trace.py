@@ -22,7 +22,7 @@ from cli_runs import assert_one_line_error, evaluated_run
 from tiny_checkpoint import make_run
 
 from core.errors import IO_ERROR_EXIT_CODE, PosGPTError
-from core.rundir import LOCK_FILE, lock_run, refuse_if_live
+from core.rundir import LOCK_FILE, RUN_MARKERS, lock_run, refuse_if_live
 from core.tracking import TrackerSettings, check_wandb, wandb_login
 
 TINY_MQAR = ["task=mqar", "pe=rope", "model.n_layer=2", "train.seq_len=32"]  # mqar's 8 pairs need 32 tokens
@@ -103,6 +103,16 @@ def task_run(mqar, tmp_path) -> Path:
     return Path(shutil.copytree(mqar, tmp_path / "mqar-rope-s1"))
 
 
+def results_of(run_dir: Path, folder: Path) -> Path:
+    """A copy of ``run_dir``'s results in ``folder``, without what marks it a training run (RUN_MARKERS: its
+    checkpoints, its record, its log): what slim_results.py slims (it refuses a training run's directory)."""
+    return Path(shutil.copytree(run_dir, folder / run_dir.name, ignore=shutil.ignore_patterns(*RUN_MARKERS)))
+
+
+# slim_results.py refuses a training run's directory, in one line naming it
+NOT_A_RUN = "is a training run's directory"
+
+
 def damaged(run_dir: Path) -> Path:
     """A copy of ``run_dir`` beside it whose checkpoint is not one."""
     copy = Path(shutil.copytree(run_dir, run_dir.parent / "damaged"))
@@ -144,15 +154,17 @@ def test_compare_refuses_a_results_file_cut_short(cli, run, tmp_path):
 @pytest.mark.parametrize("command", ["export", "slim"])
 def test_a_torn_metrics_log_is_refused(cli, run, tmp_path, command):
     (run / "metrics.jsonl").write_text(TORN)
-    argv = (str(run), "--to", str(tmp_path / "out")) if command == "export" else (str(run),)
+    export = command == "export"
+    argv = (str(run), "--to", str(tmp_path / "out")) if export else (str(results_of(run, tmp_path / "exported")),)
     refused(cli, tmp_path, (f"scripts/{command}_results.py", *argv), "metrics.jsonl is damaged")
 
 
 def test_slim_csv_checks_every_folder_before_writing_any(cli, run, tmp_path):
     (run / "eval" / "extrapolation.csv").unlink()
-    other = Path(shutil.copytree(run, tmp_path / "other"))
+    first = results_of(run, tmp_path / "first")
+    other = results_of(run, tmp_path / "other")
     (other / "eval" / "extrapolation.json").write_text("{")
-    refused(cli, tmp_path, ("scripts/slim_results.py", "--csv", str(run), str(other)), "is damaged or not JSON")
+    refused(cli, tmp_path, ("scripts/slim_results.py", "--csv", str(first), str(other)), "is damaged or not JSON")
 
 
 @pytest.mark.parametrize(
@@ -202,7 +214,7 @@ def test_an_output_that_is_not_a_path_to_write_is_refused(cli, run, tmp_path, co
         lambda run, out: ("scripts/export_results.py", str(run), "--to", str(out / "export")),
         lambda run, out: ("scripts/estimate.py", "--record", str(out / "r.json")),
         lambda run, out: ("scripts/repeated_passages.py", "corpus", str(out / "c.jsonl")),
-        lambda run, out: ("scripts/slim_results.py", str(run)),
+        lambda run, out: ("scripts/slim_results.py", str(results_of(run, out.parent / "exported"))),
         lambda run, out: ("scripts/inspect_attention.py", f"run_dir={run}", *INSPECT),
     ],
     ids=["compare", "export", "estimate", "corpus", "slim", "inspect"],
@@ -211,7 +223,8 @@ def test_an_output_folder_the_machine_will_not_let_us_write_is_exit_74(cli, run,
     out = tmp_path / "out"
     out.mkdir()
     argv = command(run, out)
-    not_writable(monkeypatch, run / "eval" if argv[0].endswith(("slim_results.py", "inspect_attention.py")) else out)
+    written = {"slim_results.py": Path(argv[-1]) / "eval", "inspect_attention.py": run / "eval"}  # else: out
+    not_writable(monkeypatch, written.get(Path(argv[0]).name, out))
     refused(cli, tmp_path, argv, "cannot write in", "nothing was written", code=IO_ERROR_EXIT_CODE)
 
 
@@ -271,7 +284,8 @@ def test_wandb_is_checked_without_starting_it(tmp_path, monkeypatch):
         check_wandb(TrackerSettings("online"), tmp_path)
 
 
-# A run still being written (its lock held) is refused by every tool that changes it or has it changed.
+# A run still being written (its lock held) is refused by every tool that changes it or has it changed; slim_results.py
+# refuses any training run's directory, held or not.
 
 
 @pytest.mark.parametrize(
@@ -288,7 +302,7 @@ def test_a_run_still_being_written_is_refused(cli, run, task_run, tmp_path, comm
     argv = command(run, task_run)
     held = task_run if argv[0].endswith("check_below_length.py") else run
     with lock_run(held):
-        refused(cli, tmp_path, argv, "is in use by")
+        refused(cli, tmp_path, argv, NOT_A_RUN if argv[0].endswith("slim_results.py") else "is in use by")
 
 
 def test_a_lock_file_no_one_holds_is_free_and_stays_as_it_is(tmp_path):
@@ -323,7 +337,7 @@ def test_a_device_this_machine_lacks_is_refused(cli, run, tmp_path, command):
     [
         ("eval", lambda run: ("scripts/inspect_attention.py", f"run_dir={run}", *INSPECT), "which is a file"),
         (LOCK_FILE, lambda run: ("scripts/inspect_attention.py", f"run_dir={run}", *INSPECT), "cannot lock"),
-        (LOCK_FILE, lambda run: ("scripts/slim_results.py", str(run)), "cannot lock"),
+        (LOCK_FILE, lambda run: ("scripts/slim_results.py", str(run)), NOT_A_RUN),
         (LOCK_FILE, lambda run: ("scripts/check_below_length.py", str(run)), "cannot lock"),
         ("metrics.jsonl", lambda run: ("scripts/export_results.py", str(run), "--to", str(run.parent / "x")), "read"),
         ("checkpoints", lambda run: ("sample.py", f"run_dir={run}"), "no checkpoint"),

@@ -233,7 +233,7 @@ def test_a_window_as_long_as_the_training_length_is_refused_before_any_evaluatio
             ["pe.remap.type=none", "pe.remap.window=8"],
             "window is a setting of type self_extend, rerope and string, not none",
         ),
-        (["pe.remap.type=stretch"], "unknown pe.remap type 'stretch'"),
+        (["pe.remap.type=stretch"], "pe.remap.type='stretch' is not one of its choices: none, self_extend"),
         (
             ["pe.remap.type=self_extend", "pe.remap.window=8", "pe.remap.group=2", "pe.scaling.type=yarn"],
             "both extend RoPE's context: choose one",

@@ -1,6 +1,7 @@
 """scripts/slim_results.py keeps what scripts/compare.py reads and removes only what a command rebuilds; and
 results/ holds no code, no per-run CSV, no per-position losses, no figure that no page shows, and at most 15 MB."""
 
+import hashlib
 import json
 import re
 import shutil
@@ -11,7 +12,7 @@ import pytest
 import slim_results
 from test_docs_links import PAGES, links
 
-from core.rundir import lock_run
+from core.rundir import RUN_MARKERS, lock_run
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import write_csv
 from evaluation.store import write_document
@@ -156,19 +157,54 @@ def test_a_csv_holding_more_than_its_json_is_refused_before_anything_is_written(
     assert {path: path.read_bytes() for path in study.rglob("*") if path.is_file()} == files
 
 
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` (and ``root`` itself): a file's SHA-256, a folder as "folder"."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "folder"
+        for path in (root, *sorted(root.rglob("*")))
+    }
+
+
+def refused_as_a_run(capsys, args: list[str], given: Path, run: Path) -> None:
+    """slim_results.py ``args`` ``given`` refuses ``run``, a training run's directory, in one line naming it and the
+    export that slims it, exit 2, and leaves the tree under ``given`` byte for byte as it was."""
+    before = tree_digest(given)
+    with pytest.raises(SystemExit) as exit_info:
+        slim_results.main([*args, str(given)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"error: {run} is a training run's directory" in err, err
+    assert f"python scripts/export_results.py {run} --to DIR --slim" in err and "nothing was written" in err, err
+    assert tree_digest(given) == before
+
+
 @pytest.mark.parametrize("args", [[], ["--csv"]], ids=["slim", "csv"])
 def test_a_run_still_training_is_refused_and_left_as_it_is(study, capsys, args):
-    """A training run's directory (its checkpoints/ marks it) whose lock another command holds: slimming it in
-    place would rewrite files that command is writing. Refused, naming the holder; nothing written."""
+    """A training run's directory (its checkpoints/ marks it), whose lock another command holds or not: slimming it
+    in place would rewrite its own log and results (and files a command holding it is writing). Refused, naming it
+    and the export that slims it; nothing written, before the lock is let go of and after."""
     run = study / "rope-s1"
     (run / "checkpoints").mkdir()
-    files = {path: path.read_bytes() for path in study.rglob("*") if path.is_file()}
     with lock_run(run):  # as train.py holds it while it trains
-        with pytest.raises(SystemExit) as exit_info:
-            slim_results.main([*args, str(study)])
-    assert exit_info.value.code == 2 and f"{run} is in use by" in capsys.readouterr().err
-    assert {path: path.read_bytes() for path in study.rglob("*") if path.is_file()} == files
-    slim_results.main([*args, str(study)])  # once it has ended: slimmed
+        refused_as_a_run(capsys, args, study, run)
+    refused_as_a_run(capsys, args, study, run)  # once it has ended: still a run, still refused
+
+
+@pytest.mark.parametrize("args", [[], ["--csv"]], ids=["slim", "csv"])
+@pytest.mark.parametrize("where", ["given", "top", "nested"])
+@pytest.mark.parametrize("kind", ["folder", "file"])
+@pytest.mark.parametrize("marker", RUN_MARKERS)
+def test_a_folder_holding_a_training_run_is_refused_for_every_run_marker(study, capsys, args, where, kind, marker):
+    """Every entry that makes a directory a training run's (core.rundir.RUN_MARKERS), as a folder or a file, in the
+    folder given itself, in a run directly below it, or in one deeper down: refused, naming that run, and the tree
+    left as it was; without the marker the same study is slimmed."""
+    run = {"given": study, "top": study / "rope-s1", "nested": study / "group" / "sub" / "rope-s1"}[where]
+    if where == "nested":
+        shutil.copytree(study / "rope-s1", run)
+    (run / marker).mkdir() if kind == "folder" else (run / marker).write_text("")
+    refused_as_a_run(capsys, args, study, run)
+    shutil.rmtree(run / marker) if kind == "folder" else (run / marker).unlink()
+    slim_results.main([*args, str(study)])
 
 
 def test_results_are_as_slimming_leaves_them():

@@ -62,13 +62,15 @@ from dataclasses import dataclass
 
 import torch
 
-from core.domain import check_domains, domain
+from core.domain import check_domains, choice, domain
 from core.errors import PosGPTError
+
+REMAPS = ("none", "self_extend", "rerope", "string")
 
 
 @dataclass
 class RoPERemapConfig:
-    type: str = "none"  # none | self_extend | rerope | string
+    type: str = choice("none", REMAPS)
     window: int | None = domain(None, ge=1)  # W: pairs closer than W keep RoPE's distance; W < train.seq_len
     group: int | None = domain(None, ge=2)  # self_extend only: G, far distances grow G times slower
     leaky_factor: float | None = domain(None, gt=1)  # rerope only: k, far distances grow by 1/k (null: not at all)
@@ -77,7 +79,6 @@ class RoPERemapConfig:
     attention_factor: float | None = domain(None, gt=0)
 
 
-REMAPS = ("none", "self_extend", "rerope", "string")
 # STRING's reference (string_for_llama.py, replace_with_string): attention_factor = 0.1*math.log(2) + 1
 STRING_ATTENTION_FACTOR = 0.1 * math.log(2) + 1
 # The settings each type takes: required, then optional. Any other is refused.
