@@ -5,6 +5,10 @@ command spends a second or more importing torch, Hydra and matplotlib, where an 
 traceback through dozens of library frames. Each command imports this module first (stdlib only, so it is loaded in
 milliseconds), and an interrupt that escapes everything else then ends the process the same way.
 
+A library may swallow the KeyboardInterrupt that lands while it imports and fail later for it (numpy half
+initialised, an AttributeError at its first use): the SIGINT handler installed here records that an interrupt came,
+and an exception that escapes after one is that interrupt, the same one line and exit 130, not a traceback.
+
 A command that writes results beside others (eval.py, export, slim, compare, rebuild_reports) also calls
 :func:`unwind_on_sigterm`: SIGTERM then ends it through the same unwinding as Ctrl-C, so the ``finally`` of an
 atomic write removes its temporary file (core.files.atomic_write), with the shell's code for it, 143. train.py keeps
@@ -20,6 +24,7 @@ import sys
 INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 _previous_hook = sys.excepthook
+_interrupted = False  # a SIGINT has come (see the module's docstring)
 
 
 class Terminated(BaseException):
@@ -27,10 +32,29 @@ class Terminated(BaseException):
 
 
 def _one_line(kind: type[BaseException], error: BaseException, traceback) -> None:
+    if _interrupted and not issubclass(kind, Terminated):
+        kind = KeyboardInterrupt
     if issubclass(kind, KeyboardInterrupt | Terminated):
         print("interrupted" if issubclass(kind, KeyboardInterrupt) else "terminated", file=sys.stderr, flush=True)
         os._exit(INTERRUPTED_EXIT_CODE if issubclass(kind, KeyboardInterrupt) else TERMINATED_EXIT_CODE)
     _previous_hook(kind, error, traceback)
+
+
+def _interrupt(signum: int, frame) -> None:
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+def interrupted() -> bool:
+    """Whether a SIGINT has come in this process."""
+    return _interrupted
+
+
+def is_plain_ctrl_c(handler: object) -> bool:
+    """Whether ``handler`` is Python's own SIGINT handler, or this module's, which raises KeyboardInterrupt as it
+    does (and records it): code that takes Ctrl-C over only from those leaves a custom or ignored one alone."""
+    return handler is signal.default_int_handler or handler is _interrupt
 
 
 def _terminate(signum: int, frame) -> None:
@@ -43,3 +67,5 @@ def unwind_on_sigterm() -> None:
 
 
 sys.excepthook = _one_line
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # ignored (a background job): left so
+    signal.signal(signal.SIGINT, _interrupt)

@@ -15,6 +15,8 @@ tokenized again; an interrupted run keeps the shards it finished (the manifest r
 written), and the next one tokenizes only the rest.
 """
 
+from core.interrupts import is_plain_ctrl_c
+
 import contextlib
 import hashlib
 import json
@@ -384,7 +386,7 @@ def _signals_stop_workers() -> Iterator[Callable[[], None]]:
         yield check
         return
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, handle)}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # leave a custom or ignored Ctrl-C alone
+    if is_plain_ctrl_c(signal.getsignal(signal.SIGINT)):  # leave a custom or ignored Ctrl-C alone
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, handle)
     try:
         yield check
