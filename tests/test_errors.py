@@ -234,7 +234,7 @@ def test_output_piped_to_a_reader_that_stops_early_ends_quietly(cli, existing_ru
     assert process.wait(timeout=120) == 1 and "Traceback" not in stderr, stderr
 
 
-def test_an_interrupt_a_library_swallowed_ends_in_one_line_not_its_later_failure():
+def test_an_interrupt_a_library_swallowed_ends_in_one_line_not_its_later_failure(cli):
     """Ctrl-C landing while a library imports may be swallowed there and surface later as another error (numpy half
     initialised: an AttributeError at its first use). After a SIGINT, what escapes is that interrupt: one line, 130."""
     code = (
@@ -242,5 +242,6 @@ def test_an_interrupt_a_library_swallowed_ends_in_one_line_not_its_later_failure
         "try:\n    signal.raise_signal(signal.SIGINT)\nexcept KeyboardInterrupt:\n    pass\n"
         "raise AttributeError(\"module 'numpy' has no attribute 'iterable'\")\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stderr) == (130, "interrupted\n")
+    process = cli.start_interruptible([sys.executable, "-c", code])  # SIGINT as a terminal delivers it
+    _, stderr = process.communicate(timeout=60)
+    assert (process.returncode, stderr) == (130, "interrupted\n")
