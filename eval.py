@@ -53,7 +53,7 @@ from evaluation.perplexity_format import PER_POSITION_PLOT, PPL_PLOT
 from evaluation.run import by_file, check_evaluators, evaluate_run
 from experiment.build import TrainedRun, load_trained_run, open_trained_model, parse_run_dir
 from experiment.eval_checks import check_eval_settings
-from experiment.plan import eval_context, plan_evaluators, tracker_settings
+from experiment.plan import evaluation_plan, plan_evaluators, tracker_settings
 
 USAGE = "usage: python eval.py [--check] run_dir=<training run directory> [hydra overrides, e.g. eval.lengths=[64,512]]"
 
@@ -89,10 +89,9 @@ def plan_evaluation(run_dir: Path, overrides: list[str]) -> EvalPlan:
     cfg, checkpoint = run.cfg, run.checkpoint
     check_eval_settings(cfg)
     evaluators = plan_evaluators(cfg)
-    context = eval_context(
-        cfg, run.model, run.dir, run.device, run.dtype, checkpoint["config"], checkpoint["step"], None,
-        open_trained_model,
-    )  # fmt: skip
+    context = evaluation_plan(cfg).context(
+        run.model, run.dir, run.device, run.dtype, checkpoint["config"], checkpoint["step"], None, open_trained_model
+    )
     files = [
         name for group in by_file(evaluators).values() for name in (group[0].rows.json_file, group[0].rows.csv_file)
     ]

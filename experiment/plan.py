@@ -275,22 +275,6 @@ def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:
     )
 
 
-def eval_context(
-    cfg: DictConfig,
-    model: torch.nn.Module | None,
-    run_dir: str | Path,
-    device: torch.device,
-    dtype: torch.dtype,
-    trained: dict[str, Any],
-    step: int | None = None,
-    wandb_run: Any = None,
-    open_run: Callable | None = None,
-):
-    """What the evaluators of a run are handed (evaluation/context.py), from its config: ``step`` None, training
-    just ended at ``train.max_steps``; ``open_run``: how an evaluator opens another run (eval.key_evaluator)."""
-    return evaluation_plan(cfg).context(model, run_dir, device, dtype, trained, step, wandb_run, open_run)
-
-
 def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig], run_dirs: list[Path]) -> None:
     """Plan every job (each composed from its overrides by ``compose``, to run in its entry of ``run_dirs``) and make
     every check its run makes before its first write (training.loop.rehearse: its data, its starting weights, its

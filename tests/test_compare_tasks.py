@@ -25,7 +25,7 @@ from evaluation.render import write_csv
 from evaluation.store import load_document, merge_documents, new_document, write_document
 from evaluation.task_accuracy import TASK_ROWS, wilson_interval
 from experiment.compose import compose_config
-from experiment.plan import eval_context
+from experiment.plan import evaluation_plan
 from experiment.settings import trained_config
 from reports.runs import load_runs
 from reports.task_tables import task_entries, task_panels
@@ -67,7 +67,9 @@ def write(cfg: DictConfig, task: str, rows: list[dict], extra: dict, run_dir: Pa
     """tasks.json and tasks.csv as the evaluation writes them (evaluation/run.py's store_rows); its plots (not
     compare's input) left out."""
     trained = OmegaConf.to_container(cfg, resolve=True)
-    context = eval_context(cfg, None, run_dir, torch.device("cpu"), torch.float32, trained, step)  # no model: written
+    context = evaluation_plan(cfg).context(
+        None, run_dir, torch.device("cpu"), torch.float32, trained, step
+    )  # no model: written
     evaluator = "copy_probe" if task == "copy_probe" else "task_accuracy"
     rows = [context.provenance(row, evaluator, {}) for row in rows]
     header = {"pe": cfg.pe.name, "train_seq_len": cfg.train.seq_len, "step": context.step, "task": task, **extra}

@@ -27,7 +27,7 @@ from evaluation.schemes import COLOURS
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
-from experiment.plan import eval_context, plan_evaluators, tracker_settings
+from experiment.plan import evaluation_plan, plan_evaluators, tracker_settings
 from model import ModelConfig
 from model.pe.learned import LearnedConfig
 from model.pe.rope import RoPEConfig
@@ -85,7 +85,7 @@ def config(pe=None, **eval_keys):
 def evaluate(cfg, tokens, run_dir, **kwargs):
     torch.manual_seed(0)
     trained = OmegaConf.to_container(cfg, resolve=True)
-    context = eval_context(cfg, build_model(cfg).eval(), run_dir, CPU, torch.float32, trained, **kwargs)
+    context = evaluation_plan(cfg).context(build_model(cfg).eval(), run_dir, CPU, torch.float32, trained, **kwargs)
     return evaluate_run(context, tokens, plan_evaluators(cfg))
 
 
@@ -277,7 +277,7 @@ def test_a_malformed_previous_results_file_is_refused_before_scoring_and_kept(va
     damaged = '{"pe": "rope", "results": [{"length": 8}]}'
     (tmp_path / EVAL_DIR / "extrapolation.json").write_text(damaged)
     cfg = config(protocols=["sliding"])
-    context = eval_context(cfg, build_model(cfg).eval(), tmp_path, CPU, torch.float32, {})
+    context = evaluation_plan(cfg).context(build_model(cfg).eval(), tmp_path, CPU, torch.float32, {})
     with pytest.raises(PosGPTError, match="extrapolation.json is malformed: no 'pe' name"):
         check_evaluators(context, plan_evaluators(cfg))
     assert sorted(path.name for path in (tmp_path / EVAL_DIR).iterdir()) == ["extrapolation.json"]

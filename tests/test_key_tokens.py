@@ -25,7 +25,7 @@ from evaluation.results import KEY_TOKENS
 from experiment.build import load_trained_run, open_trained_model
 from experiment.compose import compose_config
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig, validate
-from experiment.plan import eval_context
+from experiment.plan import evaluation_plan
 from model import ModelConfig
 from model.pe.rope import RoPEConfig
 from reports.key_tokens import key_token_entries, key_token_report
@@ -49,7 +49,7 @@ def context(model, train_len=8, **eval_keys):
             logging=LoggingConfig(progress=False, wandb=WandbConfig(mode="disabled")),
         )
     )
-    return with_settings(eval_context(cfg, model, "/nonexistent", CPU, torch.float32, {}, 0), cfg)
+    return with_settings(evaluation_plan(cfg).context(model, "/nonexistent", CPU, torch.float32, {}, 0), cfg)
 
 
 def with_settings(ctx: EvalContext, cfg) -> EvalContext:
@@ -174,7 +174,9 @@ def test_another_run_as_evaluator_selects_what_that_run_selects_for_itself(cli, 
 
     def selection_of(run_dir, *extra):
         run = load_trained_run(run_dir, [*keys, *extra], "eval.py")
-        ctx = eval_context(run.cfg, run.model, run_dir, CPU, torch.float32, {}, 0, open_run=open_trained_model)
+        ctx = evaluation_plan(run.cfg).context(
+            run.model, run_dir, CPU, torch.float32, {}, 0, open_run=open_trained_model
+        )
         ctx = with_settings(ctx, run.cfg)
         return ctx, find_key_tokens(ctx, tokens, ctx.key_settings)
 

@@ -19,7 +19,7 @@ from evaluation.run import EVAL_DIR, evaluate_run
 from evaluation.stats import Estimate
 from experiment.build import build_model
 from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
-from experiment.plan import eval_context, plan_evaluators
+from experiment.plan import evaluation_plan, plan_evaluators
 from model import ModelConfig
 from model.pe.rope import RoPEConfig
 from reports.curves import ValidationCurve, training_runtime_note, validation_report
@@ -80,7 +80,7 @@ def evaluate(tokens, run_dir, cfg=None, prepare=lambda model: None, **eval_keys)
     model = build_model(cfg).eval()
     prepare(model)
     trained = OmegaConf.to_container(cfg, resolve=True)
-    context = eval_context(cfg, model, run_dir, torch.device("cpu"), torch.float32, trained)
+    context = evaluation_plan(cfg).context(model, run_dir, torch.device("cpu"), torch.float32, trained)
     return evaluate_run(context, tokens, plan_evaluators(cfg))
 
 
