@@ -159,7 +159,9 @@ def planned_run_dirs(argv: list[str], jobs: int) -> list[Path]:
     """The run directory of each of ``jobs`` jobs of the command line ``argv`` (one for a single run), as Hydra
     will name it: ``hydra.run.dir``, or ``hydra.sweep.dir``/<job number> under the default subdirectory; a name
     Hydra makes at run time (``${now:...}``, another subdirectory) is a new directory, :data:`NEW_RUN_DIR`."""
-    given = dict(argument.split("=", 1) for argument in argv if argument.startswith("hydra.") and "=" in argument)
+    named_by = [argument for argument in argv if argument.startswith("hydra.") and "=" in argument]
+    # read as Hydra reads them (a quoted path is the path, not its quotes)
+    given = {o.key_or_group: str(o.value()) for o in OverridesParser.create().parse_overrides(named_by)}
     multirun = bool({"-m", "--multirun"} & set(argv))
     if not multirun:
         named = given.get("hydra.run.dir")

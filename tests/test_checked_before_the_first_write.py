@@ -65,3 +65,18 @@ def test_the_first_forward_changes_nothing_the_run_trains(cli, tmp_path, monkeyp
     unchecked = cli.train_here(tmp_path / "unchecked", *settings)
     assert checked.returncode == unchecked.returncode == 0, checked.stderr + unchecked.stderr
     assert train_losses(tmp_path / "checked") == train_losses(tmp_path / "unchecked")
+
+
+def test_check_reads_the_run_directory_as_hydra_does(tmp_path):
+    """--check rehearses a resume in the directory the run will use: a quoted path is that path, a sweep's jobs its
+    numbered subdirectories, a name Hydra makes at run time (the time in it) a new directory."""
+    from experiment.compose import NEW_RUN_DIR, planned_run_dirs
+
+    spaced = tmp_path / "a run"
+    assert planned_run_dirs([f"hydra.run.dir='{spaced}'"], 1) == [spaced]
+    assert planned_run_dirs(["-m", f"hydra.sweep.dir={tmp_path}", "pe=rope,alibi"], 2) == [
+        tmp_path / "0",
+        tmp_path / "1",
+    ]
+    assert planned_run_dirs(["hydra.run.dir=outputs/${now:%H-%M-%S}"], 1) == [NEW_RUN_DIR]
+    assert planned_run_dirs(["-m", f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=x"], 1) == [NEW_RUN_DIR]
