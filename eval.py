@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from core.checkpoint_io import checkpoint_dir
 from core.cli import exit_on_user_error
@@ -106,7 +107,9 @@ def plan_evaluation(run_dir: Path, overrides: list[str]) -> EvalPlan:
     check_evaluators(context, evaluators)
     # data.eval_split: the val split of the training corpus, all of another one; a task run generates its own
     tokens = (
-        eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
+        eval_tokens(
+            OmegaConf.to_object(cfg.data), checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress
+        )
         if cfg.task.name == NO_TASK
         else None
     )

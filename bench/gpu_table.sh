@@ -112,8 +112,8 @@ part1() {
     done
   ) &
   train_pid=$!
-  tests=(tests/test_backends.py tests/test_loss.py tests/test_flex_all_schemes.py tests/test_pe_fox.py tests/test_compile.py
-    tests/test_fused_attention.py)
+  tests=(tests/model/test_kernels_backends.py tests/model/test_loss.py tests/model/test_kernels_flex_all_schemes.py tests/model/pe/test_fox.py tests/training/test_step.py
+    tests/model/test_kernels_fused_attention.py)
   echo "$(date +%T) tests (limit ${limit} s)"
   ((limit > 0)) && timeout "$limit" python -m pytest -q -rs -n 12 --dist worksteal -p no:cacheprovider "${tests[@]}" \
     -k "cuda or compile or flex" > "$OUT/tests.txt" 2>&1

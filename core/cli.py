@@ -13,7 +13,7 @@ import sys
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from core.errors import MachineFault, PosGPTError, first_line
 from core.files import open_append, os_fault
@@ -72,6 +72,28 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser whose mistakes (an unknown option, a value of the wrong type, a missing argument) are
     PosGPTErrors: under :func:`exit_on_user_error`, one line and exit code 2 like every other mistake, instead of
     argparse's usage block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.required_with: dict[str, str] = {}  # an option's destination -> the option that must be given for it
+
+    def add_argument(self, *args: Any, requires: str | None = None, **kwargs: Any) -> argparse.Action:
+        """argparse's, and ``requires``: the option (its flag) that reads this one, which must be given with it:
+        given alone, this one is refused, naming that option, instead of being accepted and never read."""
+        action = super().add_argument(*args, **kwargs)
+        if requires is not None:
+            self.required_with[action.dest] = requires
+        return action
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = super().parse_known_args(args, namespace)
+        for dest, flag in self.required_with.items():
+            action = next(a for a in self._actions if a.dest == dest)
+            other = next(a for a in self._actions if flag in a.option_strings)
+            given = getattr(parsed, dest) != action.default
+            if given and getattr(parsed, other.dest) == other.default:
+                self.error(f"{action.option_strings[-1]} is read only with {flag}: give {flag} or drop it")
+        return parsed, rest
 
     def error(self, message: str) -> typing.NoReturn:
         raise PosGPTError(f"{message} (see {self.prog} --help)")

@@ -119,10 +119,14 @@ def read_with(
 
 
 def choice(default: Any, choices: Collection[Any], **readers: Any) -> Any:
-    """A dataclass field that takes one of ``choices`` (a word of a few, such as ``train.dtype``'s), checked by
-    :func:`check_domains` with the other domains; ``readers`` as :func:`read_with`'s."""
-    if default not in choices:
+    """A dataclass field that takes one of ``choices`` (a word of a few, such as ``train.dtype``'s), or with a list
+    ``default`` a list of them, checked by :func:`check_domains` with the other domains; ``readers`` as
+    :func:`read_with`'s."""
+    values = default if isinstance(default, list) else [default]
+    if any(value not in choices for value in values):
         raise ValueError(f"the default {default!r} is not one of its choices {list(choices)}")
+    if isinstance(default, list):  # a list of them: each element one of the choices
+        return read_with(default_factory=lambda: list(default), choices=choices, **readers)
     return read_with(default, choices=choices, **readers)
 
 
@@ -282,6 +286,13 @@ def as_typed(value: Any) -> Any:
     return str(shown).lower() if isinstance(shown, bool) else shown
 
 
+def _check_choices(key: str, value: Any, choices: tuple[Any, ...]) -> None:
+    items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]
+    for name, item in items:
+        if item not in choices:
+            raise PosGPTError(f"{name}={item!r} is not one of its choices: {', '.join(map(str, choices))}")
+
+
 def check_domains(config: Any, prefix: str = "") -> None:
     """PosGPTError naming the first value of a config dataclass instance (nested ones included) outside its
     field's domain: ``<prefix><key>=<value> is out of its domain <interval>``, a list's element as
@@ -293,8 +304,8 @@ def check_domains(config: Any, prefix: str = "") -> None:
             check_domains(value, key + ".")
             continue
         choices = choices_of(field)
-        if choices is not None and value not in choices:
-            raise PosGPTError(f"{key}={value!r} is not one of its choices: {', '.join(map(str, choices))}")
+        if choices is not None:
+            _check_choices(key, value, choices)
         interval = domain_of(field)
         if interval is None or value is None:
             continue

@@ -1,10 +1,11 @@
 """The typed schema of the `data` config group, and the checks that run before any data is read."""
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.domain import domain, read_with
+from core.domain import check_domains, choice, domain, read_with
 from core.errors import PosGPTError
 from core.paths import bad_path
 
@@ -27,7 +28,7 @@ class DataConfig:
     """
 
     name: str = "python_stdlib"  # names the token cache folder; not part of the cache key
-    source: str = "python_stdlib"  # python_stdlib | text | hub
+    source: str = choice("python_stdlib", SOURCES)
 
     # source=text: local paths or http(s) URLs; one .txt file is one document, .jsonl/.json/.parquet hold one per row
     files: list[str] = read_with(default_factory=list, used_with=_TEXT)
@@ -50,7 +51,7 @@ class DataConfig:
     val_fraction: float = domain(0.01, gt=0, lt=1)
     # What eval.py scores: auto = the val split of the corpus the run was trained on, all of any other
     # corpus; or val | train | all (the whole corpus, up to eval.max_tokens). Training ignores it.
-    eval_split: str = "auto"
+    eval_split: str = choice("auto", EVAL_SPLITS)
     cache_dir: str | None = None  # None: $POSGPT_CACHE_DIR, else ~/.cache/posgpt
     # Training only: positions restart at 0 after each <|endoftext|> of a training window, and attention does not
     # cross it (data/windows.py separate_documents, model/documents.py). Validation and evaluation score the stream.
@@ -105,9 +106,9 @@ def _check_reachable(cache: Path) -> None:
 
 def validate_data_config(cfg: DataConfig) -> None:
     """Raise PosGPTError, naming the setting to change, if cfg cannot describe a corpus (each key's domain is
-    checked with the whole config: experiment/config.py)."""
-    if cfg.source not in SOURCES:
-        raise PosGPTError(f"data.source={cfg.source!r} is unknown: use one of {', '.join(SOURCES)}")
+    checked with the whole config: experiment/config.py; again here for a DataConfig built without it)."""
+    if dataclasses.is_dataclass(cfg):  # the planner passes its config section, whose domains it has checked
+        check_domains(cfg, "data.")
     # data.name names the token cache's folder, <cache_dir>/<name>-<key>: one folder name, never a path out of it.
     if "/" in cfg.name or "\0" in cfg.name or cfg.name in (".", "..") or len(cfg.name.encode()) > MAX_NAME_BYTES:
         shown = cfg.name if len(cfg.name) <= 60 else f"{cfg.name[:40]}... ({len(cfg.name)} characters)"
@@ -115,8 +116,6 @@ def validate_data_config(cfg: DataConfig) -> None:
             f"data.name={shown!r} names the token cache's folder: give a name of at most {MAX_NAME_BYTES} bytes "
             "without '/', not '.' or '..'"
         )
-    if cfg.eval_split not in EVAL_SPLITS:
-        raise PosGPTError(f"data.eval_split={cfg.eval_split!r} is unknown: use one of {', '.join(EVAL_SPLITS)}")
     cache = resolve_cache_dir(cfg)
     _check_reachable(cache)
     blocking = next((path for path in (cache, *cache.parents) if path.exists() and not path.is_dir()), None)

@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from core.rundir import EVAL_DIR
 from model.temperature import temperature_settings
 
-# A run directory -> the model its checkpoint holds (built from the config it records, its weights loaded), that
-# config, and the checkpoint's step: what the planner hands an evaluator that reads another run (experiment/build.py).
-OpenRun = Callable[[str], tuple[torch.nn.Module, DictConfig, int]]
+# A run directory -> the model its checkpoint holds (built from the config it records, its weights loaded), the task
+# it was trained on, and the checkpoint's step: what the planner hands an evaluator that reads another run
+# (experiment/build.py).
+OpenRun = Callable[[str], tuple[torch.nn.Module, str, int]]
 
 
 @dataclass

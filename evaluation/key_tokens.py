@@ -118,10 +118,10 @@ def load_evaluator(ctx: EvalContext, given: str | None) -> SelectingModel:
     if given is None:
         return SelectingModel(ctx.model, SELF, None)
     check_evaluator_dir(given)
-    model, cfg, step = ctx.open_run(given)
-    if cfg.task.name != NO_TASK:
+    model, task, step = ctx.open_run(given)
+    if task != NO_TASK:
         raise PosGPTError(
-            f"eval.key_evaluator={given} was trained on task={cfg.task.name}, whose tokens are the task's own: the "
+            f"eval.key_evaluator={given} was trained on task={task}, whose tokens are the task's own: the "
             "evaluator must be a language-model run (GPT-2 tokens)"
         )
     return SelectingModel(model.to(ctx.device).eval(), str(Path(given).resolve()), step)

@@ -94,11 +94,12 @@ def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> Train
     return TrainedRun(run_dir, checkpoint, cfg, model, device, dtype)
 
 
-def open_trained_model(run_dir: str | Path) -> tuple[GPT, DictConfig, int]:
+def open_trained_model(run_dir: str | Path) -> tuple[GPT, str, int]:
     """The model another run's checkpoint holds (an evaluator's, eval.key_evaluator), built from the config it
-    records, typed by today's schema, its weights loaded; with that config and the checkpoint's step."""
+    records, typed by today's schema, its weights loaded; with the task it was trained on and the checkpoint's step
+    (what an evaluator reads of another run: no config crosses into evaluation/)."""
     checkpoint = load_checkpoint(run_dir)
     cfg = trained_config(checkpoint["config"])
     model = build_model(cfg)
     load_weights(model, checkpoint["model"], checkpoint_file(run_dir))
-    return model, cfg, int(checkpoint["step"])
+    return model, cfg.task.name, int(checkpoint["step"])

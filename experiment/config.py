@@ -37,62 +37,28 @@ from core.runtime import MAX_SEED
 from data.config import DataConfig
 from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config_class
 from data.tokenizer import GPT2_N_VOCAB
-from data.windows import PoSEConfig
 from evaluation.context import evaluated_lengths
+from evaluation.extrapolation import PROTOCOLS
 from model.gpt import ModelConfig, model_dims, validate_model_config
 from model.pe import SCHEMES
 from model.temperature import check_temperature
+from training.checkpointing import CheckpointSettings
+from training.init_from import InitFromSettings
+from training.loop import LoopSettings
+from training.metrics import MetricsSettings
+from training.optim import OptimizerSettings
+from training.settings import schema_section
 
-EVERY_COMMAND = tuple(COMMANDS)  # a setting every command reads (core.domain's commands)
 # scripts/speed.py and scripts/estimate.py: a training step and a forward pass of the model on random token ids, so
 # what those read of train.* and model.*, and the evaluation's batch, but no data, task, logging or other eval.*
 BENCHMARKS = ("speed", "estimate")
 
-
-@dataclass
-class TrainConfig:
-    # training context length: the "1x" of every extrapolation result, and the length a learned table holds
-    seq_len: int = domain(64, ge=1, commands=EVERY_COMMAND)
-    # sequences per optimizer step, over all processes and accumulation steps; 4 keeps the default job small enough
-    # for a CPU (scripts/study.sh trains its studies at 8)
-    batch_size: int = domain(4, ge=1)
-    grad_accum_steps: int = domain(1, ge=1)
-    max_steps: int = domain(1200, ge=1)
-    lr: float = domain(1e-3, gt=0)
-    min_lr_ratio: float = domain(0.1, ge=0, le=1)  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = domain(100, ge=0)
-    weight_decay: float = domain(0.1, ge=0)
-    beta1: float = domain(0.9, ge=0, lt=1)
-    beta2: float = domain(0.95, ge=0, lt=1)
-    grad_clip: float = domain(1.0, ge=0)  # 0 disables clipping
-    log_every: int = domain(10, ge=1)
-    val_every: int = domain(200, ge=1)
-    val_batches: int = domain(20, ge=1)
-    checkpoint_every: int = domain(400, ge=1)
-    keep_checkpoints: int = domain(2, ge=0)  # step checkpoints kept besides last.pt
-    resume: bool = False
-    init_from: str | None = None  # a run directory (or .pt) whose weights start this run: training/init_from.py
-    # keep: the run has its parent's scheme; replace: another pe=, whose parameters start afresh while every other
-    # weight is the parent's (the parent's position parameters are dropped: DroPE, Sakana AI 2025)
-    init_from_pe: str = choice("keep", ("keep", "replace"))
-    # every command sets up its runtime from these (core.runtime.set_up_runtime), all but compile, which training
-    # alone reads
-    seed: int = domain(1337, ge=0, le=MAX_SEED, commands=EVERY_COMMAND)
-    device: str = read_with("auto", commands=EVERY_COMMAND)  # auto | cpu | cuda | cuda:N
-    dtype: str = choice(
-        "auto", ("auto", "float32", "bfloat16"), commands=EVERY_COMMAND
-    )  # auto: bf16 on CUDA, fp32 on CPU
-    compile: str = "auto"  # auto (on for CUDA) | true | false (typed true/false, Hydra passes "True"/"False")
-    num_threads: int = domain(0, ge=0, commands=EVERY_COMMAND)  # CPU threads for torch; 0 keeps torch's default
-    skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
-    distributed: str = choice("ddp", ("ddp", "fsdp"))  # only used under torchrun
-    eval_after: bool = True  # run the extrapolation eval when training ends
-    # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N) (and evaluate a task
-    # run there: eval.random_positions)
-    random_positions: int | None = domain(None, ge=1, commands=("train", "eval", "estimate"))
-    # PoSE (Zhu et al. 2024): train windows of seq_len tokens at chunks of positions skipped to cover
-    # pose.target_len, to fine-tune for that length at this one (data/windows.py, pose_positions)
-    pose: PoSEConfig = field(default_factory=PoSEConfig)
+# The training stages whose settings make the train section, in its order: each train.* setting is declared once, in
+# the settings type of the stage that reads it (training/settings.py).
+TRAIN_STAGES = (LoopSettings, OptimizerSettings, CheckpointSettings, InitFromSettings, MetricsSettings)
+TrainConfig = schema_section(
+    "TrainConfig", TRAIN_STAGES, __name__, "train.*: the settings the training stages declare (TRAIN_STAGES)."
+)
 
 
 PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
@@ -107,7 +73,7 @@ class EvalConfig:
     # x train.seq_len, rounded to whole tokens; below 1 checks that a run holds its 1x result at shorter lengths
     length_multipliers: list[float] = domain(default_factory=lambda: [1, 2, 4, 8], gt=0)
     # perplexity's protocols (evaluation/extrapolation.py): or streaming
-    protocols: list[str] = read_with(default_factory=lambda: ["nonoverlapping", "sliding"], runs=TEXT)
+    protocols: list[str] = choice(["nonoverlapping", "sliding"], PROTOCOLS, runs=TEXT)
     stride: int | None = domain(None, ge=1, runs=TEXT)  # sliding-window stride; None: half the window
     # streaming protocol only: the first k tokens kept; the window is length - k
     streaming_sinks: int = domain(4, ge=0, used_with=("protocols", ("streaming",)), runs=TEXT)
@@ -131,7 +97,7 @@ class EvalConfig:
     # Ruoss et al. 2023 test, instead of at 0..L-1; its rows are labelled randpos:N
     random_positions: bool = read_with(False, runs=TASK)
     # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
-    tasks: list[str] = read_with(default_factory=list, runs=TEXT)
+    tasks: list[str] = choice([], PROBES, runs=TEXT)
     copy_span: int = domain(16, ge=2, used_with=("tasks", PROBES))  # tokens in the copy probe's repeated span
     # Which tokens the span is drawn from: 0, any but <|endoftext|> (Olsson et al.'s random tokens); N > 0, only
     # tokens that occur at least N times in the training split (tokens whose embeddings the run has learned)
@@ -416,14 +382,8 @@ def _validate_eval(cfg: DictConfig) -> None:
             f"eval.length_multipliers={list(cfg.eval.length_multipliers)} gives a length below one token at "
             f"train.seq_len={cfg.train.seq_len}: each multiple of it must round to at least 1"
         )
-    protocols = ["nonoverlapping", "sliding", "streaming"]  # evaluation/extrapolation.py
-    unknown = set(cfg.eval.protocols) - set(protocols)
-    if unknown or not cfg.eval.protocols:
-        raise PosGPTError(
-            f"eval.protocols must be a non-empty subset of [{', '.join(protocols)}] (got {list(cfg.eval.protocols)})"
-        )
-    if set(cfg.eval.tasks) - set(PROBES):
-        raise PosGPTError(f"eval.tasks may hold {list(PROBES)} (got {list(cfg.eval.tasks)})")
+    if not cfg.eval.protocols:  # each one of its choices: checked with the domains
+        raise PosGPTError(f"eval.protocols must name at least one of {', '.join(PROTOCOLS)}")
 
 
 def _validate_scheme(cfg: DictConfig, config: Config, keys: Collection[str] | None) -> None:

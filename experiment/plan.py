@@ -9,8 +9,10 @@ the checkpointer, the metrics and the tracker each define the settings they read
 and none of them reads the config or imports this package. A sweep, or scripts/study.sh, plans every job first
 (``train.py --check``): a bad value in its last job is refused before the first one trains.
 
-A new setting is declared in the schema (experiment/config.py) and read by the stage that needs it: a field in
-that stage's settings, filled here.
+A new ``train.*`` setting is declared once, as a field with a default of the settings type of the stage that reads it
+(training/settings.py): the schema's train section is made from those types (experiment/config.py, TrainConfig), and
+the stage's settings are filled here from it by field name. What a stage reads of another section, or what is worked
+out here, is a field without a default, passed in (``PASSED_IN``).
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from experiment.eval_checks import check_eval_settings
 from experiment.settings import changed_settings, overridden_keys, trained_config
 from model.pe import SCHEMES
 from training.checkpointing import CheckpointSettings
-from training.init_from import Parent
+from training.init_from import InitFromSettings, Parent
 from training.loop import LoopSettings, ModelSpec, TrainingPlan, rehearse
 from training.metrics import MetricsSettings
 from training.optim import OptimizerSettings
+from training.settings import declared_settings
 
 # Model settings a train.init_from child may change: how fast the same function is computed, or only training
 # (dropout).
@@ -49,11 +52,27 @@ CHANGEABLE_MODEL_KEYS = ("model.dropout", *(key for key in RUNTIME_SETTINGS if k
 
 Settings = TypeVar("Settings")
 
+# What each stage's settings hold besides the train.* settings it declares: another section's setting, or what the
+# planner works out (the model's FLOPs, the resolved config), passed in by name; the stage declares them without a
+# default (training/settings.py).
+PASSED_IN: dict[type, tuple[str, ...]] = {
+    LoopSettings: ("document_aware", "progress"),
+    MetricsSettings: ("pe_name", "tokens_per_step", "flops_per_token", "explicit_positions", "progress"),
+    CheckpointSettings: ("config", "config_yaml", "overrides", "planned_step"),
+}
+
 
 def section_settings(kind: type[Settings], section: DictConfig, **others: Any) -> Settings:
-    """A stage's settings dataclass, each field read from the config section's key of the same name (but those
-    given in ``others``)."""
-    return kind(**{f.name: section[f.name] for f in dataclasses.fields(kind) if f.name not in others}, **others)
+    """A stage's frozen settings: each train.* setting its type declares read from the config section's key of the
+    same name (a nested section, such as pose, as its dataclass), and what the planner passes in, ``others``
+    (``PASSED_IN[kind]``, each of them)."""
+    if set(others) != set(PASSED_IN.get(kind, ())):
+        raise TypeError(f"{kind.__name__} is passed {sorted(others)}; PASSED_IN lists {PASSED_IN.get(kind, ())}")
+    declared = {item.name: section[item.name] for item in declared_settings(kind)}
+    typed = {
+        name: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value for name, value in declared.items()
+    }
+    return kind(**typed, **others)
 
 
 def optimizer_settings(cfg: DictConfig) -> OptimizerSettings:
@@ -91,22 +110,17 @@ def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Train
     if t.pose.target_len is not None:  # PoSE's positions reach up to target_len - 1
         model.pe.check_random_positions(t.pose.target_len, "train.pose.target_len")
     explicit = t.random_positions is not None or t.pose.target_len is not None or cfg.data.document_aware
-    metrics = MetricsSettings(
+    metrics = section_settings(
+        MetricsSettings,
+        t,
         pe_name=cfg.pe.name,
         tokens_per_step=t.batch_size * t.seq_len,
         flops_per_token=model_flops_per_token(model, t.seq_len),
-        max_steps=t.max_steps,
         explicit_positions=explicit,
         progress=cfg.logging.progress,
     )
     return TrainingPlan(
-        loop=section_settings(
-            LoopSettings,
-            t,
-            document_aware=cfg.data.document_aware,
-            progress=cfg.logging.progress,
-            pose=OmegaConf.to_object(t.pose),
-        ),
+        loop=section_settings(LoopSettings, t, document_aware=cfg.data.document_aware, progress=cfg.logging.progress),
         model=ModelSpec(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), t.seq_len, model.num_params()),
         optimizer=optimizer_settings(cfg),
         checkpoint=_checkpoint_settings(cfg, overrides, run_dir),
@@ -136,9 +150,9 @@ def check_training_config(cfg: DictConfig) -> None:
 
 def _checkpoint_settings(cfg: DictConfig, overrides: list[str], run_dir: Path) -> CheckpointSettings:
     config = OmegaConf.to_container(cfg, resolve=True)
-    return CheckpointSettings(
-        resume=cfg.train.resume,
-        keep=cfg.train.keep_checkpoints,
+    return section_settings(
+        CheckpointSettings,
+        cfg.train,
         config=config,
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
         overrides=tuple(overrides),
@@ -179,15 +193,16 @@ def load_parent(cfg: DictConfig) -> tuple[DictConfig, Parent | None]:
     trains with: ``cfg`` with ``train.init_from`` made absolute and what its scheme takes from the parent
     (``PositionalEncoding.inherit``). ``cfg`` itself is left as it is (training/init_from.py).
     """
-    if cfg.train.init_from is None:
+    settings = section_settings(InitFromSettings, cfg.train)
+    if settings.init_from is None:
         return cfg, None
-    path = Path(cfg.train.init_from).expanduser().resolve()
+    path = Path(settings.init_from).expanduser().resolve()
     try:
         checkpoint = load_checkpoint(path)
     except PosGPTError as error:
         raise PosGPTError(f"train.init_from: {error}") from None
     parent_cfg = checkpoint["config"]
-    replaces = cfg.train.init_from_pe == "replace"
+    replaces = settings.init_from_pe == "replace"
     check_same_architecture(OmegaConf.to_container(cfg, resolve=True), parent_cfg, str(path), replaces)
     scheme, parent_scheme = SCHEMES[cfg.pe.name], parent_cfg["pe"]["name"]
     parent = Parent(

@@ -64,7 +64,7 @@ def overridden_keys(overrides: list[str]) -> list[str]:
 # or a task's own: its legacy_values). (Every other key added since defaults to the earlier behaviour.)
 LEGACY_VALUES = {"model.embedding": "gpt2"}
 # The same for a scheme's settings, under pe.: scheme -> {setting: the value its older checkpoints were trained with}.
-# A table, not code (scheme names appear only in model/pe/ and in data: tests/test_house_rules.py): the sinusoid's
+# A table, not code (scheme names appear only in model/pe/ and in data: tests/house/test_house_rules.py): the sinusoid's
 # checkpoints written before pe.match_tokens existed trained without it.
 LEGACY_PE_VALUES: dict[str, dict[str, Any]] = json.loads(Path(__file__).with_name("legacy_pe_values.json").read_text())
 # Settings renamed since checkpoints were first written: old dotted key -> today's.

@@ -1,5 +1,6 @@
-"""Causal self-attention, written out: the formula every kernel of model/kernels.py computes, and the one the tests
-compare them against.
+"""Causal self-attention: the layer (its projections, the scheme's rotation, the temperature, the kernel chosen for
+it at build, model/kernels.py; :class:`CausalSelfAttention`), and the attention written out: the formula every kernel
+computes, and the one the tests compare them against.
 
     out = softmax(q k^T / sqrt(d) + bias + mask) v
 
@@ -19,20 +20,25 @@ a scheme's own) take this file's mask blocks (:func:`bias_and_mask`) and distanc
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from core.errors import PosGPTError
-from model.documents import same_document
+from model.documents import same_document, within_document_index
 from model.pe.base import PositionalEncoding, PositionState
-from model.pe.capabilities import AttentionMods, CacheSlot
+from model.pe.capabilities import AttentionMods, CacheSlot, ModifiesAttention
 from model.sink import with_sink_column
+from model.temperature import AttentionTemperature
 from model.windowed_attention import windowed_attention
+
+# A layer's kernel (model/kernels.py's LayerKernel, which imports this module): q, k, v, the call, a capture list.
+LayerKernelFn = Callable[..., torch.Tensor]
 
 # Upper bound on materialised scores (written-out path) or mask entries (sdpa with a bias) per block of queries, in
 # elements, all heads and batch rows together: 64 MiB in fp32.
@@ -128,19 +134,10 @@ def written_out_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q: (B, H, Tq, D), the last Tq of the keys; k, v: (B, H, Tk, D) -> (output (B, H, Tq, Dv), and with
     ``keep_probs`` the probabilities, float32 (B, H, Tq, Tk))."""
-    path, state, sink, mods = call.path, call.state, call.sink, call.mods  # the scheme's mods made once, here
+    path, state = call.path, call.state
+    _ = call.mods  # the scheme's mods made once, here, outside the blocks that recompute in the backward pass
     if path.window is not None:  # two rotations merged by distance (model/pe/base.py)
-        if sink is not None:
-            raise PosGPTError(
-                "model.attn_sink: the written-out attention that merges two rotations by distance has no sink "
-                "logit; evaluate this run without that variation"
-            )
         return windowed_attention(q, k, v, state, path.window, keep_probs)
-    if mods.weights is not None and sink is not None:
-        raise PosGPTError(
-            f"model.attn_sink: pe={call.pe.name} weighs the values by its own rule, not a softmax, so there is no "
-            "denominator for a sink logit; train without model.attn_sink"
-        )
     Tq = q.shape[-2]
     block = query_block(q, k)
     grad = not keep_probs and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
@@ -260,3 +257,122 @@ def query_block(q: torch.Tensor, k: torch.Tensor) -> int:
     """Queries per block, so that a block's scores stay within _MAX_BLOCK_SCORES elements."""
     B, H, Tq, _ = q.shape
     return max(1, min(Tq, _MAX_BLOCK_SCORES // max(1, B * H * k.shape[-2])))
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer for the tokens generated so far. Keys are stored rotated, except for
+    schemes whose rotation depends on the length (``Rotation.rotation_depends_on_length``, read into the layer's
+    path): those are rotated anew at every step."""
+
+    keys: list[torch.Tensor | None] = field(default_factory=list)
+    values: list[torch.Tensor | None] = field(default_factory=list)
+    # Per layer, what the scheme's attention_mods keeps between steps (model/pe/capabilities.py, CacheSlot).
+    layer_memo: list[dict] = field(default_factory=list)
+    pe_memo: dict = field(default_factory=dict)  # the scheme's values fixed for the whole sequence
+    # Keys kept unrotated and rotated anew at every step at their positions in the cache, whatever the scheme
+    # (a cache that drops tokens, evaluation/streaming.py, re-indexes the positions of those it keeps).
+    unrotated: bool = False
+
+    def kept(self, t: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        """What the cache keeps of a layer's keys, values or a scheme's values (tokens along ``dim``) after a step:
+        all."""
+        return t
+
+    @property
+    def length(self) -> int:
+        return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[-2]
+
+
+class AttentionSettings(Protocol):
+    """What the layer reads of the model's settings (model/gpt.py's ModelConfig, which imports this module)."""
+
+    n_head: int
+    n_embd: int
+    bias: bool
+    dropout: float
+    attn_sink: bool
+    attn_gate: bool
+    attn_backend: str
+    flex_kernel_options: dict[str, Any]
+    attn_temperature: Any  # model/temperature.py's TemperatureConfig
+
+
+class CausalSelfAttention(nn.Module):
+    """One layer's attention. The positional scheme is not a submodule: the model owns the scheme (its parameters
+    are registered once, as ``pe.*``) and hands each layer's forward the scheme that layer runs (itself, or its
+    part for the layer: ``PositionalEncoding.layer_schemes``) with the scheme's own index of the layer."""
+
+    def __init__(self, cfg: AttentionSettings, train_seq_len: int) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.temperature = AttentionTemperature(cfg.attn_temperature, cfg.n_head, train_seq_len)
+        self.sink = nn.Parameter(torch.empty(cfg.n_head)) if cfg.attn_sink else None
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        # Gated attention (Qiu et al. 2025, "Gated Attention for Large Language Models", their best variant G1): each
+        # head's attention output, before the output projection, times an elementwise gate computed from the same
+        # normalised input x that q, k and v come from,
+        #     y_h <- y_h * sigmoid(x W_g,h)      W_g: n_embd x (n_head * head_dim), a bias as the q projection has one
+        # The reference (qiuzh20/gated_attention, Qwen3) widens q_proj to hold the gate beside each head's query; a
+        # separate projection is the same function. It acts on the output alone, so every attention path keeps it.
+        self.gate = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias) if cfg.attn_gate else None
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.backend = cfg.attn_backend
+        self.kernel_options = dict(cfg.flex_kernel_options)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pe: PositionalEncoding,
+        state: PositionState,
+        cache: KVCache | None,
+        layer: int,
+        layer_kernel: LayerKernelFn,
+        capture: list[torch.Tensor] | None = None,
+        pe_layer: int | None = None,
+    ) -> torch.Tensor:
+        """``layer``: the model's layer (its KV cache slot); ``layer_kernel``: its attention kernel, chosen when the
+        model was built; ``pe_layer``: the scheme's own index of the layer, which selects its per-layer parameters
+        (None: ``layer``)."""
+        pe_layer = layer if pe_layer is None else pe_layer
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        if cache is not None and (cache.unrotated or layer_kernel.path.rotate_cached_keys):
+            # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
+            # them are rotated for the current length at every step, so each new token sees every key rotated
+            # as a full forward of its length would (docs/sampling.md, "Dynamic NTK with a cache"). Hugging Face reuses
+            # keys rotated for shorter lengths instead (transformers issue #25104).
+            k, v = self._extend_cache(k, v, cache, layer)
+            q = pe.rotate(q, q, state.positions, state.seq_len, state.prepared)[0]
+            k = pe.rotate(k, k, state.key_positions, state.seq_len)[1]
+        else:
+            q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
+            if cache is not None:
+                k, v = self._extend_cache(k, v, cache, layer)
+        # documents packed into the row: a query attends the keys of its own document so far
+        attended = None if state.documents is None else within_document_index(state.documents) + 1
+        q = self.temperature(q, state.q_offset, attended)
+        slot = None if cache is None else CacheSlot(cache.layer_memo[layer], cache.kept)
+        mods = None
+        if isinstance(pe, ModifiesAttention):  # computed when a kernel first reads them (a scheme's own needs none)
+            mods = functools.partial(pe.attention_mods, x, q, k, pe_layer, slot)
+        call = AttentionCall(pe, layer_kernel.path, state, pe_layer, x, self.sink, mods, self.kernel_options, slot)
+        y = layer_kernel(q, k, v, call, capture)
+        if cache is not None and call.mods.cached_keys is not None:  # what the scheme's cache keeps of the keys
+            cache.keys[layer] = cache.kept(call.mods.cached_keys)
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
+        return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    @staticmethod
+    def _extend_cache(
+        k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new keys and values to the layer's cache; return all of them (the cache keeps
+        ``cache.kept`` of them)."""
+        if cache.keys[layer] is not None:
+            k = torch.cat((cache.keys[layer], k), dim=2)
+            v = torch.cat((cache.values[layer], v), dim=2)
+        cache.keys[layer], cache.values[layer] = cache.kept(k), cache.kept(v)
+        return k, v

@@ -23,7 +23,6 @@ except the token embedding, which follows ``model.embedding``:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,14 +33,13 @@ from torch import nn
 
 from core.domain import check_domains, choice, domain, read_with
 from core.errors import PosGPTError
-from model.attention import AttentionCall, AttentionPath, default_state
+from model.attention import AttentionPath, CausalSelfAttention, KVCache, default_state
 from model.documents import within_document_index
 from model.fallback import Fallback
 from model.kernels import BACKENDS, LayerKernel, check_kernel_options, choose_kernel
 from model.loss import FUSED_MODES, lm_head_cross_entropy
-from model.pe import ModelDims, PEConfig, PositionalEncoding, PositionState, build_positional_encoding
-from model.pe.capabilities import CacheSlot, ModifiesAttention
-from model.temperature import AttentionTemperature, TemperatureConfig
+from model.pe import ModelDims, PEConfig, PositionState, build_positional_encoding
+from model.temperature import TemperatureConfig
 
 EMBEDDINGS = ("fairseq", "gpt2")
 
@@ -50,7 +48,7 @@ EMBEDDINGS = ("fairseq", "gpt2")
 class ModelConfig:
     n_layer: int = domain(2, ge=1)
     n_head: int = domain(4, ge=1)
-    n_embd: int = domain(256, ge=1)  # the shipped default, configs/model/tiny_wide.yaml (tests/test_house_rules.py)
+    n_embd: int = domain(256, ge=1)  # shipped default, configs/model/tiny_wide.yaml (tests/house/test_house_rules.py)
     vocab_size: int = domain(50257, ge=1)  # GPT-2 BPE; padded up to a multiple of 64 inside the model
     # off in eval mode: evaluating and sampling read none
     dropout: float = domain(0.0, ge=0, lt=1, commands=("train", "speed", "estimate"))
@@ -105,111 +103,6 @@ def validate_model_config(cfg: ModelConfig) -> None:
             "each head gets n_embd/n_head dimensions"
         )
     check_kernel_options(cfg.flex_kernel_options)
-
-
-@dataclass
-class KVCache:
-    """Keys and values of every layer for the tokens generated so far. Keys are stored rotated, except for
-    schemes whose rotation depends on the length (``Rotation.rotation_depends_on_length``, read into the layer's
-    path): those are rotated anew at every step."""
-
-    keys: list[torch.Tensor | None] = field(default_factory=list)
-    values: list[torch.Tensor | None] = field(default_factory=list)
-    # Per layer, what the scheme's attention_mods keeps between steps (model/pe/capabilities.py, CacheSlot).
-    layer_memo: list[dict] = field(default_factory=list)
-    pe_memo: dict = field(default_factory=dict)  # the scheme's values fixed for the whole sequence
-    # Keys kept unrotated and rotated anew at every step at their positions in the cache, whatever the scheme
-    # (a cache that drops tokens, evaluation/streaming.py, re-indexes the positions of those it keeps).
-    unrotated: bool = False
-
-    def kept(self, t: torch.Tensor, dim: int = -2) -> torch.Tensor:
-        """What the cache keeps of a layer's keys, values or a scheme's values (tokens along ``dim``) after a step:
-        all."""
-        return t
-
-    @property
-    def length(self) -> int:
-        return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[-2]
-
-
-class CausalSelfAttention(nn.Module):
-    """One layer's attention. The positional scheme is not a submodule: the model owns the scheme (its parameters
-    are registered once, as ``pe.*``) and hands each layer's forward the scheme that layer runs (itself, or its
-    part for the layer: ``PositionalEncoding.layer_schemes``) with the scheme's own index of the layer."""
-
-    def __init__(self, cfg: ModelConfig, train_seq_len: int) -> None:
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.temperature = AttentionTemperature(cfg.attn_temperature, cfg.n_head, train_seq_len)
-        self.sink = nn.Parameter(torch.empty(cfg.n_head)) if cfg.attn_sink else None
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        # Gated attention (Qiu et al. 2025, "Gated Attention for Large Language Models", their best variant G1): each
-        # head's attention output, before the output projection, times an elementwise gate computed from the same
-        # normalised input x that q, k and v come from,
-        #     y_h <- y_h * sigmoid(x W_g,h)      W_g: n_embd x (n_head * head_dim), a bias as the q projection has one
-        # The reference (qiuzh20/gated_attention, Qwen3) widens q_proj to hold the gate beside each head's query; a
-        # separate projection is the same function. It acts on the output alone, so every attention path keeps it.
-        self.gate = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias) if cfg.attn_gate else None
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.backend = cfg.attn_backend
-        self.kernel_options = dict(cfg.flex_kernel_options)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        pe: PositionalEncoding,
-        state: PositionState,
-        cache: KVCache | None,
-        layer: int,
-        layer_kernel: LayerKernel,
-        capture: list[torch.Tensor] | None = None,
-        pe_layer: int | None = None,
-    ) -> torch.Tensor:
-        """``layer``: the model's layer (its KV cache slot); ``layer_kernel``: its attention kernel, chosen when the
-        model was built; ``pe_layer``: the scheme's own index of the layer, which selects its per-layer parameters
-        (None: ``layer``)."""
-        pe_layer = layer if pe_layer is None else pe_layer
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
-        if cache is not None and (cache.unrotated or layer_kernel.path.rotate_cached_keys):
-            # The rotation changes with the length (dynamic NTK): the cache keeps the keys unrotated and all of
-            # them are rotated for the current length at every step, so each new token sees every key rotated
-            # as a full forward of its length would (docs/sampling.md, "Dynamic NTK with a cache"). Hugging Face reuses
-            # keys rotated for shorter lengths instead (transformers issue #25104).
-            k, v = self._extend_cache(k, v, cache, layer)
-            q = pe.rotate(q, q, state.positions, state.seq_len, state.prepared)[0]
-            k = pe.rotate(k, k, state.key_positions, state.seq_len)[1]
-        else:
-            q, k = pe.rotate(q, k, state.positions, state.seq_len, state.prepared)
-            if cache is not None:
-                k, v = self._extend_cache(k, v, cache, layer)
-        # documents packed into the row: a query attends the keys of its own document so far
-        attended = None if state.documents is None else within_document_index(state.documents) + 1
-        q = self.temperature(q, state.q_offset, attended)
-        slot = None if cache is None else CacheSlot(cache.layer_memo[layer], cache.kept)
-        mods = None
-        if isinstance(pe, ModifiesAttention):  # computed when a kernel first reads them (a scheme's own needs none)
-            mods = functools.partial(pe.attention_mods, x, q, k, pe_layer, slot)
-        call = AttentionCall(pe, layer_kernel.path, state, pe_layer, x, self.sink, mods, self.kernel_options, slot)
-        y = layer_kernel(q, k, v, call, capture)
-        if cache is not None and call.mods.cached_keys is not None:  # what the scheme's cache keeps of the keys
-            cache.keys[layer] = cache.kept(call.mods.cached_keys)
-        if self.gate is not None:
-            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
-        return self.dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
-
-    @staticmethod
-    def _extend_cache(
-        k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the new keys and values to the layer's cache; return all of them (the cache keeps
-        ``cache.kept`` of them)."""
-        if cache.keys[layer] is not None:
-            k = torch.cat((cache.keys[layer], k), dim=2)
-            v = torch.cat((cache.values[layer], v), dim=2)
-        cache.keys[layer], cache.values[layer] = cache.kept(k), cache.kept(v)
-        return k, v
 
 
 class MLP(nn.Module):

@@ -145,6 +145,8 @@ def resolve_path(pe: PositionalEncoding, backend: str, device: torch.device | st
             "do not go together; drop one"
         )
     modifies = frozenset(pe.modifies) if isinstance(pe, ModifiesAttention) else frozenset()
+    if sink:  # refused here, where every build and every change of a scheme's settings chooses the path
+        _check_sink(pe, window, modifies)
     traits = dict(
         score_bias=isinstance(pe, ScoreBias),
         distance_table=isinstance(pe, DistanceBias),
@@ -170,6 +172,20 @@ def resolve_path(pe: PositionalEncoding, backend: str, device: torch.device | st
         explicit_runs = "sdpa"
         backend = "flex" if traits["distance_table"] else "sdpa"
     return AttentionPath(backend, explicit_runs, **traits)
+
+
+def _check_sink(pe: PositionalEncoding, window: int | None, modifies: frozenset[str]) -> None:
+    """PosGPTError where the path the scheme takes has no softmax denominator for a sink logit (model/sink.py)."""
+    if window is not None:
+        raise PosGPTError(
+            "model.attn_sink: the written-out attention that merges two rotations by distance has no sink "
+            "logit; evaluate this run without that variation"
+        )
+    if "weights" in modifies:
+        raise PosGPTError(
+            f"model.attn_sink: pe={pe.name} weighs the values by its own rule, not a softmax, so there is no "
+            "denominator for a sink logit; train without model.attn_sink"
+        )
 
 
 def choose_kernel(
@@ -391,7 +407,8 @@ def _make_causal_block_mask(seq_len: int, device: str, window: int | None = None
     its diagonal block in part; a last block cut short by seq_len is partial throughout (its padded rows are
     masked), as create_block_mask makes it. create_block_mask would first evaluate the mask at every (query, key)
     pair, a dense seq_len x seq_len tensor and its reductions (docs/speed.md, "FlexAttention's block mask"); this needs
-    (seq_len / 128)^2 entries. tests/test_flex_all_schemes.py checks it equals create_block_mask's field by field.
+    (seq_len / 128)^2 entries. tests/model/test_kernels_flex_all_schemes.py checks it equals create_block_mask's field
+    by field.
 
     Within a sliding window of W keys, a pair of blocks holds the distances i - j from (a - b) B - (B - 1) to
     (a - b) B + (B - 1), for query block a and key block b of B tokens: the key block is seen whole where all of them

@@ -10,7 +10,7 @@ scores, lse_i = log sum_j exp(z_ij), and o_i the output of plain attention:
 
     out_i = o_i exp(lse_i) / (exp(lse_i) + exp(s_h)) = o_i sigmoid(lse_i - s_h)
 
-Per attention path (model/attention.py), each equal to the formula (tests/test_attn_sink.py):
+Per attention path (model/attention.py), each equal to the formula (tests/model/test_sink.py):
 - written-out (``math``, attention capture): the sink column is concatenated to the scores (:func:`with_sink_column`).
 - ``flex``: FlexAttention returns lse; the output is o sigmoid(lse - s) (:func:`sink_rescale`).
 - ``sdpa`` on CPU, the whole causal sequence (training's path): PyTorch's CPU flash kernel, called directly,

@@ -500,8 +500,9 @@ def parse_study(argv: list[str]) -> tuple[Study, bool, str]:
     parser = ArgumentParser(prog="scripts/extension_study.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
-    parser.add_argument("--seeds", type=count(1), default=3, help="seeds 1..N (default 3)")
-    parser.add_argument("--seed-list", type=comma_list(int, 0), help="these seeds instead, e.g. 4,5")
+    seeds = parser.add_mutually_exclusive_group()  # one of them: given both, --seeds would be unread
+    seeds.add_argument("--seeds", type=count(1), default=3, help="seeds 1..N (default 3)")
+    seeds.add_argument("--seed-list", type=comma_list(int, 0), help="these seeds instead, e.g. 4,5")
     parser.add_argument("--budgets", type=comma_list(int, 1), help="fine-tuning steps (20,200)")
     parser.add_argument("--factor", type=count(2), help="fine-tune to factor x L (default 4)")
     parser.add_argument("--task", default="none", help="none (language modelling) or a task of configs/task/")

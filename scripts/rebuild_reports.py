@@ -39,7 +39,7 @@ sign as that character; ``dash: n/a`` prints a cell without a value (``-``) as t
 
 The map of the modules. A marker whose source is ``modules`` (MODULES) holds no report's table but one generated
 from the code: every module of the packages and scripts/, by path, with the first sentence of its docstring
-(:func:`module_map`); tests/test_docs_map.py fails when docs/design.md's block is stale.
+(:func:`module_map`); tests/docs/test_docs_map.py fails when docs/design.md's block is stale.
 """
 
 from __future__ import annotations

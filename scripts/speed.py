@@ -334,7 +334,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         default=None,
         help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len",
     )
-    parser.add_argument("--eval-steps", type=count(1), default=2, help="timed evaluation batches (after one untimed)")
+    parser.add_argument(
+        "--eval-steps",
+        type=count(1),
+        default=2,
+        requires="--eval-length",
+        help="timed evaluation batches (after one untimed)",
+    )
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("-")]
     if unknown:

@@ -14,11 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-# A table, not code (scheme names appear only in model/pe/ and in data: tests/test_house_rules.py). RoPE and p-RoPE:
-# no-fine-tuning extensions to the study's longest length, 16x; the remaps' windows are in tokens, chosen for the
-# study's L = 64: ReRoPE's 32 < L, and Self-Extend's group 32 maps 16L's farthest distance (W + (16L - W)/G = 63)
-# inside L. Per-layer patterns: RoPE's rescalings for their RoPE layers (not its remaps: each doubles a study's task
-# evaluation, and RoPE's own runs measure them).
+# A table, not code (scheme names appear only in model/pe/ and in data: tests/house/test_house_rules.py).
+# RoPE and p-RoPE: no-fine-tuning extensions to the study's longest length, 16x; the remaps' windows are in tokens,
+# chosen for the study's L = 64: ReRoPE's 32 < L, and Self-Extend's group 32 maps 16L's farthest distance
+# (W + (16L - W)/G = 63) inside L. Per-layer patterns: RoPE's rescalings for their RoPE layers (not its remaps: each
+# doubles a study's task evaluation, and RoPE's own runs measure them).
 STUDY_VARIATIONS: dict[str, list[str]] = json.loads(Path(__file__).with_name("study_variations.json").read_text())
 
 

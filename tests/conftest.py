@@ -10,6 +10,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))  # scripts import _repo, as when run as python scripts/<name>.py
+# The tests' shared helpers (tests/support/: cli_runs, tiny_checkpoint, ...) are imported by name. pyproject.toml's
+# --import-mode=importlib imports each test file by its path, so test files of one basename in two folders
+# (tests/evaluation/test_results.py, tests/docs/test_results.py) do not clash, and none is importable by another.
+sys.path.insert(0, str(REPO / "tests" / "support"))
 os.environ.setdefault("WANDB_SILENT", "true")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pyproject.toml runs a worker per core: one torch thread each
     torch.set_num_threads(1)

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint, save_checkpoint
+from core.domain import domain
 from core.errors import MachineFault, PosGPTError
 from core.files import atomic_write, make_folder
 from core.rundir import RUN_RECORD_DIR
@@ -29,18 +30,19 @@ from training.optim import OptimizerSettings, lr_multiplier
 RESUME_STATE = ("optimizer", "scheduler", "rng", "sampler_state")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointSettings:
-    """What the checkpoints of a run hold and how a resume is checked (experiment/plan.py builds it)."""
+    """What the checkpoints of a run hold and how a resume is checked: the ``train.*`` settings declared here
+    (training/settings.py), and, without a default, what the planner works out (experiment/plan.py builds it)."""
 
-    resume: bool  # train.resume
-    keep: int  # train.keep_checkpoints
+    keep_checkpoints: int = domain(2, ge=0)  # step checkpoints kept besides last.pt
+    resume: bool = False
     config: dict[str, Any] = field(repr=False)  # the run's resolved config, saved in every checkpoint
     config_yaml: str = field(repr=False)  # the same as .hydra/config.yaml holds it
-    overrides: tuple[str, ...] = ()  # the command line's
+    overrides: tuple[str, ...]  # the command line's
     # The step of the checkpoint a resume was planned from, its settings checked against this run's by the planner
     # (None: no checkpoint was there to resume when the run was planned).
-    planned_step: int | None = None
+    planned_step: int | None
 
 
 def resume_checkpoint(settings: CheckpointSettings, run_dir: Path) -> dict | None:
@@ -171,7 +173,7 @@ class Checkpointer:
                 "corpus": self.corpus,
             }
             try:
-                save_checkpoint(state, self.run_dir, keep=self.settings.keep)
+                save_checkpoint(state, self.run_dir, keep=self.settings.keep_checkpoints)
             except MachineFault as fault:
                 raise MachineFault(f"{fault}; {self.kept()}") from None
         self.last_saved = step

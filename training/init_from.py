@@ -34,9 +34,21 @@ from typing import Any
 import torch
 
 from core.checkpoint_io import WeightsMismatch, checkpoint_file, load_weights
+from core.domain import choice
 from core.errors import PosGPTError
 
 SCHEME_PREFIX = "pe."  # the scheme's parameters in a model's state dict (GPT.pe)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitFromSettings:
+    """Which run a new run starts from: the ``train.*`` settings declared here (training/settings.py), which the
+    planner reads to load and check the :class:`Parent` (experiment/plan.py, load_parent)."""
+
+    init_from: str | None = None  # a run directory (or .pt) whose weights start this run
+    # keep: the run has its parent's scheme; replace: another pe=, whose parameters start afresh while every other
+    # weight is the parent's (the parent's position parameters are dropped: DroPE, Sakana AI 2025)
+    init_from_pe: str = choice("keep", ("keep", "replace"))
 
 
 @dataclass

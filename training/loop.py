@@ -32,10 +32,11 @@ import torch
 
 from core.checkpoint_io import last_checkpoint_path, load_weights
 from core.cli import kept_console, tee_console
+from core.domain import choice, domain, read_with
 from core.errors import PosGPTError
 from core.host_memory import available_bytes, reused_freed_memory
 from core.rundir import CONSOLE_LOG, lock_run
-from core.runtime import autocast, compile_enabled, set_up_runtime
+from core.runtime import MAX_SEED, autocast, compile_enabled, set_up_runtime
 from core.tracking import TrackerSettings, init_wandb
 from data import TokenArray, check_documents, check_split_length, draw_batch, load_splits, separate_documents
 from data.config import DataConfig
@@ -50,6 +51,7 @@ from training.checkpointing import Checkpointer, CheckpointSettings, resume_chec
 from training.init_from import Parent
 from training.metrics import MetricsSettings, MetricsWindow, finite
 from training.optim import OptimizerSettings, build_optimizer, build_scheduler
+from training.settings import EVERY_COMMAND, RunLength
 from training.step import TrainStep
 
 
@@ -68,30 +70,43 @@ class ModelSpec:
         return GPT(copy.deepcopy(self.model), copy.deepcopy(self.pe), train_seq_len=self.train_seq_len)
 
 
-@dataclasses.dataclass(frozen=True)
-class LoopSettings:
-    """What the loop itself reads: ``train.*`` of the same names (device, dtype, num_threads and seed are the
-    runtime's: core.runtime.RuntimeSettings), and the data's ``document_aware``."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopSettings(RunLength):
+    """What the loop itself reads: the ``train.*`` settings declared here (training/settings.py), with
+    ``train.max_steps``, and, without a default, what the planner passes in from other sections."""
 
-    device: str
-    dtype: str
-    num_threads: int
-    seed: int
-    batch_size: int
-    seq_len: int
-    grad_accum_steps: int
-    grad_clip: float
-    max_steps: int
-    log_every: int
-    val_every: int
-    val_batches: int
-    checkpoint_every: int
-    skip_nonfinite: bool
-    random_positions: int | None
-    pose: PoSEConfig  # train.pose: PoSE's positions (data/windows.py)
-    compile: str
-    distributed: str
-    document_aware: bool
+    # training context length: the "1x" of every extrapolation result, and the length a learned table holds
+    seq_len: int = domain(64, ge=1, commands=EVERY_COMMAND)
+    # sequences per optimizer step, over all processes and accumulation steps; 4 keeps the default job small enough
+    # for a CPU (scripts/study.sh trains its studies at 8)
+    batch_size: int = domain(4, ge=1)
+    grad_accum_steps: int = domain(1, ge=1)
+    grad_clip: float = domain(1.0, ge=0)  # 0 disables clipping
+    log_every: int = domain(10, ge=1)
+    val_every: int = domain(200, ge=1)
+    val_batches: int = domain(20, ge=1)
+    checkpoint_every: int = domain(400, ge=1)
+    # every command sets up its runtime from these (core.runtime.set_up_runtime, which the loop calls with these
+    # settings), all but compile, which training alone reads
+    seed: int = domain(1337, ge=0, le=MAX_SEED, commands=EVERY_COMMAND)
+    device: str = read_with("auto", commands=EVERY_COMMAND)  # auto | cpu | cuda | cuda:N
+    dtype: str = choice(
+        "auto", ("auto", "float32", "bfloat16"), commands=EVERY_COMMAND
+    )  # auto: bf16 on CUDA, fp32 on CPU
+    compile: str = "auto"  # auto (on for CUDA) | true | false (typed true/false, Hydra passes "True"/"False")
+    num_threads: int = domain(0, ge=0, commands=EVERY_COMMAND)  # CPU threads for torch; 0 keeps torch's default
+    skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
+    distributed: str = choice("ddp", ("ddp", "fsdp"))  # only used under torchrun
+    # run the extrapolation eval when training ends: the planner then hands the loop that evaluation to run
+    # (TrainingPlan.evaluation; None without it)
+    eval_after: bool = True
+    # randomized positions (Ruoss et al. 2023): train at sorted random positions from [0, N) (and evaluate a task
+    # run there: eval.random_positions)
+    random_positions: int | None = domain(None, ge=1, commands=("train", "eval", "estimate"))
+    # PoSE (Zhu et al. 2024): train windows of seq_len tokens at chunks of positions skipped to cover
+    # pose.target_len, to fine-tune for that length at this one (data/windows.py, pose_positions)
+    pose: PoSEConfig = dataclasses.field(default_factory=PoSEConfig)
+    document_aware: bool  # data.document_aware
     progress: bool  # logging.progress
 
 

@@ -16,16 +16,17 @@ from core.runtime import peak_flops
 from core.tracking import MetricsFile, TrackerSettings, init_wandb
 from model import GPT
 from training import distributed
+from training.settings import RunLength
 
 
-@dataclass(frozen=True)
-class MetricsSettings:
-    """What the metrics of a run read: its tokens and FLOPs a step, its length and how it is shown."""
+@dataclass(frozen=True, kw_only=True)
+class MetricsSettings(RunLength):
+    """What the metrics of a run read: its length (``train.max_steps``), and, passed in by the planner, its tokens
+    and FLOPs a step and how it is shown."""
 
     pe_name: str  # pe.name, in the console's lines
     tokens_per_step: int  # train.batch_size x train.seq_len
     flops_per_token: float  # experiment.build.model_flops_per_token
-    max_steps: int
     # Positions given per token (train.random_positions, data.document_aware): they keep a bias of the distance
     # off its table, which the attention backend that runs depends on.
     explicit_positions: bool

@@ -7,20 +7,22 @@ from dataclasses import dataclass
 
 import torch
 
+from core.domain import domain
 from model import GPT
+from training.settings import RunLength
 
 
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """What the optimizer and its schedule read: ``train.lr``, ``train.weight_decay``, ... of the same names."""
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSettings(RunLength):
+    """What the optimizer and its schedule read: the ``train.*`` settings declared here (training/settings.py), and
+    ``train.max_steps``, where the cosine ends."""
 
-    lr: float
-    weight_decay: float
-    beta1: float
-    beta2: float
-    warmup_steps: int
-    max_steps: int
-    min_lr_ratio: float
+    lr: float = domain(1e-3, gt=0)
+    min_lr_ratio: float = domain(0.1, ge=0, le=1)  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = domain(100, ge=0)
+    weight_decay: float = domain(0.1, ge=0)
+    beta1: float = domain(0.9, ge=0, lt=1)
+    beta2: float = domain(0.95, ge=0, lt=1)
 
 
 def build_optimizer(model: GPT, settings: OptimizerSettings, device: torch.device) -> torch.optim.AdamW:

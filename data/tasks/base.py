@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from core.domain import COMMANDS, check_domains, read_with
+from core.domain import COMMANDS, check_domains, choice, read_with
 from core.errors import PosGPTError
 
 TRAIN_LENGTHS = ("uniform", "fixed")
@@ -43,7 +43,7 @@ class GeneratedTaskConfig(TaskConfig):
 
     # uniform: each training instance's length drawn uniformly from the lengths the format fits, up to
     # train.seq_len; fixed: every instance exactly train.seq_len long (one layout only)
-    train_lengths: str = "uniform"
+    train_lengths: str = choice("uniform", TRAIN_LENGTHS)
 
 
 class Task:
@@ -68,10 +68,6 @@ class Task:
     def check(self) -> None:
         """Raise PosGPTError for settings the format cannot take (called by build_task). A subclass that overrides
         it calls this one too."""
-        if self.cfg.train_lengths not in TRAIN_LENGTHS:
-            raise PosGPTError(
-                f"task.train_lengths must be one of {', '.join(TRAIN_LENGTHS)} (got {self.cfg.train_lengths!r})"
-            )
 
     @property
     def vocab_size(self) -> int:

@@ -56,7 +56,7 @@ of ``eval.variations`` it understands. Everything about them is the scheme's: ch
 (``check_variations``), parsing an entry (``parse_variation``), naming one in tables and files
 (``variation_label``), applying one to the built model (``evaluated_with``), and what a run fine-tuned from
 another inherits (``inherit``). Code outside ``model/pe/`` only calls these hooks and never names a scheme or
-its settings (tests/test_house_rules.py).
+its settings (tests/house/test_house_rules.py).
 
 Each scheme is a module in ``model/pe/`` that defines a subclass with ``name`` set and a config dataclass
 (subclass of :class:`PEConfig`) in ``config_class``; ``model/pe/__init__.py`` discovers it, so adding a

@@ -37,8 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.domain import domain
-from core.errors import PosGPTError
+from core.domain import choice, domain
 from model.pe.alibi import alibi_slopes
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 from model.pe.capabilities import AttentionMods, CacheSlot, ModifiesAttention
@@ -50,13 +49,9 @@ STATIC_BIASES = ("kerple", "alibi")
 @dataclass
 class DAPEConfig(PEConfig):
     name: str = "dape"
-    static_bias: str = "kerple"  # B: kerple (-r1 ln(1 + r2 (i-j)), learned per head and layer) | alibi (-m_h (i-j))
+    # B: kerple (-r1 ln(1 + r2 (i-j)), learned per head and layer) | alibi (-m_h (i-j))
+    static_bias: str = choice("kerple", STATIC_BIASES)
     mlp_width: int = domain(32, ge=1)  # W: f is 2H -> W -> H
-
-
-def check_static_bias(cfg: DAPEConfig) -> None:
-    if cfg.static_bias not in STATIC_BIASES:
-        raise PosGPTError(f"unknown pe.static_bias={cfg.static_bias!r}; choose one of {list(STATIC_BIASES)}")
 
 
 def index_distances(visible: torch.Tensor) -> torch.Tensor:
@@ -73,7 +68,6 @@ class DAPEPositionalEncoding(ModifiesAttention, PositionalEncoding):
 
     def __init__(self, cfg: DAPEConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
-        check_static_bias(cfg)
         heads = dims.n_head
         self.mlps = nn.ModuleList(
             nn.Sequential(nn.Linear(2 * heads, cfg.mlp_width), nn.LeakyReLU(), nn.Linear(cfg.mlp_width, heads))
@@ -85,10 +79,6 @@ class DAPEPositionalEncoding(ModifiesAttention, PositionalEncoding):
             self.bias_a = nn.Parameter(torch.rand(dims.n_layer, heads))
         else:
             self.register_buffer("slopes", torch.tensor(alibi_slopes(heads)), persistent=False)
-
-    @classmethod
-    def check_model(cls, cfg: DAPEConfig, dims: ModelDims) -> None:
-        check_static_bias(cfg)
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         return [self.bias_p, self.bias_a] if self.cfg.static_bias == "kerple" else []

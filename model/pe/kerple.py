@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.errors import PosGPTError
+from core.domain import choice
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 from model.pe.capabilities import DistanceBias, LayerwiseBias, UncompiledScoreBias
 
@@ -30,7 +30,7 @@ EPS = 1e-2  # the reference code's lower clamp
 @dataclass
 class KerpleConfig(PEConfig):
     name: str = "kerple"
-    kernel: str = "log"  # log | power
+    kernel: str = choice("log", ("log", "power"))
 
 
 def clamp_straight_through(x: torch.Tensor, low: float, high: float | None = None) -> torch.Tensor:
@@ -49,8 +49,6 @@ class KerplePositionalEncoding(DistanceBias, LayerwiseBias, UncompiledScoreBias,
 
     def __init__(self, cfg: KerpleConfig, dims: ModelDims) -> None:
         super().__init__(cfg, dims)
-        if cfg.kernel not in ("log", "power"):
-            raise PosGPTError(f"pe.kernel must be log or power (got {cfg.kernel!r})")
         shape = (dims.n_layer, dims.n_head)
         # log: (r1, r2); power: (p, a). Named as in the reference code.
         self.bias_p = nn.Parameter(torch.rand(shape) * 2)

@@ -13,7 +13,7 @@ drift; without a rotation they are robust. p = 1 is RoPE, p = 0 no positional en
 Gemma 2B experiments p = 0.75 lowers RoPE's validation perplexity (posgpt's default). k must be a whole number:
 a p with p d / 2 fractional is refused at start-up, where the paper's listing (``int(p * d // 2)``), Gemma's
 ``rope_proportion`` and Hugging Face's "proportional" RoPE type round it down (they agree on every whole k:
-tests/test_pe_p_rope.py compares the frequencies with Hugging Face's).
+tests/model/pe/test_p_rope.py compares the frequencies with Hugging Face's).
 
 Not ``pe=rope pe.rotary_fraction=p`` (GPT-NeoX's partial rotary): that rotates the first p d coordinates with
 the complete spectrum of a p d-dimensional RoPE, theta_i = base^(-2i/(p d)), i < p d / 2, down to the lowest

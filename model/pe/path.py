@@ -47,8 +47,8 @@ its own key enters untransformed. Token positions are never read: randomized pos
 On CUDA with flash-linear-attention installed (PyPI ``fla-core``), a full causal pass (training, scoring) runs the
 reference's Triton kernel instead (``parallel_path_attn``, head sizes 16-128; ``fused_attention``), recorded as
 ``attn_backend=fla``; decoding from a KV cache, a sink and packed documents run the written-out path.
-tests/test_fused_attention.py compares the two, the kernel run by Triton's CPU interpreter and on CUDA. Its cost on
-CPU against RoPE's is in docs/speed.md ("PaTH attention on CPU").
+tests/model/test_kernels_fused_attention.py compares the two, the kernel run by Triton's CPU interpreter and on CUDA.
+Its cost on CPU against RoPE's is in docs/speed.md ("PaTH attention on CPU").
 """
 
 from __future__ import annotations

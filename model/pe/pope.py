@@ -20,7 +20,7 @@ attention path computes a_ts unchanged. v keeps d coordinates; the fused kernels
 so attention pads v with zeros to 2d and drops them from the output (model/kernels.py), and the causal flash
 kernel runs as it does for RoPE (a KV cache keeps the 2d-wide keys).
 
-References (tests/test_pe_pope.py compares posgpt with their numbers; both are test-only dependencies): PyPI
+References (tests/model/pe/test_pope.py compares posgpt with their numbers; both are test-only dependencies): PyPI
 ``PoPE-pytorch`` (``PoPE``, ``apply_pope_to_qk``, ``flash_attn_with_pope``) and x-transformers'
 ``polar_pos_emb`` (``PolarEmbedding``, ``apply_polar_pos_emb``). As in both, one phase bias of shape (heads, d)
 serves every layer, starts at 0 (``uniform``: U(-2 pi, 0), their ``bias_uniform_init``) and is clamped in the
@@ -39,8 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.domain import domain
-from core.errors import PosGPTError
+from core.domain import choice, domain
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 from model.pe.capabilities import Rotation
 
@@ -52,7 +51,7 @@ class PoPEConfig(PEConfig):
     name: str = "pope"
     base: float = domain(10000.0, gt=1)  # theta_c = base^(-c/d), one frequency per coordinate of a head
     # delta: zero | uniform (learned, starting at 0 or drawn from U(-2 pi, 0)) | none (no phase bias)
-    phase_bias: str = "zero"
+    phase_bias: str = choice("zero", PHASE_BIASES)
 
 
 def pope_frequencies(head_dim: int, base: float) -> torch.Tensor:
@@ -80,11 +79,6 @@ class PolarPositionalEncoding(Rotation, PositionalEncoding):
             if cfg.phase_bias == "uniform":
                 with torch.no_grad():
                     self.phase.uniform_(-2 * math.pi, 0.0)
-
-    @classmethod
-    def check_model(cls, cfg: PoPEConfig, dims: ModelDims) -> None:
-        if cfg.phase_bias not in PHASE_BIASES:
-            raise PosGPTError(f"unknown pe.phase_bias={cfg.phase_bias!r}; choose one of {list(PHASE_BIASES)}")
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         return [] if self.phase is None else [self.phase]

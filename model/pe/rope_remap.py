@@ -27,7 +27,8 @@ i - j >= W, into the trained range, by rotating q and k of far pairs to other po
   posgpt applies it by default (``attention_factor``, resolved to that number so that result rows record it);
   ``attention_factor=1`` (``string:W:w:1``) switches it off, to tell its effect from the remap's.
 
-Reference code, transcribed in tests/test_rope_self_extend.py and tests/test_rope_rerope.py: datamllab/LongLM,
+Reference code, transcribed in tests/model/pe/test_rope_remap_self_extend.py and
+tests/model/pe/test_rope_remap_rerope.py: datamllab/LongLM,
 legacy_patch_before_4_38/llama_self_extend_patch.py (``apply_grouped_rotary_pos_emb``: ``position_ids_q =
 position_ids//g_size_1 + g_size_2 - g_size_2//g_size_1``, ``position_ids_k = position_ids//g_size_1``; the
 neighbour mask ``tril`` less ``tril`` shifted by ``group_size_2``: near iff i - j < W); its newer
@@ -38,7 +39,7 @@ rerope_patch.py (``query_states2`` rotated at ``position_ids * 0 + window``, ``k
 leaky_rerope_patch.py (a linear scaling by ``scaling_factor`` k, query at ``position_ids + offset``, offset = W
 (k - 1)). Both of Su's patches also multiply queries by max(1, log(i + 1) / log L) (log-n scaling): that is a
 temperature of its own in posgpt, not part of ``rerope``. HKUNLP/STRING, string_for_llama.py (it needs flash-attn
-and a CUDA build, so it is transcribed in tests/test_rope_string.py, not installed): ``position_ids -
+and a CUDA build, so it is transcribed in tests/model/pe/test_rope_remap_string.py, not installed): ``position_ids -
 diag_size + local_window`` for the shifted queries, keys at their own positions; its decoding step splits the
 cache at kv_seq_len - diag_size (near iff i - j < W), as posgpt does everywhere. Its prefill
 (``string_flash_forward``) takes the near part from flash attention with ``window_size=[diag_size, 0]``, which is
@@ -106,9 +107,7 @@ SPEC_FORMS = {
 def check_remap(remap: RoPERemapConfig, train_len: int | None = None, where: str = "pe.remap") -> None:
     """PosGPTError unless ``remap`` names a known type with the settings it needs (and no other), and a window
     shorter than the training length ``train_len`` (when given): a longer window holds distances never trained."""
-    check_domains(remap, f"{where}: ")
-    if remap.type not in REMAPS:
-        raise PosGPTError(f"unknown {where} type {remap.type!r}; choose one of {list(REMAPS)}")
+    check_domains(remap, f"{where}: ")  # the type among its choices too
     required, optional = TYPE_SETTINGS[remap.type]
     for name in ("window", "group", "leaky_factor", "local_window", "attention_factor"):
         value = getattr(remap, name)

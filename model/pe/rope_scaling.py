@@ -57,8 +57,9 @@ whose angles its weights learned, so its frequencies are those its parent gets f
 With s = 1 every method but ``dynamic_ntk`` is the identity (``dynamic_ntk`` then uses s' = L' / L; ``longrope``
 divides by its per-pair factors whatever s, so it is the identity when they are all 1). To add
 a method, write a function with the signature of ``_none``, add it to ``ROPE_SCALINGS`` (and to
-``LENGTH_DEPENDENT`` if it reads the current length), name the settings only it uses in ``TYPE_SETTINGS``, and
-test its equation in tests/test_rope_scaling.py (llama3 and longrope: tests/test_rope_scaling_llama3_longrope.py).
+``LENGTH_DEPENDENT`` if it reads the current length), declare the settings only it reads with ``used_with``, and
+test its equation in tests/model/pe/test_rope_scaling.py (llama3 and longrope:
+tests/model/pe/test_rope_scaling_llama3_longrope.py).
 """
 
 from __future__ import annotations
@@ -70,46 +71,18 @@ from dataclasses import dataclass
 
 import torch
 
-from core.domain import check_domains, domain, used_with
+from core.domain import check_domains, choice, domain, used_with
 from core.errors import PosGPTError
 
 # The settings only some types read (core.domain.used_with): (the selector field, its values that read them).
 _YARN, _LLAMA3, _LONGROPE = ("type", ("yarn",)), ("type", ("llama3",)), ("type", ("longrope",))
 
 
-@dataclass
-class RoPEScalingConfig:
-    type: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope
-    factor: float = domain(1.0, ge=1)  # s: how many times longer than the training length to reach
-    # yarn only: pairs turning more than beta_fast times over L are kept, fewer than beta_slow interpolated
-    beta_fast: float = domain(32.0, gt=0, used_with=_YARN)
-    beta_slow: float = domain(1.0, gt=0, used_with=_YARN)
-    # yarn and longrope: a; null: the paper's (yarn: 0.1 ln(s) + 1)
-    attention_factor: float | None = domain(None, gt=0, used_with=("type", ("yarn", "longrope")))
-    # L: the length the frequencies were learned at; null: train.seq_len. A run extended by fine-tuning
-    # (train.init_from, training/init_from.py) keeps its parent's L: yarn, dynamic_ntk, llama3, longrope depend on it.
-    original_seq_len: int | None = domain(None, ge=1)
-    # llama3 only: pairs turning fewer times over L are divided by s (null: 1); more times are kept (null: 4)
-    low_freq_factor: float | None = domain(None, gt=0, used_with=_LLAMA3)
-    high_freq_factor: float | None = domain(None, gt=0, used_with=_LLAMA3)
-    # longrope only: d/2 divisors of the frequencies while L' <= L (short) and beyond (long)
-    short_factor: list[float] | None = domain(None, gt=0, used_with=_LONGROPE)
-    long_factor: list[float] | None = domain(None, gt=0, used_with=_LONGROPE)
-
-
-# The settings only some types use, without a default of their own (declared with each field: used_with): any other
-# type but none (which holds them as the defaults of eval.variations' entries, see parse_scaling) refuses them, and
-# core.domain.check_used refuses any type-specific setting (YaRN's betas too) that no type of the run reads.
-TYPE_SETTINGS = {
-    field.name: used_with(field)[1]
-    for field in dataclasses.fields(RoPEScalingConfig)
-    if used_with(field) is not None and field.default is None
-}
 LLAMA3_FREQ_FACTORS = (1.0, 4.0)  # Llama 3.1's low_freq_factor and high_freq_factor: the defaults
 
 
 # (inv_freq, cfg, base, head_dim, train_len, seq_len) -> (inv_freq, attention_factor)
-ScalingFn = Callable[[torch.Tensor, RoPEScalingConfig, float, int, int, int], tuple[torch.Tensor, float]]
+ScalingFn = Callable[[torch.Tensor, "RoPEScalingConfig", float, int, int, int], tuple[torch.Tensor, float]]
 
 
 def rope_inv_freq(head_dim: int, base: float) -> torch.Tensor:
@@ -195,11 +168,39 @@ ROPE_SCALINGS: dict[str, ScalingFn] = {
 LENGTH_DEPENDENT = ("dynamic_ntk", "longrope")
 
 
+@dataclass
+class RoPEScalingConfig:
+    type: str = choice("none", tuple(ROPE_SCALINGS))  # the method (the module docstring)
+    factor: float = domain(1.0, ge=1)  # s: how many times longer than the training length to reach
+    # yarn only: pairs turning more than beta_fast times over L are kept, fewer than beta_slow interpolated
+    beta_fast: float = domain(32.0, gt=0, used_with=_YARN)
+    beta_slow: float = domain(1.0, gt=0, used_with=_YARN)
+    # yarn and longrope: a; null: the paper's (yarn: 0.1 ln(s) + 1)
+    attention_factor: float | None = domain(None, gt=0, used_with=("type", ("yarn", "longrope")))
+    # L: the length the frequencies were learned at; null: train.seq_len. A run extended by fine-tuning
+    # (train.init_from, training/init_from.py) keeps its parent's L: yarn, dynamic_ntk, llama3, longrope depend on it.
+    original_seq_len: int | None = domain(None, ge=1)
+    # llama3 only: pairs turning fewer times over L are divided by s (null: 1); more times are kept (null: 4)
+    low_freq_factor: float | None = domain(None, gt=0, used_with=_LLAMA3)
+    high_freq_factor: float | None = domain(None, gt=0, used_with=_LLAMA3)
+    # longrope only: d/2 divisors of the frequencies while L' <= L (short) and beyond (long)
+    short_factor: list[float] | None = domain(None, gt=0, used_with=_LONGROPE)
+    long_factor: list[float] | None = domain(None, gt=0, used_with=_LONGROPE)
+
+
+# The settings only some types use, without a default of their own (declared with each field: used_with): any other
+# type but none (which holds them as the defaults of eval.variations' entries, see parse_scaling) refuses them, and
+# core.domain.check_used refuses any type-specific setting (YaRN's betas too) that no type of the run reads.
+TYPE_SETTINGS = {
+    field.name: used_with(field)[1]
+    for field in dataclasses.fields(RoPEScalingConfig)
+    if used_with(field) is not None and field.default is None
+}
+
+
 def check_scaling(cfg: RoPEScalingConfig, where: str = "pe.scaling") -> None:
     """PosGPTError unless cfg names a known method with a usable factor."""
     check_domains(cfg, f"{where}: ")
-    if cfg.type not in ROPE_SCALINGS:
-        raise PosGPTError(f"unknown {where} type {cfg.type!r}; choose one of {sorted(ROPE_SCALINGS)}")
     if cfg.type == "none" and cfg.factor != 1.0:
         raise PosGPTError(f"{where}: type none takes no factor (got {cfg.factor}); pick a type, e.g. yarn")
     # Type none may hold the other types' settings: they are the defaults of eval.variations' entries (parse_scaling).

@@ -33,8 +33,8 @@ positions are never read: randomized positions are refused as for NoPE.
 On CUDA with flash-linear-attention installed (PyPI ``fla-core``), a full causal pass (training, scoring) runs its
 Triton kernel instead (``parallel_stickbreaking_attn``, the paper's algorithm; ``fused_attention``, a kernel of
 model/kernels.py's signature), recorded as ``attn_backend=fla``; decoding from a KV cache runs the written-out path.
-tests/test_fused_attention.py compares the two, the kernel run by Triton's CPU interpreter and on CUDA. Its cost
-against RoPE's is in docs/speed.md ("Stick-breaking attention").
+tests/model/test_kernels_fused_attention.py compares the two, the kernel run by Triton's CPU interpreter and on CUDA.
+Its cost against RoPE's is in docs/speed.md ("Stick-breaking attention").
 """
 
 from __future__ import annotations

@@ -1,0 +1,85 @@
+"""A script's option that only another option reads declares it (core.cli.ArgumentParser's ``requires``), and is
+refused in one line, naming that option, when given without it; two options of which one replaces the other are
+a mutually exclusive group. The members are generated from the scripts' own sources: every ``requires=`` and
+every mutually exclusive group of scripts/*.py is given alone (or both), through the script's real command line."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from refusals import refused
+from repo_root import REPO
+
+from core.cli import ArgumentParser
+from core.errors import PosGPTError
+
+SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name
+    ]
+
+
+def _flag(call: ast.Call) -> str:
+    return next(arg.value for arg in call.args if isinstance(arg, ast.Constant) and str(arg.value).startswith("--"))
+
+
+def declared_requires() -> list[tuple[str, str, str]]:
+    """(script, option, the option it requires) for every add_argument(..., requires=...) of the scripts."""
+    found = []
+    for script in SCRIPTS:
+        for call in _calls(ast.parse(script.read_text()), "add_argument"):
+            requires = next((k.value.value for k in call.keywords if k.arg == "requires"), None)
+            if requires is not None:
+                found.append((f"scripts/{script.name}", _flag(call), requires))
+    return found
+
+
+def exclusive_pairs() -> list[tuple[str, str, str]]:
+    """(script, option, option) for each pair of a mutually exclusive group the scripts declare."""
+    found = []
+    for script in SCRIPTS:
+        tree = ast.parse(script.read_text())
+        for assign in [node for node in ast.walk(tree) if isinstance(node, ast.Assign)]:
+            value = assign.value
+            if isinstance(value, ast.Call) and getattr(value.func, "attr", "") == "add_mutually_exclusive_group":
+                group = assign.targets[0].id
+                flags = [_flag(c) for c in _calls(tree, "add_argument") if getattr(c.func.value, "id", "") == group]
+                found += [(f"scripts/{script.name}", a, b) for i, a in enumerate(flags) for b in flags[i + 1 :]]
+    return found
+
+
+VALUES = {"--eval-steps": "5", "--eval-length": "32", "--seeds": "2", "--seed-list": "1"}
+
+
+def test_the_members_are_found_in_the_scripts():
+    assert ("scripts/speed.py", "--eval-steps", "--eval-length") in declared_requires()
+    assert ("scripts/extension_study.py", "--seeds", "--seed-list") in exclusive_pairs()
+    assert all(option in VALUES for _, option, _ in declared_requires())
+    assert all(a in VALUES and b in VALUES for _, a, b in exclusive_pairs())
+
+
+@pytest.mark.parametrize("script, option, requires", declared_requires())
+def test_an_option_given_without_the_one_that_reads_it_is_refused(cli, tmp_path, script, option, requires):
+    refused(cli, tmp_path, (script, option, VALUES[option]), option, f"read only with {requires}")
+
+
+@pytest.mark.parametrize("script, first, second", exclusive_pairs())
+def test_two_options_of_which_one_replaces_the_other_are_refused_together(cli, tmp_path, script, first, second):
+    argv = (script, str(tmp_path / "study"), first, VALUES[first], second, VALUES[second], "--list")
+    refused(cli, tmp_path, argv, "not allowed with")
+
+
+def test_requires_refuses_only_an_option_away_from_its_default():
+    parser = ArgumentParser(prog="x")
+    parser.add_argument("--length", type=int)
+    parser.add_argument("--steps", type=int, default=2, requires="--length")
+    assert parser.parse_args(["--steps", "2"]).steps == 2  # its default: nothing to read
+    assert parser.parse_args(["--length", "4", "--steps", "3"]).steps == 3
+    with pytest.raises(PosGPTError, match="--steps is read only with --length: give --length or drop it"):
+        parser.parse_args(["--steps", "3"])
