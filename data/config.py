@@ -1,6 +1,5 @@
 """The typed schema of the `data` config group, and the checks that run before any data is read."""
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,9 +105,8 @@ def _check_reachable(cache: Path) -> None:
 
 def validate_data_config(cfg: DataConfig) -> None:
     """Raise PosGPTError, naming the setting to change, if cfg cannot describe a corpus (each key's domain is
-    checked with the whole config: experiment/config.py; again here for a DataConfig built without it)."""
-    if dataclasses.is_dataclass(cfg):  # the planner passes its config section, whose domains it has checked
-        check_domains(cfg, "data.")
+    checked with the whole config: experiment/config.py; again here, where data/ runs without it)."""
+    check_domains(cfg, "data.")
     # data.name names the token cache's folder, <cache_dir>/<name>-<key>: one folder name, never a path out of it.
     if "/" in cfg.name or "\0" in cfg.name or cfg.name in (".", "..") or len(cfg.name.encode()) > MAX_NAME_BYTES:
         shown = cfg.name if len(cfg.name) <= 60 else f"{cfg.name[:40]}... ({len(cfg.name)} characters)"

@@ -87,7 +87,7 @@ def load_trained_run(run_dir: Path, overrides: list[str], command: str) -> Train
             check_eval_settings(candidate)
 
     cfg = given_wins(cfg, keys, check, command)
-    device, dtype = set_up_runtime(cfg.train)
+    device, dtype = set_up_runtime(OmegaConf.to_object(cfg.train))
     model = build_model(cfg)
     load_weights(model, checkpoint["model"], checkpoint_file(run_dir))
     model.to(device).eval()

@@ -137,7 +137,8 @@ def check_training_config(cfg: DictConfig) -> None:
     """Everything a training run's config alone can be refused for (sets the task's vocabulary)."""
     set_task_vocabulary(cfg)
     validate(cfg)
-    validate_data_config(cfg.data)  # here, not at data loading: every rank fails alike, before any collective
+    # here, not at data loading: every rank fails alike, before any collective
+    validate_data_config(OmegaConf.to_object(cfg.data))
     if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
         check_eval_settings(cfg)
         plan_evaluators(cfg)  # eval.evaluators names evaluators of this kind of run
@@ -267,7 +268,7 @@ def plan_evaluators(cfg: DictConfig) -> list:
     """The evaluators of the run's evaluation, each with its typed settings (evaluation/evaluator.py)."""
     from evaluation.evaluator import select_evaluators
 
-    return select_evaluators(cfg.eval, run_kind(cfg))
+    return select_evaluators(OmegaConf.to_container(cfg.eval, resolve=True), run_kind(cfg))  # plain values, no config
 
 
 def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from speed import device_name, read_results_file, save_run
 
 from core.cli import ArgumentParser, count, exit_on_user_error
@@ -46,7 +47,7 @@ from training.step import TrainStep
 def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
     """(what was measured, the measured peak growth in MiB) on train.device in train.dtype."""
     t = cfg.train
-    device, dtype = set_up_runtime(t)
+    device, dtype = set_up_runtime(OmegaConf.to_object(t))
     if device.type == "cpu":
         return_freed_memory()
     before = resident_mb() if device.type == "cpu" else 0.0

@@ -310,6 +310,24 @@ def study_jobs(study: Study) -> list[Job]:
     return [*parent_jobs(study, train_len), *extension_jobs(study, train_len, values)]
 
 
+def check_every_config(jobs: list[Job]) -> None:
+    """Every training job's config checked whole, as train.py checks it before it plans (experiment/plan.py,
+    check_training_config), for every stage at once: a setting a later stage's job would refuse is refused before
+    the first job trains, and before --list lists them. (What needs a parent's checkpoint, which an earlier stage
+    makes, is planned with the job's stage: plan_stage.)"""
+    from experiment.compose import compose_config, hydra_errors_as_user_errors
+    from experiment.plan import check_training_config
+
+    for job in jobs:
+        if job.variations or job.evaluation:  # an evaluation of a run that an earlier stage trains
+            continue
+        try:
+            with hydra_errors_as_user_errors():
+                check_training_config(compose_config(list(job.overrides)))
+        except PosGPTError as error:
+            raise type(error)(f"job {job.name} of the extension study: {error}") from None
+
+
 def plan_stage(jobs: list[Job]) -> dict[str, TrainingPlan]:
     """Plan every job of a stage as its command would (train.py's planner, eval.py's), in this process and
     writing nothing: one refusal stops the stage before anything of it runs, naming its job. The training plans,
@@ -533,6 +551,7 @@ def parse_study(argv: list[str]) -> tuple[Study, bool, str]:
 def main(argv: list[str]) -> None:
     study, list_only, part = parse_study(argv)
     jobs = study_jobs(study)
+    check_every_config(jobs)
     if list_only:
         for job in jobs:
             print(f"{job.name}\t{job.stage}\tpython {' '.join(job.command())}")

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from core.cli import exit_on_user_error
 from core.errors import PosGPTError
@@ -105,7 +106,8 @@ def plan_inspection(run_dir: Path, overrides: list[str]) -> Inspection:
     if all(reasons):  # what the scheme alone refuses is refused before the data is read
         raise PosGPTError(f"no length could be inspected: {reasons[0]}")
     checkpoint = run.checkpoint
-    tokens = eval_tokens(cfg.data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
+    data = OmegaConf.to_object(cfg.data)
+    tokens = eval_tokens(data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
     return Inspection(run, tokens, lengths, suffix, paths, tracker)
 
 

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import PosGPTError, first_line
@@ -227,7 +227,7 @@ def recorded_settings(
 
 def bench_scheme(cfg: DictConfig, args: argparse.Namespace) -> dict:
     t, m = cfg.train, cfg.model
-    device, dtype = set_up_runtime(t)
+    device, dtype = set_up_runtime(OmegaConf.to_object(t))
     compiled = compile_enabled(t.compile, device.type)
     vocab = m.vocab_size
     x = torch.randint(0, vocab, (t.batch_size, t.seq_len), device=device)

@@ -150,6 +150,9 @@ def test_list_prints_the_jobs_and_writes_nothing(cli, tmp_path):
         (["--budgets", "0"], ["--budgets"]),
         (["--part", "extensions"], ["job plain-3-s1 of the extension study", "train.init_from"]),  # no parents yet
         (["train.pose.target_len=64"], ["the study sets train.pose.target_len itself"]),
+        # a setting only a later stage's job refuses: refused before the parents train, and by --list
+        (["--methods", "pose", "train.random_positions=16"], ["job pose-3-s1 of the extension study", "use one"]),
+        (["--list", "--methods", "pose", "train.random_positions=16"], ["job pose-3-s1", "use one of them"]),
     ],
 )
 def test_a_bad_value_is_refused_in_one_line_before_anything_is_written(cli, tmp_path, argv, fragments):
