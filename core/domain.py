@@ -47,6 +47,9 @@ COMMANDS = {
     "speed": "scripts/speed.py",  # a training step's and a forward pass's speed, on random token ids
     "estimate": "scripts/estimate.py",  # their memory and FLOPs, predicted (experiment/estimate.py)
 }
+# scripts/speed.py and scripts/estimate.py: a training step and a forward pass of the model on random token ids, so
+# what those read of train.* and model.*, and the evaluation's batch, but no data, task, logging or other eval.*
+BENCHMARKS = ("speed", "estimate")
 
 
 def _bound(value: float) -> str:

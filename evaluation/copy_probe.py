@@ -41,15 +41,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from core.domain import choice, domain
 from core.errors import PosGPTError
 from core.runtime import autocast
 from data import EOT_TOKEN, TokenArray, describe_corpus, load_split
 from data.config import DataConfig
 from data.tasks import held_out_seed
 from evaluation.context import EvalContext
+from evaluation.settings import TEXT, AccuracyInterval, Batching
 from evaluation.task_accuracy import examples_for, wilson_interval
 
 NAME = "copy_probe"
+PROBES = (NAME,)  # eval.tasks: zero-shot probes of a language-model run
 COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
 _COUNTED_CANDIDATES: dict[tuple[str, int, int], torch.Tensor] = {}  # probe_candidates' (data.*, N, vocab) -> ids
 
@@ -115,15 +118,16 @@ def score_copies(
     return exact, right, logprob
 
 
-@dataclass(frozen=True)
-class ProbeSettings:
-    """The eval.* settings the copy probe reads."""
+@dataclass(frozen=True, kw_only=True)
+class ProbeSettings(AccuracyInterval, Batching):
+    """The eval.* settings the copy probe reads: its own, and those it shares (evaluation/settings.py)."""
 
-    copy_span: int
-    copy_min_count: int
-    task_half_width: float
-    task_threshold: float
-    batch_tokens: int
+    # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
+    tasks: tuple[str, ...] = choice([], PROBES, runs=TEXT)
+    copy_span: int = domain(16, ge=2, used_with=("tasks", PROBES))  # tokens in the copy probe's repeated span
+    # Which tokens the span is drawn from: 0, any but <|endoftext|> (Olsson et al.'s random tokens); N > 0, only
+    # tokens that occur at least N times in the training split (tokens whose embeddings the run has learned)
+    copy_min_count: int = domain(0, ge=0, used_with=("tasks", PROBES))
 
 
 def probe_candidates(data: DataConfig, min_count: int, vocab: int, progress: bool = False) -> torch.Tensor:

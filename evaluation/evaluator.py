@@ -8,7 +8,13 @@ subclass defined anywhere else, a test module say, registers the same way). It d
 - ``order``: evaluators run in ascending order (then by name): 0 for those that score the run itself, more for
   probes that come after them;
 - ``Settings``: a frozen dataclass whose fields are the ``eval.*`` keys it reads, filled from the evaluation's
-  settings by :meth:`Evaluator.of` (its typed settings; the rest of the config never reaches it);
+  settings by field name by :meth:`Evaluator.of` (its typed settings; the rest of the config never reaches it). A
+  built-in evaluator declares there, with its default, domain and comment, each setting only it reads, and inherits
+  those several read from the small types of evaluation/settings.py (``TokenBudget``: ``eval.max_tokens``,
+  ``Batching``: ``eval.batch_tokens``, ...): the schema's ``eval`` section is made from those declarations
+  (experiment/config.py, ``EvalConfig``), so each setting is declared once. The schema is made when experiment/config.py
+  is imported, from the evaluators of evaluation/evaluators/ alone: a plug-in defined elsewhere reads settings they
+  declare (by inheriting their types, or with fields of the same names and no default) and adds none;
 - ``recorded``: those of them each row depends on besides its own fields, stamped on every row it writes;
 - ``rows``: the results file its rows go to and how they are keyed and shown (evaluation/store.py's RowFormat;
   evaluation/value_format.py's value_rows for one number per length);

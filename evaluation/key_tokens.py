@@ -39,12 +39,14 @@ import numpy as np
 import torch
 
 from core.checkpoint_io import LAST, last_checkpoint_path
+from core.domain import domain, read_with
 from core.errors import PosGPTError
 from core.rundir import CHECKPOINT_DIR
 from data.tasks import NO_TASK
 from evaluation.context import EvalContext
 from evaluation.extrapolation import effective_stride, scored_range, summarize, target_losses, window_plan
 from evaluation.results import KEY_TOKENS
+from evaluation.settings import TEXT, Batching, SlidingWindows, TokenBudget
 
 if TYPE_CHECKING:  # importing the data package pulls in `datasets`, slow to import: annotations only
     from data import TokenArray
@@ -55,19 +57,23 @@ LONG_PROTOCOLS = ("nonoverlapping", "sliding")
 SELF = "self"  # the evaluator of rows whose key tokens the scored run selected itself
 
 
-@dataclass(frozen=True)
-class KeyTokenSettings:
-    """The eval.* settings key-token perplexity reads."""
+KEY_TOKENS_ON = ("key_tokens", (True,))  # the settings eval.key_tokens=true reads (core.domain's used_with)
 
-    protocols: tuple[str, ...]
-    stride: int | None
-    max_tokens: int
-    batch_tokens: int
-    key_short_length: int | None
-    key_short_stride: int | None
-    key_lsd_threshold: float
-    key_lcl_threshold: float
-    key_evaluator: str | None
+
+@dataclass(frozen=True, kw_only=True)
+class KeyTokenSettings(SlidingWindows, TokenBudget, Batching):
+    """The eval.* settings key-token perplexity reads: its own, and those it shares (evaluation/settings.py)."""
+
+    # Key-token perplexity (LongPPL, Fang et al. 2025; evaluation/key_tokens.py): rows of perplexity over the targets
+    # whose log-probability the evaluator finds more than key_lsd_threshold nats higher with the long context than
+    # with a short one of key_short_length tokens, and above key_lcl_threshold with it
+    key_tokens: bool = read_with(False, runs=TEXT)
+    key_short_length: int | None = domain(None, ge=1, used_with=KEY_TOKENS_ON)  # S; None: train.seq_len
+    key_short_stride: int | None = domain(None, ge=1, used_with=KEY_TOKENS_ON)  # contexts S-stride+1..S; None: S/4
+    key_lsd_threshold: float = domain(2.0, ge=0, used_with=KEY_TOKENS_ON)  # alpha: nats the long context must add
+    key_lcl_threshold: float = domain(-2.0, lt=0, used_with=KEY_TOKENS_ON)  # beta: log-probability with the long one
+    # a run directory whose model selects the key tokens; None: the run itself
+    key_evaluator: str | None = read_with(None, used_with=KEY_TOKENS_ON)
 
 
 def short_length(given: int | None, train_len: int) -> int:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from core.domain import domain, read_with
 from core.errors import PosGPTError
 from core.files import remove
 from core.runtime import autocast
@@ -40,6 +41,7 @@ from data.windows import random_positions
 from evaluation.context import EvalContext
 from evaluation.render import length_header, render_table
 from evaluation.results import condition_label
+from evaluation.settings import TASK, AccuracyInterval, Batching
 from evaluation.store import RowFormat, load_document
 
 ACCURACY_PLOT = "accuracy_vs_length.png"
@@ -176,15 +178,15 @@ def evaluate_cell(
     }
 
 
-@dataclass(frozen=True)
-class TaskSettings:
-    """The eval.* settings task accuracy reads."""
+@dataclass(frozen=True, kw_only=True)
+class TaskSettings(AccuracyInterval, Batching):
+    """The eval.* settings task accuracy reads: its own, and those it shares (evaluation/settings.py)."""
 
-    task_half_width: float
-    task_threshold: float
-    task_depths: tuple[float, ...]
-    random_positions: bool
-    batch_tokens: int
+    # a grid of key depths, for a task whose keys have one (passkey: data/tasks/, Task.cells)
+    task_depths: tuple[float, ...] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1, runs=TASK)
+    # A task run trained with train.random_positions=N: score each example at a sorted random subset of [0, N), as
+    # Ruoss et al. 2023 test, instead of at 0..L-1; its rows are labelled randpos:N
+    random_positions: bool = read_with(False, runs=TASK)
 
 
 def evaluate_task(ctx: EvalContext, task: Task, e: TaskSettings) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from core.domain import (
+    BENCHMARKS,
     COMMANDS,
     check_domains,
     check_run_kind,
@@ -34,11 +35,14 @@ from core.domain import (
 )
 from core.errors import PosGPTError
 from core.runtime import MAX_SEED
+from core.settings import schema_section
 from data.config import DataConfig
 from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config_class
 from data.tokenizer import GPT2_N_VOCAB
 from evaluation.context import evaluated_lengths
+from evaluation.evaluator import registered
 from evaluation.extrapolation import PROTOCOLS
+from evaluation.settings import TEXT, EvaluationSettings
 from model.gpt import ModelConfig, model_dims, validate_model_config
 from model.pe import SCHEMES
 from model.temperature import check_temperature
@@ -47,73 +51,33 @@ from training.init_from import InitFromSettings
 from training.loop import LoopSettings
 from training.metrics import MetricsSettings
 from training.optim import OptimizerSettings
-from training.settings import schema_section
-
-# scripts/speed.py and scripts/estimate.py: a training step and a forward pass of the model on random token ids, so
-# what those read of train.* and model.*, and the evaluation's batch, but no data, task, logging or other eval.*
-BENCHMARKS = ("speed", "estimate")
 
 # The training stages whose settings make the train section, in its order: each train.* setting is declared once, in
 # the settings type of the stage that reads it (training/settings.py).
 TRAIN_STAGES = (LoopSettings, OptimizerSettings, CheckpointSettings, InitFromSettings, MetricsSettings)
 TrainConfig = schema_section(
-    "TrainConfig", TRAIN_STAGES, __name__, "train.*: the settings the training stages declare (TRAIN_STAGES)."
+    "TrainConfig", TRAIN_STAGES, __name__, "train.*: the settings the training stages declare (TRAIN_STAGES).", "train"
 )
 
 
-PROBES = ("copy_probe",)  # eval.tasks: zero-shot probes of a language-model run
 PROBE_READS = ("task_half_width", "task_threshold")  # eval.* keys that a task run and the probes read
-KEY_TOKENS = ("key_tokens", (True,))  # the settings eval.key_tokens=true reads (core.domain's used_with)
-TEXT, TASK = ("text",), ("task",)  # the kinds of run that read a setting (core.domain's runs)
+BUILT_IN_EVALUATORS = "evaluation.evaluators."  # the package of the evaluators whose settings make the eval section
 
 
-@dataclass
-class EvalConfig:
-    lengths: list[int] | None = domain(None, ge=1)  # absolute lengths; None: length_multipliers x train.seq_len
-    # x train.seq_len, rounded to whole tokens; below 1 checks that a run holds its 1x result at shorter lengths
-    length_multipliers: list[float] = domain(default_factory=lambda: [1, 2, 4, 8], gt=0)
-    # perplexity's protocols (evaluation/extrapolation.py): or streaming
-    protocols: list[str] = choice(["nonoverlapping", "sliding"], PROTOCOLS, runs=TEXT)
-    stride: int | None = domain(None, ge=1, runs=TEXT)  # sliding-window stride; None: half the window
-    # streaming protocol only: the first k tokens kept; the window is length - k
-    streaming_sinks: int = domain(4, ge=0, used_with=("protocols", ("streaming",)), runs=TEXT)
-    # scored tokens per (length, protocol): the same token range for all
-    max_tokens: int = domain(32768, ge=1, runs=TEXT)
-    # tokens per forward pass (windows are batched up to this)
-    batch_tokens: int = domain(16384, ge=1, commands=("train", "eval", *BENCHMARKS))
-    # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
-    # parse_variation, model/pe/); None: the run as configured.
-    variations: list[str] | None = None
-    # drawn in per_position.png; None: the longest
-    per_position_plot_lengths: list[int] | None = domain(None, ge=1, runs=TEXT)
-    # Task runs (task=...; evaluation/task_accuracy.py): each cell gets enough examples for a 95% interval of at most
-    # ± task_half_width; the effective length is the longest length up to which accuracy >= task_threshold.
-    # (both read by the copy probe too: PROBE_READS)
-    task_half_width: float = domain(0.05, gt=0, le=0.5)
-    task_threshold: float = domain(0.9, gt=0, le=1)
-    # a grid of key depths, for a task whose keys have one (passkey: data/tasks/, Task.cells)
-    task_depths: list[float] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1, runs=TASK)
-    # A task run trained with train.random_positions=N: score each example at a sorted random subset of [0, N), as
-    # Ruoss et al. 2023 test, instead of at 0..L-1; its rows are labelled randpos:N
-    random_positions: bool = read_with(False, runs=TASK)
-    # Zero-shot probes of a language-model run, after its perplexity: [copy_probe] (evaluation/copy_probe.py)
-    tasks: list[str] = choice([], PROBES, runs=TEXT)
-    copy_span: int = domain(16, ge=2, used_with=("tasks", PROBES))  # tokens in the copy probe's repeated span
-    # Which tokens the span is drawn from: 0, any but <|endoftext|> (Olsson et al.'s random tokens); N > 0, only
-    # tokens that occur at least N times in the training split (tokens whose embeddings the run has learned)
-    copy_min_count: int = domain(0, ge=0, used_with=("tasks", PROBES))
-    # Key-token perplexity (LongPPL, Fang et al. 2025; evaluation/key_tokens.py): rows of perplexity over the targets
-    # whose log-probability the evaluator finds more than key_lsd_threshold nats higher with the long context than
-    # with a short one of key_short_length tokens, and above key_lcl_threshold with it
-    key_tokens: bool = read_with(False, runs=TEXT)
-    key_short_length: int | None = domain(None, ge=1, used_with=KEY_TOKENS)  # S; None: train.seq_len
-    key_short_stride: int | None = domain(None, ge=1, used_with=KEY_TOKENS)  # contexts S-stride+1..S; None: S/4
-    key_lsd_threshold: float = domain(2.0, ge=0, used_with=KEY_TOKENS)  # alpha: nats the long context must add
-    key_lcl_threshold: float = domain(-2.0, lt=0, used_with=KEY_TOKENS)  # beta: log-probability with the long context
-    # a run directory whose model selects the key tokens; None: the run itself
-    key_evaluator: str | None = read_with(None, used_with=KEY_TOKENS)
-    # Evaluators to run besides those the settings above ask for (evaluation/evaluator.py; evaluation/evaluators/)
-    evaluators: list[str] | None = None
+def built_in_evaluation_settings() -> tuple[type, ...]:
+    """The settings types whose declarations make the eval section, in its order: the evaluation plan's, then each
+    built-in evaluator's (evaluation/evaluators/), each once. A plug-in defined elsewhere adds none: its settings name
+    eval.* keys these declare (evaluation/evaluator.py)."""
+    built_in = [cls.Settings for cls in registered().values() if cls.__module__.startswith(BUILT_IN_EVALUATORS)]
+    return (EvaluationSettings, *dict.fromkeys(built_in))
+
+
+# Each eval.* setting is declared once, in the settings type of the evaluator, or of the evaluation's plan, that reads
+# it; one several evaluators read, in a small type they inherit (evaluation/settings.py).
+EVAL_STAGES = built_in_evaluation_settings()
+EvalConfig = schema_section(
+    "EvalConfig", EVAL_STAGES, __name__, "eval.*: the settings the evaluators and the evaluation plan declare.", "eval"
+)
 
 
 WANDB_ON = ("mode", ("offline", "online"))  # the run's identity in W&B: read only where W&B runs

@@ -29,6 +29,7 @@ from core.checkpoint_io import last_checkpoint_path, load_checkpoint
 from core.config_keys import RESUME_SETTINGS, RUNTIME_SETTINGS, flatten_config
 from core.domain import changed_keys
 from core.errors import PosGPTError
+from core.settings import declared_settings
 from core.tracking import TrackerSettings
 from data import validate_data_config
 from data.tasks import NO_TASK
@@ -44,7 +45,6 @@ from training.init_from import InitFromSettings, Parent
 from training.loop import LoopSettings, ModelSpec, TrainingPlan, rehearse
 from training.metrics import MetricsSettings
 from training.optim import OptimizerSettings
-from training.settings import declared_settings
 
 # Model settings a train.init_from child may change: how fast the same function is computed, or only training
 # (dropout).

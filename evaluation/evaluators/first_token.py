@@ -24,14 +24,15 @@ from data import TokenArray
 from evaluation.context import EvalContext
 from evaluation.evaluator import Evaluator
 from evaluation.evaluators.perplexity import scored_fields
+from evaluation.settings import TokenBudget
 from evaluation.value_format import value_rows
 
 VALUE = "first_token_mass"
 
 
-@dataclass(frozen=True)
-class FirstTokenSettings:
-    max_tokens: int
+@dataclass(frozen=True, kw_only=True)
+class FirstTokenSettings(TokenBudget):
+    """The eval.* settings the first-token measure reads: the scored tokens' budget (evaluation/settings.py)."""
 
 
 def first_token_mass(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from core.domain import domain
 from data import TokenArray, describe_corpus
 from evaluation.context import EvalContext
 from evaluation.evaluator import Evaluator
@@ -19,19 +20,19 @@ from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.key_tokens import LONG_PROTOCOLS
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.results import row_ppl
+from evaluation.settings import TEXT, Batching, SlidingWindows, TokenBudget
 from evaluation.streaming import DEFAULT_SINKS
 
 # What else a variation's rows are: key-token rows (evaluation/evaluators/key_tokens.py) add theirs per variation.
 MoreRows = Callable[[EvalContext, TokenArray], list[dict[str, Any]]]
 
 
-@dataclass(frozen=True)
-class PerplexitySettings:
-    protocols: tuple[str, ...]
-    stride: int | None
-    max_tokens: int
-    batch_tokens: int
-    per_position_plot_lengths: tuple[int, ...] | None
+@dataclass(frozen=True, kw_only=True)
+class PerplexitySettings(SlidingWindows, TokenBudget, Batching):
+    """The eval.* settings perplexity reads: its own, and those it shares (evaluation/settings.py)."""
+
+    # drawn in per_position.png; None: the longest
+    per_position_plot_lengths: tuple[int, ...] | None = domain(None, ge=1, runs=TEXT)
 
 
 class Perplexity(Evaluator):

@@ -7,20 +7,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from core.domain import domain
 from data import TokenArray
 from evaluation.context import EvalContext
 from evaluation.evaluator import Evaluator
 from evaluation.evaluators.perplexity import score_protocols
 from evaluation.perplexity_format import PERPLEXITY_ROWS
+from evaluation.settings import TEXT, Batching, Protocols, TokenBudget
 
 STREAMING = "streaming"
 
 
-@dataclass(frozen=True)
-class StreamingSettings:
-    max_tokens: int
-    batch_tokens: int
-    streaming_sinks: int
+@dataclass(frozen=True, kw_only=True)
+class StreamingSettings(Protocols, TokenBudget, Batching):
+    """The eval.* settings the streaming protocol reads: its own, and those it shares (evaluation/settings.py)."""
+
+    # streaming protocol only: the first k tokens kept; the window is length - k
+    streaming_sinks: int = domain(4, ge=0, used_with=("protocols", (STREAMING,)), runs=TEXT)
 
 
 class Streaming(Evaluator):
