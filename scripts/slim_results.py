@@ -11,6 +11,8 @@ Under each folder given, per run:
   --per-position`` can draw them: that draws the longest length any run scored (of the protocol, data and measure
   compared), so each run's rows at its own longest scored length of each keep theirs (every row of the sliding
   protocol keeps them: there the stride compared changes with the length).
+- every results JSON (each evaluator's: ``extrapolation.json``, ``tasks.json``, ...) is written in the layout
+  evaluation/store.py writes (``document_text``: compact, one row a line), as a run exported today holds it.
 - ``eval/extrapolation.csv`` and ``eval/tasks.csv`` are removed: each is the JSON beside it, row for row
   (evaluation/results.py and evaluation/task_accuracy.py write them from it), and ``--csv`` writes them again. A CSV is
   removed only once every value in it is checked to be the JSON's; one that is not is refused, and nothing is
@@ -51,11 +53,10 @@ from core.errors import PosGPTError
 from core.files import atomic_write, check_folder, check_writable, inside, read_json, read_jsonl, remove
 from core.rundir import RUN_MARKERS
 from evaluation.evaluator import registered
-from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import csv_rows, write_csv
 from evaluation.results import JSON_FILE, row_ppl
 from evaluation.run import EVAL_DIR
-from evaluation.store import RowFormat, write_document
+from evaluation.store import RowFormat, document_text
 from evaluation.task_accuracy import TASK_ROWS
 
 DROPPED_ROW_KEYS = ("per_position_loss",)
@@ -64,7 +65,7 @@ KEPT_STEP_KEYS = ("step", "train_loss", "val_loss")  # a logged step's record: w
 # A training loss every 100 steps draws the curve (runs log every 10): compare.py reads only the validation loss
 TRAIN_LOSS_EVERY = 100
 METRICS_GLOB = "*metrics.jsonl"
-Change = str | dict[str, Any] | None  # a file's new text, a results document to write, or None: remove the file
+Change = str | None  # a file's new text, or None: remove the file
 # (the JSON, the CSV written from it, its rows as that CSV writes them, the writer)
 # Every evaluator's results file, each with the CSV written from it (and rebuilt from it by --csv).
 FORMATS = tuple(sorted({cls.rows for cls in registered().values()}, key=lambda rows: rows.file))
@@ -179,8 +180,9 @@ def plan_folder(folder: Path) -> dict[Path, Change]:
             csv_path = checked_csv(json_path, rows, document)
             if csv_path is not None:
                 plan[csv_path] = None
-            if json_name == JSON_FILE and slim_document(document) != document:
-                plan[json_path] = slim_document(document)
+            text = document_text(slim_document(document) if json_name == JSON_FILE else document)
+            if text != json_path.read_text():
+                plan[json_path] = text
     for metrics_path in sorted(folder.rglob(METRICS_GLOB)):
         read_jsonl(metrics_path)  # a torn or damaged line is refused, naming the file, before anything is written
         text = metrics_path.read_text()
@@ -194,8 +196,6 @@ def apply_plan(plan: dict[Path, Change]) -> None:
     for path, change in plan.items():
         if change is None:
             remove(path)
-        elif isinstance(change, dict):
-            write_document(change, path.parent, PERPLEXITY_ROWS)  # eval's layout (one row a line), atomically
         else:
             atomic_write(path, change)
 

@@ -167,8 +167,7 @@ set_task_args() {
 }
 # Every job's plan, before the first one trains. The first seed of a scheme refused: the scheme is refused with
 # these settings (skipped). A later seed refused (train.py names its job, 1 or more): a bad value, refused here.
-# One process plans every scheme of a task at once; only where it refuses one are they planned one by one, to tell
-# which (each plan is a process that imports torch: seconds a scheme).
+# One process plans every scheme of a task (scripts/study_check.py), each as train.py --check plans its seeds.
 # The study names its W&B group after its folder, where W&B runs (disabled, nothing reads a group).
 # Quoted for Hydra, so that a folder name holding a comma, a bracket or a quote stays one value.
 group_name=$(basename "$study_dir" | sed -e "s/'/\\\\'/g")  # a backslash is an escape only before a quote
@@ -180,28 +179,18 @@ declare -A refused
 accepted=0
 for task in "${task_list[@]}"; do
     set_task_args "$task"
-    if python train.py --check -m "${task_args[@]}" "pe=$(IFS=,; echo "${scheme_list[*]}")" "train.seed=$seed_list" \
-        "${group[@]}" "$@" > /dev/null 2>&1; then
-        accepted=$((accepted + ${#scheme_list[@]}))
-        continue
-    fi
-    for scheme in "${scheme_list[@]}"; do
-        status=0
-        refusal=$(python train.py --check -m "${task_args[@]}" "pe=$scheme" "train.seed=$seed_list" \
-            "${group[@]}" "$@" 2>&1 >/dev/null) || status=$?
-        if [[ $status -eq 2 && "$refusal" =~ ^"error: job "[1-9][0-9]*" of the sweep" ]]; then
-            echo "$refusal" >&2
-            exit 2
-        elif [[ $status -eq 2 ]]; then
-            echo "study: pe=$scheme is refused with these settings; its runs are skipped (${refusal#error: })" >&2
+    status=0
+    verdicts=$(python scripts/study_check.py "$seed_list" "${scheme_list[@]}" -- "${task_args[@]}" "${group[@]}" "$@") \
+        || status=$?
+    [[ $status -ne 0 ]] && exit "$status"  # its one line said why: a later seed refused, or the command's mistake
+    while read -r scheme verdict reason; do
+        if [[ "$verdict" == refused ]]; then
+            echo "study: pe=$scheme is refused with these settings; its runs are skipped (${reason#error: })" >&2
             refused[$task/$scheme]=1
-        elif [[ $status -ne 0 ]]; then
-            echo "$refusal" >&2
-            exit "$status"
         else
             accepted=$((accepted + 1))
         fi
-    done
+    done <<< "$verdicts"
 done
 if [[ $accepted -eq 0 ]]; then
     echo "error: every scheme is refused with these settings (the lines above say why); nothing was trained" >&2

@@ -16,7 +16,7 @@ from repo_root import REPO
 from core.rundir import RUN_MARKERS, lock_run
 from evaluation.perplexity_format import PERPLEXITY_ROWS
 from evaluation.render import write_csv
-from evaluation.store import write_document
+from evaluation.store import document_text, write_document
 from evaluation.task_accuracy import TASK_ROWS
 
 RESULTS = REPO / "results"
@@ -59,8 +59,7 @@ def study(tmp_path: Path) -> Path:
     (lm / "metrics.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in [START, STEP, {**STEP, "step": 20, "val_loss": 3.0}])
     )
-    (task / "eval").mkdir(parents=True)
-    (task / "eval" / "tasks.json").write_text(json.dumps(task_document()))
+    write_document(task_document(), task / "eval", TASK_ROWS)
     write_csv(task_document(), task / "eval" / "tasks.csv", TASK_ROWS)
     return tmp_path / "study"
 
@@ -75,7 +74,7 @@ def test_slimming_keeps_what_compare_reads_and_removes_what_a_command_rebuilds(s
     assert document == expected
     assert not (study / "rope-s1" / "eval" / "extrapolation.csv").exists()
     assert not (study / "passkey-rope-s1" / "eval" / "tasks.csv").exists()
-    assert (study / "passkey-rope-s1" / "eval" / "tasks.json").read_text() == json.dumps(task_document())
+    assert (study / "passkey-rope-s1" / "eval" / "tasks.json").read_text() == document_text(task_document())
     metrics = [json.loads(line) for line in (study / "rope-s1" / "metrics.jsonl").read_text().splitlines()]
     assert metrics == [START, {"step": 10, "train_loss": 3.5}, {"step": 20, "train_loss": 3.5, "val_loss": 3.0}]
     assert "2 files slimmed, 2 removed" in capsys.readouterr().out
@@ -116,6 +115,20 @@ def test_slimming_again_changes_nothing(study, capsys):
     slim_results.main([str(study)])
     assert {path: path.read_bytes() for path in study.rglob("*") if path.is_file()} == files
     assert "0 files slimmed, 0 removed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("run, name", [("rope-s1", "extrapolation.json"), ("passkey-rope-s1", "tasks.json")])
+def test_every_results_json_is_written_compact_and_holds_the_same_document(study, run, name):
+    """Every evaluator's results file is rewritten as evaluation/store.py writes it today (compact JSON, a row a
+    line), whatever spacing it was written with: the same document (slimmed), fewer bytes."""
+    path = study / run / "eval" / name
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=2))
+    spaced = json.loads(path.read_text())
+    slim_results.main([str(study)])
+    text = path.read_text()
+    assert text == document_text(json.loads(text)) and ": " not in text and len(text.splitlines()) > 2
+    expected = slim_results.slim_document(spaced) if name == "extrapolation.json" else spaced
+    assert json.loads(text) == expected
 
 
 def test_csv_writes_the_removed_csvs_back_as_they_were(study):
