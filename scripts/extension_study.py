@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import PosGPTError
+from core.files import read_json
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -472,7 +473,8 @@ def compare(study: Study) -> None:
         commands = [[script, *runs, *outputs]]
     else:
         commands = [[script, *runs, "--ratios", "--markdown", out / "comparison.md", "--plot", out / "comparison.png"]]
-        if '"protocol": "sliding"' in (Path(runs[0]) / "eval" / results).read_text():
+        rows = read_json(Path(runs[0]) / "eval" / results)["results"]
+        if any(row.get("protocol") == "sliding" for row in rows):  # eval.protocols may leave it out
             sliding = ["--protocol", "sliding", "--markdown", out / "comparison_sliding.md"]
             commands.append([script, *runs, "--ratios", *sliding, "--plot", out / "comparison_sliding.png"])
     for command in commands:

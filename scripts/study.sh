@@ -267,7 +267,7 @@ done
 python scripts/compare.py "${runs[@]}" --ratios --markdown "$study_dir/comparison.md" \
     --plot "$study_dir/comparison.png" --per-position "$study_dir/comparison_per_position.png" \
     --val-curve "$study_dir/comparison_val_loss.png"
-if grep -q '"protocol": "sliding"' "${runs[0]}eval/extrapolation.json"; then  # eval.protocols may leave it out
+if grep -qE '"protocol" *: *"sliding"' "${runs[0]}eval/extrapolation.json"; then  # eval.protocols may leave it out
     python scripts/compare.py "${runs[@]}" --ratios --protocol sliding \
         --markdown "$study_dir/comparison_sliding.md" --plot "$study_dir/comparison_sliding.png"
 fi

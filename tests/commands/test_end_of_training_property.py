@@ -1,20 +1,17 @@
 """The end-of-training evaluation is planned with the run: for every ``eval.*`` setting, generated from the schema
-(each declared choice, a flipped switch, each numeric domain's bound), on a language-model run
-and on a task run, either the training plan refuses it (train.py and ``train.py --check`` alike, before any write:
-the planning writes nothing) or the evaluation the plan holds runs to its end on the model the run starts from.
-A refusal of the evaluation after training, which would come after the run's checkpoint was written, fails here.
-"""
+(tests/support/generated_settings.py: each declared choice, a flipped switch, each numeric domain's bound), on a
+language-model run and on a task run, either the training plan refuses it (train.py and ``train.py --check``
+alike, before any write: the planning writes nothing) or the evaluation the plan holds runs to its end on the model
+the run starts from. A refusal of the evaluation after training, which would come after the run's checkpoint was
+written, fails here."""
 
 from __future__ import annotations
 
-import dataclasses
-import typing
-
 import pytest
 from cli_runs import TINY
+from generated_settings import generated_settings
 from refusals import TINY_MQAR
 
-from core.domain import choices_of, domain_of, used_with
 from core.errors import PosGPTError
 from experiment.compose import compose_config
 from experiment.config import EvalConfig
@@ -29,48 +26,15 @@ TASK += ["train.eval_after=true", "eval.task_half_width=0.3", "logging.wandb.mod
 TASK += ["train.num_threads=1", "eval.length_multipliers=[1,2]"]
 
 
-def _values(field: dataclasses.Field, kind: typing.Any) -> list[str]:
-    """Values of an eval.* setting away from its default, from what its field declares."""
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-    choices, interval = choices_of(field), domain_of(field)
-    listed = "list" in str(kind)
-    if choices:
-        return [f"[{c}]" if listed else str(c) for c in choices if c != default and [c] != default]
-    if kind is bool:
-        return [str(not default).lower()]
-    if interval is None:
-        return []
-    whole = "int" in str(kind)
-    low = interval.ge if interval.ge is not None else None
-    if low is None and interval.gt is not None:
-        low = interval.gt + (1 if whole else 0.5)
-    values = [v for v in (low,) if v is not None and v in interval]  # the edge of its domain, the likeliest to break
-    return [f"[{v}]" if listed else str(v) for v in values]
-
-
-def _selector(field: dataclasses.Field, kinds: dict[str, typing.Any]) -> list[str]:
-    """The setting that a field read only with another's value (core.domain's used_with) needs beside it."""
-    declared = used_with(field)
-    if declared is None:
-        return []
-    selector, values = declared
-    value = values[0]
-    if kinds[selector] is bool:
-        return [f"eval.{selector}={str(value).lower()}"]
-    return [f"eval.{selector}=[{value}]" if "list" in str(kinds[selector]) else f"eval.{selector}={value}"]
-
-
-def generated_settings() -> list[tuple[str, ...]]:
-    kinds = typing.get_type_hints(EvalConfig)
-    found = [
-        (*_selector(field, kinds), f"eval.{field.name}={value}")
-        for field in dataclasses.fields(EvalConfig)
-        for value in _values(field, kinds[field.name])
+def eval_settings() -> list[tuple[str, ...]]:
+    return generated_settings(EvalConfig, "eval.") + [
+        ("eval.variations=[none,yarn:2]",),
+        ("eval.variations=[none,rerope:8]",),
+        ("eval.key_tokens=true",),
     ]
-    return found + [("eval.variations=[none,yarn:2]",), ("eval.variations=[none,rerope:8]",), ("eval.key_tokens=true",)]
 
 
-SETTINGS = generated_settings()
+SETTINGS = eval_settings()
 
 
 def test_the_settings_are_generated_from_every_kind_of_field():

@@ -6,32 +6,27 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
-from pathlib import Path
 
 import matplotlib.image
 import pytest
 import torch
-from omegaconf import OmegaConf
 from repo_root import REPO
+from result_runs import corpus_splits, eval_config
+from result_runs import evaluate as evaluate_with
 
 from core.errors import PosGPTError
 from core.tracking import init_wandb
-from data import DataConfig, load_splits
 from evaluation import plots
 from evaluation.perplexity_format import PERPLEXITY_ROWS, per_position_rows
 from evaluation.plots import Series, scheme_colour
 from evaluation.render import format_table
 from evaluation.results import CSV_COLUMNS, format_ppl
-from evaluation.run import EVAL_DIR, check_evaluators, evaluate_run
+from evaluation.run import EVAL_DIR, check_evaluators
 from evaluation.schemes import COLOURS
 from experiment.build import build_model
 from experiment.compose import compose_config
-from experiment.config import Config, EvalConfig, LoggingConfig, TrainConfig, WandbConfig
 from experiment.plan import evaluation_plan, plan_evaluators, tracker_settings
-from model import ModelConfig
 from model.pe.learned import LearnedConfig
-from model.pe.rope import RoPEConfig
 
 CPU = torch.device("cpu")
 ROW_KEYS = {
@@ -56,38 +51,17 @@ ROW_KEYS = {
 @pytest.fixture(scope="module")
 def val_tokens(tmp_path_factory):
     """The validation half of a corpus made of a few standard-library modules."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    corpus.write_text("\n".join((stdlib / name).read_text() for name in ("textwrap.py", "string.py", "bisect.py")))
-    data = DataConfig(
-        name="tiny",
-        source="text",
-        files=[str(corpus)],
-        val_fraction=0.5,
-        num_proc=1,
-        cache_dir=str(tmp_path_factory.mktemp("cache")),
-    )
-    return load_splits(data)["val"]
+    return corpus_splits(tmp_path_factory, "textwrap.py", "string.py", "bisect.py")["val"]
 
 
 def config(pe=None, **eval_keys):
-    return OmegaConf.structured(
-        Config(
-            model=ModelConfig(n_layer=1, n_head=2, n_embd=32),
-            pe=pe or RoPEConfig(),
-            data=DataConfig(name="tiny"),
-            train=TrainConfig(seq_len=8, max_steps=5),
-            eval=EvalConfig(**{"length_multipliers": [1, 2, 4], "max_tokens": 64, "batch_tokens": 256, **eval_keys}),
-            logging=LoggingConfig(progress=False, wandb=WandbConfig(mode="disabled")),
-        )
-    )
+    """result_runs' tiny config evaluated at 1x, 2x and 4x under both default protocols, 256 tokens a batch."""
+    defaults = {"length_multipliers": [1, 2, 4], "protocols": ["nonoverlapping", "sliding"], "batch_tokens": 256}
+    return eval_config(pe, **{**defaults, **eval_keys})
 
 
-def evaluate(cfg, tokens, run_dir, **kwargs):
-    torch.manual_seed(0)
-    trained = OmegaConf.to_container(cfg, resolve=True)
-    context = evaluation_plan(cfg).context(build_model(cfg).eval(), run_dir, CPU, torch.float32, trained, **kwargs)
-    return evaluate_run(context, tokens, plan_evaluators(cfg))
+def evaluate(cfg, tokens, run_dir, **context):
+    return evaluate_with(tokens, run_dir, cfg, context=context)
 
 
 def read_document(run_dir):

@@ -1,5 +1,6 @@
 """Result rows of tiny evaluations and hand-made runs (tests/evaluation/test_results.py,
-tests/evaluation/test_extrapolation_overflow.py): a corpus's splits, an evaluation config, an evaluation, a fake run."""
+tests/evaluation/test_extrapolation_overflow.py,
+tests/evaluation/test_run.py): a corpus's splits, an evaluation config, an evaluation, a fake run."""
 
 import sysconfig
 from pathlib import Path
@@ -57,15 +58,18 @@ def eval_config(pe=None, **eval_keys):
     )
 
 
-def evaluate(tokens, run_dir, cfg=None, prepare=lambda model: None, **eval_keys):
-    """evaluate_run of a freshly initialised model (``prepare`` may alter it first)."""
+def evaluate(tokens, run_dir, cfg=None, prepare=lambda model: None, context=None, **eval_keys):
+    """evaluate_run of a freshly initialised model (``prepare`` may alter it first); ``context``: what else its
+    context is given (a step, a W&B run)."""
     cfg = cfg or eval_config(**eval_keys)
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     prepare(model)
     trained = OmegaConf.to_container(cfg, resolve=True)
-    context = evaluation_plan(cfg).context(model, run_dir, torch.device("cpu"), torch.float32, trained)
-    return evaluate_run(context, tokens, plan_evaluators(cfg))
+    planned = evaluation_plan(cfg).context(
+        model, run_dir, torch.device("cpu"), torch.float32, trained, **(context or {})
+    )
+    return evaluate_run(planned, tokens, plan_evaluators(cfg))
 
 
 # compare.py on hand-made runs

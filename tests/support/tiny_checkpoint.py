@@ -15,12 +15,14 @@ from omegaconf import OmegaConf
 from core.checkpoint_io import save_checkpoint
 from experiment.build import build_model
 from experiment.compose import compose_config
+from experiment.config import set_task_vocabulary
 
 
 def make_run(run_dir: Path, corpus: Path, *overrides: str, seed: int = 0) -> Path:
     """A run directory as train.py leaves it (checkpoint only), for the TINY settings plus ``overrides``."""
     overrides = [*TINY, f"data.files=[{corpus}]", *overrides]
     cfg = compose_config(overrides)
+    set_task_vocabulary(cfg)  # a task run's model has the task's vocabulary, as train.py's plan sets it
     torch.manual_seed(seed)
     model = build_model(cfg)
     state = {

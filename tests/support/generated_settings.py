@@ -1,0 +1,52 @@
+"""Settings generated from what a config section's fields declare (core.domain): each declared choice, a flipped
+switch, each numeric domain's edge, with the setting a field is read only beside (its used_with selector). The
+property tests of the commands (tests/commands/) give these to the commands instead of a list of cases."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from core.domain import choices_of, domain_of, used_with
+
+
+def _values(field: dataclasses.Field, kind: typing.Any) -> list[str]:
+    """Values of a setting away from its default, from what its field declares."""
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    choices, interval = choices_of(field), domain_of(field)
+    listed = "list" in str(kind)
+    if choices:
+        return [f"[{c}]" if listed else str(c) for c in choices if c != default and [c] != default]
+    if kind is bool:
+        return [str(not default).lower()]
+    if interval is None:
+        return []
+    whole = "int" in str(kind)
+    low = interval.ge if interval.ge is not None else None
+    if low is None and interval.gt is not None:
+        low = interval.gt + (1 if whole else 0.5)
+    values = [v for v in (low,) if v is not None and v in interval]  # the edge of its domain, the likeliest to break
+    return [f"[{v}]" if listed else str(v) for v in values]
+
+
+def _selector(field: dataclasses.Field, kinds: dict[str, typing.Any], prefix: str) -> list[str]:
+    """The setting that a field read only with another's value (core.domain's used_with) needs beside it."""
+    declared = used_with(field)
+    if declared is None:
+        return []
+    selector, values = declared
+    value = values[0]
+    if kinds[selector] is bool:
+        return [f"{prefix}{selector}={str(value).lower()}"]
+    return [f"{prefix}{selector}=[{value}]" if "list" in str(kinds[selector]) else f"{prefix}{selector}={value}"]
+
+
+def generated_settings(section: type, prefix: str) -> list[tuple[str, ...]]:
+    """Every generated setting of the section type ``section`` (its keys under ``prefix``, e.g. ``eval.``): each a
+    tuple of overrides, its selector first where it has one."""
+    kinds = typing.get_type_hints(section)
+    return [
+        (*_selector(field, kinds, prefix), f"{prefix}{field.name}={value}")
+        for field in dataclasses.fields(section)
+        for value in _values(field, kinds[field.name])
+    ]
