@@ -227,8 +227,11 @@ def many_documents(path):
 
 @pytest.mark.slow
 def test_a_compiled_model_keeps_documents_apart():
-    """torch.compile (CUDA's default) with the positions training gives: FlexAttention's document block mask built
-    inside the graph, and the blockwise sdpa training path with its backward, equal the eager model."""
+    """torch.compile with the positions training gives: FlexAttention's document block mask built inside the graph,
+    and the blockwise sdpa training path with its backward, equal the eager model. Traced by dynamo and AOTAutograd
+    (aot_eager), the device-independent part of torch.compile: inductor's CPU code generation for FlexAttention is
+    not what a GPU runs (Triton), and costs most of a minute here (tests/training/test_step.py compiles a bias
+    scheme with inductor)."""
     x, _, _ = packed_rows()
     documents, y = separate_documents(x, x.roll(-1, dims=1))
     positions = within_document_index(documents)
@@ -236,10 +239,10 @@ def test_a_compiled_model_keeps_documents_apart():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = tiny("alibi", "flex")
-        compiled = torch.compile(model)(x, documents=documents, positions=positions)
+        compiled = torch.compile(model, backend="aot_eager")(x, documents=documents, positions=positions)
         torch.testing.assert_close(compiled, model(x, documents=documents), **TOLERANCE)
     model = tiny("rope", "sdpa").train()
-    loss = torch.compile(model)(x, y, documents=documents, positions=positions)
+    loss = torch.compile(model, backend="aot_eager")(x, y, documents=documents, positions=positions)
     loss.backward()
     torch.testing.assert_close(loss, model(x, y, documents=documents), **TOLERANCE)
 
