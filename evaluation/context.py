@@ -32,12 +32,12 @@ OpenRun = Callable[[str], tuple[torch.nn.Module, str, int]]
 
 @dataclass
 class EvalContext:
-    """What the planner (experiment/plan.py: evaluation_plan, then EvaluationPlan.context) hands every evaluator of a
-    run, and nothing of the config besides: the model and where it runs; the run's directory, the config its
-    checkpoint records (written into every results document) and the checkpoint's step; the evaluated lengths,
-    resolved once; what a row records of the trained run (its scheme, training length, seed, attention temperature
-    and backend); the scored corpus's settings (data/config.py's DataConfig; None for a task run) or the task's (a
-    task run); the scheme's evaluation-time variations asked for; W&B's run; and how an evaluator opens another run."""
+    """What the planner (experiment/eval_checks.py: evaluation_plan, then EvaluationPlan.context) hands every evaluator
+    of a run, and nothing of the config besides: the model and where it runs; the run's directory, the config its
+    checkpoint records (written into every results document) and the checkpoint's step; the evaluated lengths, resolved
+    once; what a row records of the trained run (its scheme, training length, seed, attention temperature and backend);
+    the scored corpus's settings (data/config.py's DataConfig; None for a task run) or the task's (a task run); the
+    scheme's evaluation-time variations asked for; W&B's run; and how an evaluator opens another run."""
 
     model: torch.nn.Module
     run_dir: Path
@@ -96,7 +96,7 @@ class EvalContext:
 
 @dataclass(frozen=True)
 class EvaluationPlan:
-    """What an evaluation reads of a run's config, planned once (experiment/plan.py: evaluation_plan), typed; the
+    """What an evaluation reads of a run's config, planned once (experiment/eval_checks.py: evaluation_plan), typed; the
     :class:`EvalContext` of each evaluation adds to it what only the evaluation has (the model, the device, the
     trained config, the step scored, W&B's run). ``step``: the step a run that has just trained reaches."""
 

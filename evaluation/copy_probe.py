@@ -47,7 +47,7 @@ from core.runtime import autocast
 from data import EOT_TOKEN, TokenArray, describe_corpus, load_split
 from data.config import DataConfig
 from data.tasks import held_out_seed
-from evaluation.context import EvalContext
+from evaluation.context import EvalContext, EvaluationPlan
 from evaluation.settings import TEXT, AccuracyInterval, Batching
 from evaluation.task_accuracy import examples_for, wilson_interval
 
@@ -128,6 +128,16 @@ class ProbeSettings(AccuracyInterval, Batching):
     # Which tokens the span is drawn from: 0, any but <|endoftext|> (Olsson et al.'s random tokens); N > 0, only
     # tokens that occur at least N times in the training split (tokens whose embeddings the run has learned)
     copy_min_count: int = domain(0, ge=0, used_with=("tasks", PROBES))
+
+    def check(self, plan: EvaluationPlan) -> None:
+        """The probe writes its span twice in a window: it needs a length longer than the span, else it writes no
+        row at all."""
+        if self.tasks and self.copy_span >= max(plan.lengths):
+            raise PosGPTError(
+                f"eval.copy_span={self.copy_span} is not shorter than any evaluation length (the longest is "
+                f"{max(plan.lengths)}): the copy probe writes its span twice in a window, so it would score nothing; "
+                "lower eval.copy_span"
+            )
 
 
 def probe_candidates(data: DataConfig, min_count: int, vocab: int, progress: bool = False) -> torch.Tensor:

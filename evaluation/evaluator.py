@@ -14,7 +14,9 @@ subclass defined anywhere else, a test module say, registers the same way). It d
   ``Batching``: ``eval.batch_tokens``, ...): the schema's ``eval`` section is made from those declarations
   (experiment/config.py, ``EvalConfig``), so each setting is declared once. The schema is made when experiment/config.py
   is imported, from the evaluators of evaluation/evaluators/ alone: a plug-in defined elsewhere reads settings they
-  declare (by inheriting their types, or with fields of the same names and no default) and adds none;
+  declare (by inheriting their types, or with fields of the same names and no default) and adds none. A settings
+  type's ``check`` (evaluation/settings.py) refuses a value of its own fields that the evaluation cannot produce:
+  the planner runs those of every type of the eval section before any work, whether its evaluator is selected or not;
 - ``recorded``: those of them each row depends on besides its own fields, stamped on every row it writes;
 - ``rows``: the results file its rows go to and how they are keyed and shown (evaluation/store.py's RowFormat;
   evaluation/value_format.py's value_rows for one number per length);
@@ -30,14 +32,12 @@ one store and renderer (evaluation/render.py).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from omegaconf import OmegaConf
-
 from core.errors import PosGPTError
+from evaluation.settings import settings_of
 
 if TYPE_CHECKING:
     from data import TokenArray
@@ -76,8 +76,7 @@ class Evaluator:
     @classmethod
     def of(cls, section: Mapping[str, Any]) -> Evaluator:
         """The evaluator with its typed settings read from ``section`` (the evaluation's ``eval.*`` values)."""
-        fields = {field.name: _plain(section[field.name]) for field in dataclasses.fields(cls.Settings)}
-        return cls(cls.Settings(**fields))
+        return cls(settings_of(cls.Settings, section))
 
     @classmethod
     def requested(cls, section: Mapping[str, Any]) -> bool:
@@ -136,8 +135,3 @@ def registered() -> dict[str, type[Evaluator]]:
     from evaluation import evaluators  # noqa: F401
 
     return EVALUATORS
-
-
-def _plain(value: Any) -> Any:
-    """A setting's value as a plain Python value (an OmegaConf list as a tuple: the settings are frozen)."""
-    return tuple(value) if OmegaConf.is_list(value) or isinstance(value, list) else value

@@ -43,7 +43,7 @@ from core.domain import domain, read_with
 from core.errors import PosGPTError
 from core.rundir import CHECKPOINT_DIR
 from data.tasks import NO_TASK
-from evaluation.context import EvalContext
+from evaluation.context import EvalContext, EvaluationPlan
 from evaluation.extrapolation import effective_stride, scored_range, summarize, target_losses, window_plan
 from evaluation.results import KEY_TOKENS
 from evaluation.settings import TEXT, Batching, SlidingWindows, TokenBudget
@@ -74,6 +74,43 @@ class KeyTokenSettings(SlidingWindows, TokenBudget, Batching):
     key_lcl_threshold: float = domain(-2.0, lt=0, used_with=KEY_TOKENS_ON)  # beta: log-probability with the long one
     # a run directory whose model selects the key tokens; None: the run itself
     key_evaluator: str | None = read_with(None, used_with=KEY_TOKENS_ON)
+
+    def check(self, plan: EvaluationPlan) -> None:
+        """Key-token perplexity needs text, a protocol whose context is the tokens before each target, a length
+        longer than its short context, and an evaluator that is a run; its evaluator is read only with it."""
+        if not self.key_tokens:
+            if self.key_evaluator is not None:
+                raise PosGPTError(
+                    f"eval.key_evaluator={self.key_evaluator} is read only when eval.key_tokens=true: add it or drop "
+                    "eval.key_evaluator"
+                )
+            return
+        if plan.task is not None:
+            raise PosGPTError(f"eval.key_tokens scores text; this run was trained on task={plan.task.name}: drop it")
+        if not set(self.protocols) & set(LONG_PROTOCOLS):
+            raise PosGPTError(
+                f"eval.key_tokens compares each target's context in the {' or '.join(LONG_PROTOCOLS)} protocol with "
+                f"a short one; eval.protocols={list(self.protocols)} has neither: add one"
+            )
+        self._check_short_context(plan)
+        if self.key_evaluator is not None:
+            check_evaluator_dir(self.key_evaluator)
+
+    def _check_short_context(self, plan: EvaluationPlan) -> None:
+        """Some evaluated length must be longer than the short context, whose windows score at most all of it."""
+        size = short_length(self.key_short_length, plan.train_len)
+        stride = short_stride(self.key_short_stride, size)
+        if not key_jobs(list(self.protocols), list(plan.lengths), size):
+            raise PosGPTError(
+                f"eval.key_tokens=true needs an evaluation length longer than its short context of {size} tokens "
+                f"(eval.key_short_length, default train.seq_len); the lengths are {list(plan.lengths)}: add a longer "
+                "one or lower eval.key_short_length"
+            )
+        if stride > size:
+            raise PosGPTError(
+                f"eval.key_short_stride={stride} exceeds the short context of {size} tokens (eval.key_short_length): "
+                f"each short window scores its last stride targets, so at most {size}"
+            )
 
 
 def short_length(given: int | None, train_len: int) -> int:
@@ -221,7 +258,7 @@ def find_key_tokens(ctx: EvalContext, tokens: TokenArray, e: KeyTokenSettings) -
     span = scored_range(len(tokens), ctx.lengths, e.max_tokens)
     jobs = key_jobs(list(e.protocols), ctx.lengths, size)
     reuse = evaluator.name == SELF and not ctx.variation_names
-    if not jobs:  # experiment/eval_checks.py refuses this before any work
+    if not jobs:  # KeyTokenSettings.check refuses this before any work
         return KeyTokenSelection(settings, span, {}, reuse)
     if span is None or all(length > span[0] for length, _ in jobs):  # every row says why (no targets)
         unscored = {job: unscorable(job[0], len(tokens), e.max_tokens) for job in jobs}

@@ -10,24 +10,43 @@ evaluation's plan and the selection of evaluators read rather than any one evalu
 the evaluators it adds).
 
 The schema's ``eval`` section (experiment/config.py, ``EvalConfig``) is made from those types by core.settings'
-``schema_section``; :meth:`evaluation.evaluator.Evaluator.of` fills an evaluator's settings from the composed section
-by field name, and the planner reads the plan's (experiment/plan.py, ``evaluation_plan``).
+``schema_section``; :func:`settings_of` fills a type from the composed section by field name (an evaluator's settings,
+:meth:`evaluation.evaluator.Evaluator.of`), and the planner reads the plan's (experiment/eval_checks.py,
+``evaluation_plan``).
+
+A type validates what it declares: one whose own body defines ``check(self, plan)`` raises there, naming the setting,
+when a value of a field its own body declares asks for what the evaluation cannot produce, given the other settings
+and the run (the evaluated lengths, the training length, the task, ``train.random_positions``: evaluation/context.py's
+``EvaluationPlan``). A check refuses only its own type's fields (those of its bases are their checks'), so that a
+setting several types share is checked once, by the type that declares it. :func:`check_settings` runs every such
+check of a list of types and of their bases, each declaring type once: the planner runs those of the eval section's
+types (experiment/eval_checks.py), before any work, whichever evaluators the settings select.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import OmegaConf
 
 from core.domain import BENCHMARKS, choice, domain
+from core.errors import PosGPTError
+from data.tasks import build_task
 from evaluation.extrapolation import PROTOCOLS
+
+if TYPE_CHECKING:
+    from evaluation.context import EvaluationPlan
 
 TEXT, TASK = ("text",), ("task",)  # the kinds of run that read a setting (core.domain's runs)
 
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluationSettings:
-    """What the evaluation's plan (experiment/plan.py, evaluation_plan; evaluation/context.py, EvaluationPlan) and
-    the selection of its evaluators (evaluation/evaluator.py, select_evaluators) read."""
+    """What the evaluation's plan (experiment/eval_checks.py, evaluation_plan; evaluation/context.py,
+    EvaluationPlan) and the selection of its evaluators (evaluation/evaluator.py, select_evaluators) read."""
 
     lengths: tuple[int, ...] | None = domain(None, ge=1)  # absolute lengths; None: length_multipliers x train.seq_len
     # x train.seq_len, rounded to whole tokens; below 1 checks that a run holds its 1x result at shorter lengths
@@ -37,6 +56,17 @@ class EvaluationSettings:
     variations: tuple[str, ...] | None = None
     # Evaluators to run besides those the settings above ask for (evaluation/evaluator.py; evaluation/evaluators/)
     evaluators: tuple[str, ...] | None = None
+
+    def check(self, plan: EvaluationPlan) -> None:
+        """A task run's lengths must fit the task's format: a shorter one would fail after training, with nothing
+        scored."""
+        task = None if plan.task is None else build_task(plan.task)
+        if task is not None and min(plan.lengths) + 1 < task.min_length():
+            short = [length for length in plan.lengths if length + 1 < task.min_length()]
+            raise PosGPTError(
+                f"evaluation lengths {short} (eval.lengths or eval.length_multipliers x train.seq_len) are shorter "
+                f"than task={task.name} can fill with its settings ({task.min_length() - 1} tokens): drop them"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +84,14 @@ class SlidingWindows(Protocols):
 
     stride: int | None = domain(None, ge=1, runs=TEXT)  # sliding-window stride; None: half the window
 
+    def check(self, plan: EvaluationPlan) -> None:
+        """A stride is the sliding protocol's: refused without it."""
+        if self.stride is not None and "sliding" not in self.protocols:
+            raise PosGPTError(
+                f"eval.stride={self.stride} is the sliding protocol's stride, but eval.protocols="
+                f"{list(self.protocols)} has no sliding: add sliding or drop eval.stride"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class TokenBudget:
@@ -61,6 +99,16 @@ class TokenBudget:
 
     # scored tokens per (length, protocol): the same token range for all
     max_tokens: int = domain(32768, ge=1, runs=TEXT)
+
+    def check(self, plan: EvaluationPlan) -> None:
+        """Every length of a language-model run is scored on the same max_tokens targets, so each window must fit in
+        them (a task run generates its examples: no budget)."""
+        too_long = [length for length in plan.lengths if length > self.max_tokens] if plan.task is None else []
+        if too_long:
+            raise PosGPTError(
+                f"evaluation lengths {too_long} exceed eval.max_tokens={self.max_tokens}, the targets every length is "
+                "scored on: no window of them fits; raise eval.max_tokens or drop those lengths"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,3 +129,34 @@ class AccuracyInterval:
     # (both read by the copy probe too: experiment/config.py's PROBE_READS)
     task_half_width: float = domain(0.05, gt=0, le=0.5)
     task_threshold: float = domain(0.9, gt=0, le=1)
+
+
+def settings_of(kind: type, section: Mapping[str, Any]) -> Any:
+    """The frozen settings type ``kind`` with each of its fields read from ``section`` (the evaluation's ``eval.*``
+    values) by name, a list as a tuple."""
+    return kind(**{item.name: _plain(section[item.name]) for item in dataclasses.fields(kind)})
+
+
+def declared_checks(stages: Sequence[type]) -> list[type]:
+    """The types among ``stages`` and their bases whose own body defines ``check``, each once: in the order of
+    ``stages``, a stage's bases (in its method resolution order) before the stage itself."""
+    found: dict[type, None] = {}
+    for stage in stages:
+        for kind in (*stage.__mro__[1:], stage):
+            if "check" in vars(kind):
+                found.setdefault(kind)
+    return list(found)
+
+
+def check_settings(stages: Sequence[type], section: Mapping[str, Any], plan: EvaluationPlan) -> None:
+    """Every check the settings types ``stages`` and their bases declare (:func:`declared_checks`), each run on the
+    settings of the first stage that holds it, read from ``section``: PosGPTError from the first that refuses."""
+    holders = {stage: settings_of(stage, section) for stage in stages}
+    for kind in declared_checks(stages):
+        settings = next(held for stage, held in holders.items() if issubclass(stage, kind))
+        kind.check(settings, plan)
+
+
+def _plain(value: Any) -> Any:
+    """A setting's value as a plain Python value (an OmegaConf list as a tuple: the settings are frozen)."""
+    return tuple(value) if OmegaConf.is_list(value) or isinstance(value, list) else value

@@ -38,7 +38,7 @@ from core.files import remove
 from core.runtime import autocast
 from data.tasks import Task, held_out_seed
 from data.windows import random_positions
-from evaluation.context import EvalContext
+from evaluation.context import EvalContext, EvaluationPlan
 from evaluation.render import length_header, render_table
 from evaluation.results import condition_label
 from evaluation.settings import TASK, AccuracyInterval, Batching
@@ -187,6 +187,24 @@ class TaskSettings(AccuracyInterval, Batching):
     # A task run trained with train.random_positions=N: score each example at a sorted random subset of [0, N), as
     # Ruoss et al. 2023 test, instead of at 0..L-1; its rows are labelled randpos:N
     random_positions: bool = read_with(False, runs=TASK)
+
+    def check(self, plan: EvaluationPlan) -> None:
+        """eval.random_positions draws a task example's positions from the [0, N) its run trained on
+        (train.random_positions=N): every length must fit in it."""
+        if not self.random_positions:
+            return
+        n = plan.train_random_positions
+        if not n:  # a language-model run never gets here: the setting is a task run's (validate's run kinds)
+            raise PosGPTError(
+                f"eval.random_positions scores a task run at positions drawn from the [0, N) it trained on "
+                f"(train.random_positions=N); this run has train.random_positions={n}: drop eval.random_positions"
+            )
+        longer = [length for length in plan.lengths if length > n]
+        if longer:
+            raise PosGPTError(
+                f"eval.random_positions draws each example's positions from [0, train.random_positions={n}): the "
+                f"lengths {longer} do not fit; drop them (eval.lengths or eval.length_multipliers)"
+            )
 
 
 def evaluate_task(ctx: EvalContext, task: Task, e: TaskSettings) -> list[dict[str, Any]]:

@@ -33,11 +33,10 @@ from core.settings import declared_settings
 from core.tracking import TrackerSettings
 from data import validate_data_config
 from data.tasks import NO_TASK
-from evaluation.context import EvaluationPlan
 from evaluation.end_of_training import EndOfTrainingEvaluation
 from experiment.build import build_model, model_flops_per_token, open_trained_model
-from experiment.config import check_command_reads, eval_lengths, set_task_vocabulary, validate
-from experiment.eval_checks import check_eval_settings
+from experiment.config import check_command_reads, set_task_vocabulary, validate
+from experiment.eval_checks import check_eval_settings, evaluation_plan
 from experiment.settings import changed_settings, overridden_keys, trained_config
 from model.pe import SCHEMES
 from training.checkpointing import CheckpointSettings
@@ -255,7 +254,8 @@ def plan_end_of_training(cfg: DictConfig, model: torch.nn.Module) -> EndOfTraini
 
 
 def _no_run(run_dir: str | Path):
-    """At plan time no other run is opened (eval.key_evaluator is checked to be a run by check_eval_settings)."""
+    """At plan time no other run is opened (eval.key_evaluator is checked to be a run by KeyTokenSettings.check, run by
+    check_eval_settings)."""
     return None
 
 
@@ -269,26 +269,6 @@ def plan_evaluators(cfg: DictConfig) -> list:
     from evaluation.evaluator import select_evaluators
 
     return select_evaluators(OmegaConf.to_container(cfg.eval, resolve=True), run_kind(cfg))  # plain values, no config
-
-
-def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:
-    """What an evaluation of the run of ``cfg`` reads of it (evaluation/context.py), typed, the lengths resolved."""
-    text = cfg.task.name == NO_TASK
-    return EvaluationPlan(
-        step=cfg.train.max_steps,
-        lengths=tuple(eval_lengths(cfg)),
-        scheme=cfg.pe.name,
-        train_len=cfg.train.seq_len,
-        train_seed=cfg.train.seed,
-        data=OmegaConf.to_object(cfg.data) if text else None,
-        task=None if text else OmegaConf.to_object(cfg.task),
-        variation_names=tuple(cfg.eval.variations or ()),
-        attn_temperature=cfg.model.attn_temperature,
-        attn_backend=cfg.model.attn_backend,
-        attn_sink=cfg.model.attn_sink,
-        train_random_positions=cfg.train.random_positions,
-        progress=bool(cfg.logging.progress),
-    )
 
 
 def plan_each(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig], run_dirs: list[Path]) -> None:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.domain import domain
+from core.errors import PosGPTError
 from data import TokenArray, describe_corpus
-from evaluation.context import EvalContext
+from evaluation.context import EvalContext, EvaluationPlan
 from evaluation.evaluator import Evaluator
 from evaluation.extrapolation import evaluate_extrapolation
 from evaluation.key_tokens import LONG_PROTOCOLS
@@ -33,6 +34,15 @@ class PerplexitySettings(SlidingWindows, TokenBudget, Batching):
 
     # drawn in per_position.png; None: the longest
     per_position_plot_lengths: tuple[int, ...] | None = domain(None, ge=1, runs=TEXT)
+
+    def check(self, plan: EvaluationPlan) -> None:
+        """per_position.png draws evaluated lengths only."""
+        not_evaluated = sorted(set(self.per_position_plot_lengths or []) - set(plan.lengths))
+        if not_evaluated:
+            raise PosGPTError(
+                f"eval.per_position_plot_lengths names {not_evaluated}, which are not evaluated (the lengths are "
+                f"{list(plan.lengths)}): choose among them"
+            )
 
 
 class Perplexity(Evaluator):

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.domain import domain
+from core.errors import PosGPTError
 from data import TokenArray
-from evaluation.context import EvalContext
+from evaluation.context import EvalContext, EvaluationPlan
 from evaluation.evaluator import Evaluator
 from evaluation.evaluators.perplexity import score_protocols
 from evaluation.perplexity_format import PERPLEXITY_ROWS
@@ -24,6 +25,15 @@ class StreamingSettings(Protocols, TokenBudget, Batching):
 
     # streaming protocol only: the first k tokens kept; the window is length - k
     streaming_sinks: int = domain(4, ge=0, used_with=("protocols", (STREAMING,)), runs=TEXT)
+
+    def check(self, plan: EvaluationPlan) -> None:
+        """The streaming cache holds the sinks and length - sinks recent tokens: some must be left at every length."""
+        shortest = min(plan.lengths)
+        if STREAMING in self.protocols and self.streaming_sinks >= shortest:
+            raise PosGPTError(
+                f"eval.streaming_sinks={self.streaming_sinks} leaves no window of recent tokens at length {shortest} "
+                "(the streaming cache holds the sinks and length - sinks recent tokens): lower it below every length"
+            )
 
 
 class Streaming(Evaluator):
