@@ -45,14 +45,14 @@ from core.checkpoint_io import checkpoint_dir
 from core.cli import exit_on_user_error
 from core.files import check_matplotlib_folders, check_outputs, check_writable
 from core.rundir import EVAL_DIR, lock_run, refuse_if_live
-from core.tracking import check_wandb, init_wandb
+from core.tracking import TrackerSettings, check_wandb, init_wandb
 from data import TokenArray, eval_tokens
 from data.tasks import NO_TASK
 from evaluation.context import EvalContext
 from evaluation.evaluator import Evaluator
 from evaluation.perplexity_format import PER_POSITION_PLOT, PPL_PLOT
 from evaluation.run import by_file, check_evaluators, evaluate_run
-from experiment.build import TrainedRun, load_trained_run, open_trained_model, parse_run_dir
+from experiment.build import load_trained_run, open_trained_model, parse_run_dir
 from experiment.eval_checks import check_eval_settings
 from experiment.plan import evaluation_plan, plan_evaluators, tracker_settings
 
@@ -74,10 +74,17 @@ def main(argv: list[str]) -> None:
 
 @dataclass(frozen=True)
 class EvalPlan:
-    """An evaluation, planned: the trained run, its evaluators (checked), their context, and the scored tokens."""
+    """An evaluation, planned: what the header names (the run directory, its scheme, the checkpoint's step and the
+    training length), the W&B run it continues (the settings and the checkpoint's run id), the evaluators (checked),
+    their context (the model, where it runs, the lengths: evaluation/context.py), and the scored tokens."""
 
-    run: TrainedRun
-    evaluators: list[Evaluator]
+    run_dir: Path
+    pe_name: str
+    step: int
+    train_seq_len: int
+    tracker: TrackerSettings
+    wandb_run_id: str | None
+    evaluators: tuple[Evaluator, ...]
     context: EvalContext
     tokens: TokenArray | None
 
@@ -102,7 +109,8 @@ def plan_evaluation(run_dir: Path, overrides: list[str]) -> EvalPlan:
         outputs, inputs=[checkpoint_dir(run.dir), *(cfg.data.files if cfg.data.source == "text" else [])], run=run.dir
     )
     check_writable(outputs)
-    check_wandb(tracker_settings(cfg), run.dir)
+    tracker = tracker_settings(cfg)
+    check_wandb(tracker, run.dir)
     check_matplotlib_folders()
     check_evaluators(context, evaluators)
     # data.eval_split: the val split of the training corpus, all of another one; a task run generates its own
@@ -113,20 +121,28 @@ def plan_evaluation(run_dir: Path, overrides: list[str]) -> EvalPlan:
         if cfg.task.name == NO_TASK
         else None
     )
-    return EvalPlan(run, evaluators, context, tokens)
+    return EvalPlan(
+        run_dir=run.dir,
+        pe_name=cfg.pe.name,
+        step=checkpoint["step"],
+        train_seq_len=cfg.train.seq_len,
+        tracker=tracker,
+        wandb_run_id=checkpoint.get("wandb_run_id"),
+        evaluators=tuple(evaluators),
+        context=context,
+        tokens=tokens,
+    )
 
 
 def evaluate(plan: EvalPlan) -> None:
-    """Start W&B, then run the planned evaluators."""
-    run = plan.run
-    wandb_run = init_wandb(tracker_settings(run.cfg), run.dir, run.checkpoint.get("wandb_run_id"), "eval")
+    """Start W&B (continuing the training run's W&B run), then run the planned evaluators."""
+    wandb_run = init_wandb(plan.tracker, plan.run_dir, plan.wandb_run_id, "eval")
     context = dataclasses.replace(plan.context, wandb_run=wandb_run)
     print(
-        f"eval: {run.dir} (pe={run.cfg.pe.name}, trained {run.checkpoint['step']} steps at length "
-        f"{run.cfg.train.seq_len})",
+        f"eval: {plan.run_dir} (pe={plan.pe_name}, trained {plan.step} steps at length {plan.train_seq_len})",
         flush=True,
     )
-    evaluate_run(context, plan.tokens, plan.evaluators)
+    evaluate_run(context, plan.tokens, list(plan.evaluators))
     if context.wandb_run is not None:
         context.wandb_run.finish()
 

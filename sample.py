@@ -37,9 +37,10 @@ from core.errors import PosGPTError
 from core.files import read_user_text
 from core.runtime import autocast
 from data import EOT_TOKEN, gpt2_encoding
-from experiment.build import TrainedRun, load_trained_run, parse_run_dir, require_text_run
+from experiment.build import load_trained_run, parse_run_dir, require_text_run
 from experiment.config import SampleConfig
 from experiment.settings import overridden_keys
+from model import GPT
 from model.sampling import check_length, generate
 
 USAGE = 'usage: python sample.py run_dir=<training run directory> [sample.prompt="..."] [sample.* and other overrides]'
@@ -93,10 +94,19 @@ class TextStream:
 
 @dataclass(frozen=True)
 class SamplePlan:
-    """Sampling, planned: the trained run, the prompt's token ids, and the sampling settings."""
+    """Sampling, planned: the model (weights loaded, in eval mode, the scheme's evaluation-time variation set) and
+    where it runs; what the header names (the run directory, its scheme and variation, the checkpoint's step, the
+    training length); the prompt's token ids; and the sample.* settings."""
 
-    run: TrainedRun
-    ids: list[int]
+    run_dir: Path
+    model: GPT
+    device: torch.device
+    dtype: torch.dtype
+    pe_name: str
+    variation: str  # "" for the scheme as trained
+    step: int
+    train_seq_len: int
+    ids: tuple[int, ...]
     settings: SampleConfig
 
 
@@ -109,17 +119,29 @@ def plan_sampling(run_dir: Path, overrides: list[str]) -> SamplePlan:
     ids = prompt_tokens(run.cfg)
     settings = OmegaConf.to_object(run.cfg.sample)
     check_length(run.model, len(ids) + settings.max_new_tokens)
-    return SamplePlan(run, ids, settings)
+    return SamplePlan(
+        run_dir=run.dir,
+        model=run.model,
+        device=run.device,
+        dtype=run.dtype,
+        pe_name=run.cfg.pe.name,
+        variation=run.model.pe.current_variation(),
+        step=run.checkpoint["step"],
+        train_seq_len=run.cfg.train.seq_len,
+        ids=tuple(ids),
+        settings=settings,
+    )
 
 
 def sample(plan: SamplePlan) -> None:
-    """Print the planned samples, each token as it comes."""
-    run, ids, s = plan.run, plan.ids, plan.settings
-    device, dtype = run.device, run.dtype
-    variation = run.model.pe.current_variation()
+    """Print the planned samples, each token as it comes: each sample streams the prompt, then the tokens
+    model.sampling.generate draws (with the KV cache), under the run's autocast; one generator seeded with
+    sample.seed draws them all, one sample after the other."""
+    ids, s, device = list(plan.ids), plan.settings, plan.device
+    variation = plan.variation
     print(
-        f"sample: {run.dir} (pe={run.cfg.pe.name}{' ' + variation if variation else ''}, step "
-        f"{run.checkpoint['step']}, trained at length {run.cfg.train.seq_len}): {len(ids)} prompt tokens + "
+        f"sample: {plan.run_dir} (pe={plan.pe_name}{' ' + variation if variation else ''}, step "
+        f"{plan.step}, trained at length {plan.train_seq_len}): {len(ids)} prompt tokens + "
         f"{s.max_new_tokens} new, temperature {s.temperature}, top_k {s.top_k}, seed {s.seed}",
         file=sys.stderr,
         flush=True,
@@ -130,9 +152,9 @@ def sample(plan: SamplePlan) -> None:
         print(f"{SEPARATOR} sample {number} {SEPARATOR}", flush=True)
         stream = TextStream()
         stream.write(ids)
-        with autocast(device, dtype):
+        with autocast(device, plan.dtype):
             generate(
-                run.model,
+                plan.model,
                 prompt,
                 s.max_new_tokens,
                 s.temperature,

@@ -47,10 +47,12 @@ from core.errors import PosGPTError
 from core.files import atomic_write, check_matplotlib_folders, check_outputs, check_writable
 from core.rundir import CHECKPOINT_DIR, EVAL_DIR, lock_run
 from core.tracking import TrackerSettings, check_wandb, init_wandb
-from data import eval_tokens
+from data import TokenArray, eval_tokens
 from evaluation.attention_stats import ATTENTION_FILE, attention_statistics, plot_distance, plot_entropy
-from experiment.build import TrainedRun, load_trained_run, parse_run_dir, require_text_run
+from experiment.build import load_trained_run, parse_run_dir, require_text_run
+from experiment.config import InspectConfig
 from experiment.plan import tracker_settings
+from model import GPT
 
 USAGE = "usage: python scripts/inspect_attention.py run_dir=<training run directory> [inspect.* and other overrides]"
 
@@ -60,16 +62,29 @@ def output_suffix(variation: str) -> str:
     return "_" + re.sub(r"[^A-Za-z0-9.=]+", "-", variation).strip("-") if variation else ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Inspection:
-    """What an inspection reads and where it writes, all checked before anything is computed or written."""
+    """What an inspection reads and where it writes, all checked before anything is computed or written: the model
+    (weights loaded, in eval mode, the scheme's evaluation-time variation set) and where it runs, the validation
+    tokens, the lengths and the inspect.* settings; what the document records of the run (its scheme and variation,
+    training length, the checkpoint's step, the corpus's name); the outputs; and the W&B run it continues."""
 
-    run: TrainedRun
-    tokens: torch.Tensor
-    lengths: list[int]
+    run_dir: Path
+    model: GPT
+    device: torch.device
+    dtype: torch.dtype
+    tokens: TokenArray
+    lengths: tuple[int, ...]
+    settings: InspectConfig
+    pe_name: str
+    variation: str | None  # None for the scheme as trained
+    train_seq_len: int
+    step: int
+    data_name: str
     suffix: str  # the variation's, in every output's name
     paths: dict[str, Path]  # "json", "distance", "entropy" -> the file under <run_dir>/eval/
     tracker: TrackerSettings
+    wandb_run_id: str | None
 
 
 @exit_on_user_error
@@ -108,15 +123,32 @@ def plan_inspection(run_dir: Path, overrides: list[str]) -> Inspection:
     checkpoint = run.checkpoint
     data = OmegaConf.to_object(cfg.data)
     tokens = eval_tokens(data, checkpoint["config"]["data"], checkpoint.get("corpus"), cfg.logging.progress)
-    return Inspection(run, tokens, lengths, suffix, paths, tracker)
+    return Inspection(
+        run_dir=run.dir,
+        model=run.model,
+        device=run.device,
+        dtype=run.dtype,
+        tokens=tokens,
+        lengths=tuple(lengths),
+        settings=OmegaConf.to_object(cfg.inspect),
+        pe_name=cfg.pe.name,
+        variation=run.model.pe.current_variation() or None,
+        train_seq_len=cfg.train.seq_len,
+        step=checkpoint["step"],
+        data_name=cfg.data.name,
+        suffix=suffix,
+        paths=paths,
+        tracker=tracker,
+        wandb_run_id=checkpoint.get("wandb_run_id"),
+    )
 
 
 def inspect_run(plan: Inspection) -> None:
     """Compute the statistics at every length, then start W&B, write the files and log the plots."""
-    run, cfg = plan.run, plan.run.cfg
     entries = []
     for length in plan.lengths:
-        entries.append(attention_statistics(run.model, plan.tokens, length, cfg.inspect.windows, run.device, run.dtype))
+        windows = plan.settings.windows
+        entries.append(attention_statistics(plan.model, plan.tokens, length, windows, plan.device, plan.dtype))
         done = entries[-1]
         print(
             f"inspect: length {length}: "
@@ -126,16 +158,16 @@ def inspect_run(plan: Inspection) -> None:
     if all(entry["reason"] is not None for entry in entries):
         raise PosGPTError(f"no length could be inspected: {entries[0]['reason']}")
     document = {
-        "pe": cfg.pe.name,
-        "train_seq_len": cfg.train.seq_len,
-        "step": run.checkpoint["step"],
-        "variation": run.model.pe.current_variation() or None,
-        "data": cfg.data.name,
-        "n_layer": cfg.model.n_layer,
-        "n_head": cfg.model.n_head,
+        "pe": plan.pe_name,
+        "train_seq_len": plan.train_seq_len,
+        "step": plan.step,
+        "variation": plan.variation,
+        "data": plan.data_name,
+        "n_layer": plan.model.cfg.n_layer,
+        "n_head": plan.model.cfg.n_head,
         "lengths": entries,
     }
-    wandb_run = init_wandb(plan.tracker, run.dir, run.checkpoint.get("wandb_run_id"), job_type="inspect")
+    wandb_run = init_wandb(plan.tracker, plan.run_dir, plan.wandb_run_id, job_type="inspect")
     plan.paths["json"].parent.mkdir(parents=True, exist_ok=True)
     atomic_write(plan.paths["json"], json.dumps(document, indent=1) + "\n")
     plot_distance(document, plan.paths["distance"])
