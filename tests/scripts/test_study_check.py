@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from cli_runs import assert_one_line_error
+from cli_runs import assert_one_line_error, load_script
 from repo_root import REPO
 
 SMALL = ["model=tiny", "train.seq_len=16", "train.batch_size=2", "train.max_steps=1"]
@@ -33,5 +33,8 @@ def test_a_later_seed_refused_stops_it_in_one_line(tmp_path):
     assert done.stdout == ""
 
 
-def test_a_call_without_its_separator_is_its_usage_line(tmp_path):
-    assert_one_line_error(study_check("1", "rope", cache=tmp_path), "usage: study_check.py")
+def test_a_call_without_its_separator_is_its_usage_line(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        load_script("study_check").main(["1", "rope"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("error: usage: study_check.py")
