@@ -12,7 +12,7 @@ Under each folder given, per run:
   compared), so each run's rows at its own longest scored length of each keep theirs (every row of the sliding
   protocol keeps them: there the stride compared changes with the length).
 - every results JSON (each evaluator's: ``extrapolation.json``, ``tasks.json``, ...) is written in the layout
-  evaluation/store.py writes (``document_text``: compact, one row a line), as a run exported today holds it.
+  evaluation/store.py writes (``document_text``: compact, one row a line), as eval.py and export_results.py write it.
 - ``eval/extrapolation.csv`` and ``eval/tasks.csv`` are removed: each is the JSON beside it, row for row
   (evaluation/results.py and evaluation/task_accuracy.py write them from it), and ``--csv`` writes them again. A CSV is
   removed only once every value in it is checked to be the JSON's; one that is not is refused, and nothing is
