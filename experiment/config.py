@@ -147,7 +147,13 @@ def register_configs() -> None:
     """Register the schema (``posgpt_schema``), each scheme's dataclass (``schema/pe/<name>``) and each task's
     (``schema/task/<name>``) with Hydra. Hydra's ConfigStore lives as long as the process, so once per process is
     enough; a command run again in the same process (tests run commands in-process) does not convert every
-    dataclass to a config again."""
+    dataclass to a config again.
+
+    Hydra 1.3 deep-copies its config repository at every composition, and with it this process-wide store of every
+    scheme's and task's schema: some 40% of a composition's time, copying what it only reads (a load deep-copies
+    the node it hands out). Hydra's main line reads the live store instead (facebookresearch/hydra#2928); until a
+    release has that, a copy of the store is the store itself."""
+    ConfigStore.__deepcopy__ = _the_store_itself
     store = ConfigStore.instance()
     store.store(name="posgpt_schema", node=Config)
     for name, scheme in SCHEMES.items():
@@ -156,12 +162,25 @@ def register_configs() -> None:
         store.store(group="schema/task", name=name, node=task_config_class(name))
 
 
+def _the_store_itself(store: ConfigStore, memo: dict) -> ConfigStore:
+    return store
+
+
 def schema(pe_name: str, task_name: str = NO_TASK) -> DictConfig:
     """The typed, empty-of-choices config of a run with scheme ``pe_name`` and task ``task_name``: what every
     key and type must match."""
     if pe_name not in SCHEMES:
         raise PosGPTError(f"unknown positional scheme pe={pe_name!r}; choose one of {sorted(SCHEMES)}")
     return copy.deepcopy(_typed_schema(pe_name, task_name))  # a copy: the caller may change it
+
+
+@functools.cache
+def read_schema(pe_name: str, task_name: str = NO_TASK) -> DictConfig:
+    """schema()'s config for reading only (its keys, types and defaults), one per (scheme, task), read-only: a check
+    that runs at every plan reads it without copying it."""
+    cfg = schema(pe_name, task_name)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
 
 
 @functools.cache
@@ -257,7 +276,7 @@ def validate(
     ``keys``: a setting the run does not read is refused only among these dotted keys (an evaluation's overrides,
     experiment/build.py: a trained setting that an override leaves unread was read in training); None: all.
     ``command``: the script that evaluates, which refuses among ``keys`` what it never reads, after the domains."""
-    unknown = unknown_keys(cfg, schema(cfg.pe.name, cfg.task.name))
+    unknown = unknown_keys(cfg, read_schema(cfg.pe.name, cfg.task.name))
     if unknown:
         raise PosGPTError(
             f"unknown config key {unknown[0]}: it is not in the schema (experiment/config.py, "

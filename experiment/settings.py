@@ -24,7 +24,7 @@ from core.errors import PosGPTError
 from core.stored import check_literal
 from data.tasks import NO_TASK, TASKS
 from experiment.compose import compose_config, one_line
-from experiment.config import check_command_reads, choices_with, command_reads, schema
+from experiment.config import check_command_reads, choices_with, command_reads, read_schema, schema
 from model.pe import SCHEMES
 from model.temperature import check_evaluation_change
 
@@ -112,7 +112,7 @@ def given_wins(cfg: DictConfig, given: list[str], check: Callable[[DictConfig], 
         check(cfg)
         return cfg
     except PosGPTError as refusal:
-        defaults = flatten_config(OmegaConf.to_container(schema(cfg.pe.name, cfg.task.name)))
+        defaults = flatten_config(OmegaConf.to_container(read_schema(cfg.pe.name, cfg.task.name)))
         stored = {
             key: value
             for key, value in flatten_config(OmegaConf.to_container(cfg)).items()

@@ -50,3 +50,15 @@ def generated_settings(section: type, prefix: str) -> list[tuple[str, ...]]:
         for field in dataclasses.fields(section)
         for value in _values(field, kinds[field.name])
     ]
+
+
+# What a command's test gives beside a generated setting to keep the work it starts small: the copy probe scores
+# ceil(z² / 4h²) examples a length (385 at the default eval.task_half_width); a few run it to its end as well.
+SMALL_WORK = {"eval.tasks=[copy_probe]": "eval.task_half_width=0.3"}
+
+
+def kept_small(setting: tuple[str, ...]) -> tuple[str, ...]:
+    """``setting`` with what SMALL_WORK gives beside its overrides, unless the setting gives that key itself."""
+    given = {override.split("=", 1)[0] for override in setting}
+    extra = [SMALL_WORK[o] for o in setting if o in SMALL_WORK and SMALL_WORK[o].split("=", 1)[0] not in given]
+    return (*extra, *setting)
