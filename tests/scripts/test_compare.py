@@ -147,12 +147,16 @@ def test_study_evaluates_only_the_variations_a_run_lacks(study):
 @pytest.mark.slow
 def test_study_lists_every_configured_scheme_that_train_would_accept(tmp_path):
     """--list plans every job as the study does: a scheme train.py refuses with the study's settings (the per-layer
-    presets need 4 layers; the default model has 2) is said so and not listed, and nothing is made."""
+    presets need 4 layers; the default model has 2) is said so and not listed, and nothing is made. A narrow model
+    of the default depth: each job's rehearsal (its first forward pass) is then cheap, and what refuses a scheme is
+    its layers."""
     study_dir = tmp_path / "study"
-    done = run("bash", "scripts/study.sh", "--list", "--seeds", "1", study_dir, cache=tmp_path)
+    narrow = ("model.n_embd=32", "model.n_head=2")
+    done = run("bash", "scripts/study.sh", "--list", "--seeds", "1", study_dir, *narrow, cache=tmp_path)
     schemes = sorted(p.stem for p in (REPO / "configs" / "pe").glob("*.yaml"))
     refused = sorted(line.split("pe=")[1].split()[0] for line in done.stderr.splitlines() if "is refused" in line)
     assert len(schemes) >= 5 and {"rnope", "llama4_inope", "swan"} <= set(refused)
+    assert all("model.n_layer" in line for line in done.stderr.splitlines() if "is refused" in line)  # layers only
     accepted = [scheme for scheme in schemes if scheme not in refused]
     assert done.stdout.split() == [f"{study_dir}/{scheme}-s{seed}" for scheme in accepted for seed in (1,)]
     assert not study_dir.exists()
