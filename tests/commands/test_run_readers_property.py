@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from cli_runs import load_script
-from generated_settings import generated_settings, kept_small
+from generated_settings import eval_time_settings, generated_settings, kept_small
 from refusals import INSPECT, tree
 from tiny_checkpoint import make_run
 
@@ -60,17 +60,19 @@ COMMANDS = {
 }
 # The kinds of run, as their checkpoints record them (tiny_checkpoint.make_run): text, a task, one trained with
 # stored variations as scripts/study.sh trains every RoPE run, and one fine-tuned from a parent (whose original
-# length the scalings read). A hybrid's RoPE layers hold their settings under pe.layers (tests/commands/test_readers.py
-# walks every setting of it through the plans).
+# length the scalings read), and a hybrid, whose layers' schemes hold their evaluation-time settings under
+# pe.<scheme>.
 RUNS = {
     "text": ("pe=rope",),
     "passkey": ("pe=rope", "task=passkey", "train.seq_len=32"),
     "stored-variations": ("pe=rope", "eval.variations=[none,yarn:2]"),
     "fine-tuned": ("pe=rope", "train.init_from=/runs/parent", "train.init_from_pe=keep"),
+    "hybrid": ("pe=hybrid", "model.n_layer=2"),  # its pattern: rope, none
 }
 TASK_RUNS = ("passkey",)
 EVAL, SAMPLE = generated_settings(EvalConfig, "eval."), generated_settings(SampleConfig, "sample.")
 INSPECTION = generated_settings(InspectConfig, "inspect.")
+HYBRID = eval_time_settings("hybrid")  # every scheme a pattern may hold: those of no layer of the run too
 # (command, kind of run, the settings generated for it): each command's own sections on a plain run; the scheme's
 # evaluation-time settings, which a stored value must give way to, on every text run a command takes
 CASES = [
@@ -82,12 +84,13 @@ CASES = [
     ("sample", "stored-variations", SCALING),
     ("inspect", "text", [*INSPECTION, *SCALING, *REMAP]),
     ("inspect", "stored-variations", SCALING),
+    ("eval", "hybrid", HYBRID),  # (sample.py and inspect plan a run's scheme settings as eval.py does)
 ]
 
 
 def test_the_settings_are_generated_from_every_section_a_command_reads():
     sections = {setting[-1].split("=", 1)[0].rsplit(".", 1)[0] for _, _, settings in CASES for setting in settings}
-    assert sections == {"eval", "sample", "inspect", "pe.scaling", "pe.remap"}
+    assert {"eval", "sample", "inspect", "pe.scaling", "pe.remap", "pe.rope.scaling", "pe.rope.remap"} <= sections
     assert len(EVAL) >= 20 and len(SCALING) >= 8 and len(REMAP) >= 4
 
 

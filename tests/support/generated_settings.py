@@ -8,6 +8,7 @@ import dataclasses
 import typing
 
 from core.domain import choices_of, domain_of, used_with
+from model.pe import SCHEMES
 
 
 def _values(field: dataclasses.Field, kind: typing.Any) -> list[str]:
@@ -62,3 +63,23 @@ def kept_small(setting: tuple[str, ...]) -> tuple[str, ...]:
     given = {override.split("=", 1)[0] for override in setting}
     extra = [SMALL_WORK[o] for o in setting if o in SMALL_WORK and SMALL_WORK[o].split("=", 1)[0] not in given]
     return (*extra, *setting)
+
+
+def eval_time_settings(pe_name: str) -> list[tuple[str, ...]]:
+    """The generated settings of each evaluation-time setting the scheme ``pe_name`` declares (its
+    ``eval_time_settings``, under ``pe.``): a section's (``pe.rope.scaling.*`` of a hybrid) each of its fields, a
+    single setting (``pe.scaled_nope.score_scaling``) itself."""
+    generated = []
+    for setting in SCHEMES[pe_name].eval_time_settings:
+        *path, name = setting.split(".")
+        owner = SCHEMES[pe_name].config_class
+        for part in path:  # the dataclass that holds the setting
+            owner = typing.get_type_hints(owner)[part]
+        kind = typing.get_type_hints(owner)[name]
+        if dataclasses.is_dataclass(kind):
+            generated += generated_settings(kind, f"pe.{setting}.")
+        else:
+            parent = "".join(f"{part}." for part in path)
+            own = generated_settings(owner, f"pe.{parent}")
+            generated += [one for one in own if one[-1].startswith(f"pe.{setting}=")]
+    return generated
