@@ -78,7 +78,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.cli import ArgumentParser, exit_on_user_error
+from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import PosGPTError
 from core.files import atomic_write, check_matplotlib_folders, check_outputs, check_writable
 from evaluation.attention_stats import plot_entropy_comparison, read_attention
@@ -166,7 +166,7 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=PROTOCOLS, default="nonoverlapping")
     parser.add_argument(
         "--stride",
-        type=int,
+        type=count(1),  # eval.stride's domain: a 0 would read as no stride (half of each length), and exit 0
         default=None,
         help="sliding protocol: the stride evaluated (default: half of each length, eval's default)",
     )
