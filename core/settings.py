@@ -11,6 +11,11 @@ setting another type declares).
 dataclass, not a frozen one, since OmegaConf makes a frozen dataclass's config read-only and Hydra merges the config
 files and the command line into the schema. A frozen type holds a list setting as a tuple (``tuple[int, ...]``);
 its section declares it as the list OmegaConf types (``list[int]``).
+
+A type validates what it declares: one whose own body defines ``check(self)`` raises there, naming the setting, when
+a value of the settings it declares cannot run (a training stage's: training/settings.py); what it needs of another
+section is passed to it explicitly. :func:`check_declared_settings` runs every such check of a section's types, each
+declaring type once, on the section's values: the planner runs those of the train section's types at its start.
 """
 
 from __future__ import annotations
@@ -71,3 +76,36 @@ def schema_section(name: str, stages: Sequence[type], module: str, doc: str, key
     section = dataclasses.make_dataclass(name, fields)
     section.__module__, section.__doc__ = module, doc  # so that pickle and OmegaConf's messages find it by name
     return section
+
+
+def declared_checks(stages: Sequence[type]) -> list[type]:
+    """The types among ``stages`` and their bases whose own body defines ``check``, each once: in the order of
+    ``stages``, a stage's bases (in its method resolution order) before the stage itself."""
+    found: dict[type, None] = {}
+    for stage in stages:
+        for kind in (*stage.__mro__[1:], stage):
+            if "check" in vars(kind):
+                found.setdefault(kind)
+    return list(found)
+
+
+def declared_part(kind: type, section: Any) -> Any:
+    """An instance of the frozen settings type ``kind`` holding the settings it declares, each read by name from
+    ``section`` (the schema's section, as its dataclass instance), a list as a tuple. Its fields without a default,
+    what the planner works out and passes in (a model's FLOPs), are left unset, reading one an AttributeError: a
+    section is checked before any of them is worked out, and a check reads only the settings its type declares."""
+    settings = object.__new__(kind)  # not kind(...): that needs the fields without a default too
+    for item in declared_settings(kind):
+        value = getattr(section, item.name)
+        object.__setattr__(settings, item.name, tuple(value) if isinstance(value, list) else value)
+    return settings
+
+
+def check_declared_settings(stages: Sequence[type], section: Any) -> None:
+    """Every check the settings types ``stages`` and their bases declare (:func:`declared_checks`), each run on the
+    declared settings (:func:`declared_part`) of the first stage that holds it, read from ``section``: PosGPTError
+    from the first that refuses."""
+    holders = {stage: declared_part(stage, section) for stage in stages}
+    for kind in declared_checks(stages):
+        settings = next(held for stage, held in holders.items() if issubclass(stage, kind))
+        kind.check(settings)

@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 
 from core.domain import BENCHMARKS, choice, domain
 from core.errors import PosGPTError
+from core.settings import declared_checks
 from data.tasks import build_task
 from evaluation.extrapolation import PROTOCOLS
 
@@ -135,17 +136,6 @@ def settings_of(kind: type, section: Mapping[str, Any]) -> Any:
     """The frozen settings type ``kind`` with each of its fields read from ``section`` (the evaluation's ``eval.*``
     values) by name, a list as a tuple."""
     return kind(**{item.name: _plain(section[item.name]) for item in dataclasses.fields(kind)})
-
-
-def declared_checks(stages: Sequence[type]) -> list[type]:
-    """The types among ``stages`` and their bases whose own body defines ``check``, each once: in the order of
-    ``stages``, a stage's bases (in its method resolution order) before the stage itself."""
-    found: dict[type, None] = {}
-    for stage in stages:
-        for kind in (*stage.__mro__[1:], stage):
-            if "check" in vars(kind):
-                found.setdefault(kind)
-    return list(found)
 
 
 def check_settings(stages: Sequence[type], section: Mapping[str, Any], plan: EvaluationPlan) -> None:

@@ -35,7 +35,7 @@ from core.domain import (
 )
 from core.errors import PosGPTError
 from core.runtime import MAX_SEED
-from core.settings import schema_section
+from core.settings import check_declared_settings, schema_section
 from data.config import DataConfig
 from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config_class
 from data.tokenizer import GPT2_N_VOCAB
@@ -53,7 +53,8 @@ from training.metrics import MetricsSettings
 from training.optim import OptimizerSettings
 
 # The training stages whose settings make the train section, in its order: each train.* setting is declared once, in
-# the settings type of the stage that reads it (training/settings.py).
+# the settings type of the stage that reads it, and checked by that type's check (training/settings.py), which
+# validate runs.
 TRAIN_STAGES = (LoopSettings, OptimizerSettings, CheckpointSettings, InitFromSettings, MetricsSettings)
 TrainConfig = schema_section(
     "TrainConfig", TRAIN_STAGES, __name__, "train.*: the settings the training stages declare (TRAIN_STAGES).", "train"
@@ -137,9 +138,6 @@ class Config:
     logging: LoggingConfig = section(LoggingConfig, commands=("train", "eval", "inspect"))  # sample.py logs nothing
     sample: SampleConfig = section(SampleConfig, commands=("sample",))  # sample.py
     inspect: InspectConfig = section(InspectConfig, commands=("inspect",))  # scripts/inspect_attention.py
-
-
-COMPILE_SETTINGS = ("auto", "true", "false")
 
 
 @functools.cache
@@ -289,20 +287,8 @@ def validate(
         check_command_reads(config, command, keys or ())
     validate_model_config(config.model)
     check_temperature(config.model.attn_temperature, config.train.seq_len)
-    t = cfg.train
-    if str(t.compile).lower() not in COMPILE_SETTINGS:
-        raise PosGPTError(f"train.compile must be auto, true or false (got {t.compile!r})")
-    if t.lr * t.weight_decay >= 1:  # AdamW scales each decayed weight by 1 - lr_t * weight_decay at every step
-        raise PosGPTError(
-            f"train.lr={t.lr} x train.weight_decay={t.weight_decay} is {t.lr * t.weight_decay:g}, at least 1: "
-            "AdamW's decoupled decay would zero or flip the sign of every decayed weight each step; lower one"
-        )
-    _validate_positions(config)
-    if t.init_from_pe == "replace" and t.init_from is None:
-        raise PosGPTError(
-            "train.init_from_pe=replace starts this run's scheme afresh on a parent's other weights: "
-            "set train.init_from"
-        )
+    check_declared_settings(TRAIN_STAGES, config.train)  # each train.* settings type's check (training/settings.py)
+    _validate_position_table(config)
     _validate_eval(cfg)
     # settings read by the other kind of run only (a task run has no perplexity protocols, and no corpus)
     kind, what = ("text", f"data={cfg.data.name}") if cfg.task.name == NO_TASK else ("task", f"task={cfg.task.name}")
@@ -312,24 +298,14 @@ def validate(
     _validate_task(cfg, reads_data, keys)
 
 
-def _validate_positions(config: Config) -> None:
-    """The positions a training window is given: train.random_positions' range and PoSE's settings (one of them),
-    and a learned table long enough for train.seq_len."""
-    t = config.train
-    if t.random_positions is not None and t.random_positions < t.seq_len:
-        raise PosGPTError(
-            f"train.random_positions={t.random_positions} must be at least train.seq_len={t.seq_len} "
-            "(each sequence draws seq_len distinct positions from [0, N))"
-        )
-    t.pose.check(t.seq_len)
-    if t.pose.target_len is not None and t.random_positions is not None:
-        raise PosGPTError(
-            "train.pose.target_len and train.random_positions each draw a window's positions: use one of them"
-        )
+def _validate_position_table(config: Config) -> None:
+    """A learned position table long enough for train.seq_len (the positions a training window is given, otherwise,
+    are LoopSettings' check)."""
+    seq_len = config.train.seq_len
     table = getattr(config.pe, "max_positions", None)  # a learned position table: no position past it exists
-    if table is not None and table < t.seq_len:
+    if table is not None and table < seq_len:
         raise PosGPTError(
-            f"pe.max_positions={table} is shorter than train.seq_len={t.seq_len}: the table has no vector for "
+            f"pe.max_positions={table} is shorter than train.seq_len={seq_len}: the table has no vector for "
             "the positions past it; raise pe.max_positions (or drop it: null is train.seq_len)"
         )
 

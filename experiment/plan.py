@@ -12,7 +12,8 @@ and none of them reads the config or imports this package. A sweep, or scripts/s
 A new ``train.*`` setting is declared once, as a field with a default of the settings type of the stage that reads it
 (training/settings.py): the schema's train section is made from those types (experiment/config.py, TrainConfig), and
 the stage's settings are filled here from it by field name. What a stage reads of another section, or what is worked
-out here, is a field without a default, passed in (``PASSED_IN``).
+out here, is a field without a default, passed in (``PASSED_IN``). A check of its value is a ``check`` method of that
+type, which the planner runs with every other such check (experiment/config.py, ``validate``).
 """
 
 from __future__ import annotations

@@ -50,6 +50,14 @@ class InitFromSettings:
     # weight is the parent's (the parent's position parameters are dropped: DroPE, Sakana AI 2025)
     init_from_pe: str = choice("keep", ("keep", "replace"))
 
+    def check(self) -> None:
+        """Replacing the scheme needs a parent to replace it in."""
+        if self.init_from_pe == "replace" and self.init_from is None:
+            raise PosGPTError(
+                "train.init_from_pe=replace starts this run's scheme afresh on a parent's other weights: "
+                "set train.init_from"
+            )
+
 
 @dataclass
 class Parent:

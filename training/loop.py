@@ -70,6 +70,9 @@ class ModelSpec:
         return GPT(copy.deepcopy(self.model), copy.deepcopy(self.pe), train_seq_len=self.train_seq_len)
 
 
+COMPILE_SETTINGS = ("auto", "true", "false")  # train.compile's words, in any case (core.runtime.compile_enabled)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LoopSettings(RunLength):
     """What the loop itself reads: the ``train.*`` settings declared here (training/settings.py), with
@@ -93,7 +96,9 @@ class LoopSettings(RunLength):
     dtype: str = choice(
         "auto", ("auto", "float32", "bfloat16"), commands=EVERY_COMMAND
     )  # auto: bf16 on CUDA, fp32 on CPU
-    compile: str = "auto"  # auto (on for CUDA) | true | false (typed true/false, Hydra passes "True"/"False")
+    # auto (on for CUDA) | true | false, in any case (Hydra makes a typed true/false "True"/"False"): refused
+    # otherwise by check, since a choice's words match exactly
+    compile: str = "auto"
     num_threads: int = domain(0, ge=0, commands=EVERY_COMMAND)  # CPU threads for torch; 0 keeps torch's default
     skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
     distributed: str = choice("ddp", ("ddp", "fsdp"))  # only used under torchrun
@@ -108,6 +113,22 @@ class LoopSettings(RunLength):
     pose: PoSEConfig = dataclasses.field(default_factory=PoSEConfig)
     document_aware: bool  # data.document_aware
     progress: bool  # logging.progress
+
+    def check(self) -> None:
+        """train.compile is one of its words; the positions a training window is given: train.random_positions'
+        range and PoSE's settings (data/windows.py, given train.seq_len), one of the two."""
+        if str(self.compile).lower() not in COMPILE_SETTINGS:
+            raise PosGPTError(f"train.compile must be auto, true or false (got {self.compile!r})")
+        if self.random_positions is not None and self.random_positions < self.seq_len:
+            raise PosGPTError(
+                f"train.random_positions={self.random_positions} must be at least train.seq_len={self.seq_len} "
+                "(each sequence draws seq_len distinct positions from [0, N))"
+            )
+        self.pose.check(self.seq_len)
+        if self.pose.target_len is not None and self.random_positions is not None:
+            raise PosGPTError(
+                "train.pose.target_len and train.random_positions each draw a window's positions: use one of them"
+            )
 
 
 class EndEvaluation(Protocol):

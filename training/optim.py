@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from core.domain import domain
+from core.errors import PosGPTError
 from model import GPT
 from training.settings import RunLength
 
@@ -23,6 +24,16 @@ class OptimizerSettings(RunLength):
     weight_decay: float = domain(0.1, ge=0)
     beta1: float = domain(0.9, ge=0, lt=1)
     beta2: float = domain(0.95, ge=0, lt=1)
+
+    def check(self) -> None:
+        """AdamW scales each decayed weight by 1 - lr_t * weight_decay at every step: from 1 on, that zeroes or
+        flips it."""
+        if self.lr * self.weight_decay >= 1:
+            raise PosGPTError(
+                f"train.lr={self.lr} x train.weight_decay={self.weight_decay} is {self.lr * self.weight_decay:g}, at "
+                "least 1: AdamW's decoupled decay would zero or flip the sign of every decayed weight each step; "
+                "lower one"
+            )
 
 
 def build_optimizer(model: GPT, settings: OptimizerSettings, device: torch.device) -> torch.optim.AdamW:

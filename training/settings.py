@@ -11,6 +11,16 @@ The schema's ``train`` section (experiment/config.py, ``TrainConfig``) is made f
 core.settings' ``schema_section``: a plain dataclass, not a frozen one, since OmegaConf makes a frozen dataclass's
 config read-only and Hydra merges the config files and the command line into the schema. The planner fills each stage's
 frozen settings from the composed section by field name (experiment/plan.py, ``section_settings``).
+
+A type validates what it declares: one whose own body defines ``check(self)`` raises there, naming the setting, when
+its settings cannot train together (``LoopSettings``: train.compile's word, train.random_positions and PoSE's settings;
+``OptimizerSettings``: train.lr x train.weight_decay; ``InitFromSettings``: train.init_from_pe=replace without a
+parent). A check reads only the settings its type declares (core.settings' ``declared_part``: the planner checks the
+section before it works out what it passes in); what it needs besides is passed to it explicitly (PoSE's settings,
+data/windows.py, are given train.seq_len). The planner runs every such check of the train section's types, each
+declaring type once, after the settings' domains (experiment/config.py, ``validate``: core.settings'
+``check_declared_settings``); what relates a train.* setting to another section's (``pe.max_positions``,
+``data.document_aware``) stays there.
 """
 
 from __future__ import annotations
