@@ -101,11 +101,16 @@ def declared_part(kind: type, section: Any) -> Any:
     return settings
 
 
-def check_declared_settings(stages: Sequence[type], section: Any) -> None:
-    """Every check the settings types ``stages`` and their bases declare (:func:`declared_checks`), each run on the
-    declared settings (:func:`declared_part`) of the first stage that holds it, read from ``section``: PosGPTError
-    from the first that refuses."""
-    holders = {stage: declared_part(stage, section) for stage in stages}
-    for kind in declared_checks(stages):
+def run_declared_checks(holders: dict[type, Any], *context: Any) -> None:
+    """Every check the settings types of ``holders`` (stage type -> its settings) and their bases declare
+    (:func:`declared_checks`), each declaring type once, run on the settings of the first stage that holds it with
+    ``context`` (the evaluation's plan, for the eval section's types): PosGPTError from the first that refuses."""
+    for kind in declared_checks(list(holders)):
         settings = next(held for stage, held in holders.items() if issubclass(stage, kind))
-        kind.check(settings)
+        kind.check(settings, *context)
+
+
+def check_declared_settings(stages: Sequence[type], section: Any) -> None:
+    """:func:`run_declared_checks` of the settings types ``stages``, each holding the settings it declares
+    (:func:`declared_part`) read from ``section``."""
+    run_declared_checks({stage: declared_part(stage, section) for stage in stages})

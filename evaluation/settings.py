@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 
 from core.domain import BENCHMARKS, choice, domain
 from core.errors import PosGPTError
-from core.settings import declared_checks
+from core.settings import run_declared_checks
 from data.tasks import build_task
 from evaluation.extrapolation import PROTOCOLS
 
@@ -139,12 +139,9 @@ def settings_of(kind: type, section: Mapping[str, Any]) -> Any:
 
 
 def check_settings(stages: Sequence[type], section: Mapping[str, Any], plan: EvaluationPlan) -> None:
-    """Every check the settings types ``stages`` and their bases declare (:func:`declared_checks`), each run on the
-    settings of the first stage that holds it, read from ``section``: PosGPTError from the first that refuses."""
-    holders = {stage: settings_of(stage, section) for stage in stages}
-    for kind in declared_checks(stages):
-        settings = next(held for stage, held in holders.items() if issubclass(stage, kind))
-        kind.check(settings, plan)
+    """core.settings' ``run_declared_checks`` of the settings types ``stages``, each read from ``section`` (the
+    eval.* values), with the evaluation's ``plan``: PosGPTError from the first that refuses."""
+    run_declared_checks({stage: settings_of(stage, section) for stage in stages}, plan)
 
 
 def _plain(value: Any) -> Any:

@@ -9,10 +9,11 @@ import pytest
 from result_runs import eval_config
 
 from core.errors import PosGPTError
+from core.settings import declared_checks
 from data.tasks import build_task
 from data.tasks.passkey import PasskeyConfig
 from evaluation.context import EvaluationPlan
-from evaluation.settings import check_settings, declared_checks
+from evaluation.settings import check_settings
 from experiment.config import EVAL_STAGES, EvalConfig
 from experiment.eval_checks import check_eval_settings
 
