@@ -19,6 +19,7 @@ type, which the planner runs with every other such check (experiment/config.py, 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,7 +39,7 @@ from evaluation.end_of_training import EndOfTrainingEvaluation
 from experiment.build import build_model, model_flops_per_token, open_trained_model
 from experiment.config import check_command_reads, set_task_vocabulary, validate
 from experiment.eval_checks import check_eval_settings, evaluation_plan
-from experiment.settings import changed_settings, overridden_keys, trained_config
+from experiment.settings import changed_settings, given_wins, overridden_keys, trained_config
 from model.pe import SCHEMES
 from training.checkpointing import CheckpointSettings
 from training.init_from import InitFromSettings, Parent
@@ -96,7 +97,11 @@ def tracker_settings(cfg: DictConfig) -> TrackerSettings:
 def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> TrainingPlan:
     """The plan of training ``cfg`` (composed from ``overrides``, of which none may be a setting only another
     command reads) in ``run_dir``; PosGPTError for anything that would refuse it, before anything is written. Sets
-    the task's vocabulary in ``cfg``. A resume is checked against the checkpoint ``run_dir`` holds."""
+    the task's vocabulary in ``cfg``. A resume starts from the config of the checkpoint ``run_dir`` holds, the
+    settings given laid over it (resumed_config)."""
+    checkpoint = _resumed_checkpoint(cfg, run_dir)
+    if checkpoint is not None:
+        cfg = resumed_config(cfg, overrides, checkpoint["config"])
     check_training_config(cfg)
     config = OmegaConf.to_object(cfg)
     # what the command line gives, and what a config file gives (a setting away from its default)
@@ -123,7 +128,7 @@ def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Train
         loop=section_settings(LoopSettings, t, document_aware=cfg.data.document_aware, progress=cfg.logging.progress),
         model=ModelSpec(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.pe), t.seq_len, model.num_params()),
         optimizer=optimizer_settings(cfg),
-        checkpoint=_checkpoint_settings(cfg, overrides, run_dir),
+        checkpoint=_checkpoint_settings(cfg, overrides, checkpoint, run_dir),
         metrics=metrics,
         tracker=tracker_settings(cfg),
         data=OmegaConf.to_object(cfg.data),
@@ -149,7 +154,29 @@ def check_training_config(cfg: DictConfig) -> None:
             probe_candidates(data, cfg.eval.copy_min_count, cfg.model.vocab_size, cfg.logging.progress)
 
 
-def _checkpoint_settings(cfg: DictConfig, overrides: list[str], run_dir: Path) -> CheckpointSettings:
+def _resumed_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
+    """The checkpoint a resume in ``run_dir`` continues; None for a fresh run, or where there is none (the loop
+    refuses a resume of nothing)."""
+    path = last_checkpoint_path(run_dir)
+    return load_checkpoint(path) if cfg.train.resume and path.is_file() else None
+
+
+def resumed_config(composed: DictConfig, overrides: list[str], saved_config: dict) -> DictConfig:
+    """The config a resume trains with: the checkpoint's (typed by today's schema), with the settings the user gives
+    (``overrides``, their values as ``composed`` holds them) laid over it. A setting the user leaves out is the
+    run's own, whatever today's default; a stored command setting (eval.*, ...) that conflicts with those given is
+    dropped, saying so (given_wins). A given setting that a resume may not change is refused by
+    ``_checked_resume``, once train.init_from's parent has been laid over as the run was trained."""
+    cfg = trained_config(saved_config)
+    keys = [key for key in overridden_keys(overrides) if re.split(r"[./]", key)[0] != "hydra"]  # Hydra's own
+    for key in keys:
+        OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
+    return given_wins(cfg, keys, check_training_config, "train.py")
+
+
+def _checkpoint_settings(
+    cfg: DictConfig, overrides: list[str], resumed: dict | None, run_dir: Path
+) -> CheckpointSettings:
     config = OmegaConf.to_container(cfg, resolve=True)
     return section_settings(
         CheckpointSettings,
@@ -157,23 +184,19 @@ def _checkpoint_settings(cfg: DictConfig, overrides: list[str], run_dir: Path) -
         config=config,
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
         overrides=tuple(overrides),
-        planned_step=_checked_resume(config, run_dir) if cfg.train.resume else None,
+        planned_step=_checked_resume(config, resumed, run_dir) if resumed is not None else None,
     )
 
 
-def _checked_resume(config: dict, run_dir: Path) -> int | None:
-    """The step of the checkpoint a resume in ``run_dir`` continues (None where there is none: the loop refuses
-    that), once its settings are checked against ``config``'s: a resume may not change how the run trains."""
-    path = last_checkpoint_path(run_dir)
-    if not path.is_file():
-        return None
-    checkpoint = load_checkpoint(path)
+def _checked_resume(config: dict, checkpoint: dict, run_dir: Path) -> int:
+    """The step of the checkpoint a resume in ``run_dir`` continues, once its settings are checked against
+    ``config``'s: a resume may not change how the run trains."""
     changed = resume_changes(config, checkpoint["config"])
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         raise PosGPTError(
-            f"cannot resume {run_dir}: it was trained with {', '.join(changed[:3])}{more}. Resume with the run's own "
-            "settings, or start a new run in another hydra.run.dir"
+            f"cannot resume {run_dir}: it was trained with {', '.join(changed[:3])}{more}. Leave them out to resume "
+            "with the run's own, or start a new run in another hydra.run.dir"
         )
     return checkpoint["step"]
 

@@ -158,11 +158,15 @@ def test_a_run_stopped_between_its_perplexity_and_its_probe_is_not_done(cli, tmp
     assert json.loads((run_dir / "eval" / "tasks.json").read_text())["step"] == steps
     done = cli.train_here(run_dir, f"train.max_steps={steps}", "train.resume=true", *probe)
     assert done.returncode == 0 and f"has already trained {steps} steps" in done.stdout
-    # without probes, the perplexity alone is the evaluation: done
+    (run_dir / "eval" / "tasks.json").unlink()
     plain = tmp_path / "plain"
     shutil.copytree(run_dir, plain)
-    (plain / "eval" / "tasks.json").unlink()
-    done = cli.train_here(plain, f"train.max_steps={steps}", "train.resume=true", *evaluation)
+    # a resume starts from the run's stored settings: one that leaves the probe out still runs it
+    kept = cli.train_here(run_dir, f"train.max_steps={steps}", "train.resume=true", *evaluation)
+    assert kept.returncode == 0 and "end-of-training evaluation did not finish" in kept.stdout, kept.stderr
+    assert (run_dir / "eval" / "tasks.json").exists()
+    # with the probes given away, the perplexity alone is the evaluation: done
+    done = cli.train_here(plain, f"train.max_steps={steps}", "train.resume=true", *evaluation, "eval.tasks=[]")
     assert done.returncode == 0 and f"has already trained {steps} steps" in done.stdout
 
 
@@ -202,7 +206,8 @@ def test_sigterm_during_the_final_evaluation_then_resume_runs_it(cli, tmp_path):
 
 def test_resume_reads_settings_added_since_the_checkpoint_as_their_defaults(cli, reference, tmp_path):
     """A checkpoint written before a setting existed resumes (the setting reads as its default), and a setting
-    whose default changed since reads as its legacy value, so resuming with today's default is refused."""
+    whose default changed since reads as its legacy value: a resume keeps it, and one that gives today's default
+    is refused."""
     run_dir = tmp_path / "run"
     shutil.copytree(reference, run_dir)
     path = run_dir / "checkpoints" / "last.pt"
@@ -213,5 +218,7 @@ def test_resume_reads_settings_added_since_the_checkpoint_as_their_defaults(cli,
     assert done.returncode == 0 and f"has already trained {STEPS} steps" in done.stdout, done.stderr
     del checkpoint["config"]["model"]["embedding"]  # before model.embedding existed, runs used GPT-2's
     torch.save(checkpoint, path)
-    refused = cli.train_here(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    kept = cli.train_here(run_dir, f"train.max_steps={STEPS}", "train.resume=true")
+    assert kept.returncode == 0 and f"has already trained {STEPS} steps" in kept.stdout, kept.stderr
+    refused = cli.train_here(run_dir, f"train.max_steps={STEPS}", "train.resume=true", "model.embedding=fairseq")
     assert_user_error(refused, "cannot resume", "model.embedding=gpt2 (now fairseq)")
