@@ -113,6 +113,7 @@ def count(minimum: int) -> Callable[[str], int]:
         return value
 
     parse.__name__ = f"whole number >= {minimum}"  # argparse names the type so in its messages
+    parse.minimum = minimum  # the domain's edge, declared with it (what draws values at the edge reads it)
     return parse
 
 

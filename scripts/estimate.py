@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import _repo  # noqa: F401
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -79,13 +80,18 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
     return what, memory.peak_mb - before
 
 
-@exit_on_user_error
-def main(argv: list[str]) -> None:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The options, and the Hydra overrides that follow or precede them."""
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--eval-length", type=count(1), default=None, help="also predict scoring at this length")
     parser.add_argument("--measure", action="store_true", help="run it here and compare (see above)")
     parser.add_argument("--record", type=Path, default=None, help="also append the report to a results file")
-    args, overrides = parser.parse_known_args(argv)
+    return parser.parse_known_args(argv)
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+    args, overrides = parse_args(argv)
     read_results_file(args.record)  # a file that is not a results file, or one in a run: refused before any work
     check_writable({"--record": args.record})
     cfg = compose_config(overrides)

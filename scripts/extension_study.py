@@ -493,13 +493,16 @@ def comma_list(kind: type, minimum: int) -> Any:
         return tuple(count(minimum)(item) for item in items)
 
     parse.__name__ = f"comma-separated whole numbers >= {minimum}" if kind is int else "comma-separated names"
+    if kind is int:
+        parse.minimum = minimum  # each number's domain edge, as core.cli.count declares its own
     return parse
 
 
 def check_options_read(args: argparse.Namespace) -> None:
     """An option that no job of the stages and methods asked for reads is refused, naming what would read it:
     --budgets is read by the fine-tunes, --factor by the fine-tunes and the training-free methods, --methods by the
-    extensions stage (--part parents runs only the parents)."""
+    extensions stage (--part parents runs only the parents), --task by the runs trained (the parents and the
+    fine-tunes: the training-free methods evaluate each parent as it was trained)."""
     extending = "extensions" in PARTS[args.part]
     fine_tuning = args.methods is None or any(method != TRAINING_FREE for method in args.methods)
     readers = {
@@ -509,6 +512,10 @@ def check_options_read(args: argparse.Namespace) -> None:
         ),
         "--factor": (extending, "the fine-tunes and the training-free methods (--part extensions or all)"),
         "--methods": (extending, "the extensions stage (--part extensions or all)"),
+        "--task": (
+            "parents" in PARTS[args.part] or (extending and fine_tuning),
+            f"the runs trained (--part parents or all, or a method besides {TRAINING_FREE})",
+        ),
     }
     for option, (read, by) in readers.items():
         if getattr(args, option[2:]) is not None and not read:
@@ -525,13 +532,14 @@ def parse_study(argv: list[str]) -> tuple[Study, bool, str]:
     seeds.add_argument("--seed-list", type=comma_list(int, 0), help="these seeds instead, e.g. 4,5")
     parser.add_argument("--budgets", type=comma_list(int, 1), help="fine-tuning steps (20,200)")
     parser.add_argument("--factor", type=count(2), help="fine-tune to factor x L (default 4)")
-    parser.add_argument("--task", default="none", help="none (language modelling) or a task of configs/task/")
+    parser.add_argument("--task", help="none (language modelling, the default) or a task of configs/task/")
     methods = (*DESIGN["fine_tunes"], TRAINING_FREE)
     parser.add_argument("--methods", type=comma_list(str, 0), help=f"of {','.join(methods)} (all)")
     parser.add_argument("--part", choices=tuple(PARTS), default="all", help="the stages run (all)")
     parser.add_argument("--list", action="store_true", help="print the jobs, run none")
     args = parser.parse_intermixed_args(argv)
     check_options_read(args)
+    args.task = "none" if args.task is None else args.task
     args.budgets = (20, 200) if args.budgets is None else args.budgets
     args.factor = 4 if args.factor is None else args.factor
     args.methods = methods if args.methods is None else args.methods

@@ -296,7 +296,7 @@ def bench_eval(
         with autocast(device, dtype):
             return raw_model(x, x, reduction="none")
 
-    result = {"length": length, "batch": rows}
+    result = {"length": length, "batch": rows, "steps": args.eval_steps}  # what was timed, as config records
     try:
         with PeakMemory(device) as memory:
             step_s, _ = seconds_per_step(score, 1, args.eval_steps, device)

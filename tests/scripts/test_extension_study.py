@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_runs import TINY, assert_one_line_error, load_script
+from generated_options import generated_cases, parser_of
 
 from core.errors import PosGPTError
 from model.pe.rope_scaling import ROPE_SCALINGS, RoPEScalingConfig, rope_inv_freq
@@ -221,19 +222,36 @@ def staged_jobs(directory: Path, part: str, *argv: str) -> list[tuple] | None:
     return [(job.name, tuple(job.command()), getattr(job, "variations", ())) for job in jobs if job.stage in stages]
 
 
+# Every option of the parser, with the values tests/support/generated_options.py draws from its declaration (names:
+# a method and a task); --part is the axis of the test, and --list changes what is done with the jobs, not the jobs
+# (test_list_prints_the_jobs_and_writes_nothing).
+OPTION_CASES = [
+    case
+    for case in generated_cases(parser_of(study_script.parse_study), ("plain", "passkey"))
+    if case.argv and not {"part", "list"} & set(case.dests)
+]
+
+
+def test_the_option_cases_cover_every_option_and_both_sides_of_each_domain():
+    dests = {dest for case in OPTION_CASES for dest in case.dests}
+    assert dests == {"seeds", "seed_list", "budgets", "factor", "task", "methods"}
+    factors = {case.argv[1]: case.parsed for case in OPTION_CASES if case.dests == ("factor",)}
+    assert factors["2"] and not factors["1"]  # [2, inf)'s edge, declared with the type
+
+
 @pytest.mark.parametrize("part", sorted(study_script.PARTS))
 @pytest.mark.parametrize("methods", [(), ("--methods", "training-free")], ids=["all-methods", "training-free"])
-@pytest.mark.parametrize("option", [("--budgets", "7"), ("--factor", "3"), ("--methods", "plain")])
-def test_an_option_is_read_or_refused(cli, tmp_path, part, methods, option):
-    """Each option either changes a job the command runs or is refused in one line: never accepted and ignored."""
-    if option[0] in methods:
+@pytest.mark.parametrize("case", OPTION_CASES, ids=[case.name for case in OPTION_CASES])
+def test_an_option_is_read_or_refused(cli, tmp_path, part, methods, case):
+    """Each option either changes a job the command runs or is refused in one line: never accepted and ignored, and
+    a value its type refuses is refused."""
+    if set(case.argv) & set(methods):
         pytest.skip("the option is the base's own")
-    base = [*methods, "--seed-list", "1", *tiny(cli)]
-    without, given = staged_jobs(tmp_path, part, *base), staged_jobs(tmp_path, part, *option, *base)
+    seeds = () if {"seeds", "seed_list"} & set(case.dests) else ("--seed-list", "1")
+    base = [*methods, *seeds, *tiny(cli)]
+    without = staged_jobs(tmp_path, part, *base)
     if without is None:
         pytest.skip("the base itself is refused (--methods without the extensions stage)")
-    if given is None:
-        with pytest.raises(PosGPTError, match=f"{option[0]} is read only by"):
-            jobs_of(tmp_path, "--part", part, *option, *base)
-    else:
-        assert given != without, f"{option} accepted but changes no job of --part {part}"
+    given = staged_jobs(tmp_path, part, *case.argv, *base)
+    assert given is None or case.parsed, f"{case.name}: a value its type refuses was accepted"
+    assert given is None or given != without, f"{case.name} accepted but changes no job of --part {part}"

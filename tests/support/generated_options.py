@@ -56,7 +56,8 @@ def parser_of(parse_args: Callable[[list[str]], Any]) -> argparse.ArgumentParser
         caught.append(self)
         raise _Caught
 
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", catch):
+    # parse_args, parse_intermixed_args and a script's own parse_known_args all come through argparse's
+    with mock.patch.object(argparse.ArgumentParser, "parse_known_args", catch):
         try:
             parse_args([])
         except _Caught:
@@ -73,16 +74,25 @@ def accepts(action: argparse.Action, text: str) -> bool:
     return True
 
 
+def probes(action: argparse.Action) -> list[str]:
+    """ORDERED_NUMBERS, and the least whole number the type declares (core.cli.count's ``minimum``) and the one
+    below it, in increasing order: a domain [2, inf) has its edge among the probes too."""
+    minimum = getattr(action.type, "minimum", None)
+    extra = () if minimum is None else (str(minimum - 1), str(minimum))
+    return sorted(dict.fromkeys((*ORDERED_NUMBERS, *extra)), key=float)
+
+
 def number_values(action: argparse.Action) -> list[str]:
     """Every probe the type refuses, and the accepted probes at its domain's edges (next to a refused probe, or
     at an end of the probes)."""
-    taken = [accepts(action, probe) for probe in ORDERED_NUMBERS]
+    ordered = probes(action)
+    taken = [accepts(action, probe) for probe in ordered]
     edges = [
         probe
-        for i, probe in enumerate(ORDERED_NUMBERS)
+        for i, probe in enumerate(ordered)
         if taken[i] and (i in (0, len(taken) - 1) or not taken[i - 1] or not taken[i + 1])
     ]
-    refused = [probe for probe, ok in zip(ORDERED_NUMBERS, taken) if not ok]
+    refused = [probe for probe, ok in zip(ordered, taken) if not ok]
     return [*edges, *refused, *(probe for probe in NOT_NUMBERS if not accepts(action, probe))]
 
 
@@ -101,13 +111,18 @@ def option_values(action: argparse.Action, names: Iterable[str]) -> list[str | N
         return [str(choice) for choice in action.choices if choice != action.default]
     if action.type is Path:
         return path_values(action)
-    if action.type not in (None, str):
+    if is_number(action):
         return number_values(action)
     return [*names, UNKNOWN_NAME]
 
 
+def takes_names(action: argparse.Action) -> bool:
+    """A name, or a list of names (a type that says so in the name argparse gives it in messages)."""
+    return action.type in (None, str) or "names" in getattr(action.type, "__name__", "")
+
+
 def is_number(action: argparse.Action) -> bool:
-    return action.nargs != 0 and not action.choices and action.type not in (None, str, Path)
+    return action.nargs != 0 and not action.choices and action.type is not Path and not takes_names(action)
 
 
 def _case(actions: list[tuple[argparse.Action, str | None]]) -> Case:
@@ -116,7 +131,7 @@ def _case(actions: list[tuple[argparse.Action, str | None]]) -> Case:
         argv += [action.option_strings[-1], *([] if value is None else [value])]
         if action.type is Path and value is not None:
             outputs.append(value)
-        if action.type not in (None, str, Path) and value is not None:
+        if is_number(action) and value is not None:
             parsed = parsed and accepts(action, value)
     first = 1 if actions[0][1] is None else 2
     dests = tuple(action.dest for action, _ in actions)
@@ -135,6 +150,7 @@ def generated_cases(
     kind = (lambda action: readers[action.dest]) if readers is not None else (lambda action: None)
     cases = [Case((), (), True, ())]
     cases += [_case([(action, value)]) for action in options for value in option_values(action, names)]
+    cases += [_case([(action, value), required]) for action, value, required in _with_required(parser, names)]
     cases += [
         _case([(action, value), (chooser, choice)])
         for action in options
@@ -146,3 +162,18 @@ def generated_cases(
         for choice in option_values(chooser, names)
     ]
     return cases
+
+
+def _with_required(parser: argparse.ArgumentParser, names: list[str]) -> list[tuple]:
+    """Each value of an option that is read only with another (core.cli.ArgumentParser's ``requires``), given
+    with that other's first accepted value: (the option, its value, (the other, its value))."""
+    required = getattr(parser, "required_with", {})
+    actions = {flag: action for action in parser._actions for flag in action.option_strings}
+    pairs = []
+    for action in parser._actions:
+        if action.dest not in required:
+            continue
+        other = actions[required[action.dest]]
+        value = next(v for v in option_values(other, names) if v is None or not is_number(other) or accepts(other, v))
+        pairs += [(action, own, (other, value)) for own in option_values(action, names)]
+    return pairs
