@@ -37,6 +37,7 @@ _OWNER = "used_with"  # the metadata key of a field's (selector, values): the se
 _RUNS = "runs"  # the metadata key of a field's kinds of run that read it
 _COMMANDS = "commands"  # the metadata key of a field's commands that read it
 _CHOICES = "choices"  # the metadata key of a field's values, where it takes one of a few
+_NONEMPTY = "nonempty"  # the metadata key of a list field that must name at least one value
 RUN_KINDS = {"text": "a language-model run", "task": "a task run"}
 # The commands that read a config, by the name a declaration gives them, and the script each is.
 COMMANDS = {
@@ -95,11 +96,14 @@ def domain(
     used_with: tuple[str, tuple[Any, ...]] | None = None,
     runs: tuple[str, ...] | None = None,
     commands: tuple[str, ...] | None = None,
+    nonempty: bool = False,
 ) -> Any:
     """A dataclass field (``dataclasses.field``) whose values must lie in the interval the bounds describe, and,
     with ``used_with=(selector, values)``, that only those values of its sibling ``selector`` read; with ``runs``,
-    that only runs of those kinds read (RUN_KINDS); with ``commands``, that only those commands read (COMMANDS)."""
+    that only runs of those kinds read (RUN_KINDS); with ``commands``, that only those commands read (COMMANDS);
+    with ``nonempty``, a list that must name at least one value."""
     metadata = {_KEY: Interval(ge=ge, gt=gt, le=le, lt=lt), **_readers(used_with, runs, commands)}
+    metadata |= {_NONEMPTY: True} if nonempty else {}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -111,11 +115,13 @@ def read_with(
     runs: tuple[str, ...] | None = None,
     commands: tuple[str, ...] | None = None,
     choices: Collection[Any] | None = None,
+    nonempty: bool = False,
 ) -> Any:
     """A dataclass field of any type (no numeric domain) that only the given values of its sibling read, or only
     runs of the given kinds, or only the given commands, as :func:`domain`'s ``used_with``, ``runs`` and
-    ``commands``; with ``choices``, it takes one of those values (:func:`choice`)."""
-    metadata = _readers(used_with, runs, commands)
+    ``commands``; with ``choices``, it takes one of those values (:func:`choice`); ``nonempty`` as domain's."""
+    metadata = {**_readers(used_with, runs, commands)}
+    metadata |= {_NONEMPTY: True} if nonempty else {}
     if choices is not None:
         metadata[_CHOICES] = tuple(choices)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
@@ -131,6 +137,11 @@ def choice(default: Any, choices: Collection[Any], **readers: Any) -> Any:
     if isinstance(default, list):  # a list of them: each element one of the choices
         return read_with(default_factory=lambda: list(default), choices=choices, **readers)
     return read_with(default, choices=choices, **readers)
+
+
+def is_nonempty(field: dataclasses.Field) -> bool:
+    """Whether a list field must name at least one value (:func:`domain`'s ``nonempty``)."""
+    return bool(field.metadata.get(_NONEMPTY))
 
 
 def choices_of(field: dataclasses.Field) -> tuple[Any, ...] | None:
@@ -299,13 +310,15 @@ def _check_choices(key: str, value: Any, choices: tuple[Any, ...]) -> None:
 def check_domains(config: Any, prefix: str = "") -> None:
     """PosGPTError naming the first value of a config dataclass instance (nested ones included) outside its
     field's domain: ``<prefix><key>=<value> is out of its domain <interval>``, a list's element as
-    ``<key>[i]=<value>``, or not one of its field's choices. None values pass a domain: the schema's types say where
-    None is allowed."""
+    ``<key>[i]=<value>``, or not one of its field's choices, or an empty list where the field declares it
+    ``nonempty``. None values pass a domain: the schema's types say where None is allowed."""
     for field in dataclasses.fields(config):
         value, key = getattr(config, field.name), prefix + field.name
         if dataclasses.is_dataclass(value):
             check_domains(value, key + ".")
             continue
+        if is_nonempty(field) and isinstance(value, list) and not value:
+            raise PosGPTError(f"{key}=[] names nothing: it must name at least one value")
         choices = choices_of(field)
         if choices is not None:
             _check_choices(key, value, choices)

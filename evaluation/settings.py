@@ -51,7 +51,7 @@ class EvaluationSettings:
 
     lengths: tuple[int, ...] | None = domain(None, ge=1)  # absolute lengths; None: length_multipliers x train.seq_len
     # x train.seq_len, rounded to whole tokens; below 1 checks that a run holds its 1x result at shorter lengths
-    length_multipliers: tuple[float, ...] = domain(default_factory=lambda: [1, 2, 4, 8], gt=0)
+    length_multipliers: tuple[float, ...] = domain(default_factory=lambda: [1, 2, 4, 8], gt=0, nonempty=True)
     # Several evaluation-time variations of the scheme in one go, in the scheme's own notation (its
     # parse_variation, model/pe/); None: the run as configured.
     variations: tuple[str, ...] | None = None
@@ -59,8 +59,13 @@ class EvaluationSettings:
     evaluators: tuple[str, ...] | None = None
 
     def check(self, plan: EvaluationPlan) -> None:
-        """A task run's lengths must fit the task's format: a shorter one would fail after training, with nothing
-        scored."""
+        """Each length at least one token (a multiple of a short training length can round to none), and a task
+        run's lengths must fit the task's format: a shorter one would fail after training, with nothing scored."""
+        if plan.lengths and min(plan.lengths) < 1:
+            raise PosGPTError(
+                f"eval.length_multipliers={list(self.length_multipliers)} gives a length below one token at "
+                f"train.seq_len={plan.train_len}: each multiple of it must round to at least 1"
+            )
         task = None if plan.task is None else build_task(plan.task)
         if task is not None and min(plan.lengths) + 1 < task.min_length():
             short = [length for length in plan.lengths if length + 1 < task.min_length()]
@@ -76,7 +81,7 @@ class Protocols:
     by the streaming evaluator (asked for by its own)."""
 
     # perplexity's protocols (evaluation/extrapolation.py): or streaming
-    protocols: tuple[str, ...] = choice(["nonoverlapping", "sliding"], PROTOCOLS, runs=TEXT)
+    protocols: tuple[str, ...] = choice(["nonoverlapping", "sliding"], PROTOCOLS, runs=TEXT, nonempty=True)
 
 
 @dataclass(frozen=True, kw_only=True)

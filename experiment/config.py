@@ -41,7 +41,6 @@ from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config
 from data.tokenizer import GPT2_N_VOCAB
 from evaluation.context import evaluated_lengths
 from evaluation.evaluator import registered
-from evaluation.extrapolation import PROTOCOLS
 from evaluation.settings import TEXT, EvaluationSettings
 from model.gpt import ModelConfig, model_dims, validate_model_config
 from model.pe import SCHEMES
@@ -289,7 +288,6 @@ def validate(
     check_temperature(config.model.attn_temperature, config.train.seq_len)
     check_declared_settings(TRAIN_STAGES, config.train)  # each train.* settings type's check (training/settings.py)
     _validate_position_table(config)
-    _validate_eval(cfg)
     # settings read by the other kind of run only (a task run has no perplexity protocols, and no corpus)
     kind, what = ("text", f"data={cfg.data.name}") if cfg.task.name == NO_TASK else ("task", f"task={cfg.task.name}")
     check_run_kind(config, kind, what, keys)
@@ -330,19 +328,6 @@ def command_reads(config: Any, command: str, key: str, kind: str | None = None) 
     if name is None or readers is None:
         return True
     return name in readers.commands and (kind is None or readers.runs is None or kind in readers.runs)
-
-
-def _validate_eval(cfg: DictConfig) -> None:
-    """The lengths, protocols and probes an evaluation names, before the settings read only with one of them."""
-    if not eval_lengths(cfg):
-        raise PosGPTError("eval.lengths (or eval.length_multipliers) must name at least one length")
-    if min(eval_lengths(cfg)) < 1:
-        raise PosGPTError(
-            f"eval.length_multipliers={list(cfg.eval.length_multipliers)} gives a length below one token at "
-            f"train.seq_len={cfg.train.seq_len}: each multiple of it must round to at least 1"
-        )
-    if not cfg.eval.protocols:  # each one of its choices: checked with the domains
-        raise PosGPTError(f"eval.protocols must name at least one of {', '.join(PROTOCOLS)}")
 
 
 def _validate_scheme(cfg: DictConfig, config: Config, keys: Collection[str] | None) -> None:

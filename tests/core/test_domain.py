@@ -33,10 +33,10 @@ from tiny_checkpoint import make_run
 
 from core.config_keys import may_change
 from core.domain import COMMANDS as DECLARED_COMMANDS
-from core.domain import Interval, check_domains, choices_of, domain, leaves, readers_of
+from core.domain import Interval, check_domains, choices_of, domain, is_nonempty, leaves, readers_of
 from core.errors import PosGPTError
 from data.tasks import NO_TASK, TASKS
-from experiment.compose import CONFIG_DIR
+from experiment.compose import CONFIG_DIR, compose_config
 from experiment.config import register_configs, schema, validate
 from experiment.settings import eval_settings
 from model.pe import SCHEMES
@@ -115,6 +115,31 @@ def declared_choices() -> dict[str, tuple[str, tuple]]:
             if choices_of(leaf.field) is not None:
                 found.setdefault(leaf.key, (pe, task, choices_of(leaf.field)))
     return found
+
+
+def declared_nonempty() -> dict[str, tuple[str, str]]:
+    """Every list key that declares it must name a value (core.domain's ``nonempty``), over every scheme's and
+    task's schema: key -> (a scheme and a task whose schema has it)."""
+    found = {}
+    for pe, task in [(pe, NO_TASK) for pe in SCHEMES] + [("rope", task) for task in TASKS]:
+        for leaf in leaves(OmegaConf.to_object(schema(pe, task))):
+            if is_nonempty(leaf.field):
+                found.setdefault(leaf.key, (pe, task))
+    return found
+
+
+def test_the_nonempty_walk_finds_the_declared_ones():
+    assert {"eval.length_multipliers", "eval.protocols"} <= set(declared_nonempty())
+
+
+@pytest.mark.parametrize("key", sorted(declared_nonempty()))
+def test_an_empty_list_where_a_value_is_needed_is_refused_in_one_line(key):
+    """Each such key, read from the schema, given [] through the planner's check of the composed config."""
+    pe, task = declared_nonempty()[key]
+    cfg = compose_config([f"pe={pe}", f"task={task}", f"{key}=[]"])
+    with pytest.raises(PosGPTError) as refused:
+        validate(cfg)
+    assert str(refused.value) == f"{key}=[] names nothing: it must name at least one value"
 
 
 @pytest.mark.parametrize("key", sorted(declared_choices()))

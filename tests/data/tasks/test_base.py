@@ -21,6 +21,7 @@ from data.tasks.mqar import MQARConfig
 from data.tasks.passkey import PasskeyConfig
 from experiment.compose import compose_config
 from experiment.config import eval_lengths, validate
+from experiment.eval_checks import check_eval_settings
 from experiment.settings import trained_config
 from model import GPT
 from model.gpt import ModelConfig
@@ -153,8 +154,10 @@ def test_an_unknown_length_distribution_is_refused():
 
 
 def test_a_multiplier_that_rounds_below_one_token_is_refused():
+    cfg = compose_config(["eval.length_multipliers=[0.001]"])
+    validate(cfg)  # in its domain; what it gives at the training length is the evaluation settings' check
     with pytest.raises(PosGPTError, match=r"eval.length_multipliers=\[0.001\] gives a length below one token"):
-        validate(compose_config(["eval.length_multipliers=[0.001]"]))
+        check_eval_settings(cfg)
     with pytest.raises(PosGPTError, match="out of its domain"):
         validate(compose_config(["eval.length_multipliers=[0]"]))
 
