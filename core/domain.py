@@ -120,7 +120,7 @@ def read_with(
     """A dataclass field of any type (no numeric domain) that only the given values of its sibling read, or only
     runs of the given kinds, or only the given commands, as :func:`domain`'s ``used_with``, ``runs`` and
     ``commands``; with ``choices``, it takes one of those values (:func:`choice`); ``nonempty`` as domain's."""
-    metadata = {**_readers(used_with, runs, commands)}
+    metadata = _readers(used_with, runs, commands)
     metadata |= {_NONEMPTY: True} if nonempty else {}
     if choices is not None:
         metadata[_CHOICES] = tuple(choices)

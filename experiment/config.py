@@ -384,7 +384,8 @@ def _check_probe_settings(cfg: DictConfig, keys: Collection[str] | None) -> None
 
 def _validate_documents(cfg: DictConfig, keys: Collection[str] | None) -> None:
     """data.document_aware (positions and attention within each document of a training window, data/windows.py):
-    where its windows have no documents to keep apart, or where it would not be read, it is refused."""
+    where its windows have no documents to keep apart it is refused (a command that only reads a run refuses it by
+    its declared reader, train.py: data/config.py)."""
     if keys is not None:  # an evaluation scores the stream as it is: the setting declares train.py its one reader
         return
     if not cfg.data.document_aware:  # a task run's is refused with the rest of data.* (check_run_kind)
