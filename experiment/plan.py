@@ -39,7 +39,7 @@ from evaluation.end_of_training import EndOfTrainingEvaluation
 from experiment.build import build_model, model_flops_per_token, open_trained_model
 from experiment.config import check_command_reads, set_task_vocabulary, validate
 from experiment.eval_checks import check_eval_settings, evaluation_plan
-from experiment.settings import changed_settings, given_wins, overridden_keys, trained_config
+from experiment.settings import changed_settings, given_wins, lay_over, overridden_keys, trained_config
 from model.pe import SCHEMES
 from training.checkpointing import CheckpointSettings
 from training.init_from import InitFromSettings, Parent
@@ -169,8 +169,7 @@ def resumed_config(composed: DictConfig, overrides: list[str], saved_config: dic
     ``_checked_resume``, once train.init_from's parent has been laid over as the run was trained."""
     cfg = trained_config(saved_config)
     keys = [key for key in overridden_keys(overrides) if re.split(r"[./]", key)[0] != "hydra"]  # Hydra's own
-    for key in keys:
-        OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
+    lay_over(cfg, composed, keys, overrides)
     return given_wins(cfg, keys, check_training_config, "train.py")
 
 

@@ -155,13 +155,20 @@ def config_for_evaluation(checkpoint: dict, overrides: list[str], command: str =
         return cfg
     composed = compose_config([f"pe={cfg.pe.name}", *overrides])
     trained = OmegaConf.to_object(cfg.model.attn_temperature)
+    lay_over(cfg, composed, keys, overrides)
+    check_evaluation_change(trained, OmegaConf.to_object(cfg.model.attn_temperature))
+    return cfg
+
+
+def lay_over(cfg: DictConfig, composed: DictConfig, keys: list[str], overrides: list[str]) -> None:
+    """Set each of ``keys`` in a run's stored ``cfg`` to its value in ``composed`` (the user's ``overrides``, as
+    Hydra composes them): the settings given win over the stored ones; a value the stored config cannot take is
+    refused in one line."""
     try:
         for key in keys:
             OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
     except OmegaConfBaseException as error:
         raise PosGPTError(f"cannot apply {' '.join(overrides)}: {one_line(error)}") from None
-    check_evaluation_change(trained, OmegaConf.to_object(cfg.model.attn_temperature))
-    return cfg
 
 
 def check_changeable(cfg: DictConfig, keys: list[str], command: str) -> None:
