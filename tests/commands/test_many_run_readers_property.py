@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import TINY, load_script
-from generated_options import PATH_PLACES, Case, generated_cases, parser_of
+from generated_options import Case, command_line, generated_cases, parser_of, run_here, unwritable
 from refusals import INSPECT, tree
 from tiny_checkpoint import make_run
 
@@ -197,27 +197,14 @@ def must_refuse(reader: Script, kinds: set[str], case: Case) -> list[str]:
         if reader.readers[dest] is not None and reader.readers[dest] not in kinds
     ]
     why += [] if case.parsed else ["its type refuses the value"]
-    return why + [
-        f"{path} is {place}"
-        for path in case.outputs
-        for place, at in PATH_PLACES.items()
-        if place != "fresh" and path.startswith(f"{at}/")
-    ]
+    return why + unwritable(case)
 
 
 def run_case(cli, reader: Script, case: Case, run_dirs: list[Path], out: Path) -> subprocess.CompletedProcess:
     """The script's command line: the runs, its base options that the case does not give, the case's; a
     traceback it let through as exit -1."""
-    given = {arg for arg in case.argv if arg.startswith("--")}
-    base = [arg for option, value in reader.base.items() if option not in given for arg in (option, value)]
     fill = {"{out}": str(out), "{run}": str(run_dirs[0])}
-    argv = [*map(str, run_dirs), *base, *case.argv]
-    for placeholder, value in fill.items():
-        argv = [arg.replace(placeholder, value) for arg in argv]
-    try:
-        return cli.here(reader.path, *argv)
-    except Exception as error:  # noqa: BLE001  (what the command let through: its traceback)
-        return subprocess.CompletedProcess(argv, -1, "", f"Traceback: {type(error).__name__}: {error}")
+    return run_here(cli, reader.path, command_line(case, reader.base, map(str, run_dirs), (), fill))
 
 
 def outcome(

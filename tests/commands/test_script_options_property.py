@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import load_script
-from generated_options import PATH_PLACES, Case, generated_cases, parser_of
+from generated_options import Case, command_line, generated_cases, parser_of, run_here, unwritable
 from refusals import TINY_MQAR, tree
 from tiny_checkpoint import make_run
 
@@ -131,16 +131,7 @@ def inputs(cli, tmp_path_factory) -> dict[str, Path]:
 
 
 def run_case(cli, script: Script, case: Case, fill: dict[str, str]) -> subprocess.CompletedProcess:
-    """The script's command line (a traceback it let through as exit -1)."""
-    given = {arg for arg in case.argv if arg.startswith("--")}
-    base = [arg for option, value in script.base.items() if option not in given for arg in (option, value)]
-    argv = [*script.before, *base, *case.argv, *script.after]
-    for placeholder, value in fill.items():
-        argv = [arg.replace(placeholder, value) for arg in argv]
-    try:
-        return cli.here(script.path, *argv)
-    except Exception as error:  # noqa: BLE001  (what the command let through: its traceback)
-        return subprocess.CompletedProcess(argv, -1, "", f"Traceback: {type(error).__name__}: {error}")
+    return run_here(cli, script.path, command_line(case, script.base, script.before, script.after, fill))
 
 
 def outcome(script: Script, case: Case, done: subprocess.CompletedProcess, unchanged: bool, out: Path) -> str | None:
@@ -152,12 +143,7 @@ def outcome(script: Script, case: Case, done: subprocess.CompletedProcess, uncha
             return f"exit {done.returncode}, not a one-line refusal: {done.stdout[-200:]!r} {done.stderr[-400:]!r}"
         return None if unchanged else f"refused after writing: {lines[0]}"
     why = [] if case.parsed else ["its type refuses the value"]
-    why += [
-        f"{path} is {place}"
-        for path in case.outputs
-        for place, at in PATH_PLACES.items()
-        if place != "fresh" and path.startswith(f"{at}/")
-    ]
+    why += unwritable(case)
     why += [f"{dest} {script.unrun[dest]}" for dest in case.dests if dest in script.unrun]
     if why:
         return f"ran to its end where it must be refused ({'; '.join(why)})"

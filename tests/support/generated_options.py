@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,34 @@ def _with_required(parser: argparse.ArgumentParser, names: list[str]) -> list[tu
         value = next(v for v in option_values(other, names) if v is None or not is_number(other) or accepts(other, v))
         pairs += [(action, own, (other, value)) for own in option_values(action, names)]
     return pairs
+
+
+def command_line(
+    case: Case, base: Mapping[str, str], before: Iterable[str], after: Iterable[str], fill: Mapping[str, str]
+) -> list[str]:
+    """A case's command line: ``before`` (inputs, a subcommand), the options of ``base`` that the case does not
+    give, the case's, ``after`` (overrides); each placeholder of ``fill`` replaced by its value."""
+    given = {arg for arg in case.argv if arg.startswith("--")}
+    options = [arg for option, value in base.items() if option not in given for arg in (option, value)]
+    argv = [*before, *options, *case.argv, *after]
+    for placeholder, value in fill.items():
+        argv = [arg.replace(placeholder, value) for arg in argv]
+    return argv
+
+
+def run_here(cli: Any, script: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """``script`` run in this process (cli.here); a traceback it let through as exit -1."""
+    try:
+        return cli.here(script, *argv)
+    except Exception as error:  # noqa: BLE001  (what the command let through: its traceback)
+        return subprocess.CompletedProcess(argv, -1, "", f"Traceback: {type(error).__name__}: {error}")
+
+
+def unwritable(case: Case) -> list[str]:
+    """Why each path the case names for writing may not be written: inside an input run, or under a file."""
+    return [
+        f"{path} is {place}"
+        for path in case.outputs
+        for place, at in PATH_PLACES.items()
+        if place != "fresh" and path.startswith(f"{at}/")
+    ]
