@@ -58,6 +58,23 @@ class DataConfig:
     num_proc: int = domain(2, ge=1)  # processes that tokenize in parallel
     shard_chars: int = domain(8_000_000, ge=1)  # characters of text per token shard (~2M tokens, 4 MB)
 
+    def check_training(self, drawn_positions: str | None) -> None:
+        """PosGPTError where data.document_aware, which only training reads, cannot train: its windows need documents
+        to keep apart, and each document gets positions of its own, so ``drawn_positions`` (the train.* setting that
+        draws a window's positions, where one is set) cannot be used with it."""
+        if not self.document_aware:
+            return
+        if drawn_positions is not None:
+            raise PosGPTError(
+                f"data.document_aware restarts positions at each document, {drawn_positions} draws one set per "
+                "window: use one of them"
+            )
+        if not self.rows_are_documents:
+            raise PosGPTError(
+                f"data.document_aware needs documents ended by <|endoftext|>; data.rows_are_documents=false joins the "
+                f"rows of {self.name} into one text: drop data.document_aware"
+            )
+
 
 def resolve_cache_dir(cfg: DataConfig) -> Path:
     """The folder holding token caches: cfg.cache_dir, else $POSGPT_CACHE_DIR, else ~/.cache/posgpt."""

@@ -56,6 +56,7 @@ class EvalContext:
     attn_backend: str = "auto"
     attn_sink: bool = False
     train_random_positions: int | None = None
+    probes: tuple[str, ...] = ()  # eval.tasks: the zero-shot probes of a language-model run
     progress: bool = False
     wandb_run: Any = None
     open_run: OpenRun | None = None
@@ -112,6 +113,7 @@ class EvaluationPlan:
     attn_backend: str = "auto"
     attn_sink: bool = False
     train_random_positions: int | None = None
+    probes: tuple[str, ...] = ()  # eval.tasks: the zero-shot probes of a language-model run
     progress: bool = False
 
     def context(

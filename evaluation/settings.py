@@ -132,9 +132,22 @@ class AccuracyInterval:
 
     # Task runs (task=...; evaluation/task_accuracy.py): each cell gets enough examples for a 95% interval of at most
     # ± task_half_width; the effective length is the longest length up to which accuracy >= task_threshold.
-    # (both read by the copy probe too: experiment/config.py's PROBE_READS)
+    # (both read by the copy probe too, the only readers in a language-model run: check)
     task_half_width: float = domain(0.05, gt=0, le=0.5)
     task_threshold: float = domain(0.9, gt=0, le=1)
+
+    def check(self, plan: EvaluationPlan) -> None:
+        """A language-model run reads these only for its zero-shot probes (eval.tasks): without one they change
+        nothing."""
+        if plan.task is not None or plan.probes:
+            return
+        for name in ("task_half_width", "task_threshold"):
+            value = getattr(self, name)
+            if value != getattr(AccuracyInterval, name):
+                raise PosGPTError(
+                    f"eval.{name}={value} is read only by a task run or the probes of eval.tasks; this "
+                    f"language-model run (data={plan.data.name}) has no eval.tasks: drop it"
+                )
 
 
 def settings_of(kind: type, section: Mapping[str, Any]) -> Any:

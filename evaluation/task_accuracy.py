@@ -36,7 +36,7 @@ from core.domain import domain, read_with
 from core.errors import PosGPTError
 from core.files import remove
 from core.runtime import autocast
-from data.tasks import Task, held_out_seed
+from data.tasks import Task, build_task, held_out_seed
 from data.windows import random_positions
 from evaluation.context import EvalContext, EvaluationPlan
 from evaluation.render import length_header, render_table
@@ -178,19 +178,29 @@ def evaluate_cell(
     }
 
 
+_DEFAULT_DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]  # eval.task_depths: the key at the start, a quarter, ..., the end
+
+
 @dataclass(frozen=True, kw_only=True)
 class TaskSettings(AccuracyInterval, Batching):
     """The eval.* settings task accuracy reads: its own, and those it shares (evaluation/settings.py)."""
 
     # a grid of key depths, for a task whose keys have one (passkey: data/tasks/, Task.cells)
-    task_depths: tuple[float, ...] = domain(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], ge=0, le=1, runs=TASK)
+    task_depths: tuple[float, ...] = domain(default_factory=lambda: list(_DEFAULT_DEPTHS), ge=0, le=1, runs=TASK)
     # A task run trained with train.random_positions=N: score each example at a sorted random subset of [0, N), as
     # Ruoss et al. 2023 test, instead of at 0..L-1; its rows are labelled randpos:N
     random_positions: bool = read_with(False, runs=TASK)
 
     def check(self, plan: EvaluationPlan) -> None:
-        """eval.random_positions draws a task example's positions from the [0, N) its run trained on
+        """eval.task_depths is a grid for a task whose keys have a depth ([] asks for no grid, which any task can
+        give); eval.random_positions draws a task example's positions from the [0, N) its run trained on
         (train.random_positions=N): every length must fit in it."""
+        task = None if plan.task is None else build_task(plan.task)
+        depths = list(self.task_depths)
+        if task is not None and depths and depths != _DEFAULT_DEPTHS and "depth" not in task.cells:
+            raise PosGPTError(
+                f"eval.task_depths={depths} is a grid of key depths; task={task.name} has no depth to vary: drop it"
+            )
         if not self.random_positions:
             return
         n = plan.train_random_positions

@@ -60,7 +60,6 @@ TrainConfig = schema_section(
 )
 
 
-PROBE_READS = ("task_half_width", "task_threshold")  # eval.* keys that a task run and the probes read
 BUILT_IN_EVALUATORS = "evaluation.evaluators."  # the package of the evaluators whose settings make the eval section
 
 
@@ -291,9 +290,8 @@ def validate(
     # settings read by the other kind of run only (a task run has no perplexity protocols, and no corpus)
     kind, what = ("text", f"data={cfg.data.name}") if cfg.task.name == NO_TASK else ("task", f"task={cfg.task.name}")
     check_run_kind(config, kind, what, keys)
-    _validate_documents(cfg, keys)
     _validate_scheme(cfg, config, keys)
-    _validate_task(cfg, reads_data, keys)
+    _validate_task(cfg, reads_data)
 
 
 def _validate_position_table(config: Config) -> None:
@@ -346,61 +344,15 @@ def _validate_scheme(cfg: DictConfig, config: Config, keys: Collection[str] | No
     scheme.check_variations(pe, list(cfg.eval.variations or []))
 
 
-def _validate_task(cfg: DictConfig, reads_data: bool, keys: Collection[str] | None = None) -> None:
-    """The task's own settings (build_task checks them), that its format fits train.seq_len; eval.tasks (probes of
-    a language-model run); eval.task_depths only for a task whose keys have a depth. The eval.task_* settings'
-    ranges are their declared domains."""
+def _validate_task(cfg: DictConfig, reads_data: bool) -> None:
+    """The task's own settings (build_task checks them), that its format fits train.seq_len, and that the model's
+    vocabulary holds the data's tokens. What the eval.task_* settings relate to the task is their types' check
+    (evaluation/settings.py)."""
     task = build_task(OmegaConf.to_object(cfg.task))
     if reads_data:
         _check_vocabulary(cfg, task)
-    if cfg.eval.tasks and task is not None:
-        raise PosGPTError(f"eval.tasks probes a language-model run; this run was trained on task={task.name}")
-    if task is None:
-        _check_probe_settings(cfg, keys)
-        return
-    depths = list(cfg.eval.task_depths)
-    given = depths != EvalConfig().task_depths and is_set("eval.task_depths", keys)
-    if depths and given and "depth" not in task.cells:  # [] asks for no grid, which any task can give
-        raise PosGPTError(
-            f"eval.task_depths={depths} is a grid of key depths; task={task.name} has no depth to vary: drop it"
-        )
-    if cfg.train.seq_len + 1 < task.min_length():
-        raise PosGPTError(
-            f"task={task.name} needs train.seq_len >= {task.min_length() - 1} with its settings "
-            f"(got {cfg.train.seq_len})"
-        )
-
-
-def _check_probe_settings(cfg: DictConfig, keys: Collection[str] | None) -> None:
-    """A language-model run reads the examples' settings of a task run only for its probes (eval.tasks)."""
-    defaults = EvalConfig()
-    for name in PROBE_READS if not cfg.eval.tasks else ():
-        if cfg.eval[name] != getattr(defaults, name) and is_set(f"eval.{name}", keys):
-            raise PosGPTError(
-                f"eval.{name}={cfg.eval[name]} is read only by a task run or the probes of eval.tasks; this "
-                f"language-model run (data={cfg.data.name}) has no eval.tasks: drop it"
-            )
-
-
-def _validate_documents(cfg: DictConfig, keys: Collection[str] | None) -> None:
-    """data.document_aware (positions and attention within each document of a training window, data/windows.py):
-    where its windows have no documents to keep apart it is refused (a command that only reads a run refuses it by
-    its declared reader, train.py: data/config.py)."""
-    if keys is not None:  # an evaluation scores the stream as it is: the setting declares train.py its one reader
-        return
-    if not cfg.data.document_aware:  # a task run's is refused with the rest of data.* (check_run_kind)
-        return
-    for key in ("random_positions", "pose.target_len"):
-        if OmegaConf.select(cfg.train, key) is not None:
-            raise PosGPTError(
-                f"data.document_aware restarts positions at each document, train.{key} draws one set per "
-                "window: use one of them"
-            )
-    if not cfg.data.rows_are_documents:
-        raise PosGPTError(
-            f"data.document_aware needs documents ended by <|endoftext|>; data.rows_are_documents=false joins the "
-            f"rows of {cfg.data.name} into one text: drop data.document_aware"
-        )
+    if task is not None:
+        task.check_fits(cfg.train.seq_len)
 
 
 def _check_vocabulary(cfg: DictConfig, task: Task | None) -> None:

@@ -40,5 +40,6 @@ def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:
         attn_backend=cfg.model.attn_backend,
         attn_sink=cfg.model.attn_sink,
         train_random_positions=cfg.train.random_positions,
+        probes=tuple(cfg.eval.tasks),
         progress=bool(cfg.logging.progress),
     )

@@ -143,14 +143,17 @@ def check_training_config(cfg: DictConfig) -> None:
     set_task_vocabulary(cfg)
     validate(cfg)
     # here, not at data loading: every rank fails alike, before any collective
-    validate_data_config(OmegaConf.to_object(cfg.data))
+    data = OmegaConf.to_object(cfg.data)
+    validate_data_config(data)
+    drawn = [f"train.{key}" for key in ("random_positions", "pose.target_len") if OmegaConf.select(cfg.train, key)]
+    data.check_training(drawn[0] if drawn else None)
+    # the eval.* settings the run stores, which its end-of-training evaluation and a later eval.py start from
+    check_eval_settings(cfg)
     if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
-        check_eval_settings(cfg)
         plan_evaluators(cfg)  # eval.evaluators names evaluators of this kind of run
         if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
             from evaluation.copy_probe import probe_candidates
 
-            data = OmegaConf.to_object(cfg.data)
             probe_candidates(data, cfg.eval.copy_min_count, cfg.model.vocab_size, cfg.logging.progress)
 
 

@@ -19,8 +19,9 @@ parent). A check reads only the settings its type declares (core.settings' ``dec
 section before it works out what it passes in); what it needs besides is passed to it explicitly (PoSE's settings,
 data/windows.py, are given train.seq_len). The planner runs every such check of the train section's types, each
 declaring type once, after the settings' domains (experiment/config.py, ``validate``: core.settings'
-``check_declared_settings``); what relates a train.* setting to another section's (``pe.max_positions``,
-``data.document_aware``) stays there.
+``check_declared_settings``); what relates a train.* setting to another section's is that section's type's, given
+the setting (data/config.py's ``DataConfig.check_training``: ``data.document_aware`` with the setting that draws a
+window's positions), or stays there (``pe.max_positions``).
 """
 
 from __future__ import annotations

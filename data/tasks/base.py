@@ -93,7 +93,7 @@ class Task:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs x and next-token targets y, (batch, seq_len) each, every instance exactly seq_len long; y is -100
         except on answer tokens."""
-        self._check_fits(seq_len, **cell)
+        self.check_fits(seq_len, **cell)
         return self._inputs_and_targets(*self.generate(batch, seq_len + 1, generator, **cell))
 
     def training_batch(self, batch: int, seq_len: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +110,7 @@ class Task:
         cell = self.training_cell(generator)
         if self.cfg.train_lengths == "fixed":
             return *self.sample(batch, seq_len, generator, **cell), torch.full((batch,), seq_len)
-        self._check_fits(seq_len, **cell)
+        self.check_fits(seq_len, **cell)
         lengths = torch.randint(self.min_length(**cell), seq_len + 2, (batch,), generator=generator)
         tokens = torch.zeros(batch, seq_len + 1, dtype=torch.long)
         answer = torch.zeros(batch, seq_len + 1, dtype=torch.bool)
@@ -119,11 +119,13 @@ class Task:
             tokens[rows, :length], answer[rows, :length] = self.generate(len(rows), length, generator, **cell)
         return *self._inputs_and_targets(tokens, answer), lengths - 1  # an instance of n tokens: n - 1 inputs
 
-    def _check_fits(self, seq_len: int, **cell: Any) -> None:
+    def check_fits(self, seq_len: int, **cell: Any) -> None:
+        """PosGPTError unless the format fits sequences of ``seq_len`` tokens (the training length; an evaluation's
+        lengths are checked at plan time: evaluation/settings.py), at the task's settings or ``cell``'s."""
         if seq_len + 1 < self.min_length(**cell):
             raise PosGPTError(
-                f"task={self.name} needs sequences of at least {self.min_length(**cell) - 1} tokens with its "
-                f"settings (got {seq_len}): raise train.seq_len or shrink the task (configs/task/{self.name}.yaml)"
+                f"task={self.name} needs train.seq_len >= {self.min_length(**cell) - 1} with its settings (got "
+                f"{seq_len}): raise train.seq_len or shrink the task (configs/task/{self.name}.yaml)"
             )
 
     def _inputs_and_targets(self, tokens: torch.Tensor, answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

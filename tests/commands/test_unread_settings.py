@@ -94,7 +94,10 @@ OTHER_KIND = [
     (["task=passkey", "eval.stride=8"], "eval.stride=8 is read only by a language-model run"),
     (["task=passkey", "eval.max_tokens=100"], "eval.max_tokens=100 is read only by a language-model run"),
     (["task=passkey", "eval.per_position_plot_lengths=[16]"], "eval.per_position_plot_lengths=[16] is read only"),
-    (["task=mqar", "eval.task_depths=[0.5]"], "task=mqar has no depth to vary"),
+    (
+        ["task=mqar", "train.seq_len=32", "eval.lengths=[32]", "eval.task_depths=[0.5]"],
+        "task=mqar has no depth to vary",
+    ),
     (["eval.task_half_width=0.1"], "eval.task_half_width=0.1 is read only by a task run or the probes"),
     (["eval.task_threshold=0.5"], "eval.task_threshold=0.5 is read only by a task run or the probes"),
     (["eval.task_depths=[0.5]"], "eval.task_depths=[0.5] is read only by a task run"),

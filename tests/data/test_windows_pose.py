@@ -23,7 +23,7 @@ from data.tasks import build_task
 from data.tasks.passkey import PasskeyConfig
 from data.windows import PoSEConfig, pose_positions
 from experiment.compose import compose_config
-from experiment.config import validate
+from experiment.plan import check_training_config
 from training.batch_stream import BatchStream
 from training.distributed import DistInfo
 
@@ -209,13 +209,13 @@ def test_a_task_stream_chunks_each_instance_over_its_length():
 )
 def test_settings_that_cannot_train_are_refused(overrides, message):
     with pytest.raises(PosGPTError, match=message):
-        validate(compose_config(["pe=rope", *overrides]))
+        check_training_config(compose_config(["pe=rope", *overrides]))
 
 
 def test_defaults_are_off():
     assert PoSEConfig() == PoSEConfig(None, 2)
-    validate(compose_config(["pe=rope"]))
-    validate(compose_config(["pe=rope", "train.pose.target_len=256", "train.pose.chunks=3"]))
+    check_training_config(compose_config(["pe=rope"]))
+    check_training_config(compose_config(["pe=rope", "train.pose.target_len=256", "train.pose.chunks=3"]))
 
 
 # --- through train.py ---------------------------------------------------------------------------------------------

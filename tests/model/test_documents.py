@@ -16,7 +16,7 @@ from core.checkpoint_io import load_checkpoint
 from core.errors import PosGPTError
 from data import EOT_TOKEN, separate_documents
 from experiment.compose import compose_config
-from experiment.config import validate
+from experiment.plan import check_training_config
 from experiment.settings import trained_config
 from model import GPT, KVCache, ModelConfig
 from model.documents import within_document_index
@@ -203,8 +203,8 @@ def test_documents_take_given_positions_and_refuse_a_cache():
 def test_where_windows_hold_no_documents_to_keep_apart_it_is_refused(overrides, message):
     cfg = compose_config(["data.document_aware=true", *overrides])
     with pytest.raises(PosGPTError, match=message):
-        validate(cfg)
-    validate(compose_config(overrides))  # fine without it
+        check_training_config(cfg)
+    check_training_config(compose_config(overrides))  # fine without it
 
 
 def test_an_evaluation_refuses_it_and_scores_the_stream(cli, tmp_path):
