@@ -1,9 +1,7 @@
 """The evaluation-time variations (``eval.variations`` entries, model/pe/base.py's parse_variation) scripts/study.sh
 evaluates every run of a scheme with, besides the run as trained: a study's choice, not the scheme's, so it lives
 beside the study. A scheme without an entry is evaluated as trained only.
-
-``python scripts/study_variations.py SCHEME...`` prints "<scheme> <list>" a line per scheme (the list "" when it has
-none), and exits 2 naming the schemes of configs/pe/ when one is unknown.
+scripts/study_check.py reads it, as it plans a study.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ from __future__ import annotations
 import _repo  # noqa: F401  (the repository's packages on sys.path)
 
 import json
-import sys
 from pathlib import Path
 
 # A table, not code (scheme names appear only in model/pe/ and in data: tests/house/test_house_rules.py).
@@ -20,21 +17,3 @@ from pathlib import Path
 # (W + (16L - W)/G = 63) inside L. Per-layer patterns: RoPE's rescalings for their RoPE layers (not its remaps: each
 # doubles a study's task evaluation, and RoPE's own runs measure them).
 STUDY_VARIATIONS: dict[str, list[str]] = json.loads(Path(__file__).with_name("study_variations.json").read_text())
-
-
-def main(names: list[str]) -> int:
-    from model.pe import SCHEMES
-
-    unknown = [name for name in names if name not in SCHEMES]
-    if unknown:
-        known = ",".join(sorted(SCHEMES))
-        print(f"error: --schemes takes schemes of configs/pe/ ({known}), got {','.join(unknown)}", file=sys.stderr)
-        return 2
-    for name in names:
-        variations = STUDY_VARIATIONS.get(name, ())
-        print(name, f"[{','.join(variations)}]" if variations else "")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

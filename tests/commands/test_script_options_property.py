@@ -1,6 +1,7 @@
 """The scripts that are not a run reader's walk (tests/commands/test_many_run_readers_property.py covers compare,
 export and check_below_length; test_run_readers_property.py eval, sample and inspect_attention): the benchmarks
-(speed.py, estimate.py), slim_results.py, attention_on_value.py and repeated_passages.py's two commands. Every
+(speed.py, estimate.py), slim_results.py, attention_on_value.py, repeated_passages.py's two commands and
+study_check.py (the planner that declares scripts/study.sh's options). Every
 option, generated from the script's own parser (tests/support/generated_options.py: each choice, a given switch, a
 typed number's domain edges and the probes its type refuses, a path to write fresh, inside a run and under a file,
 an option given with the one it is read with), on the inputs the script takes: either the command runs to its end
@@ -33,6 +34,7 @@ estimate = load_script("estimate")
 slim_results = load_script("slim_results")
 attention_on_value = load_script("attention_on_value")
 repeated_passages = load_script("repeated_passages")
+study_check = load_script("study_check")
 
 BENCH_MODEL = ("model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.vocab_size=512", "train.seq_len=16")
 BENCH_MODEL += ("train.batch_size=2", "train.device=cpu", "train.num_threads=1", "eval.batch_tokens=64")
@@ -94,6 +96,14 @@ SCRIPTS = {
         (),
         generated_cases(subcommand(repeated_passages.parse_args, "corpus"), ()),
     ),
+    # scripts/study.sh's options, declared by the planner it calls: a tiny model that fits the task study's tasks
+    "study_check": Script(
+        "scripts/study_check.py",
+        ("{out}/study",),
+        {"--plan-to": "{out}/plan", "--schemes": "rope"},
+        ("model.n_layer=1", "model.n_head=2", "model.n_embd=16", "train.seq_len=32", "train.max_steps=1"),
+        generated_cases(parser_of(study_check.parse_args), ("rope", "passkey")),
+    ),
 }
 # repeated_passages.py halves takes run directories and no option (tests/scripts/test_repeated_passages.py runs it)
 HALVES = generated_cases(subcommand(repeated_passages.parse_args, "halves"), ())
@@ -111,6 +121,7 @@ def test_every_option_is_generated_with_values_on_both_sides_of_its_domain():
         "eval_steps",
     }
     assert options["estimate"] == {"eval_length", "measure", "record"} and options["slim_results"] == {"csv"}
+    assert options["study_check"] == {"plan_to", "seeds", "seed_list", "schemes", "tasks", "list"}
     assert [case.argv for case in HALVES] == [()]  # an option added to it would be generated here: give it a Script
     warmups = [case.argv[1] for case in SCRIPTS["speed"].cases if case.dests == ("warmup",)]
     assert warmups[:2] == ["0", "1"] and "-1" in warmups  # [0, inf)'s edge, and the probe below it
@@ -154,9 +165,14 @@ def outcome(script: Script, case: Case, done: subprocess.CompletedProcess, uncha
 def observed(done: subprocess.CompletedProcess, out: Path, before: dict, fill: dict[str, str]) -> tuple:
     """What a command that ran to its end printed (measurements left out) and wrote in ``out``."""
     printed = MEASURED.sub(r'"\1": _', done.stdout)
-    for placeholder, value in fill.items():
+    written = {name: data for name, data in tree(out).items() if before.get(name) != data}
+    for placeholder, value in fill.items():  # a case's own folders, named in what it prints or writes
         printed = printed.replace(value, placeholder)
-    return printed, {name: data for name, data in tree(out).items() if before.get(name) != data}
+        written = {
+            name: data.replace(value.encode(), placeholder.encode()) if isinstance(data, bytes) else data
+            for name, data in written.items()
+        }
+    return printed, written
 
 
 @pytest.mark.slow

@@ -577,8 +577,8 @@ def test_the_task_study_trains_each_task_scheme_and_seed_skips_what_is_done_and_
 @pytest.mark.parametrize(
     "option, message",
     [
-        (["--tasks", "passkey,nosuch"], "error: --tasks takes tasks of configs/task/"),
-        (["--schemes", "rope,nosuch"], "error: --schemes takes schemes of configs/pe/ (alibi,cope,"),
+        (["--tasks", "passkey,nosuch"], "--tasks takes tasks of configs/task/"),
+        (["--schemes", "rope,nosuch"], "--schemes takes schemes of configs/pe/ (alibi,cope,"),
     ],
 )
 def test_the_study_refuses_an_unknown_task_or_scheme(tmp_path, option, message):

@@ -1,40 +1,52 @@
-"""scripts/study_check.py, as scripts/study.sh calls it: a line per scheme, a scheme's first seed refused is a
-verdict, a later seed refused stops it in one line (tests/scripts/test_compare.py runs it over every scheme)."""
+"""scripts/study_check.py, as scripts/study.sh calls it: the study's plan, every run of it, in one file; a scheme's
+first seed refused is skipped with one line, a later seed refused stops it in one line (tests/scripts/test_compare.py
+runs it over every scheme; tests/commands/test_script_options_property.py generates its options)."""
 
-import os
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
-from cli_runs import assert_one_line_error, load_script
-from repo_root import REPO
+from cli_runs import assert_one_line_error
 
-SMALL = ["model=tiny", "train.seq_len=16", "train.batch_size=2", "train.max_steps=1"]
+SMALL = ["model=tiny", "train.seq_len=16", "train.batch_size=2", "train.max_steps=1", "logging.progress=false"]
 
 
-def study_check(*args: str, cache) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "scripts" / "study_check.py"), *args]
-    env = {**os.environ, "POSGPT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+def plan_of(path: Path) -> list[str]:
+    return path.read_bytes().decode().split("\0")
 
 
 @pytest.mark.slow
-def test_a_line_per_scheme_and_a_refused_scheme_is_a_verdict(tmp_path):
-    done = study_check("1", "rope", "rnope", "--", *SMALL, "logging.progress=false", cache=tmp_path)
+def test_the_plan_holds_every_run_and_a_refused_scheme_is_skipped_in_one_line(cli, tmp_path):
+    plan, study = tmp_path / "plan", str(tmp_path / "s")
+    done = cli.here(
+        "scripts/study_check.py", "--plan-to", str(plan), "--seeds", "2", "--schemes", "rope,rnope", study, *SMALL
+    )
     assert done.returncode == 0, done.stderr
-    rope, rnope = done.stdout.splitlines()
-    assert rope == "rope accepted" and rnope.startswith("rnope refused ") and "model.n_layer >= 4" in rnope
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("study: pe=rnope is refused with these settings") and "model.n_layer >= 4" in line
+    fields = plan_of(plan)
+    assert fields[:3] == [study, "text", "train"]
+    runs, i = [], 3
+    while i < len(fields):
+        run, task, scheme, variations, count = fields[i : i + 5]
+        runs.append((run, task, scheme, fields[i + 5 : i + 5 + int(count)]))
+        i += 5 + int(count)
+    assert [run[:3] for run in runs] == [(f"{study}/rope-s1", "none", "rope"), (f"{study}/rope-s2", "none", "rope")]
+    assert runs[0][3][-2:] == ["pe=rope", "train.seed=1"] and "model=tiny" in runs[0][3]
+    assert Path(study).is_dir()  # made once every run is planned
 
 
 @pytest.mark.slow
-def test_a_later_seed_refused_stops_it_in_one_line(tmp_path):
-    done = study_check("1,99999999999999999999", "rope", "--", *SMALL, "logging.progress=false", cache=tmp_path)
+def test_a_later_seed_refused_stops_it_in_one_line_and_makes_nothing(cli, tmp_path):
+    done = cli.here(
+        "scripts/study_check.py",
+        "--plan-to",
+        str(tmp_path / "plan"),
+        "--seed-list",
+        "1,99999999999999999999",
+        "--schemes",
+        "rope",
+        str(tmp_path / "study"),
+        *SMALL,
+    )
     assert_one_line_error(done, "job 1 of the sweep (train.seed=99999999999999999999)", "is out of its domain")
-    assert done.stdout == ""
-
-
-def test_a_call_without_its_separator_is_its_usage_line(capsys):
-    with pytest.raises(SystemExit) as stopped:
-        load_script("study_check").main(["1", "rope"])
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err.strip().startswith("error: usage: study_check.py")
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
