@@ -26,7 +26,7 @@
 # and eval.py reuses them (it recomposes each run's config from its training overrides).
 # Environment: EVAL_VARIATIONS replaces the variations of every scheme that has some (its entry in
 # scripts/study_variations.py; RoPE: [yarn:16,ntk:16,self_extend:32:32,rerope:32,string:32:4]), e.g.
-# EVAL_VARIATIONS="[yarn:16]". A run evaluated before is evaluated only with the variations it lacks (eval/.variations-done lists those it has).
+# EVAL_VARIATIONS="[yarn:16]", checked as eval.py will check it before any run trains. A run evaluated before is evaluated only with the variations it lacks (eval/.variations-done lists those it has).
 #
 # Task study (--tasks): each (task, scheme, seed) trains with task=<task>, so with the task's own model, steps and
 # learning rate (configs/task/<task>.yaml), into <dir>/<task>-<scheme>-s<seed>/; its evaluation is

@@ -36,7 +36,9 @@ from study_variations import STUDY_VARIATIONS
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import MachineFault, PosGPTError
 from core.files import atomic_write, check_outputs, check_writable
-from experiment.compose import CONFIG_DIR, check_group_choices, hydra_errors_as_user_errors
+from experiment.compose import CONFIG_DIR, check_group_choices, compose_config, hydra_errors_as_user_errors
+from experiment.config import validate
+from experiment.eval_checks import check_eval_settings
 from train import check_only
 
 LATER_SEED = re.compile(r"job [1-9][0-9]* of the sweep")  # experiment/plan.py's plan_each names a refused job so
@@ -138,9 +140,20 @@ def verdict(scheme: str, seeds: list[int], args: list[str]) -> str | None:
     return None
 
 
+def check_variations(scheme: str, variations: str, args: list[str]) -> None:
+    """The evaluation each run of ``scheme`` gets after training (eval.py with ``variations``), checked as eval.py
+    checks it, before any run trains: a variation it would refuse is the study's mistake ($EVAL_VARIATIONS)."""
+    cfg = compose_config([*args, f"pe={scheme}", f"eval.variations={variations}"])
+    try:
+        validate(cfg)
+        check_eval_settings(cfg)
+    except PosGPTError as error:
+        raise PosGPTError(f"pe={scheme}'s evaluation with eval.variations={variations}: {error}") from None
+
+
 def planned_runs(study: Study) -> list[tuple[str, str, str]]:
     """(task, scheme, its variations) of every scheme that train.py accepts, each task in turn; a refused one said
-    in one line on stderr."""
+    in one line on stderr. The evaluation with its variations that follows each run is checked too."""
     runs = []
     for task in study.tasks:
         for scheme in study.schemes:
@@ -149,7 +162,10 @@ def planned_runs(study: Study) -> list[tuple[str, str, str]]:
                 skipped = f"study: pe={scheme} is refused with these settings; its runs are skipped ({refusal})"
                 print(skipped, file=sys.stderr)
                 continue
-            runs.append((task, scheme, variations_of(scheme)))
+            variations = variations_of(scheme)
+            if variations:
+                check_variations(scheme, variations, study.train_args(task))
+            runs.append((task, scheme, variations))
     if not runs:
         raise PosGPTError("every scheme is refused with these settings (the lines above say why); nothing was trained")
     return runs

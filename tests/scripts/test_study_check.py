@@ -50,3 +50,14 @@ def test_a_later_seed_refused_stops_it_in_one_line_and_makes_nothing(cli, tmp_pa
     )
     assert_one_line_error(done, "job 1 of the sweep (train.seed=99999999999999999999)", "is out of its domain")
     assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_the_evaluation_each_run_gets_after_training_is_checked_before_any_trains(cli, tmp_path, monkeypatch):
+    """$EVAL_VARIATIONS, the variations eval.py scores each run with once it has trained: one it would refuse was
+    found only after the first run had trained."""
+    monkeypatch.setenv("EVAL_VARIATIONS", "[bogus:1]")
+    plan, study = str(tmp_path / "plan"), str(tmp_path / "study")
+    done = cli.here("scripts/study_check.py", "--plan-to", plan, "--schemes", "rope", study, *SMALL)
+    assert_one_line_error(done, "pe=rope's evaluation with eval.variations=[bogus:1]", "type='bogus'")
+    assert list(tmp_path.iterdir()) == []
