@@ -22,8 +22,8 @@
 # (train.resume=true: a finished and evaluated run has nothing to do, an interrupted one trains on or runs the
 # evaluation it missed), and a run's evaluation with its scheme's variations is skipped once done. The
 # comparison is rewritten at the end from every finished run in <dir>.
-# Arguments after the directory are Hydra overrides for train.py; they override the study's settings below,
-# and eval.py reuses them (it recomposes each run's config from its training overrides).
+# Arguments after the directory are Hydra overrides for train.py; they override the study's settings below (not
+# its schemes and seeds), and eval.py starts from the config each run stores.
 # Environment: EVAL_VARIATIONS replaces the variations of every scheme that has some (its entry in
 # scripts/study_variations.py; RoPE: [yarn:16,ntk:16,self_extend:32:32,rerope:32,string:32:4]), e.g.
 # EVAL_VARIATIONS="[yarn:16]", checked as eval.py will check it before any run trains. A run evaluated before is evaluated only with the variations it lacks (eval/.variations-done lists those it has).
