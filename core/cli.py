@@ -68,14 +68,30 @@ def exit_on_user_error(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class _StoreOnce(argparse._StoreAction):
+    """argparse's ``store`` for an option that takes a value, refusing it given twice (under any of its names or
+    abbreviations): argparse keeps the last value and drops the first without a word."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if option_string is not None:
+            given = parser.given_options
+            if self.dest in given:
+                parser.error(f"{self.option_strings[-1]} is given twice ({given[self.dest]}, {values}): give it once")
+            given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser whose mistakes (an unknown option, a value of the wrong type, a missing argument) are
-    PosGPTErrors: under :func:`exit_on_user_error`, one line and exit code 2 like every other mistake, instead of
-    argparse's usage block."""
+    """argparse's parser whose mistakes (an unknown option, a value of the wrong type, a missing argument, an option
+    given twice) are PosGPTErrors: under :func:`exit_on_user_error`, one line and exit code 2 like every other
+    mistake, instead of argparse's usage block."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        for name in (None, "store"):  # argparse's default action, and its name
+            self.register("action", name, _StoreOnce)
         self.required_with: dict[str, str] = {}  # an option's destination -> the option that must be given for it
+        self.given_options: dict[str, Any] = {}  # an option's destination -> its value, in the parse under way
 
     def add_argument(self, *args: Any, requires: str | None = None, **kwargs: Any) -> argparse.Action:
         """argparse's, and ``requires``: the option (its flag) that reads this one, which must be given with it:
@@ -86,6 +102,8 @@ class ArgumentParser(argparse.ArgumentParser):
         return action
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        if namespace is None:  # a parse of its own (parse_intermixed_args' second pass continues the first's)
+            self.given_options = {}
         parsed, rest = super().parse_known_args(args, namespace)
         for dest, flag in self.required_with.items():
             action = next(a for a in self._actions if a.dest == dest)

@@ -1,13 +1,16 @@
 """A script's option that only another option reads declares it (core.cli.ArgumentParser's ``requires``), and is
 refused in one line, naming that option, when given without it; two options of which one replaces the other are
-a mutually exclusive group. The members are generated from the scripts' own sources: every ``requires=`` and
-every mutually exclusive group of scripts/*.py is given alone (or both), through the script's real command line."""
+a mutually exclusive group; an option given twice is refused. The members are generated from the scripts' own
+sources: every ``requires=`` and every mutually exclusive group of scripts/*.py is given alone (or both), through the
+script's real command line."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 
 import pytest
+from cli_runs import assert_one_line_error
 from refusals import refused
 from repo_root import REPO
 
@@ -83,3 +86,42 @@ def test_requires_refuses_only_an_option_away_from_its_default():
     assert parser.parse_args(["--length", "4", "--steps", "3"]).steps == 3
     with pytest.raises(PosGPTError, match="--steps is read only with --length: give --length or drop it"):
         parser.parse_args(["--steps", "3"])
+
+
+def test_an_option_given_twice_is_refused_under_each_of_its_spellings():
+    """argparse keeps the last value and drops the first without a word: refused, whichever name, abbreviation or
+    ``=`` form gives it, in a subcommand too; a switch, a positional and one given once are as argparse parses them."""
+    parser = ArgumentParser(prog="x")
+    parser.add_argument("-p", "--plan-to")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("rest", nargs="*")
+    spellings = ["--plan-to", "--plan", "-p"]
+    for first in spellings:
+        for second in spellings:
+            for argv in ([first, "a", second, "b"], [f"{first}=a" if first != "-p" else "-pa", "d", second, "b"]):
+                with pytest.raises(PosGPTError, match=r"--plan-to is given twice \(a, b\): give it once"):
+                    parser.parse_intermixed_args(argv)
+    parsed = parser.parse_intermixed_args(["--plan-to", "a", "d", "--list", "--list", "k=v"])
+    assert (parsed.plan_to, parsed.list, parsed.rest) == ("a", True, ["d", "k=v"])
+    assert parser.parse_intermixed_args(["--plan-to", "c"]).plan_to == "c"  # a new parse starts afresh
+    commands = ArgumentParser(prog="y").add_subparsers(dest="command")
+    sub = commands.add_parser("go")
+    sub.add_argument("--n")
+    with pytest.raises(PosGPTError, match="--n is given twice"):
+        sub.parse_args(["--n", "1", "--n", "2"])
+
+
+def test_study_refuses_the_plan_file_given_on_its_command_line(cli, tmp_path):
+    """study.sh names the file it reads its plan from; a --plan-to of the user's replaced it, and study.sh read an
+    empty plan."""
+    root = tmp_path / "root"
+    root.mkdir()
+    done = subprocess.run(
+        ["bash", "scripts/study.sh", "--plan-to", str(root / "plan"), "--list", str(root / "study")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_one_line_error(done, "--plan-to is given twice")
+    assert list(root.iterdir()) == []
