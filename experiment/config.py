@@ -37,7 +37,7 @@ from core.errors import PosGPTError
 from core.runtime import MAX_SEED
 from core.settings import check_declared_settings, schema_section
 from data.config import DataConfig
-from data.tasks import NO_TASK, TASKS, Task, TaskConfig, build_task, task_config_class
+from data.tasks import NO_TASK, TASKS, TaskConfig, build_task, task_config_class
 from data.tokenizer import GPT2_N_VOCAB
 from evaluation.context import evaluated_lengths
 from evaluation.evaluator import registered
@@ -286,24 +286,11 @@ def validate(
     validate_model_config(config.model)
     check_temperature(config.model.attn_temperature, config.train.seq_len)
     check_declared_settings(TRAIN_STAGES, config.train)  # each train.* settings type's check (training/settings.py)
-    _validate_position_table(config)
     # settings read by the other kind of run only (a task run has no perplexity protocols, and no corpus)
     kind, what = ("text", f"data={cfg.data.name}") if cfg.task.name == NO_TASK else ("task", f"task={cfg.task.name}")
     check_run_kind(config, kind, what, keys)
     _validate_scheme(cfg, config, keys)
-    _validate_task(cfg, reads_data)
-
-
-def _validate_position_table(config: Config) -> None:
-    """A learned position table long enough for train.seq_len (the positions a training window is given, otherwise,
-    are LoopSettings' check)."""
-    seq_len = config.train.seq_len
-    table = getattr(config.pe, "max_positions", None)  # a learned position table: no position past it exists
-    if table is not None and table < seq_len:
-        raise PosGPTError(
-            f"pe.max_positions={table} is shorter than train.seq_len={seq_len}: the table has no vector for "
-            "the positions past it; raise pe.max_positions (or drop it: null is train.seq_len)"
-        )
+    _validate_task(cfg, config, reads_data)
 
 
 def check_command_reads(config: Any, command: str, keys: Collection[str]) -> None:
@@ -335,34 +322,19 @@ def _validate_scheme(cfg: DictConfig, config: Config, keys: Collection[str] | No
     # a scheme configured without an extension holds the settings its eval.variations entries read
     variation_types = frozenset(re.split(r"[:.]", spec)[0] for spec in cfg.eval.variations or [])
     check_used(config, also=variation_types, keys=keys)
-    scheme, pe = SCHEMES[cfg.pe.name], OmegaConf.to_object(cfg.pe)
     dims = model_dims(config.model, cfg.train.seq_len)
-    for key, message in scheme.unread_settings(pe, dims):
-        if is_set(f"pe.{key}", keys):
-            raise PosGPTError(message)
-    scheme.check_model(pe, dims)
-    scheme.check_variations(pe, list(cfg.eval.variations or []))
+    variations = list(cfg.eval.variations or [])
+    SCHEMES[cfg.pe.name].check_settings(config.pe, dims, variations, lambda key: is_set(f"pe.{key}", keys))
 
 
-def _validate_task(cfg: DictConfig, reads_data: bool) -> None:
+def _validate_task(cfg: DictConfig, config: Config, reads_data: bool) -> None:
     """The task's own settings (build_task checks them), that its format fits train.seq_len, and that the model's
     vocabulary holds the data's tokens. What the eval.task_* settings relate to the task is their types' check
     (evaluation/settings.py)."""
     task = build_task(OmegaConf.to_object(cfg.task))
-    if reads_data:
-        _check_vocabulary(cfg, task)
+    if reads_data and task is None:
+        config.model.check_vocabulary(GPT2_N_VOCAB, f"data.name={cfg.data.name} is tokenized by GPT-2")
+    elif reads_data:
+        config.model.check_vocabulary(task.vocab_size, f"task={task.name}")
     if task is not None:
         task.check_fits(cfg.train.seq_len)
-
-
-def _check_vocabulary(cfg: DictConfig, task: Task | None) -> None:
-    """model.vocab_size must give every token id the data holds an embedding: the GPT-2 tokenizer's 50,257 for
-    a corpus (even one whose ids happen to be smaller: its perplexity would be over a vocabulary that cannot
-    represent the tokenizer's output), the task's for a task."""
-    needed = GPT2_N_VOCAB if task is None else task.vocab_size
-    source = f"data.name={cfg.data.name} is tokenized by GPT-2" if task is None else f"task={task.name}"
-    if cfg.model.vocab_size < needed:
-        raise PosGPTError(
-            f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of the data ({source}: "
-            f"{needed} tokens): raise model.vocab_size to at least {needed}"
-        )

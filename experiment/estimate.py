@@ -31,6 +31,7 @@ from model.gpt import padded_vocab_size
 from model.loss import FUSED_CHUNK, NO_GRAD_CHUNK, use_fused
 from model.pe import PositionalEncoding
 from model.pe.capabilities import WRITTEN_OUT_MODS, FusedKernel, ModifiesAttention, Rotation, ScoreBias
+from training.loop import position_draw
 
 MiB = 2**20
 # Tensors of B x H x T^2 the math path of a position-counting scheme keeps per layer for backward: scores,
@@ -132,7 +133,7 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
     block = min(attention._RECOMPUTED_BLOCK, max(1, attention._MAX_BLOCK_SCORES // max(1, rows * m.n_head * T)))
     recomputed = T > block
     # positions per token (randomized, PoSE's): no distance table stands in for the bias
-    explicit = t.random_positions is not None or t.pose.target_len is not None
+    explicit = position_draw(t.random_positions, t.pose.target_len) is not None
 
     def backend(scheme: PositionalEncoding) -> str:
         return kernels.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit, m.attn_sink)

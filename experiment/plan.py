@@ -43,7 +43,7 @@ from experiment.settings import changed_settings, given_wins, lay_over, overridd
 from model.pe import SCHEMES
 from training.checkpointing import CheckpointSettings
 from training.init_from import InitFromSettings, Parent
-from training.loop import LoopSettings, ModelSpec, TrainingPlan, rehearse
+from training.loop import LoopSettings, ModelSpec, TrainingPlan, position_draw, rehearse
 from training.metrics import MetricsSettings
 from training.optim import OptimizerSettings
 
@@ -110,11 +110,10 @@ def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Train
     with torch.device("meta"):  # shapes only: a model of any size is planned in no memory and no time
         model = build_model(cfg)
     t = cfg.train
-    if t.random_positions:
-        model.pe.check_random_positions(t.random_positions)
-    if t.pose.target_len is not None:  # PoSE's positions reach up to target_len - 1
-        model.pe.check_random_positions(t.pose.target_len, "train.pose.target_len")
-    explicit = t.random_positions is not None or t.pose.target_len is not None or cfg.data.document_aware
+    draw = position_draw(t.random_positions, t.pose.target_len)
+    if draw is not None:
+        model.pe.check_random_positions(draw[1], draw[0])
+    explicit = draw is not None or cfg.data.document_aware
     metrics = section_settings(
         MetricsSettings,
         t,
@@ -145,8 +144,8 @@ def check_training_config(cfg: DictConfig) -> None:
     # here, not at data loading: every rank fails alike, before any collective
     data = OmegaConf.to_object(cfg.data)
     validate_data_config(data)
-    drawn = [f"train.{key}" for key in ("random_positions", "pose.target_len") if OmegaConf.select(cfg.train, key)]
-    data.check_training(drawn[0] if drawn else None)
+    draw = position_draw(cfg.train.random_positions, cfg.train.pose.target_len)
+    data.check_training(draw[0] if draw else None)
     # the eval.* settings the run stores, which its end-of-training evaluation and a later eval.py start from
     check_eval_settings(cfg)
     if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings

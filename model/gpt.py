@@ -68,6 +68,16 @@ class ModelConfig:
     # Gated attention (Qiu et al. 2025): each head's output times a sigmoid gate of the layer's input, per channel
     attn_gate: bool = False
 
+    def check_vocabulary(self, n_tokens: int, source: str) -> None:
+        """PosGPTError unless every token id of data whose vocabulary is ``n_tokens`` (``source`` says whose) has an
+        embedding. A corpus needs the GPT-2 tokenizer's whole vocabulary even where its own ids happen to be smaller:
+        its perplexity would otherwise be over a vocabulary that cannot represent the tokenizer's output."""
+        if self.vocab_size < n_tokens:
+            raise PosGPTError(
+                f"model.vocab_size={self.vocab_size} is smaller than the vocabulary of the data ({source}: "
+                f"{n_tokens} tokens): raise model.vocab_size to at least {n_tokens}"
+            )
+
 
 def token_embedding_convention(cfg: ModelConfig) -> tuple[float, float]:
     """(std of the token embedding table at initialisation, its multiplier in the forward pass)."""

@@ -35,7 +35,7 @@ from study_variations import STUDY_VARIATIONS
 
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import MachineFault, PosGPTError
-from core.files import atomic_write, check_outputs, check_writable
+from core.files import atomic_write, check_folder, check_outputs, check_writable
 from experiment.compose import CONFIG_DIR, check_group_choices, compose_config, hydra_errors_as_user_errors
 from experiment.config import validate
 from experiment.eval_checks import check_eval_settings
@@ -180,15 +180,6 @@ def variations_of(scheme: str) -> str:
     return os.environ.get("EVAL_VARIATIONS") or f"[{','.join(declared)}]"
 
 
-def check_folder(folder: str) -> None:
-    """A study's folder that cannot be made (a path through a file) is refused before any run is planned."""
-    existing = Path(folder).absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise PosGPTError(f"cannot make the study directory {folder}: Not a directory")
-
-
 def make_folder(folder: str) -> None:
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
@@ -213,7 +204,7 @@ def main(argv: list[str]) -> None:
     study = study_of(args)
     check_outputs({"--plan-to": args.plan_to})
     check_writable({"--plan-to": args.plan_to})
-    check_folder(study.folder)
+    check_folder("the study directory", study.folder)
     with hydra_errors_as_user_errors():
         runs = planned_runs(study)
     if not args.list:

@@ -125,10 +125,24 @@ class LoopSettings(RunLength):
                 "(each sequence draws seq_len distinct positions from [0, N))"
             )
         self.pose.check(self.seq_len)
-        if self.pose.target_len is not None and self.random_positions is not None:
-            raise PosGPTError(
-                "train.pose.target_len and train.random_positions each draw a window's positions: use one of them"
-            )
+        position_draw(self.random_positions, self.pose.target_len)
+
+
+def position_draw(random_positions: int | None, pose_target_len: int | None) -> tuple[str, int] | None:
+    """The train.* setting that draws each training window's positions, and N, their range [0, N):
+    train.random_positions, or PoSE's train.pose.target_len (a chunk's skip reaches up to target_len - 1). None: a
+    window sits at positions 0 to seq_len - 1 (or restarts at each document, data.document_aware). PosGPTError when
+    both are set."""
+    draws = [
+        (f"train.{key}", n)
+        for key, n in (("random_positions", random_positions), ("pose.target_len", pose_target_len))
+        if n is not None
+    ]
+    if len(draws) > 1:
+        raise PosGPTError(
+            "train.pose.target_len and train.random_positions each draw a window's positions: use one of them"
+        )
+    return draws[0] if draws else None
 
 
 class EndEvaluation(Protocol):

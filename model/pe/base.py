@@ -195,6 +195,19 @@ class PositionalEncoding(nn.Module):
             )
 
     @classmethod
+    def check_settings(
+        cls, cfg: PEConfig, dims: ModelDims, variations: Sequence[str], given: Callable[[str], bool]
+    ) -> None:
+        """Every start-up check of the scheme's settings, in a model of ``dims`` and with the ``eval.variations``
+        entries ``variations``: a setting it would not read, among those ``given(key)`` says were set (a key under
+        ``pe.``); then check_model and check_variations."""
+        for key, message in cls.unread_settings(cfg, dims):
+            if given(key):
+                raise PosGPTError(message)
+        cls.check_model(cfg, dims)
+        cls.check_variations(cfg, variations)
+
+    @classmethod
     def check_model(cls, cfg: PEConfig, dims: ModelDims) -> None:
         """PosGPTError unless the scheme configured as ``cfg`` means what its name says in a model of ``dims``
         (checked at start-up with the config: a per-layer pattern needs its layers, a fraction of a head's

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from core.domain import domain
+from core.errors import PosGPTError
 from model.pe.base import ModelDims, PEConfig, PositionalEncoding
 from model.pe.capabilities import PositionEmbedding
 
@@ -38,6 +39,16 @@ class LearnedPositionalEncoding(PositionEmbedding, PositionalEncoding):
         n_positions = cfg.max_positions or dims.train_seq_len
         self.table = nn.Embedding(n_positions, dims.n_embd)
         nn.init.normal_(self.table.weight, mean=0.0, std=dims.embedding_std)
+
+    @classmethod
+    def check_model(cls, cfg: LearnedConfig, dims: ModelDims) -> None:
+        """The table holds a vector for every position of a training window (past it, a window's positions are
+        train.random_positions' or PoSE's, which the training planner checks against max_positions())."""
+        if cfg.max_positions is not None and cfg.max_positions < dims.train_seq_len:
+            raise PosGPTError(
+                f"pe.max_positions={cfg.max_positions} is shorter than train.seq_len={dims.train_seq_len}: the table "
+                "has no vector for the positions past it; raise pe.max_positions (or drop it: null is train.seq_len)"
+            )
 
     def max_positions(self) -> int:
         return self.table.num_embeddings

@@ -168,7 +168,9 @@ def test_study_a_directory_it_cannot_make_is_one_line(tmp_path):
     """mkdir's own message and exit code 1 before; a path through a file is a mistake in the command (2)."""
     (tmp_path / "file").write_text("")
     done = study("--schemes", "rope", "--seeds", "1", str(tmp_path / "file" / "study"))
-    assert_one_line_error(done, f"cannot make the study directory {tmp_path / 'file' / 'study'}: Not a directory")
+    assert_one_line_error(
+        done, f"the study directory {tmp_path / 'file' / 'study'} lies under {tmp_path / 'file'}, which is a file"
+    )
 
 
 def test_a_model_whose_training_state_does_not_fit_in_memory_is_refused(cli, tmp_path, monkeypatch):
