@@ -114,6 +114,7 @@ def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Train
     if draw is not None:
         model.pe.check_random_positions(draw[1], draw[0])
     explicit = draw is not None or cfg.data.document_aware
+    evaluation = plan_end_of_training(cfg, model)  # what a later eval.py starts from, with train.eval_after=false too
     metrics = section_settings(
         MetricsSettings,
         t,
@@ -133,7 +134,7 @@ def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Train
         data=OmegaConf.to_object(cfg.data),
         task=OmegaConf.to_object(cfg.task),
         parent=parent,
-        evaluation=plan_end_of_training(cfg, model) if t.eval_after else None,
+        evaluation=evaluation if t.eval_after else None,
     )
 
 
@@ -146,14 +147,14 @@ def check_training_config(cfg: DictConfig) -> None:
     validate_data_config(data)
     draw = position_draw(cfg.train.random_positions, cfg.train.pose.target_len)
     data.check_training(draw[0] if draw else None)
-    # the eval.* settings the run stores, which its end-of-training evaluation and a later eval.py start from
+    # The eval.* settings the run stores, which its end-of-training evaluation and a later eval.py start from: checked
+    # with train.eval_after=false too (plan_end_of_training then plans them on the model).
     check_eval_settings(cfg)
-    if cfg.train.eval_after:  # before training: the evaluation at its end would refuse these settings
-        plan_evaluators(cfg)  # eval.evaluators names evaluators of this kind of run
-        if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
-            from evaluation.copy_probe import probe_candidates
+    plan_evaluators(cfg)  # eval.evaluators names evaluators of this kind of run
+    if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
+        from evaluation.copy_probe import probe_candidates
 
-            probe_candidates(data, cfg.eval.copy_min_count, cfg.model.vocab_size, cfg.logging.progress)
+        probe_candidates(data, cfg.eval.copy_min_count, cfg.model.vocab_size, cfg.logging.progress)
 
 
 def _resumed_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
@@ -260,13 +261,17 @@ def check_same_architecture(now: dict, parent: dict, where: str, replaces_scheme
         )
 
 
-def plan_end_of_training(cfg: DictConfig, model: torch.nn.Module) -> EndOfTrainingEvaluation:
+def plan_end_of_training(cfg: DictConfig, model: torch.nn.Module | None = None) -> EndOfTrainingEvaluation:
     """The evaluation at the end of training (train.eval_after), planned with the run, before the first step: its
     evaluators are selected and checked, and every variation (eval.variations) is applied once to the model planned
-    on the meta device, so that what the evaluation would refuse (a ReRoPE window past the training length, a
-    scaling without its factors, a remap the model's sink cannot take) refuses the training run, and
-    ``train.py --check``, instead of a trained run's last step. It takes the run's config as eval.py's evaluation
-    does (evaluation.context.EvaluationPlan)."""
+    on the meta device (``model``; None: built here), so that what the evaluation would refuse (a ReRoPE window past
+    the training length, a scaling without its factors, a remap the model's sink cannot take) refuses the training
+    run, and ``train.py --check``, instead of a trained run's last step. A run trained with train.eval_after=false
+    plans it too: the run stores its eval.* settings, and a later eval.py starts from them. It takes the run's
+    config as eval.py's evaluation does (evaluation.context.EvaluationPlan)."""
+    if model is None:
+        with torch.device("meta"):
+            model = build_model(cfg)
     evaluators = plan_evaluators(cfg)
     planned = evaluation_plan(cfg)
     context = planned.context(model, Path("."), torch.device("meta"), torch.float32, {}, open_run=_no_run)
@@ -276,6 +281,18 @@ def plan_end_of_training(cfg: DictConfig, model: torch.nn.Module) -> EndOfTraini
         evaluator.check(context)
     settings = OmegaConf.to_container(cfg.eval, resolve=True)
     return EndOfTrainingEvaluation(planned, evaluators, settings, cfg.eval.max_tokens, open_trained_model)
+
+
+def check_later_evaluation(training: list[str], evaluation: list[str]) -> None:
+    """PosGPTError for what eval.py, given the overrides ``evaluation``, would refuse of the run that train.py
+    trains from the overrides ``training``, before that run exists (a study plans the evaluation that follows each
+    run): the run's config with ``evaluation`` laid over it, checked whole as train.py checks a config, then
+    planned on its model built on the meta device, as eval.py plans it on the trained model."""
+    from experiment.compose import compose_config
+
+    cfg = compose_config([*training, *evaluation])
+    check_training_config(cfg)
+    plan_end_of_training(cfg)
 
 
 def _no_run(run_dir: str | Path):

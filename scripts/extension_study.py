@@ -107,12 +107,16 @@ class Job:
     marker: Path | None = None  # an evaluation's: the file, in the run, that records the step it scored
     method: str = ""  # a fine-tune's, of the design's fine_tunes
 
+    def evaluation_overrides(self) -> list[str]:
+        """An evaluation's eval.py overrides ([] for a training job)."""
+        if self.variations:
+            return [f"eval.variations=[{','.join(self.variations)}]"]
+        return list(self.evaluation)
+
     def command(self) -> list[str]:
         """The command line that runs the job (without train.resume, which the run's state decides)."""
-        if self.variations:
-            return ["eval.py", f"run_dir={self.run_dir}", f"eval.variations=[{','.join(self.variations)}]"]
-        if self.evaluation:
-            return ["eval.py", f"run_dir={self.run_dir}", *self.evaluation]
+        if self.variations or self.evaluation:
+            return ["eval.py", f"run_dir={self.run_dir}", *self.evaluation_overrides()]
         return ["train.py", *self.overrides, f"hydra.run.dir={self.run_dir}"]
 
 
@@ -314,17 +318,20 @@ def study_jobs(study: Study) -> list[Job]:
 def check_every_config(jobs: list[Job]) -> None:
     """Every training job's config checked whole, as train.py checks it before it plans (experiment/plan.py,
     check_training_config), for every stage at once: a setting a later stage's job would refuse is refused before
-    the first job trains, and before --list lists them. (What needs a parent's checkpoint, which an earlier stage
-    makes, is planned with the job's stage: plan_stage.)"""
+    the first job trains, and before --list lists them; so is each evaluation of a run that a job trains, on that
+    run's config (experiment/plan.py, check_later_evaluation). (What needs a parent's checkpoint, which an earlier
+    stage makes, is planned with the job's stage: plan_stage.)"""
     from experiment.compose import compose_config, hydra_errors_as_user_errors
-    from experiment.plan import check_training_config
+    from experiment.plan import check_later_evaluation, check_training_config
 
+    trained = {job.run_dir: job for job in jobs if not (job.variations or job.evaluation)}
     for job in jobs:
-        if job.variations or job.evaluation:  # an evaluation of a run that an earlier stage trains
-            continue
         try:
             with hydra_errors_as_user_errors():
-                check_training_config(compose_config(list(job.overrides)))
+                if not (job.variations or job.evaluation):
+                    check_training_config(compose_config(list(job.overrides)))
+                elif job.run_dir in trained:  # an evaluation of a run that an earlier stage trains
+                    check_later_evaluation(list(trained[job.run_dir].overrides), job.evaluation_overrides())
         except PosGPTError as error:
             raise type(error)(f"job {job.name} of the extension study: {error}") from None
 

@@ -36,9 +36,8 @@ from study_variations import STUDY_VARIATIONS
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import MachineFault, PosGPTError
 from core.files import atomic_write, check_folder, check_outputs, check_writable
-from experiment.compose import CONFIG_DIR, check_group_choices, compose_config, hydra_errors_as_user_errors
-from experiment.config import validate
-from experiment.eval_checks import check_eval_settings
+from experiment.compose import CONFIG_DIR, check_group_choices, hydra_errors_as_user_errors
+from experiment.plan import check_later_evaluation
 from train import check_only
 
 LATER_SEED = re.compile(r"job [1-9][0-9]* of the sweep")  # experiment/plan.py's plan_each names a refused job so
@@ -143,12 +142,14 @@ def verdict(scheme: str, seeds: list[int], args: list[str]) -> str | None:
 def check_variations(scheme: str, variations: str, args: list[str]) -> None:
     """The evaluation each run of ``scheme`` gets after training (eval.py with ``variations``), checked as eval.py
     checks it, before any run trains: a variation it would refuse is the study's mistake ($EVAL_VARIATIONS)."""
-    cfg = compose_config([*args, f"pe={scheme}", f"eval.variations={variations}"])
     try:
-        validate(cfg)
-        check_eval_settings(cfg)
+        check_later_evaluation([*args, f"pe={scheme}"], [f"eval.variations={variations}"])
     except PosGPTError as error:
-        raise PosGPTError(f"pe={scheme}'s evaluation with eval.variations={variations}: {error}") from None
+        source = "$EVAL_VARIATIONS" if os.environ.get("EVAL_VARIATIONS") else "scripts/study_variations.json"
+        raise PosGPTError(
+            f"pe={scheme}'s evaluation with eval.variations={variations} (from {source}; EVAL_VARIATIONS sets "
+            f"others): {error}"
+        ) from None
 
 
 def planned_runs(study: Study) -> list[tuple[str, str, str]]:

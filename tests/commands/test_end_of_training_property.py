@@ -3,7 +3,8 @@
 language-model run and on a task run, either the training plan refuses it (train.py and ``train.py --check``
 alike, before any write: the planning writes nothing) or the evaluation the plan holds runs to its end on the model
 the run starts from. A refusal of the evaluation after training, which would come after the run's checkpoint was
-written, fails here."""
+written, fails here. A run trained with ``train.eval_after=false`` is refused the same settings, in the same words:
+it stores them, and a later eval.py starts from them."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from generated_settings import generated_settings, kept_small
 from refusals import TINY_MQAR
 
 from core.errors import PosGPTError
+from evaluation.evaluator import EVALUATORS
 from experiment.compose import compose_config
 from experiment.config import EvalConfig
 from experiment.plan import plan_training
+from model.pe.rope_remap import TYPE_SETTINGS, RoPERemapConfig, remap_label
+from model.pe.rope_scaling import ROPE_SCALINGS
 from training import distributed
 from training.loop import _prepare
 
@@ -26,12 +30,26 @@ TASK += ["train.eval_after=true", "eval.task_half_width=0.3", "logging.wandb.mod
 TASK += ["train.num_threads=1", "eval.length_multipliers=[1,2]"]
 
 
-def eval_settings() -> list[tuple[str, ...]]:
-    return generated_settings(EvalConfig, "eval.") + [
-        ("eval.variations=[none,yarn:2]",),
-        ("eval.variations=[none,rerope:8]",),
-        ("eval.key_tokens=true",),
+def variations() -> list[str]:
+    """Every RoPE scaling at factor 2, and every remap at a window of half, one and two times the text run's
+    training length (16; the task run's is 32): within it, or past what it was trained on."""
+    remaps = [
+        remap_label(RoPERemapConfig(type=kind, window=window, group=2 if "group" in needed else None, local_window=2))
+        for kind, (needed, _) in TYPE_SETTINGS.items()
+        if kind != "none"
+        for window in (8, 16, 32)
     ]
+    return [f"{kind}:2" for kind in ROPE_SCALINGS if kind != "none"] + remaps
+
+
+def eval_settings() -> list[tuple[str, ...]]:
+    """The generated eval.* settings, every variation, and every evaluator asked for by name."""
+    return (
+        generated_settings(EvalConfig, "eval.")
+        + [(f"eval.variations=[none,{spec}]",) for spec in variations()]
+        + [(f"eval.evaluators=[{name}]",) for name in sorted(EVALUATORS)]
+        + [("eval.key_tokens=true",)]
+    )
 
 
 SETTINGS = eval_settings()
@@ -51,10 +69,17 @@ def test_an_evaluation_the_plan_accepts_runs_to_its_end(cli, tmp_path, kind):
     for number, setting in enumerate(SETTINGS):
         overrides = [*base, *kept_small(setting)]
         run_dir = tmp_path / f"run-{number}"
+        stored_only = refusal([*overrides, "train.eval_after=false"], run_dir)
         try:
             plan = plan_training(compose_config(overrides), overrides, run_dir)
+        except PosGPTError as error:
+            assert stored_only == str(error), f"{setting}: refused only with train.eval_after=true: {error}"
+            assert not run_dir.exists(), setting
+            continue
+        assert stored_only is None, f"{setting}: refused only with train.eval_after=false: {stored_only}"
+        try:
             ready = _prepare(plan, run_dir, distributed.DistInfo())
-        except PosGPTError:  # refused by the plan or the preparation: before any write, as --check refuses it
+        except PosGPTError:  # refused by the preparation: before any write, as --check refuses it
             assert not run_dir.exists(), setting
             continue
         run_dir.mkdir()
@@ -68,3 +93,12 @@ def test_an_evaluation_the_plan_accepts_runs_to_its_end(cli, tmp_path, kind):
         ran += 1
     # a task run refuses the language-model runs' settings (read only by them); each kind runs some of them
     assert ran >= (len(SETTINGS) // 3 if kind == "text" else 4), ran
+
+
+def refusal(overrides: list[str], run_dir) -> str | None:
+    """The training plan's refusal of ``overrides`` (None: planned)."""
+    try:
+        plan_training(compose_config(overrides), overrides, run_dir)
+    except PosGPTError as error:
+        return str(error)
+    return None

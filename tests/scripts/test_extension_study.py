@@ -154,6 +154,8 @@ def test_list_prints_the_jobs_and_writes_nothing(cli, tmp_path):
         # a setting only a later stage's job refuses: refused before the parents train, and by --list
         (["--methods", "pose", "train.random_positions=16"], ["job pose-3-s1 of the extension study", "use one"]),
         (["--list", "--methods", "pose", "train.random_positions=16"], ["job pose-3-s1", "use one of them"]),
+        # an evaluation eval.py would refuse of a run that a job trains: refused before that run trains
+        (["--methods", "plain,training-free", "model.attn_sink=true"], ["job training-free-s1 of", "no sink logit"]),
     ],
 )
 def test_a_bad_value_is_refused_in_one_line_before_anything_is_written(cli, tmp_path, argv, fragments):

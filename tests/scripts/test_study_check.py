@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from cli_runs import assert_one_line_error
 
-SMALL = ["model=tiny", "train.seq_len=16", "train.batch_size=2", "train.max_steps=1", "logging.progress=false"]
+SMALL = ["model=tiny", "train.seq_len=64", "train.batch_size=2", "train.max_steps=1", "logging.progress=false"]
 
 
 def plan_of(path: Path) -> list[str]:
@@ -60,4 +60,16 @@ def test_the_evaluation_each_run_gets_after_training_is_checked_before_any_train
     plan, study = str(tmp_path / "plan"), str(tmp_path / "study")
     done = cli.here("scripts/study_check.py", "--plan-to", plan, "--schemes", "rope", study, *SMALL)
     assert_one_line_error(done, "pe=rope's evaluation with eval.variations=[bogus:1]", "type='bogus'")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_the_schemes_own_variations_are_checked_against_the_training_length(cli, tmp_path, monkeypatch):
+    """RoPE's study variations hold windows of 32 tokens, which a run trained at 16 has never seen: eval.py refuses
+    them once the run is trained, so the study refuses them before (and --list does not list such a run)."""
+    monkeypatch.delenv("EVAL_VARIATIONS", raising=False)
+    plan, study = str(tmp_path / "plan"), str(tmp_path / "study")
+    argv = ["--plan-to", plan, "--list", "--schemes", "rope", study, *SMALL, "train.seq_len=16"]
+    done = cli.here("scripts/study_check.py", *argv)
+    assert_one_line_error(done, "pe=rope's evaluation with eval.variations=[", "window=32 must be shorter", "16")
     assert list(tmp_path.iterdir()) == []
