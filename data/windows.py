@@ -41,7 +41,7 @@ class PoSEConfig:
     ``target_len``. See :func:`pose_positions` for the draw."""
 
     # L_t, the length the positions cover (the paper's target context window); None: PoSE off
-    target_len: int | None = domain(None, ge=2)
+    target_len: int | None = domain(None, ge=2, commands=("train", "estimate"))  # estimate: its attention path
     chunks: int = domain(2, ge=2)  # N, the chunks a window is cut into (the paper's and its script's: 2)
 
     def check(self, seq_len: int) -> None:

@@ -21,7 +21,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from core.domain import (
-    BENCHMARKS,
     COMMANDS,
     check_domains,
     check_run_kind,
@@ -131,7 +130,7 @@ class Config:
     # a dataclass of data/tasks/ (the `task` group); none: text; sample.py and the scripts take text runs only
     task: Any = section(TaskConfig, commands=("train", "eval"))
     data: DataConfig = section(DataConfig, commands=("train", "eval", "inspect"), runs=TEXT)  # a task makes its own
-    train: TrainConfig = section(TrainConfig, commands=("train", *BENCHMARKS))
+    train: TrainConfig = section(TrainConfig, commands=("train",))  # the benchmarks read some (BENCHMARKED)
     eval: EvalConfig = section(EvalConfig, commands=("train", "eval"))
     logging: LoggingConfig = section(LoggingConfig, commands=("train", "eval", "inspect"))  # sample.py logs nothing
     sample: SampleConfig = section(SampleConfig, commands=("sample",))  # sample.py

@@ -51,7 +51,7 @@ from training.checkpointing import Checkpointer, CheckpointSettings, resume_chec
 from training.init_from import Parent
 from training.metrics import MetricsSettings, MetricsWindow, finite
 from training.optim import OptimizerSettings, build_optimizer, build_scheduler
-from training.settings import EVERY_COMMAND, RunLength
+from training.settings import BENCHMARKED, EVERY_COMMAND, RunLength
 from training.step import TrainStep
 
 
@@ -82,9 +82,9 @@ class LoopSettings(RunLength):
     seq_len: int = domain(64, ge=1, commands=EVERY_COMMAND)
     # sequences per optimizer step, over all processes and accumulation steps; 4 keeps the default job small enough
     # for a CPU (scripts/study.sh trains its studies at 8)
-    batch_size: int = domain(4, ge=1)
-    grad_accum_steps: int = domain(1, ge=1)
-    grad_clip: float = domain(1.0, ge=0)  # 0 disables clipping
+    batch_size: int = domain(4, ge=1, commands=BENCHMARKED)
+    grad_accum_steps: int = domain(1, ge=1, commands=BENCHMARKED)
+    grad_clip: float = domain(1.0, ge=0, commands=("train", "speed"))  # 0 disables clipping
     log_every: int = domain(10, ge=1)
     val_every: int = domain(200, ge=1)
     val_batches: int = domain(20, ge=1)
@@ -98,7 +98,7 @@ class LoopSettings(RunLength):
     )  # auto: bf16 on CUDA, fp32 on CPU
     # auto (on for CUDA) | true | false, in any case (Hydra makes a typed true/false "True"/"False"): refused
     # otherwise by check, since a choice's words match exactly
-    compile: str = "auto"
+    compile: str = read_with("auto", commands=("train", "speed"))
     num_threads: int = domain(0, ge=0, commands=EVERY_COMMAND)  # CPU threads for torch; 0 keeps torch's default
     skip_nonfinite: bool = False  # skip steps whose loss is NaN/inf instead of stopping
     distributed: str = choice("ddp", ("ddp", "fsdp"))  # only used under torchrun

@@ -10,7 +10,7 @@ import torch
 from core.domain import domain
 from core.errors import PosGPTError
 from model import GPT
-from training.settings import RunLength
+from training.settings import BENCHMARKED, RunLength
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,12 +18,12 @@ class OptimizerSettings(RunLength):
     """What the optimizer and its schedule read: the ``train.*`` settings declared here (training/settings.py), and
     ``train.max_steps``, where the cosine ends."""
 
-    lr: float = domain(1e-3, gt=0)
-    min_lr_ratio: float = domain(0.1, ge=0, le=1)  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = domain(100, ge=0)
-    weight_decay: float = domain(0.1, ge=0)
-    beta1: float = domain(0.9, ge=0, lt=1)
-    beta2: float = domain(0.95, ge=0, lt=1)
+    lr: float = domain(1e-3, gt=0, commands=BENCHMARKED)
+    min_lr_ratio: float = domain(0.1, ge=0, le=1, commands=BENCHMARKED)  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = domain(100, ge=0, commands=BENCHMARKED)
+    weight_decay: float = domain(0.1, ge=0, commands=BENCHMARKED)
+    beta1: float = domain(0.9, ge=0, lt=1, commands=BENCHMARKED)
+    beta2: float = domain(0.95, ge=0, lt=1, commands=BENCHMARKED)
 
     def check(self) -> None:
         """AdamW scales each decayed weight by 1 - lr_t * weight_decay at every step: from 1 on, that zeroes or

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from core.domain import COMMANDS, domain
+from core.domain import BENCHMARKS, COMMANDS, domain
 
 EVERY_COMMAND = tuple(COMMANDS)  # a setting every command reads (core.domain's commands)
+# A setting the benchmarks read too (scripts/speed.py times a training step, scripts/estimate.py predicts and measures
+# its memory): the step's shape and its optimizer and schedule. The train section's other settings only train.py reads.
+BENCHMARKED = ("train", *BENCHMARKS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,4 +41,4 @@ class RunLength:
     """How long a run trains: the loop stops at ``train.max_steps``, the learning-rate schedule decays until it and
     the metrics' progress bar counts up to it."""
 
-    max_steps: int = domain(1200, ge=1)  # optimizer steps
+    max_steps: int = domain(1200, ge=1, commands=BENCHMARKED)  # optimizer steps
