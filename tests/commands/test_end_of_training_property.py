@@ -8,9 +8,12 @@ it stores them, and a later eval.py starts from them."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from cli_runs import TINY
 from generated_settings import generated_settings, kept_small
+from omegaconf import DictConfig
 from refusals import TINY_MQAR
 
 from core.errors import PosGPTError
@@ -69,9 +72,12 @@ def test_an_evaluation_the_plan_accepts_runs_to_its_end(cli, tmp_path, kind):
     for number, setting in enumerate(SETTINGS):
         overrides = [*base, *kept_small(setting)]
         run_dir = tmp_path / f"run-{number}"
-        stored_only = refusal([*overrides, "train.eval_after=false"], run_dir)
+        cfg = compose_config(overrides)
+        without = copy.deepcopy(cfg)
+        without.train.eval_after = False
+        stored_only = refusal(without, [*overrides, "train.eval_after=false"], run_dir)
         try:
-            plan = plan_training(compose_config(overrides), overrides, run_dir)
+            plan = plan_training(cfg, overrides, run_dir)
         except PosGPTError as error:
             assert stored_only == str(error), f"{setting}: refused only with train.eval_after=true: {error}"
             assert not run_dir.exists(), setting
@@ -95,10 +101,10 @@ def test_an_evaluation_the_plan_accepts_runs_to_its_end(cli, tmp_path, kind):
     assert ran >= (len(SETTINGS) // 3 if kind == "text" else 4), ran
 
 
-def refusal(overrides: list[str], run_dir) -> str | None:
-    """The training plan's refusal of ``overrides`` (None: planned)."""
+def refusal(cfg: DictConfig, overrides: list[str], run_dir) -> str | None:
+    """The training plan's refusal of ``cfg``, composed from ``overrides`` (None: planned)."""
     try:
-        plan_training(compose_config(overrides), overrides, run_dir)
+        plan_training(cfg, overrides, run_dir)
     except PosGPTError as error:
         return str(error)
     return None
