@@ -37,6 +37,7 @@ from data import validate_data_config
 from data.tasks import NO_TASK
 from evaluation.end_of_training import EndOfTrainingEvaluation
 from experiment.build import build_model, model_flops_per_token, open_trained_model
+from experiment.compose import compose_config
 from experiment.config import check_command_reads, set_task_vocabulary, validate
 from experiment.eval_checks import check_eval_settings, evaluation_plan
 from experiment.settings import changed_settings, given_wins, lay_over, overridden_keys, trained_config
@@ -288,8 +289,6 @@ def check_later_evaluation(training: list[str], evaluation: list[str]) -> None:
     trains from the overrides ``training``, before that run exists (a study plans the evaluation that follows each
     run): the run's config with ``evaluation`` laid over it, checked whole as train.py checks a config, then
     planned on its model built on the meta device, as eval.py plans it on the trained model."""
-    from experiment.compose import compose_config
-
     cfg = compose_config([*training, *evaluation])
     check_training_config(cfg)
     plan_end_of_training(cfg)
