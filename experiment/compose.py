@@ -27,9 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 from core.errors import PosGPTError
 from core.files import first_invalid_utf8, not_utf8, open_file_in
 from core.rundir import note_existing
+from experiment import CONFIG_DIR
 from experiment.config import choices_with, register_configs
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 # Lines of Hydra's and OmegaConf's messages that help a developer, not a user (or, like Hydra's "To append to
 # your config use +key=...", suggest what experiment.config.validate then refuses).

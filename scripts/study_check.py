@@ -36,9 +36,10 @@ from study_variations import STUDY_VARIATIONS
 from core.cli import ArgumentParser, count, exit_on_user_error
 from core.errors import MachineFault, PosGPTError
 from core.files import atomic_write, check_folder, check_outputs, check_writable
-from experiment.compose import CONFIG_DIR, check_group_choices, hydra_errors_as_user_errors
-from experiment.plan import check_later_evaluation
-from train import check_only
+from experiment import CONFIG_DIR
+
+# The planner's modules (torch, Hydra: seconds to import) are imported once the options are read, so that a mistake
+# in them is answered at once.
 
 LATER_SEED = re.compile(r"job [1-9][0-9]* of the sweep")  # experiment/plan.py's plan_each names a refused job so
 # A Hydra override (key=value, the value holding any character, a slash too): the first argument is the study's
@@ -128,6 +129,9 @@ def study_of(args: argparse.Namespace) -> Study:
 def verdict(scheme: str, seeds: list[int], args: list[str]) -> str | None:
     """None where train.py --check accepts every seed of ``scheme``; the refusal of its first seed (the scheme is
     refused with these settings); raises the refusal of a later seed."""
+    from experiment.compose import check_group_choices
+    from train import check_only
+
     argv = [*args, f"pe={scheme}", f"train.seed={','.join(map(str, seeds))}", "-m"]
     try:
         check_group_choices(argv)
@@ -142,6 +146,8 @@ def verdict(scheme: str, seeds: list[int], args: list[str]) -> str | None:
 def check_variations(scheme: str, variations: str, args: list[str]) -> None:
     """The evaluation each run of ``scheme`` gets after training (eval.py with ``variations``), checked as eval.py
     checks it, before any run trains: a variation it would refuse is the study's mistake ($EVAL_VARIATIONS)."""
+    from experiment.plan import check_later_evaluation
+
     try:
         check_later_evaluation([*args, f"pe={scheme}"], [f"eval.variations={variations}"])
     except PosGPTError as error:
@@ -206,6 +212,8 @@ def main(argv: list[str]) -> None:
     check_outputs({"--plan-to": args.plan_to})
     check_writable({"--plan-to": args.plan_to})
     check_folder("the study directory", study.folder)
+    from experiment.compose import hydra_errors_as_user_errors
+
     with hydra_errors_as_user_errors():
         runs = planned_runs(study)
     if not args.list:
