@@ -325,13 +325,18 @@ def check_every_config(jobs: list[Job]) -> None:
     from experiment.plan import check_later_evaluation, check_training_config
 
     trained = {job.run_dir: job for job in jobs if not (job.variations or job.evaluation)}
+    evaluations = set()  # those planned: one of runs that differ only in their seed is planned once
     for job in jobs:
         try:
             with hydra_errors_as_user_errors():
                 if not (job.variations or job.evaluation):
                     check_training_config(compose_config(list(job.overrides)))
                 elif job.run_dir in trained:  # an evaluation of a run that an earlier stage trains
-                    check_later_evaluation(list(trained[job.run_dir].overrides), job.evaluation_overrides())
+                    training = tuple(o for o in trained[job.run_dir].overrides if override_key(o) != "train.seed")
+                    evaluation = (training, tuple(job.evaluation_overrides()))
+                    if evaluation not in evaluations:
+                        check_later_evaluation(*map(list, evaluation))
+                        evaluations.add(evaluation)
         except PosGPTError as error:
             raise type(error)(f"job {job.name} of the extension study: {error}") from None
 
