@@ -21,7 +21,7 @@ data/windows.py, are given train.seq_len). The planner runs every such check of 
 declaring type once, after the settings' domains (experiment/config.py, ``validate``: core.settings'
 ``check_declared_settings``); what relates a train.* setting to another section's is that section's type's, given
 the setting (data/config.py's ``DataConfig.check_training``: ``data.document_aware`` with the setting that draws a
-window's positions), or stays there (``pe.max_positions``).
+window's positions; the learned scheme's ``check_model``: its table as long as train.seq_len).
 """
 
 from __future__ import annotations
