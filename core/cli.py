@@ -91,14 +91,21 @@ class ArgumentParser(argparse.ArgumentParser):
         for name in (None, "store"):  # argparse's default action, and its name
             self.register("action", name, _StoreOnce)
         self.required_with: dict[str, str] = {}  # an option's destination -> the option that must be given for it
+        self.settings_read_with: dict[str, tuple[str, ...]] = {}  # an option's destination -> the settings it reads
         self.given_options: dict[str, Any] = {}  # an option's destination -> its value, in the parse under way
 
-    def add_argument(self, *args: Any, requires: str | None = None, **kwargs: Any) -> argparse.Action:
+    def add_argument(
+        self, *args: Any, requires: str | None = None, reads: tuple[str, ...] = (), **kwargs: Any
+    ) -> argparse.Action:
         """argparse's, and ``requires``: the option (its flag) that reads this one, which must be given with it:
-        given alone, this one is refused, naming that option, instead of being accepted and never read."""
+        given alone, this one is refused, naming that option, instead of being accepted and never read. ``reads``:
+        the config settings (dotted keys) that the script reads only with this option; one given among the
+        overrides (``key=value``) without it is refused so."""
         action = super().add_argument(*args, **kwargs)
         if requires is not None:
             self.required_with[action.dest] = requires
+        if reads:
+            self.settings_read_with[action.dest] = reads
         return action
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
@@ -111,6 +118,13 @@ class ArgumentParser(argparse.ArgumentParser):
             given = getattr(parsed, dest) != action.default
             if given and getattr(parsed, other.dest) == other.default:
                 self.error(f"{action.option_strings[-1]} is read only with {flag}: give {flag} or drop it")
+        given_keys = [arg.split("=", 1)[0].lstrip("+~") for arg in rest if "=" in arg and not arg.startswith("-")]
+        for dest, settings in self.settings_read_with.items():
+            action = next(a for a in self._actions if a.dest == dest)
+            unread = [key for key in given_keys if key in settings]
+            if unread and getattr(parsed, dest) == action.default:
+                flag = action.option_strings[-1]
+                self.error(f"{unread[0]} is read only with {flag}: give {flag} or drop {unread[0]}")
         return parsed, rest
 
     def error(self, message: str) -> typing.NoReturn:

@@ -83,7 +83,13 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The options, and the Hydra overrides that follow or precede them."""
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--eval-length", type=count(1), default=None, help="also predict scoring at this length")
+    parser.add_argument(
+        "--eval-length",
+        type=count(1),
+        default=None,
+        reads=("eval.batch_tokens",),
+        help="also predict scoring at this length",
+    )
     parser.add_argument("--measure", action="store_true", help="run it here and compare (see above)")
     parser.add_argument("--record", type=Path, default=None, help="also append the report to a results file")
     return parser.parse_known_args(argv)

@@ -332,6 +332,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--eval-length",
         type=count(1),
         default=None,
+        reads=("eval.batch_tokens",),
         help="also time scoring (no grad) at this context length, e.g. 16x train.seq_len",
     )
     parser.add_argument(

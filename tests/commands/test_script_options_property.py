@@ -37,7 +37,9 @@ repeated_passages = load_script("repeated_passages")
 study_check = load_script("study_check")
 
 BENCH_MODEL = ("model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.vocab_size=512", "train.seq_len=16")
-BENCH_MODEL += ("train.batch_size=2", "train.device=cpu", "train.num_threads=1", "eval.batch_tokens=64")
+BENCH_MODEL += ("train.batch_size=2", "train.device=cpu", "train.num_threads=1")
+# the settings a script reads only with one of its options (core.cli's ``reads``), given with it: a small batch
+BENCH_WITH = {"--eval-length": ("eval.batch_tokens=64",)}
 # What a measurement prints that differs between two runs of the same command line: a clock's or the memory's
 MEASURED = re.compile(
     r'"(tokens_per_s|mfu|peak_memory_mb|step_ms|cpu_share|[a-z_]*measured[a-z_]*|process_before_mb)"'
@@ -143,7 +145,8 @@ def inputs(cli, tmp_path_factory) -> dict[str, Path]:
 
 
 def run_case(cli, script: Script, case: Case, fill: dict[str, str]) -> subprocess.CompletedProcess:
-    return run_here(cli, script.path, command_line(case, script.base, script.before, script.after, fill))
+    given = [setting for option, settings in BENCH_WITH.items() if option in case.argv for setting in settings]
+    return run_here(cli, script.path, command_line(case, script.base, script.before, (*script.after, *given), fill))
 
 
 def outcome(script: Script, case: Case, done: subprocess.CompletedProcess, unchanged: bool, out: Path) -> str | None:

@@ -1,7 +1,8 @@
 """A script's option that only another option reads declares it (core.cli.ArgumentParser's ``requires``), and is
-refused in one line, naming that option, when given without it; two options of which one replaces the other are
-a mutually exclusive group; an option given twice is refused. The members are generated from the scripts' own
-sources: every ``requires=`` and every mutually exclusive group of scripts/*.py is given alone (or both), through the
+refused in one line, naming that option, when given without it; so is a config setting that the script reads only
+with one of its options (``reads``); two options of which one replaces the other are a mutually exclusive group; an
+option given twice is refused. The members are generated from the scripts' own sources: every ``requires=``, every
+setting of a ``reads=`` and every mutually exclusive group of scripts/*.py is given alone (or both), through the
 script's real command line."""
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def declared_requires() -> list[tuple[str, str, str]]:
     return found
 
 
+def declared_reads() -> list[tuple[str, str, str]]:
+    """(script, option, a config setting it alone makes the script read) for every add_argument(..., reads=...)."""
+    found = []
+    for script in SCRIPTS:
+        for call in _calls(ast.parse(script.read_text()), "add_argument"):
+            reads = next((k.value for k in call.keywords if k.arg == "reads"), None)
+            if reads is not None:
+                found += [(f"scripts/{script.name}", _flag(call), key) for key in ast.literal_eval(reads)]
+    return found
+
+
 def exclusive_pairs() -> list[tuple[str, str, str]]:
     """(script, option, option) for each pair of a mutually exclusive group the scripts declare."""
     found = []
@@ -63,6 +75,7 @@ VALUES = {"--eval-steps": "5", "--eval-length": "32", "--seeds": "2", "--seed-li
 def test_the_members_are_found_in_the_scripts():
     assert ("scripts/speed.py", "--eval-steps", "--eval-length") in declared_requires()
     assert ("scripts/extension_study.py", "--seeds", "--seed-list") in exclusive_pairs()
+    assert ("scripts/estimate.py", "--eval-length", "eval.batch_tokens") in declared_reads()
     assert all(option in VALUES for _, option, _ in declared_requires())
     assert all(a in VALUES and b in VALUES for _, a, b in exclusive_pairs())
 
@@ -70,6 +83,23 @@ def test_the_members_are_found_in_the_scripts():
 @pytest.mark.parametrize("script, option, requires", declared_requires())
 def test_an_option_given_without_the_one_that_reads_it_is_refused(cli, tmp_path, script, option, requires):
     refused(cli, tmp_path, (script, option, VALUES[option]), option, f"read only with {requires}")
+
+
+@pytest.mark.parametrize("script, option, key", declared_reads())
+def test_a_setting_given_without_the_option_that_reads_it_is_refused(cli, tmp_path, script, option, key):
+    """speed.py and estimate.py read eval.batch_tokens only to score (--eval-length): accepted without it, it was
+    never read."""
+    refused(cli, tmp_path, (script, "model=tiny", f"{key}=64"), key, f"read only with {option}")
+
+
+def test_reads_refuses_only_a_setting_given_without_its_option():
+    parser = ArgumentParser(prog="x")
+    parser.add_argument("--length", type=int, reads=("eval.batch_tokens",))
+    assert parser.parse_known_args(["eval.max_tokens=4"])[1] == ["eval.max_tokens=4"]
+    assert parser.parse_known_args(["--length", "4", "eval.batch_tokens=8"])[1] == ["eval.batch_tokens=8"]
+    for spelling in ("eval.batch_tokens=8", "+eval.batch_tokens=8", "++eval.batch_tokens=8"):
+        with pytest.raises(PosGPTError, match="eval.batch_tokens is read only with --length: give --length or drop"):
+            parser.parse_known_args([spelling])
 
 
 @pytest.mark.parametrize("script, first, second", exclusive_pairs())
