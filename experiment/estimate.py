@@ -136,7 +136,7 @@ def training_memory(cfg: DictConfig, device: str = "cpu", dtype: torch.dtype = t
     explicit = position_draw(t.random_positions, t.pose.target_len) is not None
 
     def backend(scheme: PositionalEncoding) -> str:
-        return kernels.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit, m.attn_sink)
+        return kernels.resolve_backend(m.attn_backend, scheme, torch.device(device), explicit, m.attn_sink, dtype)
 
     def layer_bytes(scheme: PositionalEncoding) -> float:
         math_kept = 0 if recomputed else MATH_SCORE_COPIES * scores * 4

@@ -191,11 +191,14 @@ class GPT(nn.Module):
         """The layers' attention paths on ``device``."""
         return [layer_kernel.path for layer_kernel in self.kernels_on(device)]
 
-    def attention_backend(self, device: torch.device, explicit: bool = False) -> str:
+    def attention_backend(
+        self, device: torch.device, explicit: bool = False, dtype: torch.dtype = torch.float32
+    ) -> str:
         """The kernel a full pass runs on ``device``, as the runs' records name it (a kernel given up names its
         fallback): one name, or the distinct ones in layer order joined by ``+``. ``explicit``: positions are given per
-        token (training's random positions, documents)."""
-        return "+".join(dict.fromkeys(layer_kernel.backend(explicit) for layer_kernel in self.kernels_on(device)))
+        token (training's random positions, documents); ``dtype``: the pass's autocast dtype (float32 without)."""
+        layers = self.kernels_on(device)
+        return "+".join(dict.fromkeys(layer_kernel.backend(explicit, dtype) for layer_kernel in layers))
 
     def describe_attention(self, device: torch.device) -> list[str]:
         """One line per layer: its scheme and the attention path it takes on ``device`` (the model summary); and one

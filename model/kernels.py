@@ -92,16 +92,26 @@ BACKENDS = ("auto", *KERNELS)
 
 
 class LayerKernel:
-    """One layer's attention on one kind of device: its resolved ``path``, the scheme's own kernel where it runs, and
-    the model's :class:`Fallback` of the kernel that may fail (None: none may)."""
+    """One layer's attention on one kind of device: its resolved ``path``, the scheme's own kernel where it runs with
+    the dtypes of q, k and v it takes (``own_dtypes``), and the model's :class:`Fallback` of the kernel that may fail
+    (None: none may)."""
 
-    def __init__(self, path: AttentionPath, own: Kernel | None = None, fallback: Fallback | None = None) -> None:
-        self.path, self.own, self.fallback = path, own, fallback
+    def __init__(
+        self,
+        path: AttentionPath,
+        own: Kernel | None = None,
+        fallback: Fallback | None = None,
+        own_dtypes: frozenset[torch.dtype] = frozenset(),
+    ) -> None:
+        self.path, self.own, self.fallback, self.own_dtypes = path, own, fallback, own_dtypes
 
-    def backend(self, explicit: bool = False) -> str:
-        """The kernel a full pass runs now, as the runs' records name it: sdpa for flex and the written-out path for the
-        scheme's own kernel once it has failed (the Fallback's record)."""
+    def backend(self, explicit: bool = False, dtype: torch.dtype = torch.float32) -> str:
+        """The kernel a full pass runs now with q, k and v in ``dtype`` (a run's autocast dtype; float32 without), as
+        the runs' records name it: sdpa for flex and the written-out path for the scheme's own kernel once it has
+        failed (the Fallback's record), or for a dtype it does not take."""
         runs = self.path.explicit_runs if explicit else self.path.runs
+        if runs == self.path.own and dtype not in self.own_dtypes:
+            return "math"
         if self.fallback is None or self.fallback.failure is None or runs not in ("flex", self.path.own):
             return runs
         return "sdpa" if runs == "flex" else "math"
@@ -119,7 +129,8 @@ class LayerKernel:
             return out
         runs = self.path.explicit_runs if call.state.explicit else self.path.runs
         full = call.state.q_offset == 0 and q.shape[-2] == k.shape[-2]
-        if full and call.cache is None and runs == self.path.own and self.own is not None:  # it fills no cache
+        own = runs == self.path.own and self.own is not None and q.dtype in self.own_dtypes
+        if full and call.cache is None and own:  # it fills no cache
             return self._with_fallback(self.own, math_kernel, q, k, v, call)
         if full and runs == "flex":
             return self._with_fallback(flex_kernel, sdpa_kernel, q, k, v, call)
@@ -204,7 +215,7 @@ def choose_kernel(
     if fallible is not None:
         fallbacks = {} if fallbacks is None else fallbacks
         fallback = fallbacks.setdefault(fallible, _fallback_of(fallible, own is not None))
-    return LayerKernel(path, own, fallback)
+    return LayerKernel(path, own, fallback, pe.fused_dtypes if own is not None else frozenset())
 
 
 def _fallback_of(name: str, own: bool) -> Fallback:
@@ -214,21 +225,33 @@ def _fallback_of(name: str, own: bool) -> Fallback:
 
 
 def resolve_backend(
-    backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False, sink: bool = False
+    backend: str,
+    pe: PositionalEncoding,
+    device: torch.device,
+    explicit: bool = False,
+    sink: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> str:
     """The backend a freshly built model runs for this scheme on this device (a built model's, after a failure:
     ``GPT.attention_backend``); ``explicit``: positions are given per token, so no distance table stands in for the
-    scheme's score_bias; ``sink``: the model has sink logits (model.attn_sink)."""
-    return choose_kernel(pe, backend, device, sink).backend(explicit)
+    scheme's score_bias; ``sink``: the model has sink logits (model.attn_sink); ``dtype``: of q, k and v (the autocast
+    dtype; float32 without)."""
+    return choose_kernel(pe, backend, device, sink).backend(explicit, dtype)
 
 
 def resolve_layer_backends(
-    backend: str, pe: PositionalEncoding, device: torch.device, explicit: bool = False, sink: bool = False
+    backend: str,
+    pe: PositionalEncoding,
+    device: torch.device,
+    explicit: bool = False,
+    sink: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> str:
     """:func:`resolve_backend` of the scheme each layer runs: one backend, or the distinct ones in layer order joined
     by ``+`` when layers differ (``sdpa+flex``)."""
     schemes = pe.layer_schemes()
-    return "+".join(dict.fromkeys(resolve_backend(backend, scheme, device, explicit, sink) for scheme, _ in schemes))
+    backends = (resolve_backend(backend, scheme, device, explicit, sink, dtype) for scheme, _ in schemes)
+    return "+".join(dict.fromkeys(backends))
 
 
 def attend(

@@ -69,7 +69,7 @@ def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
             for _ in range(2):
                 step(x, x)
             what = {"work": "training", "seq_len": t.seq_len, "batch_size": t.batch_size}
-    backend = model.attention_backend(device)
+    backend = model.attention_backend(device, dtype=dtype)
     what |= {
         "backend": backend,
         "dtype": dtype,

@@ -215,7 +215,7 @@ def recorded_settings(
         "compile": train_step.compiled,  # false after a compilation that failed (training/step.py)
         "compile_mode": args.compile_mode,
         "sdpa_backend": args.sdpa_backend,
-        "attn_backend": raw_model.attention_backend(device),
+        "attn_backend": raw_model.attention_backend(device, dtype=dtype),
         "fused_ce": use_fused(m.fused_ce, device),
         "flex_kernel_options": dict(m.flex_kernel_options),
         "threads": torch.get_num_threads(),

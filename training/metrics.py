@@ -55,7 +55,7 @@ class MetricsWindow:
         self.flops_per_token = settings.flops_per_token
         self.wandb_run, self.metrics = None, None
         # What computes this run (a resumed run may change either): recorded by record_runtime.
-        self._backends = lambda: model.attention_backend(device, explicit)
+        self._backends = lambda: model.attention_backend(device, explicit, dtype)
         self.runtime = {"attn_backend": self._backends(), "dtype": str(dtype).removeprefix("torch.")}
         if dist.is_main:
             self.wandb_run = init_wandb(tracker, run_dir, checkpoint.get("wandb_run_id") if checkpoint else None)

@@ -104,7 +104,7 @@ def score_protocols(
     scored_what, dtype = scored_fields(ctx, tokens), str(ctx.dtype).removeprefix("torch.")
     rows = []
     for label, fields in ctx.variations():
-        backend = ctx.model.attention_backend(ctx.device)
+        backend = ctx.model.attention_backend(ctx.device, dtype=ctx.dtype)
         scored = []
         if protocols:
             scored = evaluate_extrapolation(

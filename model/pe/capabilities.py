@@ -207,6 +207,9 @@ class FusedKernel:
     # The attention backend the runs' records name it by, and (module, name) of the kernel in its package.
     fused_backend: ClassVar[str] = ""
     fused_kernel: ClassVar[tuple[str, str]] = ("", "")
+    # The dtypes of q, k and v the kernel takes, forward and backward; a pass in another runs the written-out path
+    # (chosen before the pass: a kernel that fails in its backward pass is past any fallback).
+    fused_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -152,8 +152,11 @@ class FourierPositionalEncoding(Rotation, PositionalEncoding):
         frequencies = self.frequencies.to(positions.device, torch.float64)
         angles = positions.to(torch.float64)[..., None] * frequencies  # (..., T, D)
         dtype = self.cos_coef.dtype
-        device = positions.device.type  # the sums in the coefficients' dtype: autocast would take them to bf16
-        full = torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext()
+        # the sums in the coefficients' dtype: autocast would take them to bf16. Asked with is_autocast_enabled, which
+        # dynamo traces (torch 2.11's cannot trace is_autocast_available); the meta device has no autocast to ask.
+        device = positions.device.type
+        autocast_on = device != "meta" and torch.is_autocast_enabled(device)
+        full = torch.autocast(device, enabled=False) if autocast_on else nullcontext()
         with full:
             cos = torch.einsum("...tk,hkm->...htm", angles.cos().to(dtype), self.cos_coef)
             sin = torch.einsum("...tk,hkm->...htm", angles.sin().to(dtype), self.sin_coef)

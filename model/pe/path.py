@@ -87,6 +87,9 @@ class PaTHPositionalEncoding(ModifiesAttention, FusedKernel, PositionalEncoding)
     transition_chunk = CHUNK
     fused_backend = "fla"
     fused_kernel = ("fla.ops.path_attn", "parallel_path_attn")
+    # in float32 its backward kernel (intra_chunk_preprocess_bwd) asks for more shared memory than an H200 has
+    # (245,760 bytes of 232,448): a float32 pass runs the written-out path
+    fused_dtypes = frozenset({torch.bfloat16, torch.float16})
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PaTHPositionalEncoding:
         """PaTH-FoX (``pe.forget_gate``) is PaTH with FoX's cumulative bias: built as the subclass that adds it."""
@@ -229,7 +232,10 @@ def _within_chunks(
     wb = w * beta[..., None]
     system = (wb @ w.transpose(-2, -1)).masked_fill(~lower, 0)
     rhs = torch.cat((wb, (wb @ k.transpose(-2, -1)).masked_fill(~lower, 0)), dim=-1)
-    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    # in float32 at least: autocast hands this bfloat16 products, and CUDA has no triangular solve in bfloat16
+    precise = torch.promote_types(system.dtype, torch.float32)
+    solved = torch.linalg.solve_triangular(system.to(precise), rhs.to(precise), upper=False, unitriangular=True)
+    solved = solved.to(rhs.dtype)
     y, z = solved[..., : w.shape[-1]], solved[..., w.shape[-1] :]
     qw = (q @ w.transpose(-2, -1)).tril()  # q_i . w_s for the transitions s <= i the query passes
     local = q @ k.transpose(-2, -1) - qw @ z

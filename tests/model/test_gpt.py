@@ -6,6 +6,8 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from core.errors import PosGPTError
 from model import GPT, KVCache, ModelConfig
@@ -304,3 +306,39 @@ def test_every_study_variation_is_one_its_scheme_accepts(name):
     cfg = OmegaConf.to_object(compose_config([f"pe={name}"])).pe
     SCHEMES[name].check_variations(cfg, variations)
     assert all(SCHEMES[name].parse_variation(spec, cfg) for spec in variations)
+
+
+# CUDA's linear algebra has no bfloat16 or float16 kernel for its factorisations and solves (matmul, norms and
+# products have them); an aten op named with one of these words is one of them.
+FLOAT32_ONLY_ON_CUDA = {"solve", "cholesky", "inverse", "inv", "lu", "qr", "geqrf", "ormqr", "householder", "eig"}
+FLOAT32_ONLY_ON_CUDA |= {"eigh", "svd", "det", "slogdet", "lstsq", "pinv"}
+
+
+class NoReducedPrecisionLinearAlgebra(TorchDispatchMode):
+    """Fails where an op that CUDA has only in float32 or float64 gets a bfloat16 or float16 tensor: what a GPU run
+    under bf16 autocast would refuse, seen on a CPU (whose kernels take bf16), forward and backward."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.removeprefix("aten::")
+        if FLOAT32_ONLY_ON_CUDA & set(name.split("_")):
+            tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            reduced = [t.dtype for t in tensors if t.dtype in (torch.bfloat16, torch.float16)]
+            assert not reduced, f"{name} on {reduced[0]}: CUDA has no such kernel"
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_under_bfloat16_autocast_no_scheme_asks_for_linear_algebra_that_cuda_lacks(name):
+    """Every scheme's written-out path, which a GPU runs for a KV cache, captured probabilities or a sink, trained and
+    decoded under bf16 autocast (PaTH's triangular solve took bf16 products on an H200 and failed)."""
+    model = tiny(name, "math").train()
+    idx = torch.randint(0, 300, (2, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    with NoReducedPrecisionLinearAlgebra():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(idx, idx)
+        loss.backward()
+        model.eval()
+        cache = KVCache()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(idx[:, :5], cache=cache)
+            model(idx[:, 5:6], cache=cache)

@@ -4,7 +4,17 @@ the fast training path (auto backend + fused cross-entropy) takes the same first
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_cases import B, H, T, assert_all_close, attend_at, output_and_grads, qkv, scheme
+from attention_cases import (
+    B,
+    H,
+    T,
+    assert_all_close,
+    assert_relatively_close,
+    attend_at,
+    output_and_grads,
+    qkv,
+    scheme,
+)
 from omegaconf import OmegaConf
 
 import model.attention as attention
@@ -162,12 +172,15 @@ def every_scheme_in_one_process(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", ALL)
 def test_cuda_backends_match_math_forward_and_backward(name, dtype, backend, capsys):
-    pe = scheme(name, "cuda")
+    pe, pe_device = scheme(name, "cuda"), torch.device("cuda")
     q, k, v = qkv(tq=256, tk=256, device="cuda", dtype=dtype)
     want = output_and_grads("math", pe, *(t.detach().float().requires_grad_() for t in (q, k, v)))
     got = output_and_grads(backend, pe, q, k, v)
     assert "FlexAttention failed" not in capsys.readouterr().err, "sdpa ran instead"
-    if dtype == torch.float32:
+    own = isinstance(pe, cap.FusedKernel) and resolve_backend(backend, pe, pe_device, dtype=dtype) == pe.fused_backend
+    if dtype == torch.float32 and own:  # the scheme's Triton kernel, which multiplies float32 in TF32 blocks
+        assert_relatively_close(got, want, 1e-2)
+    elif dtype == torch.float32:
         assert_all_close(got, want, rtol=1e-3, atol=1e-3)
     else:
         assert_close_in_bfloat16(name, got, want)
