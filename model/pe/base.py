@@ -20,7 +20,7 @@ One more interface is not a place for position but a faster way to the same numb
 installed package provides it (its reference's Triton kernel on a GPU), or None. The layer runs it for full causal
 passes on ``device`` (training, scoring) and names it in the runs' records (``fused_backend``; ``fused_kernel`` says
 which package's function it is, imported when the scheme is built); anything it cannot take (a KV cache, captured
-probabilities, packed documents, a sink) runs the written-out path.
+probabilities, packed documents, a sink, a dtype outside ``fused_dtypes``) runs the written-out path.
 
 ``score_bias`` is written once as an elementwise function of broadcastable integer tensors. The attention
 code turns it into a FlexAttention ``score_mod`` on GPU (scalar tensors per score) or a materialised bias
