@@ -32,6 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.cli import exit_on_user_error
+from core.config_keys import overridden_keys
 from core.domain import is_set
 from core.errors import PosGPTError
 from core.files import read_user_text
@@ -39,7 +40,6 @@ from core.runtime import autocast
 from data import EOT_TOKEN, gpt2_encoding
 from experiment.build import load_trained_run, parse_run_dir, require_text_run
 from experiment.config import SampleConfig
-from experiment.settings import overridden_keys
 from model import GPT
 from model.sampling import check_length, generate
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from core.config_keys import overridden_keys
 from core.errors import MachineFault, PosGPTError, first_line
 from core.files import open_append, os_fault
 from core.paths import bad_path, path_loop
@@ -118,7 +119,8 @@ class ArgumentParser(argparse.ArgumentParser):
             given = getattr(parsed, dest) != action.default
             if given and getattr(parsed, other.dest) == other.default:
                 self.error(f"{action.option_strings[-1]} is read only with {flag}: give {flag} or drop it")
-        given_keys = [arg.split("=", 1)[0].lstrip("+~") for arg in rest if "=" in arg and not arg.startswith("-")]
+        overrides = [arg for arg in rest if not arg.startswith("-") and ("=" in arg or arg[:1] == "~")]
+        given_keys = overridden_keys(overrides)
         for dest, settings in self.settings_read_with.items():
             action = next(a for a in self._actions if a.dest == dest)
             unread = [key for key in given_keys if key in settings]

@@ -1,13 +1,16 @@
-"""Which config keys are which, by their dotted names, and the two helpers that read keys so: what never changes what
+"""Which config keys are which, by their dotted names, and the helpers that read keys so: what never changes what
 the trained weights compute (RUNTIME_SETTINGS), what a resumed run may change (RESUME_SETTINGS), a nested config
-flattened to dotted keys, and whether a key lies under one of a list of names. Plain data: the planner
-(experiment/settings.py) and the reports (reports/runs.py: what makes two runs different settings) read them alike.
+flattened to dotted keys, whether a key lies under one of a list of names, and the key each override of a command
+line sets. Plain data: the planner (experiment/settings.py) and the reports (reports/runs.py: what makes two runs
+different settings) read them alike.
 """
 
 from __future__ import annotations
 
 import functools
 from typing import Any
+
+from core.errors import PosGPTError
 
 # Where and how fast a run computes, and what it reports: never what the weights compute.
 RUNTIME_SETTINGS = (
@@ -60,3 +63,19 @@ def flatten_config(tree: dict, prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def overridden_keys(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """The dotted key or group each Hydra override sets (``data=text`` -> data, ``+eval.x=1`` -> eval.x, ``~eval.x``
+    -> eval.x), read by Hydra's own parser: the one reading of an override's key, for the planner, the scripts' option
+    checks (core/cli.py) and the study runners alike."""
+    # imported here: what imports core needs no Hydra (model/ runs without it), and a refused option stays quick
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as error:
+        lines = (line.strip().rstrip(".") for line in str(error).splitlines() if line.strip())
+        raise PosGPTError("; ".join(lines)) from None
+    return [override.key_or_group for override in parsed]

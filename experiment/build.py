@@ -12,12 +12,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from core.checkpoint_io import CHECKPOINT_DIR, checkpoint_file, load_checkpoint, load_weights
+from core.config_keys import overridden_keys
 from core.errors import PosGPTError
 from core.runtime import flops_per_token, set_up_runtime
 from data.tasks import NO_TASK
 from experiment.config import validate
 from experiment.eval_checks import check_eval_settings
-from experiment.settings import config_for_evaluation, given_wins, overridden_keys, trained_config
+from experiment.settings import config_for_evaluation, given_wins, trained_config
 from model import GPT
 
 

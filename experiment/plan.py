@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.checkpoint_io import last_checkpoint_path, load_checkpoint
-from core.config_keys import RESUME_SETTINGS, RUNTIME_SETTINGS, flatten_config
+from core.config_keys import RESUME_SETTINGS, RUNTIME_SETTINGS, flatten_config, overridden_keys
 from core.domain import changed_keys
 from core.errors import PosGPTError
 from core.settings import declared_settings
@@ -40,7 +40,7 @@ from experiment.build import build_model, model_flops_per_token, open_trained_mo
 from experiment.compose import compose_config
 from experiment.config import check_command_reads, set_task_vocabulary, validate
 from experiment.eval_checks import check_eval_settings, evaluation_plan
-from experiment.settings import changed_settings, given_wins, lay_over, overridden_keys, trained_config
+from experiment.settings import changed_settings, given_wins, lay_over, trained_config
 from model.pe import SCHEMES
 from training.checkpointing import CheckpointSettings
 from training.init_from import InitFromSettings, Parent

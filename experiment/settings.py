@@ -14,12 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from core.config_keys import RUNTIME_SETTINGS, flatten_config, may_change
+from core.config_keys import RUNTIME_SETTINGS, flatten_config, may_change, overridden_keys
 from core.errors import PosGPTError
 from core.stored import check_literal
 from data.tasks import NO_TASK, TASKS
@@ -48,15 +46,6 @@ def changed_settings(saved: dict, now: dict, allowed: tuple[str, ...]) -> list[s
         for key in sorted(saved.keys() | now.keys())
         if saved.get(key) != now.get(key) and not may_change(key, allowed)
     ]
-
-
-def overridden_keys(overrides: list[str]) -> list[str]:
-    """The dotted key or group each Hydra override sets (``data=text`` -> data, ``+eval.x=1`` -> eval.x)."""
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException as error:
-        raise PosGPTError(one_line(error)) from None
-    return [override.key_or_group for override in parsed]
 
 
 # Settings added to the schema after checkpoints were first written, whose default today is not what those

@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 from speed import device_name, read_results_file, save_run
 
 from core.cli import ArgumentParser, count, exit_on_user_error
+from core.config_keys import overridden_keys
 from core.files import check_writable
 from core.host_memory import return_freed_memory
 from core.runtime import autocast, set_up_runtime
@@ -40,7 +41,6 @@ from experiment.compose import compose_config
 from experiment.config import validate
 from experiment.estimate import count_parameters, flops_per_token, scoring_memory, training_memory
 from experiment.plan import optimizer_settings
-from experiment.settings import overridden_keys
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep
 

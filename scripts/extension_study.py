@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.cli import ArgumentParser, count, exit_on_user_error
+from core.config_keys import overridden_keys
 from core.errors import PosGPTError
 from core.files import read_json
 
@@ -120,27 +121,22 @@ class Job:
         return ["train.py", *self.overrides, f"hydra.run.dir={self.run_dir}"]
 
 
-def override_key(override: str) -> str:
-    """``+train.x=1`` -> ``train.x``: the dotted key (or group) an override sets."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def merged(*layers: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """The overrides of every layer, a later layer's value of a key replacing an earlier one's."""
     by_key: dict[str, str] = {}
     for layer in layers:
-        for override in layer:
-            by_key.pop(override_key(override), None)
-            by_key[override_key(override)] = override
+        for key, override in zip(overridden_keys(layer), layer, strict=True):
+            by_key.pop(key, None)
+            by_key[key] = override
     return tuple(by_key.values())
 
 
 def check_user_overrides(overrides: list[str]) -> None:
     """PosGPTError for an override of a key the design sets per job, or one that is not KEY=VALUE."""
     for override in overrides:
-        key = override_key(override)
         if "=" not in override:
             raise PosGPTError(f"{override!r} is not a Hydra override KEY=VALUE (options come as --name VALUE)")
+        (key,) = overridden_keys([override])
         if any(key == name or key.startswith(f"{name}.") or key.startswith(f"{name}/") for name in STUDY_KEYS):
             raise PosGPTError(
                 f"{override}: the study sets {key} itself for each job (its design, scripts/extension_study.json, "
@@ -332,7 +328,9 @@ def check_every_config(jobs: list[Job]) -> None:
                 if not (job.variations or job.evaluation):
                     check_training_config(compose_config(list(job.overrides)))
                 elif job.run_dir in trained:  # an evaluation of a run that an earlier stage trains
-                    training = tuple(o for o in trained[job.run_dir].overrides if override_key(o) != "train.seed")
+                    kept = trained[job.run_dir].overrides
+                    keys = overridden_keys(kept)
+                    training = tuple(o for o, key in zip(kept, keys, strict=True) if key != "train.seed")
                     evaluation = (training, tuple(job.evaluation_overrides()))
                     if evaluation not in evaluations:
                         check_later_evaluation(*map(list, evaluation))

@@ -46,6 +46,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.cli import ArgumentParser, count, exit_on_user_error
+from core.config_keys import overridden_keys
 from core.errors import PosGPTError, first_line
 from core.files import atomic_write, check_outputs, read_user_text
 from core.host_memory import reused_freed_memory
@@ -55,7 +56,6 @@ from experiment.build import build_model, model_flops_per_token
 from experiment.compose import compose_config
 from experiment.config import validate
 from experiment.plan import optimizer_settings
-from experiment.settings import overridden_keys
 from model.loss import use_fused
 from training.optim import build_optimizer, build_scheduler
 from training.step import TrainStep

@@ -97,7 +97,8 @@ def test_reads_refuses_only_a_setting_given_without_its_option():
     parser.add_argument("--length", type=int, reads=("eval.batch_tokens",))
     assert parser.parse_known_args(["eval.max_tokens=4"])[1] == ["eval.max_tokens=4"]
     assert parser.parse_known_args(["--length", "4", "eval.batch_tokens=8"])[1] == ["eval.batch_tokens=8"]
-    for spelling in ("eval.batch_tokens=8", "+eval.batch_tokens=8", "++eval.batch_tokens=8"):
+    # every spelling Hydra's grammar has for setting or deleting a key (core.config_keys.overridden_keys reads them)
+    for spelling in ("eval.batch_tokens=8", "+eval.batch_tokens=8", "++eval.batch_tokens=8", "~eval.batch_tokens"):
         with pytest.raises(PosGPTError, match="eval.batch_tokens is read only with --length: give --length or drop"):
             parser.parse_known_args([spelling])
 
