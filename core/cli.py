@@ -119,8 +119,7 @@ class ArgumentParser(argparse.ArgumentParser):
             given = getattr(parsed, dest) != action.default
             if given and getattr(parsed, other.dest) == other.default:
                 self.error(f"{action.option_strings[-1]} is read only with {flag}: give {flag} or drop it")
-        overrides = [arg for arg in rest if not arg.startswith("-") and ("=" in arg or arg[:1] == "~")]
-        given_keys = overridden_keys(overrides)
+        given_keys = _override_keys([arg for arg in rest if not arg.startswith("-")])
         for dest, settings in self.settings_read_with.items():
             action = next(a for a in self._actions if a.dest == dest)
             unread = [key for key in given_keys if key in settings]
@@ -131,6 +130,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> typing.NoReturn:
         raise PosGPTError(f"{message} (see {self.prog} --help)")
+
+
+def _override_keys(args: list[str]) -> list[str]:
+    """The keys of those of ``args`` that are Hydra overrides; the rest (a folder whose name holds '=', a word) is
+    not one, and what reads the command line refuses it if it must."""
+    keys = []
+    for arg in args:
+        with contextlib.suppress(PosGPTError):
+            keys += overridden_keys([arg])
+    return keys
 
 
 def count(minimum: int) -> Callable[[str], int]:
