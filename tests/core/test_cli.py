@@ -8,14 +8,16 @@ script's real command line."""
 from __future__ import annotations
 
 import ast
+import gc
 import subprocess
+import sys
 
 import pytest
 from cli_runs import assert_one_line_error
 from refusals import refused
 from repo_root import REPO
 
-from core.cli import ArgumentParser
+from core.cli import ArgumentParser, exit_on_user_error
 from core.errors import PosGPTError
 
 SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
@@ -156,3 +158,26 @@ def test_study_refuses_the_plan_file_given_on_its_command_line(cli, tmp_path):
     )
     assert_one_line_error(done, "--plan-to is given twice")
     assert list(root.iterdir()) == []
+
+
+MAIN = """import gc, sys
+from core.cli import exit_on_user_error
+
+@exit_on_user_error
+def main():
+    print(gc.get_freeze_count())
+
+main()
+"""
+
+
+@pytest.mark.slow  # a process of its own
+def test_a_commands_own_process_freezes_what_its_imports_built_and_an_importer_keeps_its_collector():
+    """exit_on_user_error in a command's process (its main in __main__) takes what the imports built out of the
+    cyclic collector's work, the last collection at exit included; a test process that imports a main and calls it
+    keeps its collector as it was."""
+    done = subprocess.run([sys.executable, "-c", MAIN], cwd=REPO, capture_output=True, text=True, check=True)
+    assert int(done.stdout) > 0  # a process that froze nothing counts 0
+    before = gc.get_freeze_count()
+    exit_on_user_error(lambda: None)()
+    assert gc.get_freeze_count() == before
