@@ -76,8 +76,10 @@ def _freeze_what_the_imports_built() -> None:
     """In a command's own process (not where a test imports its main): what its imports built (torch's modules,
     some hundred thousand objects) lives to the end, so the cyclic garbage collector is told to leave it out of
     every later collection (gc.freeze), the interpreter's last one at exit too, which otherwise took about half
-    a second after importing torch. Reference counting still frees whatever of it is dropped."""
+    a second after importing torch; then the collector, paused while the imports ran (core.interrupts), resumes.
+    Reference counting still frees whatever of it is dropped."""
     gc.freeze()
+    gc.enable()
 
 
 class _StoreOnce(argparse._StoreAction):

@@ -9,6 +9,11 @@ A library may swallow the KeyboardInterrupt that lands while it imports and fail
 initialised, an AttributeError at its first use): the SIGINT handler installed here records that an interrupt came,
 and an exception that escapes after one is that interrupt, the same one line and exit 130, not a traceback.
 
+Imported first, it also pauses the cyclic garbage collector in a command's own process (its ``__main__`` is a file of
+the repository's root or scripts/; not where a test imports a command): importing torch builds some hundred
+thousand objects, and each full collection on the way walked all of them (about 0.4 s of a command's start).
+core.cli.exit_on_user_error resumes it when the command's main starts, and freezes what the imports built.
+
 A command that writes results beside others (eval.py, export, slim, compare, rebuild_reports) also calls
 :func:`unwind_on_sigterm`: SIGTERM then ends it through the same unwinding as Ctrl-C, so the ``finally`` of an
 atomic write removes its temporary file (core.files.atomic_write), with the shell's code for it, 143. train.py keeps
@@ -17,6 +22,8 @@ SIGTERM as the training loop and torchrun use it (training/loop.py: checkpoint a
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import os
 import signal
 import sys
@@ -61,6 +68,17 @@ def _terminate(signum: int, frame) -> None:
     raise Terminated()
 
 
+def is_command_process() -> bool:
+    """Whether this process runs one of posgpt's commands: its ``__main__`` is a file of the repository's root
+    (train.py, eval.py, sample.py) or of scripts/, not a program that imports one (pytest), nor a worker that
+    multiprocessing started by spawning (it imports the command's file as its __main__ but never runs its main)."""
+    if multiprocessing.parent_process() is not None:
+        return False
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return main is not None and os.path.dirname(os.path.abspath(main)) in (root, os.path.join(root, "scripts"))
+
+
 def unwind_on_sigterm() -> None:
     """From now on SIGTERM unwinds the process (Terminated) and ends it with one line, exit 143."""
     signal.signal(signal.SIGTERM, _terminate)
@@ -69,3 +87,5 @@ def unwind_on_sigterm() -> None:
 sys.excepthook = _one_line
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # ignored (a background job): left so
     signal.signal(signal.SIGINT, _interrupt)
+if is_command_process():  # resumed by core.cli.exit_on_user_error, where the command's main starts
+    gc.disable()
