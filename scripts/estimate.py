@@ -24,6 +24,7 @@ import _repo  # noqa: F401
 import argparse
 import json
 import sys
+import typing
 from pathlib import Path
 
 import torch
@@ -34,15 +35,22 @@ from core.cli import ArgumentParser, count, exit_on_user_error
 from core.config_keys import overridden_keys
 from core.files import check_writable
 from core.host_memory import return_freed_memory
-from core.runtime import autocast, set_up_runtime
+from core.runtime import RuntimeSettings, autocast, set_up_runtime
+from core.settings import declared_settings
 from evaluation.memory import PeakMemory, resident_mb
 from experiment.build import build_model
 from experiment.compose import compose_config
 from experiment.config import validate
 from experiment.estimate import count_parameters, flops_per_token, scoring_memory, training_memory
 from experiment.plan import optimizer_settings
-from training.optim import build_optimizer, build_scheduler
+from training.optim import OptimizerSettings, build_optimizer, build_scheduler
 from training.step import TrainStep
+
+# What only the measurement reads (the prediction is of fp32 on a CPU and bf16 on CUDA, of no optimizer step): the
+# runtime (core.runtime.set_up_runtime) and the optimizer and its schedule
+MEASURED = tuple(f"train.{name}" for name in typing.get_type_hints(RuntimeSettings)) + tuple(
+    f"train.{item.name}" for item in declared_settings(OptimizerSettings)
+)
 
 
 def measure(cfg, eval_length: int | None) -> tuple[dict, float]:
@@ -90,7 +98,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         reads=("eval.batch_tokens",),
         help="also predict scoring at this length",
     )
-    parser.add_argument("--measure", action="store_true", help="run it here and compare (see above)")
+    parser.add_argument("--measure", action="store_true", reads=MEASURED, help="run it here and compare (see above)")
     parser.add_argument("--record", type=Path, default=None, help="also append the report to a results file")
     return parser.parse_known_args(argv)
 

@@ -37,9 +37,11 @@ repeated_passages = load_script("repeated_passages")
 study_check = load_script("study_check")
 
 BENCH_MODEL = ("model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.vocab_size=512", "train.seq_len=16")
-BENCH_MODEL += ("train.batch_size=2", "train.device=cpu", "train.num_threads=1")
-# the settings a script reads only with one of its options (core.cli's ``reads``), given with it: a small batch
-BENCH_WITH = {"--eval-length": ("eval.batch_tokens=64",)}
+BENCH_MODEL += ("train.batch_size=2",)
+BENCH_RUNTIME = ("train.device=cpu", "train.num_threads=1")  # speed.py reads them; estimate.py with --measure
+# the settings a script reads only with one of its options (core.cli's ``reads``), given with it: a small batch, the
+# runtime of a measurement
+BENCH_WITH = {"--eval-length": ("eval.batch_tokens=64",), "--measure": BENCH_RUNTIME}
 # What a measurement prints that differs between two runs of the same command line: a clock's or the memory's
 MEASURED = re.compile(
     r'"(tokens_per_s|mfu|peak_memory_mb|step_ms|cpu_share|[a-z_]*measured[a-z_]*|process_before_mb)"'
@@ -73,7 +75,7 @@ SCRIPTS = {
         "scripts/speed.py",
         (),
         {"--warmup": "2", "--steps": "2"},  # away from their domains' edges, which the cases give
-        BENCH_MODEL,
+        (*BENCH_MODEL, *BENCH_RUNTIME),
         generated_cases(parser_of(speed.parse_args), ()),
         {
             "compile_mode": "needs train.compile=true: a compilation, tests/scripts/test_speed.py's to run",

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from cli_runs import assert_one_line_error
+from cli_runs import assert_one_line_error, load_script
 from refusals import refused
 from repo_root import REPO
 
@@ -52,8 +52,11 @@ def declared_reads() -> list[tuple[str, str, str]]:
     for script in SCRIPTS:
         for call in _calls(ast.parse(script.read_text()), "add_argument"):
             reads = next((k.value for k in call.keywords if k.arg == "reads"), None)
-            if reads is not None:
-                found += [(f"scripts/{script.name}", _flag(call), key) for key in ast.literal_eval(reads)]
+            if isinstance(reads, ast.Name):  # a tuple the script builds (estimate.py's MEASURED)
+                keys = getattr(load_script(script.stem), reads.id)
+            else:
+                keys = ast.literal_eval(reads) if reads is not None else ()
+            found += [(f"scripts/{script.name}", _flag(call), key) for key in keys]
     return found
 
 
@@ -78,6 +81,7 @@ def test_the_members_are_found_in_the_scripts():
     assert ("scripts/speed.py", "--eval-steps", "--eval-length") in declared_requires()
     assert ("scripts/extension_study.py", "--seeds", "--seed-list") in exclusive_pairs()
     assert ("scripts/estimate.py", "--eval-length", "eval.batch_tokens") in declared_reads()
+    assert ("scripts/estimate.py", "--measure", "train.lr") in declared_reads()
     assert all(option in VALUES for _, option, _ in declared_requires())
     assert all(a in VALUES and b in VALUES for _, a, b in exclusive_pairs())
 
