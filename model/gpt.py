@@ -200,12 +200,14 @@ class GPT(nn.Module):
         layers = self.kernels_on(device)
         return "+".join(dict.fromkeys(layer_kernel.backend(explicit, dtype) for layer_kernel in layers))
 
-    def describe_attention(self, device: torch.device) -> list[str]:
-        """One line per layer: its scheme and the attention path it takes on ``device`` (the model summary); and one
-        for the attention output gate, with its parameters (counted in ``num_params`` too), where the model has it."""
+    def describe_attention(self, device: torch.device, dtype: torch.dtype = torch.float32) -> list[str]:
+        """One line per layer: its scheme and the attention path it takes on ``device`` in ``dtype`` (the autocast
+        dtype; the model summary); and one for the attention output gate, with its parameters (counted in
+        ``num_params`` too), where the model has it."""
+        kernels = self.kernels_on(device)
         lines = [
-            f"layer {layer}: {scheme.name}: {path.describe()}"
-            for layer, ((scheme, _), path) in enumerate(zip(self.layer_pe, self.paths_on(device), strict=True))
+            f"layer {layer}: {scheme.name}: {kernel.describe(dtype)}"
+            for layer, ((scheme, _), kernel) in enumerate(zip(self.layer_pe, kernels, strict=True))
         ]
         gates = self.gate_params()
         if gates:

@@ -116,8 +116,13 @@ class LayerKernel:
             return runs
         return "sdpa" if runs == "flex" else "math"
 
-    def describe(self) -> str:
-        return self.path.describe()
+    def describe(self, dtype: torch.dtype = torch.float32) -> str:
+        """The path's line for the model summary, and where a pass in ``dtype`` runs the written-out path instead of
+        the scheme's own kernel, that it does and why."""
+        if self.path.runs != self.path.own or self.own is None or dtype in self.own_dtypes:
+            return self.path.describe()
+        takes = ", ".join(sorted(str(kind).removeprefix("torch.") for kind in self.own_dtypes))
+        return f"{self.path.describe()} (math in {str(dtype).removeprefix('torch.')}: its kernel takes {takes})"
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall, capture: list | None = None

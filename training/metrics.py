@@ -67,7 +67,7 @@ class MetricsWindow:
                 f"world={dist.world_size} run_dir={run_dir}",
                 flush=True,
             )
-            for line in model.describe_attention(device):  # each layer's attention path (model/attention.py)
+            for line in model.describe_attention(device, dtype):  # each layer's attention path (model/attention.py)
                 print(f"train: {line}", flush=True)
         self.progress = tqdm(
             total=settings.max_steps,
