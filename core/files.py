@@ -175,7 +175,8 @@ def check_outputs(
     - is one of ``inputs`` (files or folders the command reads), holds one (an output folder), or is an existing
       file inside an input folder;
     - lies in a training run's own files (RUN_ENTRIES: checkpoints/, eval/, logs, .hydra/), other than those of
-      ``run``, the run this command writes (and holds the lock of, core.rundir.lock_run);
+      ``run``, the run this command writes (and holds the lock of, core.rundir.lock_run), or anywhere in a training
+      run among ``inputs`` other than ``run`` (an export of a run into itself, a table written into a run it reads);
     - is an existing directory, lies under a file, or is the path of another of the outputs;
     - leads out of the folder it is meant for through a link (:func:`inside`).
     """
@@ -197,6 +198,11 @@ def check_outputs(
                 raise PosGPTError(
                     f"{shown} would overwrite {source}, which this command reads: choose another path "
                     "(nothing was written)"
+                )
+            if source != own and within(path, source) and is_run_dir(source):
+                raise PosGPTError(
+                    f"{shown} lies in the training run {source}, which this command reads and only that run's own "
+                    "commands write: choose a path outside it (nothing was written)"
                 )
         if path.is_dir():
             raise PosGPTError(f"{shown} is a directory: give a file path")

@@ -204,10 +204,10 @@ class GPT(nn.Module):
         """One line per layer: its scheme and the attention path it takes on ``device`` in ``dtype`` (the autocast
         dtype; the model summary); and one for the attention output gate, with its parameters (counted in
         ``num_params`` too), where the model has it."""
-        kernels = self.kernels_on(device)
+        layer_kernels = self.kernels_on(device)
         lines = [
-            f"layer {layer}: {scheme.name}: {kernel.describe(dtype)}"
-            for layer, ((scheme, _), kernel) in enumerate(zip(self.layer_pe, kernels, strict=True))
+            f"layer {layer}: {scheme.name}: {layer_kernel.describe(dtype)}"
+            for layer, ((scheme, _), layer_kernel) in enumerate(zip(self.layer_pe, layer_kernels, strict=True))
         ]
         gates = self.gate_params()
         if gates:

@@ -122,7 +122,7 @@ class LayerKernel:
         if self.path.runs != self.path.own or self.own is None or dtype in self.own_dtypes:
             return self.path.describe()
         takes = ", ".join(sorted(str(kind).removeprefix("torch.") for kind in self.own_dtypes))
-        return f"{self.path.describe()} (math in {str(dtype).removeprefix('torch.')}: its kernel takes {takes})"
+        return f"{self.path.describe()} (math in {str(dtype).removeprefix('torch.')}: {self.path.own} takes {takes})"
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall, capture: list | None = None

@@ -27,6 +27,7 @@ from core import cli as core_cli
 from core.checkpoint_io import load_checkpoint, save_checkpoint
 from core.errors import IO_ERROR_EXIT_CODE, MachineFault, PosGPTError
 from core.files import TMP_PREFIX, read_user_text
+from core.rundir import RUN_MARKERS
 from data import load_splits
 from data.config import DataConfig
 from evaluation.perplexity_format import PERPLEXITY_ROWS
@@ -293,3 +294,18 @@ def test_a_run_directory_that_is_a_file_is_one_line(cli, tmp_path):
     in_the_way.write_text("notes")
     assert_one_line_error(cli.train_here(in_the_way), f"cannot make the directory {in_the_way}: a file is in the way")
     assert in_the_way.read_text() == "notes"
+
+
+@pytest.mark.parametrize("marker", RUN_MARKERS)
+@pytest.mark.parametrize("where", ["table.md", "export/run/eval/extrapolation.json", "notes/deep/table.csv"])
+def test_no_output_lies_in_a_training_run_the_command_reads_but_its_own(tmp_path, marker, where):
+    """check_outputs: anywhere in a training run among the inputs (known by any of its markers), at any depth (an
+    export of a run into itself, a table written into a run it compares) is refused; the same path in a folder that
+    is no run, or in the run the command writes itself (``run``), is not."""
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    (run / marker).mkdir(parents=True)
+    plain.mkdir()
+    with pytest.raises(PosGPTError, match="lies in the training run .* which this command reads"):
+        core.files.check_outputs({"--to": run / where}, inputs=[run])
+    core.files.check_outputs({"--to": plain / where}, inputs=[plain])
+    core.files.check_outputs({"--to": run / "report" / where}, inputs=[run], run=run)

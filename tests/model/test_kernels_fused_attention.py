@@ -132,7 +132,7 @@ def test_a_pass_in_a_dtype_the_kernel_does_not_take_runs_the_written_out_path_an
     assert len(calls) == (2 if takes else 0)
     assert model.attention_backend(torch.device("cpu"), dtype=dtype) == ("fla" if takes else "math")
     summary = model.describe_attention(torch.device("cpu"), dtype)[0]  # train.py's lines of the model's layers
-    assert ("math in float32: its kernel takes bfloat16, float16" in summary) is not takes, summary
+    assert ("math in float32: fla takes bfloat16, float16" in summary) is not takes, summary
     assert resolve_layer_backends("auto", model.pe, torch.device("cpu"), dtype=dtype) == ("fla" if takes else "math")
 
 

@@ -87,3 +87,13 @@ def test_a_slim_export_into_a_folder_holding_a_training_run_is_refused_and_write
     assert_one_line_error(done, f"{nested} is a training run's directory", "move it out of --to", "nothing was written")
     assert snapshot(tmp_path / "exported") == before
     assert export(cli, evaluated, "--to", tmp_path / "exported").returncode == 0  # not slimmed: the run is kept
+
+
+@pytest.mark.parametrize("into", ["", "exports"], ids=["itself", "a folder inside it"])
+def test_a_run_exported_into_itself_is_refused_and_writes_nothing(cli, evaluated, into):
+    """cp refuses to copy a folder into itself; so does the export (core.files.check_outputs: no output lies in a
+    training run the command reads)."""
+    before = snapshot(evaluated)
+    done = export(cli, evaluated, "--to", evaluated / into)
+    assert_one_line_error(done, f"lies in the training run {evaluated.resolve()}", "nothing was written")
+    assert snapshot(evaluated) == before and not (evaluated / into / evaluated.name).exists()
