@@ -109,6 +109,7 @@ def test_every_setting_a_benchmark_is_declared_to_read_changes_what_it_runs(scri
     assert {"train.lr", "train.batch_size", "train.seed"} <= {s[-1].split("=", 1)[0] for s in settings}
     default = fingerprint(script, [], monkeypatch)
     assert isinstance(default, list), default
+    assert fingerprint(script, [], monkeypatch) == default  # what is compared is the same for the same settings
     defaults = flatten_config(OmegaConf.to_container(compose_config(TINY)))
     for setting in settings:
         key, value = setting[-1].split("=", 1)
