@@ -103,7 +103,7 @@ def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Train
     checkpoint = _resumed_checkpoint(cfg, run_dir)
     if checkpoint is not None:
         cfg = resumed_config(cfg, overrides, checkpoint["config"])
-    check_training_config(cfg)
+    evaluators = check_training_config(cfg)
     config = OmegaConf.to_object(cfg)
     # what the command line gives, and what a config file gives (a setting away from its default)
     check_command_reads(config, "train.py", [*overridden_keys(overrides), *changed_keys(config)])
@@ -115,7 +115,8 @@ def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Train
     if draw is not None:
         model.pe.check_random_positions(draw[1], draw[0])
     explicit = draw is not None or cfg.data.document_aware
-    evaluation = plan_end_of_training(cfg, model)  # what a later eval.py starts from, with train.eval_after=false too
+    # what a later eval.py starts from, with train.eval_after=false too (the parent changes no eval.* setting)
+    evaluation = plan_end_of_training(cfg, model, evaluators)
     metrics = section_settings(
         MetricsSettings,
         t,
@@ -139,8 +140,9 @@ def plan_training(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Train
     )
 
 
-def check_training_config(cfg: DictConfig) -> None:
-    """Everything a training run's config alone can be refused for (sets the task's vocabulary)."""
+def check_training_config(cfg: DictConfig) -> list:
+    """Everything a training run's config alone can be refused for (sets the task's vocabulary); the evaluators of
+    its evaluation, selected and typed (plan_evaluators)."""
     set_task_vocabulary(cfg)
     validate(cfg)
     # here, not at data loading: every rank fails alike, before any collective
@@ -151,11 +153,12 @@ def check_training_config(cfg: DictConfig) -> None:
     # The eval.* settings the run stores, which its end-of-training evaluation and a later eval.py start from: checked
     # with train.eval_after=false too (plan_end_of_training then plans them on the model).
     check_eval_settings(cfg)
-    plan_evaluators(cfg)  # eval.evaluators names evaluators of this kind of run
+    evaluators = plan_evaluators(cfg)  # eval.evaluators names evaluators of this kind of run
     if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
         from evaluation.copy_probe import probe_candidates
 
         probe_candidates(data, cfg.eval.copy_min_count, cfg.model.vocab_size, cfg.logging.progress)
+    return evaluators
 
 
 def _resumed_checkpoint(cfg: DictConfig, run_dir: Path) -> dict | None:
@@ -262,18 +265,21 @@ def check_same_architecture(now: dict, parent: dict, where: str, replaces_scheme
         )
 
 
-def plan_end_of_training(cfg: DictConfig, model: torch.nn.Module | None = None) -> EndOfTrainingEvaluation:
+def plan_end_of_training(
+    cfg: DictConfig, model: torch.nn.Module | None = None, evaluators: list | None = None
+) -> EndOfTrainingEvaluation:
     """The evaluation at the end of training (train.eval_after), planned with the run, before the first step: its
     evaluators are selected and checked, and every variation (eval.variations) is applied once to the model planned
     on the meta device (``model``; None: built here), so that what the evaluation would refuse (a ReRoPE window past
     the training length, a scaling without its factors, a remap the model's sink cannot take) refuses the training
     run, and ``train.py --check``, instead of a trained run's last step. A run trained with train.eval_after=false
     plans it too: the run stores its eval.* settings, and a later eval.py starts from them. It takes the run's
-    config as eval.py's evaluation does (evaluation.context.EvaluationPlan)."""
+    config as eval.py's evaluation does (evaluation.context.EvaluationPlan). ``evaluators``: those
+    check_training_config selected of ``cfg`` (None: selected here)."""
     if model is None:
         with torch.device("meta"):
             model = build_model(cfg)
-    evaluators = plan_evaluators(cfg)
+    evaluators = plan_evaluators(cfg) if evaluators is None else evaluators
     planned = evaluation_plan(cfg)
     context = planned.context(model, Path("."), torch.device("meta"), torch.float32, {}, open_run=_no_run)
     for _ in context.variations():  # each applied once, and taken off again
@@ -290,8 +296,7 @@ def check_later_evaluation(training: list[str], evaluation: list[str]) -> None:
     run): the run's config with ``evaluation`` laid over it, checked whole as train.py checks a config, then
     planned on its model built on the meta device, as eval.py plans it on the trained model."""
     cfg = compose_config([*training, *evaluation])
-    check_training_config(cfg)
-    plan_end_of_training(cfg)
+    plan_end_of_training(cfg, evaluators=check_training_config(cfg))
 
 
 def _no_run(run_dir: str | Path):
