@@ -65,7 +65,7 @@ def numeric_keys(config: typing.Any) -> Iterator[NumericKey]:
 
 @functools.cache
 def schema_keys(pe: str) -> list[NumericKey]:
-    return list(numeric_keys(OmegaConf.to_object(schema(pe))))
+    return list(numeric_keys(schema_object(pe)))
 
 
 def outside(key: NumericKey) -> list[int | float]:
@@ -93,7 +93,7 @@ def test_every_numeric_key_declares_a_domain():
         undeclared = [k.key for k in schema_keys(pe) if k.interval is None or not outside(k)]
         assert not undeclared, f"declare a domain (core/domain.py) for {undeclared} (pe={pe})"
     for task in TASKS:
-        keys = numeric_keys(OmegaConf.to_object(schema(RUN_PE, task)))
+        keys = numeric_keys(schema_object(RUN_PE, task))
         undeclared = [k.key for k in keys if k.interval is None or not outside(k)]
         assert not undeclared, f"declare a domain (core/domain.py) for {undeclared} (task={task})"
 
@@ -106,23 +106,31 @@ def test_the_walk_sees_the_keys_of_every_section_and_scheme():
     assert "train.resume" not in keys  # a bool is no number
 
 
+@functools.cache
+def schema_object(pe: str, task: str = NO_TASK) -> typing.Any:
+    """The schema of a run of ``pe`` and ``task`` as its dataclasses, built once: for reading only."""
+    return OmegaConf.to_object(schema(pe, task))
+
+
+@functools.cache
 def declared_choices() -> dict[str, tuple[str, tuple]]:
     """Every key that declares its choices (core.domain.choice), over every scheme's schema: key -> (a scheme whose
     schema has it, its choices)."""
     found = {}
     for pe, task in [(pe, NO_TASK) for pe in SCHEMES] + [("rope", task) for task in TASKS]:
-        for leaf in leaves(OmegaConf.to_object(schema(pe, task))):
+        for leaf in leaves(schema_object(pe, task)):
             if choices_of(leaf.field) is not None:
                 found.setdefault(leaf.key, (pe, task, choices_of(leaf.field)))
     return found
 
 
+@functools.cache
 def declared_nonempty() -> dict[str, tuple[str, str]]:
     """Every list key that declares it must name a value (core.domain's ``nonempty``), over every scheme's and
     task's schema: key -> (a scheme and a task whose schema has it)."""
     found = {}
     for pe, task in [(pe, NO_TASK) for pe in SCHEMES] + [("rope", task) for task in TASKS]:
-        for leaf in leaves(OmegaConf.to_object(schema(pe, task))):
+        for leaf in leaves(schema_object(pe, task)):
             if is_nonempty(leaf.field):
                 found.setdefault(leaf.key, (pe, task))
     return found
@@ -231,7 +239,7 @@ class Case:
 def reads(script: str, key: str) -> bool:
     """Whether the schema declares that ``script`` reads ``key`` of a run of the RUN_PE scheme (core.domain)."""
     (name,) = [name for name, command in DECLARED_COMMANDS.items() if command == script]
-    return name in readers_of(OmegaConf.to_object(schema(RUN_PE)), key).commands
+    return name in readers_of(schema_object(RUN_PE), key).commands
 
 
 def cases() -> list[Case]:
