@@ -5,6 +5,7 @@ divisors, Self-Extend's group), and one slow end-to-end run on the tiny corpus."
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -214,6 +215,13 @@ def test_a_tiny_study_trains_fine_tunes_evaluates_compares_and_then_skips_it_all
     assert study_script.run_state(rope, study_script.plan_stage([rope])[rope.name]) == "done"
 
 
+@pytest.fixture(scope="module")
+def planned_study(tmp_path_factory) -> Path:
+    """The folder of the studies that are planned only (none of them is made)."""
+    return tmp_path_factory.mktemp("planned") / "study"
+
+
+@functools.cache  # planning writes nothing: the same study in the same folder plans the same jobs
 def staged_jobs(directory: Path, part: str, *argv: str) -> list[tuple] | None:
     """The jobs the stages of ``part`` would run, each (name, command, variations); None where it is refused."""
     try:
@@ -251,14 +259,15 @@ def test_a_value_its_type_refuses_is_refused(cli, tmp_path):
 @pytest.mark.parametrize("part", sorted(study_script.PARTS))
 @pytest.mark.parametrize("methods", [(), ("--methods", "training-free")], ids=["all-methods", "training-free"])
 @pytest.mark.parametrize("case", [case for case in OPTION_CASES if case.parsed], ids=lambda case: case.name)
-def test_an_option_is_read_or_refused(cli, tmp_path, part, methods, case):
-    """Each option either changes a job the command runs or is refused in one line: never accepted and ignored."""
+def test_an_option_is_read_or_refused(cli, planned_study, part, methods, case):
+    """Each option either changes a job the command runs or is refused in one line: never accepted and ignored. The
+    study is planned in one folder for every case, so that the base's jobs are planned once a part."""
     if set(case.argv) & set(methods):
         pytest.skip("the option is the base's own")
     seeds = () if {"seeds", "seed_list"} & set(case.dests) else ("--seed-list", "1")
     base = [*methods, *seeds, *tiny(cli)]
-    without = staged_jobs(tmp_path, part, *base)
+    without = staged_jobs(planned_study, part, *base)
     if without is None:
         pytest.skip("the base itself is refused (--methods without the extensions stage)")
-    given = staged_jobs(tmp_path, part, *case.argv, *base)
+    given = staged_jobs(planned_study, part, *case.argv, *base)
     assert given is None or given != without, f"{case.name} accepted but changes no job of --part {part}"
