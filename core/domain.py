@@ -265,20 +265,25 @@ def is_set(key: str, keys: Collection[str] | None) -> bool:
 
 
 def check_used(
-    config: Any, prefix: str = "", also: frozenset[str] = frozenset(), keys: Collection[str] | None = None
+    config: Any,
+    prefix: str = "",
+    also: frozenset[str] = frozenset(),
+    keys: Collection[str] | None = None,
+    read: Collection[str] = (),
 ) -> None:
     """PosGPTError naming the first field of a config dataclass instance (nested ones included) that is set to
     something but its default while its selector does not read it (``used_with``): ignored, it would change
     nothing. ``also``: selector values in use elsewhere (eval.variations' types, which read the settings of a
     scheme configured without one). ``keys``: check only these dotted keys and those under them (an evaluation's
-    overrides: a trained setting that its override leaves unread was read in training); None: all."""
+    overrides: a trained setting that its override leaves unread was read in training); None: all. ``read``: dotted
+    keys read whatever their selector holds (the settings of an evaluator that eval.evaluators names)."""
     for field in dataclasses.fields(config):
         value, key = getattr(config, field.name), prefix + field.name
         if dataclasses.is_dataclass(value):
-            check_used(value, key + ".", also, keys)
+            check_used(value, key + ".", also, keys, read)
             continue
         owner = used_with(field)
-        if owner is None or value == _default(field) or not is_set(key, keys):
+        if owner is None or value == _default(field) or not is_set(key, keys) or key in read:
             continue
         selector, users = owner
         chosen = getattr(config, selector)

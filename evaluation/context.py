@@ -56,7 +56,6 @@ class EvalContext:
     attn_backend: str = "auto"
     attn_sink: bool = False
     train_random_positions: int | None = None
-    probes: tuple[str, ...] = ()  # eval.tasks: the zero-shot probes of a language-model run
     progress: bool = False
     wandb_run: Any = None
     open_run: OpenRun | None = None
@@ -113,7 +112,7 @@ class EvaluationPlan:
     attn_backend: str = "auto"
     attn_sink: bool = False
     train_random_positions: int | None = None
-    probes: tuple[str, ...] = ()  # eval.tasks: the zero-shot probes of a language-model run
+    evaluators: tuple[str, ...] = ()  # the names of the evaluators that run (eval.evaluators and the switches)
     progress: bool = False
 
     def context(
@@ -130,6 +129,7 @@ class EvaluationPlan:
         """The context of one evaluation of ``model`` (``step`` None: the step training reaches)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         fields.update(lengths=list(self.lengths), variation_names=list(self.variation_names))
+        del fields["evaluators"]  # the evaluation has the evaluators themselves
         fields["step"] = self.step if step is None else step
         return EvalContext(
             model=model,

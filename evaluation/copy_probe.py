@@ -48,11 +48,11 @@ from data import EOT_TOKEN, TokenArray, describe_corpus, load_split
 from data.config import DataConfig
 from data.tasks import held_out_seed
 from evaluation.context import EvalContext, EvaluationPlan
+from evaluation.results import COPY_PROBE, PROBES
 from evaluation.settings import TEXT, AccuracyInterval, Batching
 from evaluation.task_accuracy import examples_for, wilson_interval
 
-NAME = "copy_probe"
-PROBES = (NAME,)  # eval.tasks: zero-shot probes of a language-model run
+NAME = COPY_PROBE
 COUNT_CHUNK = 1 << 24  # tokens counted at a time, so that a large training split is never read whole
 _COUNTED_CANDIDATES: dict[tuple[str, int, int], torch.Tensor] = {}  # probe_candidates' (data.*, N, vocab) -> ids
 
@@ -132,7 +132,7 @@ class ProbeSettings(AccuracyInterval, Batching):
     def check(self, plan: EvaluationPlan) -> None:
         """The probe writes its span twice in a window: it needs a length longer than the span, else it writes no
         row at all."""
-        if self.tasks and self.copy_span >= max(plan.lengths):
+        if (self.tasks or NAME in plan.evaluators) and self.copy_span >= max(plan.lengths):  # its switch, or by name
             raise PosGPTError(
                 f"eval.copy_span={self.copy_span} is not shorter than any evaluation length (the longest is "
                 f"{max(plan.lengths)}): the copy probe writes its span twice in a window, so it would score nothing; "

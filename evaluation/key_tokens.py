@@ -78,7 +78,7 @@ class KeyTokenSettings(SlidingWindows, TokenBudget, Batching):
     def check(self, plan: EvaluationPlan) -> None:
         """Key-token perplexity needs text, a protocol whose context is the tokens before each target, a length
         longer than its short context, and an evaluator that is a run; its evaluator is read only with it."""
-        if not self.key_tokens:
+        if not (self.key_tokens or KEY_TOKENS in plan.evaluators):  # asked for by its switch or by name
             if self.key_evaluator is not None:
                 raise PosGPTError(
                     f"eval.key_evaluator={self.key_evaluator} is read only when eval.key_tokens=true: add it or drop "

@@ -87,6 +87,9 @@ CSV_COLUMNS = [
 ]
 # A row of key-token perplexity (evaluation/key_tokens.py) says so in "measure"; a row without one is plain perplexity.
 KEY_TOKENS = "key_tokens"
+# The zero-shot probes of a language-model run (evaluation/copy_probe.py): eval.tasks, rows of eval/tasks.json.
+COPY_PROBE = "copy_probe"
+PROBES = (COPY_PROBE,)
 JSON_FILE = "extrapolation.json"
 CSV_FILE = "extrapolation.csv"
 ROW_REQUIRED = frozenset({"length", "protocol", "stride", "ppl"})  # what every reader of a row relies on

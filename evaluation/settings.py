@@ -37,6 +37,7 @@ from core.errors import PosGPTError
 from core.settings import run_declared_checks
 from data.tasks import build_task
 from evaluation.extrapolation import PROTOCOLS
+from evaluation.results import PROBES
 
 if TYPE_CHECKING:
     from evaluation.context import EvaluationPlan
@@ -137,16 +138,16 @@ class AccuracyInterval:
     task_threshold: float = domain(0.9, gt=0, le=1)
 
     def check(self, plan: EvaluationPlan) -> None:
-        """A language-model run reads these only for its zero-shot probes (eval.tasks): without one they change
-        nothing."""
-        if plan.task is not None or plan.probes:
+        """A language-model run reads these only for its zero-shot probes (asked for by eval.tasks or by name in
+        eval.evaluators): without one they change nothing."""
+        if plan.task is not None or set(plan.evaluators) & set(PROBES):
             return
         for name in ("task_half_width", "task_threshold"):
             value = getattr(self, name)
             if value != getattr(AccuracyInterval, name):
                 raise PosGPTError(
-                    f"eval.{name}={value} is read only by a task run or the probes of eval.tasks; this "
-                    f"language-model run (data={plan.data.name}) has no eval.tasks: drop it"
+                    f"eval.{name}={value} is read only by a task run or the probes (eval.tasks, or by name in "
+                    f"eval.evaluators); this language-model run (data={plan.data.name}) has none: drop it"
                 )
 
 

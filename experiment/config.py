@@ -320,10 +320,22 @@ def _validate_scheme(cfg: DictConfig, config: Config, keys: Collection[str] | No
     evaluation-time variations asked for."""
     # a scheme configured without an extension holds the settings its eval.variations entries read
     variation_types = frozenset(re.split(r"[:.]", spec)[0] for spec in cfg.eval.variations or [])
-    check_used(config, also=variation_types, keys=keys)
+    check_used(config, also=variation_types, keys=keys, read=named_evaluator_keys(cfg.eval.evaluators or ()))
     dims = model_dims(config.model, cfg.train.seq_len)
     variations = list(cfg.eval.variations or [])
     SCHEMES[cfg.pe.name].check_settings(config.pe, dims, variations, lambda key: is_set(f"pe.{key}", keys))
+
+
+def named_evaluator_keys(names: Collection[str]) -> frozenset[str]:
+    """The eval.* keys the evaluators ``names`` read (their settings types' fields): eval.evaluators runs them
+    whatever the switches that would otherwise ask for them (eval.tasks, eval.key_tokens, ...) hold."""
+    evaluators = registered()
+    return frozenset(
+        f"eval.{field.name}"
+        for name in names
+        if name in evaluators
+        for field in dataclasses.fields(evaluators[name].Settings)
+    )
 
 
 def _validate_task(cfg: DictConfig, config: Config, reads_data: bool) -> None:

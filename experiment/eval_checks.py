@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data.tasks import NO_TASK
 from evaluation.context import EvaluationPlan
+from evaluation.evaluator import select_evaluators
 from evaluation.settings import check_settings
 from experiment.config import EVAL_STAGES, eval_lengths
 
@@ -27,6 +28,7 @@ def check_eval_settings(cfg: DictConfig) -> None:
 def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:
     """What an evaluation of the run of ``cfg`` reads of it (evaluation/context.py), typed, the lengths resolved."""
     text = cfg.task.name == NO_TASK
+    section = OmegaConf.to_container(cfg.eval, resolve=True)
     return EvaluationPlan(
         step=cfg.train.max_steps,
         lengths=tuple(eval_lengths(cfg)),
@@ -40,6 +42,6 @@ def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:
         attn_backend=cfg.model.attn_backend,
         attn_sink=cfg.model.attn_sink,
         train_random_positions=cfg.train.random_positions,
-        probes=tuple(cfg.eval.tasks),
+        evaluators=tuple(evaluator.name for evaluator in select_evaluators(section, "text" if text else "task")),
         progress=bool(cfg.logging.progress),
     )

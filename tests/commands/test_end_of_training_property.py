@@ -108,3 +108,30 @@ def refusal(cfg: DictConfig, overrides: list[str], run_dir) -> str | None:
     except PosGPTError as error:
         return str(error)
     return None
+
+
+def switched_evaluators() -> dict[str, str]:
+    """Each language-model evaluator that a switch asks for, and that switch: the selector its own settings are
+    read with (core.domain's used_with, as generated_settings puts it before such a setting)."""
+    switches = {}
+    for name, evaluator in EVALUATORS.items():
+        own = [s for s in generated_settings(evaluator.Settings, "eval.") if len(s) == 2]
+        if evaluator.runs == "text" and own:
+            switches[name] = own[0][0]
+    return switches
+
+
+def plan_outcome(overrides: list[str], run_dir) -> str | None:
+    return refusal(compose_config(overrides), overrides, run_dir)
+
+
+@pytest.mark.parametrize("name, switch", sorted(switched_evaluators().items()))
+def test_an_evaluator_named_in_eval_evaluators_reads_what_its_switch_would_have_it_read(cli, tmp_path, name, switch):
+    """eval.evaluators=[X] runs X as its switch does: each of X's settings is planned, or refused in the same words,
+    either way (a setting refused as unread though X reads it, or a check X's switch alone triggers, fails here)."""
+    base = [*TEXT, f"data.files=[{cli.corpus}]"]
+    for setting in generated_settings(EVALUATORS[name].Settings, "eval."):
+        rest = [override for override in kept_small(setting) if override != switch]
+        by_switch = plan_outcome([*base, switch, *rest], tmp_path / "run")
+        by_name = plan_outcome([*base, f"eval.evaluators=[{name}]", *rest], tmp_path / "run")
+        assert by_name == by_switch, (setting, by_name, by_switch)

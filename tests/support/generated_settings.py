@@ -15,7 +15,7 @@ def _values(field: dataclasses.Field, kind: typing.Any) -> list[str]:
     """Values of a setting away from its default, from what its field declares."""
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
     choices, interval = choices_of(field), domain_of(field)
-    listed = "list" in str(kind)
+    listed = _listed(kind)
     if choices:
         return [f"[{c}]" if listed else str(c) for c in choices if c != default and [c] != default]
     if kind is bool:
@@ -39,7 +39,13 @@ def _selector(field: dataclasses.Field, kinds: dict[str, typing.Any], prefix: st
     value = values[0]
     if kinds[selector] is bool:
         return [f"{prefix}{selector}={str(value).lower()}"]
-    return [f"{prefix}{selector}=[{value}]" if "list" in str(kinds[selector]) else f"{prefix}{selector}={value}"]
+    return [f"{prefix}{selector}=[{value}]" if _listed(kinds[selector]) else f"{prefix}{selector}={value}"]
+
+
+def _listed(kind: typing.Any) -> bool:
+    """Whether a setting of type ``kind`` is typed as a list (a schema's list, a settings type's tuple, either
+    optional)."""
+    return any(typing.get_origin(one) in (list, tuple) for one in (kind, *typing.get_args(kind)))
 
 
 def generated_settings(section: type, prefix: str) -> list[tuple[str, ...]]:
@@ -55,7 +61,8 @@ def generated_settings(section: type, prefix: str) -> list[tuple[str, ...]]:
 
 # What a command's test gives beside a generated setting to keep the work it starts small: the copy probe scores
 # ceil(z² / 4h²) examples a length (385 at the default eval.task_half_width); a few run it to its end as well.
-SMALL_WORK = {"eval.tasks=[copy_probe]": "eval.task_half_width=0.3"}
+# The probe is asked for by its switch (eval.tasks) or by name (eval.evaluators).
+SMALL_WORK = {f"eval.{key}=[copy_probe]": "eval.task_half_width=0.3" for key in ("tasks", "evaluators")}
 
 
 def kept_small(setting: tuple[str, ...]) -> tuple[str, ...]:
