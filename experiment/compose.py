@@ -7,7 +7,8 @@ code 2, the valid choices listed on that line.
 
 :func:`compose_config` keeps Hydra's composition of the config files an override list chooses, once per choice,
 and applies the values given on top with Hydra's own function (tests/experiment/test_compose.py holds it to what
-Hydra composes): a plan over many jobs, a study's listing or a sweep composes each job in milliseconds.
+Hydra composes): after the first, each composition with the same choices (a sweep's or a study's jobs over seeds
+and values, a property test's settings) takes milliseconds instead of Hydra's tens.
 """
 
 from __future__ import annotations
