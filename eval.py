@@ -95,9 +95,9 @@ def plan_evaluation(run_dir: Path, overrides: list[str]) -> EvalPlan:
     matplotlib's folders, and the scored data."""
     run = load_trained_run(run_dir, overrides, "eval.py")
     cfg, checkpoint = run.cfg, run.checkpoint
-    check_eval_settings(cfg)
     evaluators = plan_evaluators(cfg)
-    context = evaluation_plan(cfg).context(
+    check_eval_settings(cfg, evaluators)
+    context = evaluation_plan(cfg, evaluators).context(
         run.model, run.dir, run.device, run.dtype, checkpoint["config"], checkpoint["step"], None, open_trained_model
     )
     files = [

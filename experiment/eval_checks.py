@@ -10,25 +10,29 @@ and then find its evaluation settings wrong), eval.py before it loads any data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from omegaconf import DictConfig, OmegaConf
 
 from data.tasks import NO_TASK
 from evaluation.context import EvaluationPlan
-from evaluation.evaluator import select_evaluators
+from evaluation.evaluator import Evaluator, select_evaluators
 from evaluation.settings import check_settings
 from experiment.config import EVAL_STAGES, eval_lengths
 
 
-def check_eval_settings(cfg: DictConfig) -> None:
+def check_eval_settings(cfg: DictConfig, evaluators: Sequence[Evaluator] | None = None) -> None:
     """PosGPTError, naming the setting, when an eval.* setting asks for what the evaluation cannot produce: the
     checks of every settings type of the eval section, on the section's values and the run's plan."""
-    check_settings(EVAL_STAGES, OmegaConf.to_container(cfg.eval, resolve=True), evaluation_plan(cfg))
+    check_settings(EVAL_STAGES, OmegaConf.to_container(cfg.eval, resolve=True), evaluation_plan(cfg, evaluators))
 
 
-def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:
-    """What an evaluation of the run of ``cfg`` reads of it (evaluation/context.py), typed, the lengths resolved."""
+def evaluation_plan(cfg: DictConfig, evaluators: Sequence[Evaluator] | None = None) -> EvaluationPlan:
+    """What an evaluation of the run of ``cfg`` reads of it (evaluation/context.py), typed, the lengths resolved.
+    ``evaluators``: the evaluation's, as the command selected them (None: selected here)."""
     text = cfg.task.name == NO_TASK
-    section = OmegaConf.to_container(cfg.eval, resolve=True)
+    if evaluators is None:
+        evaluators = select_evaluators(OmegaConf.to_container(cfg.eval, resolve=True), "text" if text else "task")
     return EvaluationPlan(
         step=cfg.train.max_steps,
         lengths=tuple(eval_lengths(cfg)),
@@ -42,6 +46,6 @@ def evaluation_plan(cfg: DictConfig) -> EvaluationPlan:
         attn_backend=cfg.model.attn_backend,
         attn_sink=cfg.model.attn_sink,
         train_random_positions=cfg.train.random_positions,
-        evaluators=tuple(evaluator.name for evaluator in select_evaluators(section, "text" if text else "task")),
+        evaluators=tuple(evaluator.name for evaluator in evaluators),
         progress=bool(cfg.logging.progress),
     )

@@ -36,6 +36,7 @@ from core.tracking import TrackerSettings
 from data import validate_data_config
 from data.tasks import NO_TASK
 from evaluation.end_of_training import EndOfTrainingEvaluation
+from evaluation.results import COPY_PROBE
 from experiment.build import build_model, model_flops_per_token, open_trained_model
 from experiment.compose import compose_config
 from experiment.config import check_command_reads, set_task_vocabulary, validate
@@ -152,9 +153,10 @@ def check_training_config(cfg: DictConfig) -> list:
     data.check_training(draw[0] if draw else None)
     # The eval.* settings the run stores, which its end-of-training evaluation and a later eval.py start from: checked
     # with train.eval_after=false too (plan_end_of_training then plans them on the model).
-    check_eval_settings(cfg)
     evaluators = plan_evaluators(cfg)  # eval.evaluators names evaluators of this kind of run
-    if cfg.eval.tasks and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
+    check_eval_settings(cfg, evaluators)
+    probing = any(evaluator.name == COPY_PROBE for evaluator in evaluators)  # by eval.tasks or by name
+    if probing and cfg.eval.copy_min_count:  # the copy probe counts tokens of the training split
         from evaluation.copy_probe import probe_candidates
 
         probe_candidates(data, cfg.eval.copy_min_count, cfg.model.vocab_size, cfg.logging.progress)
@@ -280,7 +282,7 @@ def plan_end_of_training(
         with torch.device("meta"):
             model = build_model(cfg)
     evaluators = plan_evaluators(cfg) if evaluators is None else evaluators
-    planned = evaluation_plan(cfg)
+    planned = evaluation_plan(cfg, evaluators)
     context = planned.context(model, Path("."), torch.device("meta"), torch.float32, {}, open_run=_no_run)
     for _ in context.variations():  # each applied once, and taken off again
         pass

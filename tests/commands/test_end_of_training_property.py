@@ -135,3 +135,12 @@ def test_an_evaluator_named_in_eval_evaluators_reads_what_its_switch_would_have_
         by_switch = plan_outcome([*base, switch, *rest], tmp_path / "run")
         by_name = plan_outcome([*base, f"eval.evaluators=[{name}]", *rest], tmp_path / "run")
         assert by_name == by_switch, (setting, by_name, by_switch)
+
+
+def test_a_named_copy_probe_counts_its_span_tokens_in_the_plan(cli, tmp_path):
+    """The copy probe's candidate tokens (eval.copy_min_count) are counted when the run is planned, whether eval.tasks
+    or eval.evaluators asks for it: too few refuse the training run, not its end."""
+    base = [*TEXT, f"data.files=[{cli.corpus}]", f"eval.copy_min_count={10**9}"]
+    by_switch = plan_outcome([*base, "eval.tasks=[copy_probe]"], tmp_path / "run")
+    by_name = plan_outcome([*base, "eval.evaluators=[copy_probe]"], tmp_path / "run")
+    assert by_switch is not None and by_name == by_switch
